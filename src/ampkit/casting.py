@@ -1,0 +1,292 @@
+"""Casting: MXNet-style cast ops, nested-structure casts and the weight-cast cache.
+
+Everything in ampkit that changes a tensor's dtype goes through this module:
+
+* :func:`amp_cast` / :func:`amp_multicast`: MXNet's AMP cast ops. They only ever cast
+  between a low-precision float (float16/bfloat16) and float32; any other input or
+  target dtype passes through untouched, so they are safe to sprinkle anywhere.
+* :func:`cast_tree`: casts the floating tensors inside nested lists, tuples,
+  namedtuples, dicts and dataclasses (module inputs and outputs).
+* :func:`cast_op_args` and :class:`WeightCastCache`: the autocast engine's casts,
+  with native autocast's eligibility rule and its cache of casted fp32 weights.
+
+All casts are ``Tensor.to``, so they are differentiable and gradients flow back in the
+source tensor's dtype.
+
+Example:
+    >>> import torch
+    >>> from ampkit.casting import amp_cast, amp_multicast
+    >>> amp_cast(torch.ones(2), torch.float16).dtype
+    torch.float16
+    >>> amp_cast(torch.ones(2, dtype=torch.float64), torch.float16).dtype  # not low<->fp32
+    torch.float64
+    >>> [t.dtype for t in amp_multicast(torch.ones(1, dtype=torch.float16), torch.ones(1))]
+    [torch.float32, torch.float32]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = [
+    "WeightCastCache",
+    "amp_cast",
+    "amp_multicast",
+    "cast_op_args",
+    "cast_tree",
+    "is_eligible",
+    "promote_dtype",
+    "widest_float_dtype",
+]
+
+T = TypeVar("T")
+
+_LOW = (torch.float16, torch.bfloat16)
+_AMP_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_NAMES: dict[str, torch.dtype] = {
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+    "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8,
+    "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
+}
+
+
+def _as_any_dtype(dtype: torch.dtype | str, argument: str = "dtype") -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.removeprefix("torch.") in _NAMES:
+        return _NAMES[dtype.removeprefix("torch.")]
+    raise ValueError(f"{argument} must be a torch.dtype or one of {sorted(_NAMES)}, "
+                     f"got {dtype!r}")
+
+
+def amp_cast(data: T, dtype: torch.dtype | str) -> T:
+    """Cast ``data`` to ``dtype`` only if both are among float16/bfloat16/float32 and
+    exactly one of them is float32; anything else is returned unchanged.
+
+    ``data`` that is not a tensor (a number, ``None``) passes through too.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import amp_cast
+        >>> amp_cast(torch.ones(1, dtype=torch.bfloat16), "float32").dtype
+        torch.float32
+        >>> amp_cast(torch.ones(1, dtype=torch.int64), "float16").dtype
+        torch.int64
+    """
+    target = _as_any_dtype(dtype)
+    if not isinstance(data, torch.Tensor):
+        return data
+    src = data.dtype
+    if src is target or src not in _AMP_FLOATS or target not in _AMP_FLOATS:
+        return data
+    if torch.float32 not in (src, target):  # float16 <-> bfloat16 is not an AMP cast
+        return data
+    return data.to(target)  # type: ignore[return-value]
+
+
+def widest_float_dtype(dtypes: Any, *, narrow: bool = False) -> torch.dtype | None:
+    """The widest (or, with ``narrow``, narrowest) of the AMP float dtypes given.
+
+    float16 and bfloat16 together widen to float32 (each loses values of the other);
+    they have no narrowest, which is a ``ValueError``.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import widest_float_dtype
+        >>> widest_float_dtype([torch.bfloat16, torch.float32])
+        torch.float32
+        >>> widest_float_dtype([torch.bfloat16, torch.float32], narrow=True)
+        torch.bfloat16
+    """
+    present = {d for d in dtypes if d in _AMP_FLOATS}
+    if not present:
+        return None
+    low = present & set(_LOW)
+    if narrow:
+        if len(low) > 1:
+            raise ValueError("cast_narrow: inputs mix float16 and bfloat16, which have no "
+                             "narrowest common type; cast one of them first")
+        return low.pop() if low else torch.float32
+    if torch.float32 in present or len(low) > 1:
+        return torch.float32
+    return low.pop()
+
+
+def amp_multicast(*data: Any, cast_narrow: bool = False) -> tuple[Any, ...]:
+    """Cast all float16/bfloat16/float32 inputs to the widest such type present
+    (the narrowest with ``cast_narrow``); other inputs pass through.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import amp_multicast
+        >>> a, b = amp_multicast(torch.ones(1), torch.ones(1, dtype=torch.float16),
+        ...                      cast_narrow=True)
+        >>> a.dtype, b.dtype
+        (torch.float16, torch.float16)
+    """
+    target = widest_float_dtype((d.dtype for d in data if isinstance(d, torch.Tensor)),
+                                narrow=cast_narrow)
+    if target is None:
+        return tuple(data)
+    return tuple(amp_cast(d, target) for d in data)
+
+
+def cast_tree(obj: T, dtype: torch.dtype,
+              predicate: Callable[[torch.Tensor], bool] | None = None) -> T:
+    """Cast every floating tensor inside ``obj`` (nested lists, tuples, namedtuples,
+    dicts, dataclasses) to ``dtype``; ``predicate`` narrows which tensors are cast.
+
+    Integer and boolean tensors (token ids, masks) are never cast.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import cast_tree
+        >>> out = cast_tree({"x": torch.ones(1), "ids": torch.ones(1, dtype=torch.long)},
+        ...                 torch.bfloat16)
+        >>> out["x"].dtype, out["ids"].dtype
+        (torch.bfloat16, torch.int64)
+    """
+    def visit(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point() and x.dtype is not dtype and (predicate is None
+                                                                     or predicate(x)):
+                return x.to(dtype)
+            return x
+        if isinstance(x, list):
+            return [visit(v) for v in x]
+        if isinstance(x, tuple):
+            items = [visit(v) for v in x]
+            return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+        if isinstance(x, dict):
+            out = type(x)() if type(x) is not dict else {}
+            for k, v in x.items():
+                out[k] = visit(v)
+            return out
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            changes = {f.name: visit(getattr(x, f.name)) for f in dataclasses.fields(x)
+                       if f.init}
+            return dataclasses.replace(x, **changes)
+        return x
+
+    return visit(obj)
+
+
+# -- the autocast engine's casts ---------------------------------------------------------
+
+def is_eligible(t: Any, device_type: str) -> bool:
+    """Native autocast's eligibility: a floating tensor on the autocast device, not
+    float64.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import is_eligible
+        >>> is_eligible(torch.ones(1), "cpu"), is_eligible(torch.ones(1).double(), "cpu")
+        (True, False)
+    """
+    return (isinstance(t, torch.Tensor) and t.is_floating_point()
+            and t.dtype is not torch.float64 and t.device.type == device_type)
+
+
+class WeightCastCache:
+    """Low-precision copies of fp32 leaf tensors that require grad (the weights),
+    kept for one outermost autocast region, as native autocast does.
+
+    A weight used by several ops in one forward pass is then cast once, and all uses
+    share one autograd node, so its gradient is accumulated once.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import WeightCastCache
+        >>> cache = WeightCastCache()
+        >>> w = torch.ones(2, requires_grad=True)
+        >>> cache.cast(w, torch.bfloat16) is cache.cast(w, torch.bfloat16)
+        True
+    """
+
+    __slots__ = ("_casts",)
+
+    def __init__(self) -> None:
+        # id(tensor) -> (tensor, dtype, cast). The tensor is held so its id stays unique.
+        self._casts: dict[int, tuple[torch.Tensor, torch.dtype, torch.Tensor]] = {}
+
+    def cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``t.to(dtype)``, cached when ``t`` is an fp32 leaf that requires grad."""
+        if not (t.dtype is torch.float32 and t.requires_grad and t.is_leaf) or t._is_view():
+            return t.to(dtype)
+        hit = self._casts.get(id(t))
+        if hit is not None and hit[0] is t and hit[1] is dtype:
+            return hit[2]
+        out = t.to(dtype)
+        self._casts[id(t)] = (t, dtype, out)
+        return out
+
+    def clear(self) -> None:
+        """Forget every cached cast (at the end of the outermost region)."""
+        self._casts.clear()
+
+    def __len__(self) -> int:
+        return len(self._casts)
+
+
+def cast_op_args(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
+                 device_type: str, cache: WeightCastCache | None
+                 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Cast an op's eligible tensor arguments (and tensors in list/tuple arguments)
+    to ``dtype``; used by the autocast engine on the ops it intercepts.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import cast_op_args
+        >>> args, _ = cast_op_args((torch.ones(1), [torch.ones(1)], 3), {}, torch.float16,
+        ...                        "cpu", None)
+        >>> args[0].dtype, args[1][0].dtype, args[2]
+        (torch.float16, torch.float16, 3)
+    """
+    def one(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            if a.dtype is dtype or not is_eligible(a, device_type):
+                return a
+            if cache is not None and dtype is not torch.float32:
+                return cache.cast(a, dtype)
+            return a.to(dtype)
+        if isinstance(a, list | tuple) and a and any(isinstance(v, torch.Tensor) for v in a):
+            return type(a)(one(v) for v in a)
+        return a
+
+    return tuple(one(a) for a in args), ({k: one(v) for k, v in kwargs.items()}
+                                         if kwargs else kwargs)
+
+
+def promote_dtype(args: tuple[Any, ...], kwargs: dict[str, Any],
+                  device_type: str) -> torch.dtype | None:
+    """The dtype a promote op runs in: the widest eligible floating input, or ``None``
+    when the inputs already agree (nothing to cast).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import promote_dtype
+        >>> promote_dtype(([torch.ones(1), torch.ones(1, dtype=torch.bfloat16)],), {},
+        ...               "cpu")
+        torch.float32
+    """
+    seen: set[torch.dtype] = set()
+
+    def visit(a: Any) -> None:
+        if isinstance(a, torch.Tensor):
+            if is_eligible(a, device_type):
+                seen.add(a.dtype)
+        elif isinstance(a, list | tuple):
+            for v in a:
+                visit(v)
+
+    for a in args:
+        visit(a)
+    for v in kwargs.values():
+        visit(v)
+    if len(seen) < 2:
+        return None
+    return widest_float_dtype(seen)

@@ -1,0 +1,366 @@
+"""The op registry: canonical op names and every Python entry point of each op.
+
+Canonical names are PyTorch's own (``linear``, ``conv2d``, ``matmul``, ``softmax``,
+``add``, ``cat``, ...). One name stands for every way Python code reaches the op:
+``torch.X``, ``torch.nn.functional.X``, ``Tensor.X`` and the operator dunders that
+land on it (``a + b`` arrives as ``Tensor.add``). Names from ``torch.linalg``,
+``torch.fft`` and ``torch.special`` carry the prefix native autocast uses
+(``linalg_inv``, ``fft_fft``, ``special_erf``).
+
+In-place variants (``add_``, ``a += b``) are deliberately absent: autocast never
+applies to them, so listing one is an error rather than a silent no-op.
+
+Other frameworks' names (Paddle's ``elementwise_add``, MXNet's ``FullyConnected``,
+MindSpore's ``MatMul``) live in per-framework alias tables, because the same word
+means different ops in different frameworks (Paddle's ``mul`` is a matrix product).
+
+Example:
+    >>> import torch
+    >>> from ampkit.registry import resolve_op, entry_points
+    >>> resolve_op(torch.nn.functional.conv2d)
+    ('conv2d',)
+    >>> torch.Tensor.add in entry_points("add")
+    True
+    >>> resolve_op("elementwise_add", framework="paddle")
+    ('add',)
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType, ModuleType
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = [
+    "FRAMEWORK_ALIASES",
+    "MODULE_OPS",
+    "OpEntry",
+    "all_op_names",
+    "entry_points",
+    "op_name_of",
+    "resolve_op",
+    "resolve_ops",
+]
+
+#: A list entry: a canonical op name, an alias, an op's callable or an nn.Module class.
+OpEntry = str | Callable[..., Any] | type
+
+# Operator dunders whose Python-level function differs from the Tensor method they
+# lower to. (``a + b`` already reaches __torch_function__ as ``Tensor.add``.)
+_DUNDERS: Mapping[str, str] = {
+    "__add__": "add", "__radd__": "add",
+    "__sub__": "sub", "__rsub__": "sub",
+    "__mul__": "mul", "__rmul__": "mul",
+    "__matmul__": "matmul", "__rmatmul__": "matmul",
+    "__truediv__": "div", "__rtruediv__": "div", "__div__": "div", "__rdiv__": "div",
+    "__floordiv__": "floor_divide", "__rfloordiv__": "floor_divide",
+    "__mod__": "remainder", "__rmod__": "remainder",
+    "__pow__": "pow", "__rpow__": "pow",
+    "__neg__": "neg", "__abs__": "abs",
+}
+
+# Different Python names of one aten op; listing either covers both.
+_SYNONYMS: Mapping[str, str] = {
+    "concat": "cat", "concatenate": "cat",
+    "multiply": "mul", "divide": "div", "true_divide": "div", "subtract": "sub",
+    "clip": "clamp", "absolute": "abs", "negative": "neg", "ger": "outer",
+    "arccos": "acos", "arcsin": "asin", "arctan": "atan", "arctan2": "atan2",
+    "arccosh": "acosh", "arcsinh": "asinh", "arctanh": "atanh",
+    "greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le",
+    "not_equal": "ne", "fix": "trunc", "special_expit": "sigmoid", "special_exp2": "exp2",
+    "special_expm1": "expm1", "special_log1p": "log1p", "special_round": "round",
+    "special_log_softmax": "log_softmax", "special_softmax": "softmax",
+}
+
+# Prefixed sub-namespaces, named the way native autocast's lists name them.
+_PREFIXED: tuple[tuple[str, str], ...] = (("linalg", "linalg_"), ("fft", "fft_"),
+                                          ("special", "special_"))
+
+#: nn.Module classes accepted as list entries, mapped to the op their forward runs.
+MODULE_OPS: Mapping[type, str] = MappingProxyType({
+    nn.Linear: "linear", nn.Bilinear: "bilinear",
+    nn.Conv1d: "conv1d", nn.Conv2d: "conv2d", nn.Conv3d: "conv3d",
+    nn.ConvTranspose1d: "conv_transpose1d", nn.ConvTranspose2d: "conv_transpose2d",
+    nn.ConvTranspose3d: "conv_transpose3d",
+    nn.BatchNorm1d: "batch_norm", nn.BatchNorm2d: "batch_norm", nn.BatchNorm3d: "batch_norm",
+    nn.LayerNorm: "layer_norm", nn.GroupNorm: "group_norm",
+    nn.InstanceNorm1d: "instance_norm", nn.InstanceNorm2d: "instance_norm",
+    nn.InstanceNorm3d: "instance_norm",
+    nn.Embedding: "embedding", nn.EmbeddingBag: "embedding_bag",
+    nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax",
+    nn.ReLU: "relu", nn.GELU: "gelu", nn.PReLU: "prelu", nn.SiLU: "silu",
+    nn.CrossEntropyLoss: "cross_entropy", nn.NLLLoss: "nll_loss", nn.MSELoss: "mse_loss",
+    nn.LSTM: "lstm", nn.GRU: "gru", nn.LSTMCell: "lstm_cell", nn.GRUCell: "gru_cell",
+    nn.RNNCell: "rnn_tanh_cell",
+})
+
+#: Other frameworks' op names, translated to canonical names. One alias may stand
+#: for several torch ops (MXNet's ``Convolution`` covers conv1d/2d/3d).
+FRAMEWORK_ALIASES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyType({
+    "paddle": MappingProxyType({
+        "elementwise_add": ("add",), "elementwise_sub": ("sub",),
+        "elementwise_mul": ("mul",), "elementwise_div": ("div",),
+        "elementwise_pow": ("pow",), "elementwise_max": ("maximum",),
+        "elementwise_min": ("minimum",), "elementwise_mod": ("remainder",),
+        "matmul_v2": ("matmul", "mm", "bmm", "linear", "addmm", "baddbmm"),
+        # Paddle's legacy ``mul`` op is the fully-connected matrix product.
+        "mul": ("mm", "linear", "addmm"),
+        "fc": ("linear",), "depthwise_conv2d": ("conv2d",),
+        "conv2d_transpose": ("conv_transpose2d",), "conv3d_transpose": ("conv_transpose3d",),
+        "max_pool2d_with_index": ("max_pool2d",), "pool2d": ("avg_pool2d", "max_pool2d"),
+        "pool3d": ("avg_pool3d", "max_pool3d"),
+        "lookup_table": ("embedding",), "lookup_table_v2": ("embedding",),
+        "softmax_with_cross_entropy": ("cross_entropy",), "c_softmax_with_cross_entropy":
+            ("cross_entropy",),
+        "cross_entropy": ("cross_entropy",), "cross_entropy2": ("cross_entropy",),
+        "sigmoid_cross_entropy_with_logits": ("binary_cross_entropy_with_logits",),
+        "reduce_sum": ("sum",), "reduce_mean": ("mean",), "reduce_prod": ("prod",),
+        "reduce_max": ("amax",), "reduce_min": ("amin",),
+        "squared_l2_norm": ("norm",), "p_norm": ("norm",),
+        "bilinear_interp": ("interpolate",), "bilinear_interp_v2": ("interpolate",),
+        "nearest_interp": ("interpolate",), "nearest_interp_v2": ("interpolate",),
+        "bicubic_interp": ("interpolate",), "bicubic_interp_v2": ("interpolate",),
+        "linear_interp": ("interpolate",), "linear_interp_v2": ("interpolate",),
+        "trilinear_interp": ("interpolate",), "trilinear_interp_v2": ("interpolate",),
+        "scatter": ("scatter",), "scatter_nd_add": ("index_add",),
+        "concat": ("cat",), "sync_batch_norm": ("batch_norm",),
+        "huber_loss": ("huber_loss",), "bce_loss": ("binary_cross_entropy",),
+        "kldiv_loss": ("kl_div",), "mse_loss": ("mse_loss",),
+        "fused_attention": ("scaled_dot_product_attention",),
+        "flash_attn": ("scaled_dot_product_attention",),
+        "sigmoid": ("sigmoid",), "tanh": ("tanh",),
+    }),
+    "mxnet": MappingProxyType({
+        "Convolution": ("conv1d", "conv2d", "conv3d"),
+        "Deconvolution": ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"),
+        "FullyConnected": ("linear",), "Dense": ("linear",),
+        "RNN": ("lstm", "gru", "rnn_tanh", "rnn_relu"),
+        "dot": ("matmul", "mm"), "batch_dot": ("bmm",),
+        "elemwise_add": ("add",), "elemwise_sub": ("sub",), "elemwise_mul": ("mul",),
+        "elemwise_div": ("div",), "broadcast_add": ("add",), "broadcast_sub": ("sub",),
+        "broadcast_mul": ("mul",), "broadcast_div": ("div",), "broadcast_plus": ("add",),
+        "broadcast_minus": ("sub",), "_plus": ("add",), "_minus": ("sub",),
+        "_mul": ("mul",), "_div": ("div",), "add_n": ("add",), "ElementWiseSum": ("add",),
+        "Concat": ("cat",), "concat": ("cat",), "stack": ("stack",), "where": ("where",),
+        "softmax": ("softmax",), "log_softmax": ("log_softmax",),
+        "SoftmaxOutput": ("cross_entropy",), "SoftmaxActivation": ("softmax",),
+        "LayerNorm": ("layer_norm",), "InstanceNorm": ("instance_norm",),
+        "GroupNorm": ("group_norm",), "BatchNorm": ("batch_norm",),
+        "L2Normalization": ("normalize",), "norm": ("norm",),
+        "exp": ("exp",), "expm1": ("expm1",), "log": ("log",), "log1p": ("log1p",),
+        "log2": ("log2",), "log10": ("log10",), "pow": ("pow",), "power": ("pow",),
+        "_power": ("pow",), "sum": ("sum",), "mean": ("mean",), "prod": ("prod",),
+        "nansum": ("nansum",), "nanprod": ("nanprod",), "sqrt": ("sqrt",),
+        "rsqrt": ("rsqrt",), "square": ("square",), "reciprocal": ("reciprocal",),
+        "topk": ("topk",), "Embedding": ("embedding",),
+        "Activation": ("relu", "sigmoid", "tanh", "softplus", "softsign"),
+        "LeakyReLU": ("leaky_relu", "elu", "selu", "prelu", "gelu"),
+        "smooth_l1": ("smooth_l1_loss",), "MakeLoss": (),
+        "linalg_gemm": ("addmm",), "linalg_gemm2": ("matmul",),
+        "linalg_potrf": ("linalg_cholesky",), "linalg_potri": ("cholesky_inverse",),
+        "linalg_trsm": ("linalg_solve_triangular",), "linalg_inverse": ("linalg_inv",),
+        "linalg_det": ("linalg_det",), "linalg_slogdet": ("linalg_slogdet",),
+        "linalg_syrk": ("matmul",), "linalg_sumlogdiag": ("logdet",),
+        "arccos": ("acos",), "arcsin": ("asin",), "cosh": ("cosh",), "sinh": ("sinh",),
+        "tan": ("tan",), "arctan": ("atan",), "degrees": ("rad2deg",),
+        "radians": ("deg2rad",), "erfinv": ("erfinv",), "gamma": ("lgamma",),
+        "gammaln": ("lgamma",), "cumsum": ("cumsum",),
+    }),
+    "mindspore": MappingProxyType({
+        "MatMul": ("matmul", "mm", "linear"), "BatchMatMul": ("bmm", "matmul", "baddbmm"),
+        "Conv2D": ("conv2d",), "Conv3D": ("conv3d",),
+        "Conv2DTranspose": ("conv_transpose2d",), "Conv3DTranspose": ("conv_transpose3d",),
+        "PReLU": ("prelu",), "ReLU": ("relu",), "Ger": ("outer",), "Dense": ("linear",),
+        "Conv1d": ("conv1d",), "Conv2d": ("conv2d",), "Conv3d": ("conv3d",),
+        "Conv1dTranspose": ("conv_transpose1d",), "Conv2dTranspose": ("conv_transpose2d",),
+        "Conv3dTranspose": ("conv_transpose3d",), "LayerNorm": ("layer_norm",),
+        "BatchNorm1d": ("batch_norm",), "BatchNorm2d": ("batch_norm",),
+        "BatchNorm3d": ("batch_norm",), "Softmax": ("softmax",), "LogSoftmax": ("log_softmax",),
+        "Add": ("add",), "Mul": ("mul",), "Sub": ("sub",), "Div": ("div",),
+        "Exp": ("exp",), "Log": ("log",), "Pow": ("pow",), "ReduceSum": ("sum",),
+        "ReduceMean": ("mean",), "Concat": ("cat",), "Stack": ("stack",),
+        "LSTMCell": ("lstm_cell",), "GRUCell": ("gru_cell",), "RNNCell": ("rnn_tanh_cell",),
+    }),
+})
+
+
+def _public_callables(namespace: ModuleType | type) -> Iterable[tuple[str, Any]]:
+    for name in dir(namespace):
+        if name.startswith("_"):
+            continue
+        try:
+            obj = getattr(namespace, name)
+        except Exception:  # some lazy attributes raise on access
+            continue
+        if isinstance(obj, ModuleType | type) or not callable(obj):
+            continue
+        yield name, obj
+
+
+@functools.cache
+def _tables() -> tuple[Mapping[str, tuple[Callable[..., Any], ...]], Mapping[Any, str]]:
+    """Build ``name -> entry points`` and ``entry point -> name`` once, on first use."""
+    by_name: dict[str, list[Callable[..., Any]]] = {}
+
+    def add(name: str, fn: Any) -> None:
+        name = _SYNONYMS.get(name, name)
+        fns = by_name.setdefault(name, [])
+        if all(fn is not f for f in fns):
+            fns.append(fn)
+
+    for name, fn in _public_callables(torch):
+        if not name.endswith("_") and not name[0].isupper():
+            add(name, fn)
+    for name, fn in _public_callables(F):
+        add(name, fn)
+    for ns_name, prefix in _PREFIXED:
+        for name, fn in _public_callables(getattr(torch, ns_name)):
+            add(prefix + name, fn)
+    for name in dir(torch.Tensor):
+        if name.startswith("_") or name.endswith("_"):
+            continue
+        fn = inspect.getattr_static(torch.Tensor, name, None)
+        if fn is None or isinstance(fn, property) or not callable(getattr(torch.Tensor, name)):
+            continue
+        if type(fn).__name__ == "getset_descriptor":
+            continue
+        add(name, getattr(torch.Tensor, name))
+    for dunder, name in _DUNDERS.items():
+        add(name, getattr(torch.Tensor, dunder))
+    # torch.nn.functional.linear and friends are torch._C._nn builtins; they are
+    # already collected through F. Keep the composite entry points native lists use.
+    add("_convolution", torch._convolution)
+
+    frozen = {name: tuple(fns) for name, fns in by_name.items()}
+    reverse: dict[Any, str] = {}
+    for name, fns in frozen.items():
+        for fn in fns:
+            reverse.setdefault(fn, name)
+    return MappingProxyType(frozen), MappingProxyType(reverse)
+
+
+def all_op_names() -> frozenset[str]:
+    """Every canonical op name the registry knows.
+
+    Example:
+        >>> from ampkit.registry import all_op_names
+        >>> {"linear", "softmax", "add"} <= all_op_names()
+        True
+    """
+    return frozenset(_tables()[0])
+
+
+def entry_points(name: str) -> tuple[Callable[..., Any], ...]:
+    """Every Python callable that reaches the op ``name`` (a canonical name).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.registry import entry_points
+        >>> torch.nn.functional.softmax in entry_points("softmax")
+        True
+    """
+    by_name = _tables()[0]
+    if name not in by_name:
+        raise _unknown(name, "name")
+    return by_name[name]
+
+
+def op_name_of(fn: Any) -> str | None:
+    """The canonical name of an entry point, or ``None`` if it is not an op.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.registry import op_name_of
+        >>> op_name_of(torch.Tensor.__matmul__)
+        'matmul'
+    """
+    try:
+        return _tables()[1].get(fn)
+    except TypeError:  # unhashable callables are never registered ops
+        return None
+
+
+def _unknown(name: str, argument: str, framework: str | None = None) -> ValueError:
+    known = set(_tables()[0])
+    if framework is not None:
+        known |= set(FRAMEWORK_ALIASES[framework])
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    where = f" (or a {framework} alias)" if framework else ""
+    return ValueError(f"{argument}: unknown op name {name!r}: not a canonical PyTorch op "
+                      f"name{where}{hint}")
+
+
+def resolve_op(entry: OpEntry, *, framework: str | None = None,
+               argument: str = "op") -> tuple[str, ...]:
+    """Translate one list entry into canonical op names.
+
+    ``entry`` may be a canonical name (``"conv2d"``), a synonym (``"concat"``), an
+    alias of ``framework`` (``"elementwise_add"`` for ``"paddle"``), an op's callable
+    (``torch.nn.functional.conv2d``, ``torch.Tensor.add``) or an ``nn.Module`` class
+    (``torch.nn.Linear``). ``argument`` names the caller's argument in errors.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.registry import resolve_op
+        >>> resolve_op("FullyConnected", framework="mxnet")
+        ('linear',)
+        >>> resolve_op(torch.nn.Conv2d)
+        ('conv2d',)
+    """
+    if framework is not None and framework not in FRAMEWORK_ALIASES:
+        raise ValueError(f"framework must be one of {sorted(FRAMEWORK_ALIASES)} or None, "
+                         f"got {framework!r}")
+    if isinstance(entry, str):
+        if framework is not None and entry in FRAMEWORK_ALIASES[framework]:
+            return FRAMEWORK_ALIASES[framework][entry]
+        name = _SYNONYMS.get(entry, entry)
+        if name in _tables()[0]:
+            return (name,)
+        if name.endswith("_") and name[:-1] in _tables()[0]:
+            raise ValueError(f"{argument}: {entry!r} is an in-place op; autocast never applies "
+                             f"to in-place ops, list {name[:-1]!r} instead")
+        raise _unknown(entry, argument, framework)
+    if isinstance(entry, type):
+        for cls in entry.__mro__:
+            if cls in MODULE_OPS:
+                return (MODULE_OPS[cls],)
+        raise TypeError(f"{argument}: module class {entry.__qualname__} has no registered op; "
+                        f"accepted classes: {sorted(c.__name__ for c in MODULE_OPS)}")
+    if callable(entry):
+        name = op_name_of(entry)
+        if name is not None:
+            return (name,)
+        raise TypeError(f"{argument}: {entry!r} is not a known op entry point; pass a canonical "
+                        f"op name such as 'linear' or a torch / torch.nn.functional / Tensor "
+                        f"callable")
+    raise TypeError(f"{argument}: expected an op name (str), an op callable or an nn.Module "
+                    f"class, got {type(entry).__name__}")
+
+
+def resolve_ops(entries: Iterable[OpEntry] | None, *, framework: str | None = None,
+                argument: str = "ops") -> frozenset[str]:
+    """Translate a whole list (set, list or tuple) of entries into canonical names.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.registry import resolve_ops
+        >>> sorted(resolve_ops(["softmax", torch.Tensor.add]))
+        ['add', 'softmax']
+    """
+    if entries is None:
+        return frozenset()
+    if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+        raise TypeError(f"{argument}: expected a set, list or tuple of op entries, "
+                        f"got {type(entries).__name__}")
+    names: set[str] = set()
+    for entry in entries:
+        names.update(resolve_op(entry, framework=framework, argument=argument))
+    return frozenset(names)
