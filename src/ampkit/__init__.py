@@ -22,8 +22,55 @@ from ampkit.registry import resolve_op, resolve_ops
 
 __version__ = "0.1.0"
 
+# Layers below the engine are imported on first use, so ``import ampkit`` stays light.
+_LAZY = {
+    # precision levels, model conversion, master weights, front door
+    "Level": "ampkit.levels",
+    "LevelProperties": "ampkit.levels",
+    "level_properties": "ampkit.levels",
+    "convert_model": "ampkit.conversion",
+    "MasterWeightOptimizer": "ampkit.master_weights",
+    "master_params": "ampkit.master_weights",
+    "clip_master_grad_norm_": "ampkit.master_weights",
+    "initialize": "ampkit.front_door",
+    # loss scaling
+    "GradScaler": "ampkit.scaling.grad_scaler",
+    "StaticLossScale": "ampkit.scaling.loss_scale",
+    "DynamicLossScale": "ampkit.scaling.loss_scale",
+    "scale_loss": "ampkit.scaling.multi_loss",
+    "configure_loss_scaling": "ampkit.scaling.multi_loss",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ampkit' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 __all__ = [
+    "DynamicLossScale",
+    "GradScaler",
+    "Level",
+    "LevelProperties",
+    "MasterWeightOptimizer",
     "Policy",
+    "StaticLossScale",
+    "clip_master_grad_norm_",
+    "configure_loss_scaling",
+    "convert_model",
+    "initialize",
+    "level_properties",
+    "master_params",
+    "scale_loss",
     "__version__",
     "amp_cast",
     "amp_multicast",
