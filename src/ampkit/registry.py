@@ -220,6 +220,8 @@ def _tables() -> tuple[Mapping[str, tuple[Callable[..., Any], ...]], Mapping[Any
             add(name, fn)
     for name, fn in _public_callables(F):
         add(name, fn)
+    for name, fn in _public_callables(torch._C._nn):  # the builtins behind F.*
+        add(name, fn)
     for ns_name, prefix in _PREFIXED:
         for name, fn in _public_callables(getattr(torch, ns_name)):
             add(prefix + name, fn)
