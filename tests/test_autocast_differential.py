@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import torch
 
+# Importing torch's own autocast test lists needs `expecttest` (in the "test" extra).
+from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists
+
 import ampkit
 from ampkit.policy import Policy
 from ampkit.registry import all_op_names
-
-pytest.importorskip("expecttest")  # autocast_test_lists imports it; listed in the test extra
-from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists  # noqa: E402
 
 AMP_DTYPES = [torch.bfloat16, torch.float16]
 LISTS = AutocastCPUTestLists(torch.device("cpu"))

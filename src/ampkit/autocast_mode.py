@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from types import MappingProxyType
 from typing import Any, TypeVar
 
 import torch
@@ -103,7 +102,7 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
     """``entry point -> rule`` for the ops this policy decides differently from native
     autocast. Empty for a native-equal policy: then nothing is intercepted."""
     if policy.is_native:
-        return MappingProxyType({})
+        return {}
     native = native_op_names(device_type)
     if policy.unlisted == "native":
         names: Iterable[str] = (policy.lower_precision_ops | policy.fp32_ops
@@ -121,7 +120,9 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
             continue
         for fn in entry_points(name):
             rules[fn] = rule
-    return MappingProxyType(rules)
+    # A plain dict (not a MappingProxyType): torch.compile can guard on a dict whose
+    # keys are functions, and nobody outside this module mutates it.
+    return rules
 
 
 class _PolicyMode(TorchFunctionMode):
@@ -178,9 +179,16 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _autocast_available(device_type: str) -> bool:
+    try:
+        return bool(torch._C._is_autocast_available(device_type))
+    except RuntimeError:  # not a device type torch knows at all
+        return False
+
+
 def _check_device(device_type: Any) -> str:
-    if not isinstance(device_type, str) or not torch._C._is_autocast_available(device_type):
-        accepted = [d for d in _AUTOCAST_KEYS if torch._C._is_autocast_available(d)]
+    if not isinstance(device_type, str) or not _autocast_available(device_type):
+        accepted = [d for d in _AUTOCAST_KEYS if _autocast_available(d)]
         raise ValueError(f"device_type must be a device type that torch.autocast supports, "
                          f"one of {accepted}, got {device_type!r}")
     return device_type
@@ -254,8 +262,15 @@ class autocast:
 
     def __enter__(self) -> autocast:
         st = _state
+        cache = self.cache_enabled
+        if cache and torch.is_autocast_enabled(self.device_type) and (
+                torch.get_autocast_dtype(self.device_type) != self.dtype):
+            # Native autocast keys its weight cache by tensor only, so an inner region
+            # with another dtype would get the outer dtype's casts (a dtype-mismatch
+            # error in torch.autocast). Not caching in that inner region avoids it.
+            cache = False
         native = torch.autocast(self.device_type, self.dtype, enabled=self.enabled,
-                                cache_enabled=self.cache_enabled)
+                                cache_enabled=cache)
         native.__enter__()
         mode, pushed = st.mode, False
         saved = None
