@@ -131,13 +131,14 @@ class _PolicyMode(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.rules: Mapping[Any, str] = {}
+        self.lookup = self.rules.get  # bound once per region: the per-op hot path
         self.device_type = "cpu"
         self.dtype = torch.bfloat16
         self.cache: WeightCastCache | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        rule = self.rules.get(func)
+        rule = self.lookup(func)
         if rule is None:
             return func(*args, **kwargs) if kwargs else func(*args)
         return self._apply(rule, func, args, kwargs or {})
@@ -281,6 +282,7 @@ class autocast:
         if mode is not None:
             saved = (mode.rules, mode.device_type, mode.dtype, mode.cache)
             mode.rules, mode.device_type, mode.dtype = self._rules, self.device_type, self.dtype
+            mode.lookup = self._rules.get
             mode.cache = st.cache if self.cache_enabled else None
         st.stack.append((native, pushed, saved))
         st.policies.append((self.device_type, self.policy if self.enabled else None))
@@ -293,6 +295,7 @@ class autocast:
         mode = st.mode
         if mode is not None and saved is not None:
             mode.rules, mode.device_type, mode.dtype, mode.cache = saved
+            mode.lookup = mode.rules.get
         if pushed and mode is not None:
             mode.__exit__(*exc)
             st.mode = None

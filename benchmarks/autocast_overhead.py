@@ -1,0 +1,107 @@
+"""Autocast engine overhead: ampkit.autocast vs native torch.autocast, side by side.
+
+One training step (forward + backward) of a small transformer encoder, on CPU in
+bfloat16, in two sizes:
+
+* dispatch-bound: tiny tensors, so per-op Python/dispatcher overhead dominates;
+* compute-bound: larger tensors, so the matmuls dominate.
+
+Configurations, all measured in this one process, interleaved round by round so that
+machine noise hits them alike:
+
+* ``native``: ``torch.autocast("cpu", torch.bfloat16)``;
+* ``ampkit``: ``ampkit.autocast("cpu", torch.bfloat16)`` (default policy = native);
+* ``ampkit+5same``: five custom entries re-listing ops native already runs in bf16
+  (linear, matmul, bmm, baddbmm, addmm): same computation, so this is the pure cost of
+  intercepting;
+* ``ampkit+5new``: five entries that change what runs (white: add, mul; black:
+  softmax, gelu, layer_norm): interception plus a different computation (extra casts,
+  fp32 kernels).
+
+Targets (issue 2): default <= 1.03x native in both sizes; with five entries <= 1.25x
+dispatch-bound and <= 1.05x compute-bound.
+
+Run: ``python benchmarks/autocast_overhead.py [--rounds 15]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+import ampkit
+
+# Five entries that change numerics: ops native autocast leaves alone on CPU.
+FIVE_NEW = {"custom_white_list": {"add", "mul"},
+            "custom_black_list": {"softmax", "gelu", "layer_norm"}}
+# Five entries that re-list ops native autocast already runs in bf16: the computation is
+# identical, so the difference to native is the engine's interception cost alone.
+FIVE_SAME = {"custom_white_list": {"linear", "matmul", "bmm", "baddbmm", "addmm"}}
+
+SIZES = {
+    # name: (d_model, layers, seq, batch, steps per round)
+    "dispatch-bound": (16, 2, 8, 2, 60),
+    "compute-bound": (256, 2, 128, 8, 3),
+}
+
+
+def make_model(d: int, layers: int) -> nn.Module:
+    layer = nn.TransformerEncoderLayer(d, 4 if d >= 64 else 2, 4 * d, dropout=0.0,
+                                       activation="gelu", batch_first=True)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+
+def step(model: nn.Module, x: torch.Tensor, region: Callable[[], contextlib.AbstractContextManager]
+         ) -> None:
+    with region():
+        out = model(x)
+        loss = (out.float() * 0.5).mean()
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    regions: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+        "native": lambda: torch.autocast("cpu", torch.bfloat16),
+        "ampkit": lambda: ampkit.autocast("cpu", torch.bfloat16),
+        "ampkit+5same": lambda: ampkit.autocast("cpu", torch.bfloat16, **FIVE_SAME),
+        "ampkit+5new": lambda: ampkit.autocast("cpu", torch.bfloat16, **FIVE_NEW),
+    }
+    print(f"machine: {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    for size, (d, layers, seq, batch, steps) in SIZES.items():
+        model = make_model(d, layers)
+        x = torch.randn(batch, seq, d)
+        times: dict[str, list[float]] = {name: [] for name in regions}
+        for region in regions.values():  # warm-up
+            for _ in range(3):
+                step(model, x, region)
+        for _ in range(args.rounds):
+            for name, region in regions.items():
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step(model, x, region)
+                times[name].append((time.perf_counter() - t0) / steps)
+        base = statistics.median(times["native"])
+        print(f"\n{size}: d_model={d} layers={layers} seq={seq} batch={batch}")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            print(f"  {name:13s} {med * 1e3:9.3f} ms/step   {med / base:5.3f}x native")
+
+
+if __name__ == "__main__":
+    main()
