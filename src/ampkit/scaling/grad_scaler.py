@@ -1,0 +1,726 @@
+"""``GradScaler``: torch's gradient scaler, drop-in, and the extras the other seeds have.
+
+The constructor, methods and ``state_dict`` are those of ``torch.amp.GradScaler``; with
+default settings the scale trajectory and the skipped steps are torch's, bit for bit,
+for the same gradients. Beyond torch:
+
+* ``hysteresis``: back off only after N overflows in a row (Paddle's
+  ``decr_every_n_nan_or_inf``); every overflow still skips its step;
+* ``min_scale`` / ``max_scale``: floor and ceiling (apex ``min_loss_scale`` /
+  ``max_loss_scale``, MXNet's 2**24 cap, MindSpore's floor of 1);
+* ``dynamic=False``: static loss scaling; overflows still skip the step (ampkit never
+  writes inf/NaN into weights), the scale stays put;
+* float16 *and* bfloat16 gradients are unscaled (torch refuses float16 gradients in
+  ``unscale_``, and bfloat16 on builds whose kernel lacks it, issue #127176);
+* fp32 master gradients: ``unscale_`` first calls
+  ``ampkit.master_weights.sync_master_grads(optimizer)``, so an optimizer managed by
+  ampkit's master weights is unscaled and checked on its fp32 masters;
+* distributed agreement: an overflow found on any rank skips the step on every rank
+  (one all-reduce of ``found_inf``, see :mod:`ampkit.scaling.distributed`);
+* ``skipped_steps`` and ``last_step_skipped`` for reporting.
+
+Skipping. A skipped step never calls ``optimizer.step()``, so parameters, master
+weights and optimizer state (moments, ``state["step"]``) stay exactly as they were.
+Optimizers that take ``grad_scale``/``found_inf`` (``_step_supports_amp_scaling``:
+torch's ``fused=True`` Adam, AdamW, SGD and Adagrad) are stepped with those tensors
+instead and skip on the device themselves, undoing their step-counter increment; that
+path reads nothing back to the host, overflow or not. Every other optimizer costs one
+host sync per ``step()`` (reading ``found_inf``), as in torch.
+
+LR schedulers are stepped by you. To leave a scheduler untouched on a skipped step::
+
+    scaler.step(optimizer)
+    scaler.update()
+    if not scaler.last_step_skipped:   # one host sync
+        scheduler.step()
+
+(torch's own pattern, stepping the scheduler every iteration, is also fine: it shifts
+the schedule by the few skipped steps.)
+
+Example:
+    >>> import torch
+    >>> from ampkit.scaling.grad_scaler import GradScaler
+    >>> model = torch.nn.Linear(2, 1)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> scaler = GradScaler("cpu", init_scale=2.0 ** 4, hysteresis=2, min_scale=1.0)
+    >>> scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    >>> scaler.step(opt)
+    >>> scaler.update()
+    >>> scaler.get_scale(), scaler.skipped_steps, scaler.last_step_skipped
+    (16.0, 0, False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import warnings
+from collections.abc import Iterable
+from typing import Any, overload
+
+import torch
+
+from ampkit.scaling.distributed import agree_on_overflow_
+from ampkit.scaling.overflow import unscale_grads_
+from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
+
+__all__ = ["GradScaler", "OptState"]
+
+
+class OptState(enum.Enum):
+    """Where one optimizer is in the current iteration."""
+
+    READY = 0  # gradients still scaled
+    UNSCALED = 1  # unscale_() ran: gradients unscaled, found_inf recorded
+    STEPPED = 2  # step() ran (or was skipped); wait for update()
+
+
+@dataclasses.dataclass
+class _OptimizerRecord:
+    stage: OptState = OptState.READY
+    # nonzero when this optimizer's gradients overflowed (on any rank); on the scale's device
+    found_inf: torch.Tensor | None = None
+
+
+# state_dict keys: torch's five, then ampkit's (optional on load, so torch checkpoints load)
+_TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+_EXTRA_KEYS = ("hysteresis", "min_scale", "max_scale", "dynamic", "_overflow_tracker",
+               "skipped_steps")
+
+
+def _sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
+    """Hand the model's low-precision gradients to the fp32 masters, when managed."""
+    try:
+        from ampkit.master_weights import sync_master_grads
+    except ModuleNotFoundError as error:
+        # Without that module no optimizer can be managed by ampkit master weights.
+        if error.name != "ampkit.master_weights":
+            raise
+        return False
+    return bool(sync_master_grads(optimizer))
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _device_type(device: Any) -> str:
+    if device is None:
+        return _default_device()
+    if isinstance(device, torch.device):
+        return device.type
+    if isinstance(device, str):
+        try:
+            return torch.device(device).type
+        except RuntimeError:
+            pass
+    raise ValueError(f"device must be None (cuda if available, else cpu), a device type "
+                     f"such as 'cuda' or 'cpu', or a torch.device; got {device!r}")
+
+
+class GradScaler:
+    """Scales the loss, unscales and checks gradients, skips steps that overflowed and
+    adjusts the scale: ``torch.amp.GradScaler``'s contract, plus hysteresis, bounds, a
+    static mode, bfloat16/float16/master gradients and distributed agreement.
+
+    Use it exactly like torch's::
+
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)        # optional: to clip or inspect gradients
+        scaler.step(optimizer)            # skipped if any gradient is inf/NaN
+        scaler.update()                   # once per iteration, after all step() calls
+
+    Args:
+        device: device type of the scale's home (``"cuda"``, ``"cpu"``, ...). ``None``
+            (the default, unlike torch's ``"cuda"``) means ``"cuda"`` when available,
+            else ``"cpu"``. ``"cuda"`` without CUDA warns and disables the scaler, as
+            torch does. The scale tensor itself is created on the first scaled output's
+            device.
+        init_scale: starting scale; finite and > 0 (and within the bounds).
+        growth_factor: multiplier after ``growth_interval`` clean steps; > 1.
+        backoff_factor: multiplier on overflow; in (0, 1).
+        growth_interval: clean steps in a row before growing; int >= 1.
+        enabled: ``False`` makes every method a no-op and ``step`` a plain
+            ``optimizer.step()``.
+        hysteresis: overflows in a row before backing off; int >= 1 (1: torch).
+        min_scale: floor when backing off, or ``None`` (torch: none).
+        max_scale: ceiling when growing, or ``None`` (torch: none; apex: 2**24).
+        dynamic: ``False`` for a static scale (``init_scale`` forever); overflowing
+            steps are still skipped.
+        process_group: group whose ranks must agree on overflows; ``None`` means the
+            default group whenever ``torch.distributed`` is initialised.
+
+    Raises:
+        ValueError: a bad value, naming the argument (see
+            :class:`~ampkit.scaling.schedule.ScaleSchedule`).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.scaling.grad_scaler import GradScaler
+        >>> w = torch.nn.Parameter(torch.ones(2))
+        >>> opt = torch.optim.SGD([w], lr=1.0)
+        >>> scaler = GradScaler("cpu", init_scale=8.0)
+        >>> scaler.scale((w * float("inf")).sum()).backward()  # an overflow
+        >>> scaler.step(opt)                                    # skipped
+        >>> scaler.update()
+        >>> w.tolist(), scaler.get_scale(), scaler.skipped_steps
+        ([1.0, 1.0], 4.0, 1)
+    """
+
+    def __init__(self, device: str | torch.device | None = None,
+                 init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000,
+                 enabled: bool = True, *, hysteresis: int = 1,
+                 min_scale: float | None = None, max_scale: float | None = None,
+                 dynamic: bool = True, process_group: Any = None) -> None:
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+        self._device = _device_type(device)
+        self._schedule = ScaleSchedule(
+            growth_factor=growth_factor, backoff_factor=backoff_factor,
+            growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale,
+            max_scale=max_scale, dynamic=dynamic)
+        self._init_scale = self._schedule.check_init_scale(init_scale)
+        self._enabled = enabled
+        if enabled and self._device == "cuda" and not torch.cuda.is_available():
+            warnings.warn("GradScaler is enabled for device 'cuda', but CUDA is not "
+                          "available; disabling it. Pass device='cpu' (or None) to scale "
+                          "on CPU.", stacklevel=2)
+            self._enabled = False
+        self._process_group = process_group
+        # Counters as plain ints until the scale tensor exists (lazily, on the loss's device).
+        self._init_growth_tracker = 0
+        self._init_overflow_tracker = 0
+        self._init_skipped = 0
+        self._scale: torch.Tensor | None = None
+        self._growth_tracker: torch.Tensor | None = None
+        self._overflow_tracker: torch.Tensor | None = None
+        self._skipped: torch.Tensor | None = None  # iterations that overflowed, int64
+        self._last_found_inf: torch.Tensor | None = None  # the last updated iteration's
+        self._records: dict[int, _OptimizerRecord] = {}
+
+    # -- state -----------------------------------------------------------------------
+
+    def _lazy_init(self, device: torch.device) -> None:
+        self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=device)
+        self._growth_tracker = torch.full((), self._init_growth_tracker, dtype=torch.int32,
+                                          device=device)
+        self._overflow_tracker = torch.full((), self._init_overflow_tracker,
+                                            dtype=torch.int32, device=device)
+        self._skipped = torch.full((), self._init_skipped, dtype=torch.int64, device=device)
+
+    def _require_scale(self, method: str) -> torch.Tensor:
+        if self._scale is None:
+            raise RuntimeError(f"GradScaler.{method}() was called before any loss was "
+                               f"scaled; call scaler.scale(loss).backward() first in each "
+                               f"iteration")
+        return self._scale
+
+    def _record(self, optimizer: torch.optim.Optimizer) -> _OptimizerRecord:
+        return self._records.setdefault(id(optimizer), _OptimizerRecord())
+
+    @property
+    def schedule(self) -> ScaleSchedule:
+        """The immutable rule the scale follows (factors, interval, bounds, ...)."""
+        return self._schedule
+
+    # -- torch's API -----------------------------------------------------------------
+
+    @overload
+    def scale(self, outputs: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def scale(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
+
+    @overload
+    def scale(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]: ...
+
+    @overload
+    def scale(self, outputs: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]: ...
+
+    def scale(self, outputs: torch.Tensor | Iterable[torch.Tensor]
+              ) -> torch.Tensor | Iterable[torch.Tensor]:
+        """Multiply a tensor (or nested lists/tuples/iterables of tensors) by the scale.
+
+        Returns ``outputs`` unchanged when the scaler is disabled. The product keeps the
+        output's dtype, as torch's does.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu", init_scale=4.0).scale([torch.ones(1), torch.ones(2)])
+            [tensor([4.]), tensor([4., 4.])]
+        """
+        if not self._enabled:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            if self._scale is None:
+                self._lazy_init(outputs.device)
+            assert self._scale is not None
+            return outputs * self._scale.to(outputs.device, non_blocking=True)
+
+        copies: dict[torch.device, torch.Tensor] = {}
+
+        def apply(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                if self._scale is None:
+                    self._lazy_init(value.device)
+                assert self._scale is not None
+                if value.device not in copies:
+                    copies[value.device] = self._scale.to(value.device, non_blocking=True)
+                return value * copies[value.device]
+            if isinstance(value, list | tuple):
+                return type(value)(apply(v) for v in value)
+            if isinstance(value, Iterable):
+                return map(apply, value)
+            raise ValueError(f"outputs must be a Tensor or an iterable of Tensors, found "
+                             f"{type(value).__name__}")
+
+        return apply(outputs)
+
+    def _params_of(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for p in params:
+            grad = p.grad
+            if grad is not None and grad.is_sparse and grad.dtype is torch.float16:
+                p.grad = grad.coalesce()  # duplicates may overflow only once summed
+        return params
+
+    def _check_grads(self, optimizer: torch.optim.Optimizer, *, unscale: bool
+                     ) -> torch.Tensor:
+        """found_inf for the optimizer's gradients (agreed across ranks), unscaling them
+        on the way when ``unscale``."""
+        scale = self._require_scale("unscale_" if unscale else "step")
+        _sync_master_grads(optimizer)
+        # The reciprocal in float64, rounded to float32: torch's, so unscaled values match.
+        inv_scale = scale.double().reciprocal().float() if unscale else None
+        found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
+        unscale_grads_((p.grad for p in self._params_of(optimizer)), inv_scale, found_inf)
+        return agree_on_overflow_(found_inf, self._process_group)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the optimizer's gradients by the scale, in place, and check them for
+        inf/NaN (on every rank). Optional: ``step`` does it when you have not.
+
+        Call it at most once per optimizer per iteration, after all backward passes,
+        e.g. to clip unscaled gradients. It reads nothing back to the host.
+
+        Raises:
+            RuntimeError: if called twice for this optimizer before ``update()``, or
+                after ``step()``.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> w = torch.nn.Parameter(torch.ones(1))
+            >>> opt = torch.optim.SGD([w], lr=0.1)
+            >>> scaler = GradScaler("cpu", init_scale=1024.0)
+            >>> scaler.scale(3 * w.sum()).backward()
+            >>> w.grad.item()
+            3072.0
+            >>> scaler.unscale_(opt)
+            >>> w.grad.item()
+            3.0
+        """
+        if not self._enabled:
+            return
+        record = self._record(optimizer)
+        if record.stage is OptState.UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer in "
+                               "this iteration; call scaler.step(optimizer) and then "
+                               "scaler.update() before unscaling again")
+        if record.stage is OptState.STEPPED:
+            raise RuntimeError("unscale_() was called after step() for this optimizer; "
+                               "call scaler.update() to end the iteration first")
+        record.found_inf = self._check_grads(optimizer, unscale=True)
+        record.stage = OptState.UNSCALED
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        """Unscale (unless ``unscale_`` already did) and run ``optimizer.step(*args,
+        **kwargs)`` unless a gradient is inf/NaN on any rank; returns its result (or
+        ``None`` when skipped).
+
+        Optimizers with ``_step_supports_amp_scaling`` (``fused=True`` Adam, AdamW, SGD,
+        Adagrad) receive ``grad_scale``/``found_inf`` and skip on the device: no host
+        sync. Others cost one host sync.
+
+        Raises:
+            RuntimeError: if called twice for this optimizer before ``update()``, or with
+                a ``closure``.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> w = torch.nn.Parameter(torch.ones(1))
+            >>> opt = torch.optim.SGD([w], lr=0.5)
+            >>> scaler = GradScaler("cpu")
+            >>> scaler.scale(w.sum()).backward()
+            >>> scaler.step(opt)
+            >>> w.item()
+            0.5
+        """
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("GradScaler.step() does not take a closure: compute the "
+                               "loss, call scaler.scale(loss).backward(), then "
+                               "scaler.step(optimizer)")
+        record = self._record(optimizer)
+        if record.stage is OptState.STEPPED:
+            raise RuntimeError("step() has already been called for this optimizer in this "
+                               "iteration; call scaler.update() before stepping again")
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return self._step_on_device(optimizer, record, *args, **kwargs)
+        if record.stage is OptState.READY:
+            self.unscale_(optimizer)
+        assert record.found_inf is not None
+        result = None
+        if not record.found_inf.item():  # the one host sync of this path
+            result = optimizer.step(*args, **kwargs)
+        record.stage = OptState.STEPPED
+        return result
+
+    def _step_on_device(self, optimizer: torch.optim.Optimizer, record: _OptimizerRecord,
+                        *args: Any, **kwargs: Any) -> Any:
+        """The optimizer unscales (``grad_scale``) and skips (``found_inf``) itself."""
+        scale = self._require_scale("step")
+        if record.stage is OptState.READY:
+            record.found_inf = self._check_grads(optimizer, unscale=False)
+            # Gradients are still scaled: the optimizer divides by grad_scale (times any
+            # grad_scale of the user's own).
+            grad_scale = scale * getattr(optimizer, "grad_scale", 1)
+        else:  # unscale_() already divided; pass only the user's own grad_scale, if any
+            grad_scale = getattr(optimizer, "grad_scale", None)
+        assert record.found_inf is not None
+        optimizer.grad_scale = grad_scale  # type: ignore[attr-defined]
+        optimizer.found_inf = record.found_inf  # type: ignore[attr-defined]
+        try:
+            result = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale  # type: ignore[attr-defined]
+            del optimizer.found_inf  # type: ignore[attr-defined]
+        record.stage = OptState.STEPPED
+        return result
+
+    def _current_found_inf(self) -> torch.Tensor | None:
+        found = [r.found_inf for r in self._records.values() if r.found_inf is not None]
+        if not found:
+            return None
+        assert self._scale is not None
+        combined = found[0].to(self._scale.device, non_blocking=True)
+        for other in found[1:]:
+            combined = combined + other.to(self._scale.device, non_blocking=True)
+        return combined
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """End the iteration: back off if any optimizer overflowed, grow after
+        ``growth_interval`` clean iterations (within the bounds; never in static mode).
+
+        ``new_scale`` sets the scale instead (a positive finite float, or a one-element
+        float32 tensor on the scaler's device type); the bounds do not apply to it.
+        Reads nothing back to the host.
+
+        Raises:
+            RuntimeError: if no optimizer was stepped or unscaled in this iteration.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> scaler = GradScaler("cpu", init_scale=4.0)
+            >>> _ = scaler.scale(torch.ones(1))
+            >>> scaler.update(new_scale=2.0)
+            >>> scaler.get_scale()
+            2.0
+        """
+        if not self._enabled:
+            return
+        scale = self._require_scale("update")
+        assert self._growth_tracker is not None and self._overflow_tracker is not None
+        assert self._skipped is not None
+        found_inf = self._current_found_inf()
+        if new_scale is not None:
+            if isinstance(new_scale, torch.Tensor):
+                if (new_scale.numel() != 1 or new_scale.requires_grad
+                        or new_scale.device.type != scale.device.type):
+                    raise ValueError(f"new_scale must be a float or a one-element tensor "
+                                     f"on device type {scale.device.type!r} that does not "
+                                     f"require grad, got {new_scale!r}")
+                scale.copy_(new_scale.reshape(()))
+            else:
+                scale.fill_(check_scale_value(new_scale, "new_scale"))
+        else:
+            if found_inf is None:
+                raise RuntimeError("update() found no gradient check in this iteration; "
+                                   "call scaler.step(optimizer) (or scaler.unscale_"
+                                   "(optimizer)) for each optimizer before update()")
+            update_scale_(scale, self._growth_tracker, self._overflow_tracker, found_inf,
+                          self._schedule)
+        if found_inf is not None:
+            self._skipped += (found_inf != 0).to(torch.int64)
+            self._last_found_inf = found_inf
+        self._records = {}
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (a host sync); 1.0 when disabled.
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu").get_scale(), GradScaler("cpu", enabled=False).get_scale()
+            (65536.0, 1.0)
+        """
+        if not self._enabled:
+            return 1.0
+        return self._init_scale if self._scale is None else float(self._scale.item())
+
+    def _get_scale_async(self) -> torch.Tensor | None:
+        # torch's name, used by some training libraries to read the scale without a sync.
+        return self._scale
+
+    def get_growth_factor(self) -> float:
+        """The growth factor.
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu").get_growth_factor()
+            2.0
+        """
+        return self._schedule.growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        """Replace the growth factor (> 1).
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> scaler = GradScaler("cpu")
+            >>> scaler.set_growth_factor(4.0)
+            >>> scaler.get_growth_factor()
+            4.0
+        """
+        self._schedule = dataclasses.replace(self._schedule, growth_factor=new_factor)
+
+    def get_backoff_factor(self) -> float:
+        """The backoff factor.
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu").get_backoff_factor()
+            0.5
+        """
+        return self._schedule.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        """Replace the backoff factor (in (0, 1)).
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> scaler = GradScaler("cpu")
+            >>> scaler.set_backoff_factor(0.25)
+            >>> scaler.get_backoff_factor()
+            0.25
+        """
+        self._schedule = dataclasses.replace(self._schedule, backoff_factor=new_factor)
+
+    def get_growth_interval(self) -> int:
+        """The growth interval.
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu").get_growth_interval()
+            2000
+        """
+        return self._schedule.growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """Replace the growth interval (int >= 1).
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> scaler = GradScaler("cpu")
+            >>> scaler.set_growth_interval(100)
+            >>> scaler.get_growth_interval()
+            100
+        """
+        self._schedule = dataclasses.replace(self._schedule, growth_interval=new_interval)
+
+    def _get_growth_tracker(self) -> int:
+        if not self._enabled:
+            return 0
+        if self._growth_tracker is None:
+            return self._init_growth_tracker
+        return int(self._growth_tracker.item())
+
+    def _get_overflow_tracker(self) -> int:
+        if not self._enabled:
+            return 0
+        if self._overflow_tracker is None:
+            return self._init_overflow_tracker
+        return int(self._overflow_tracker.item())
+
+    def is_enabled(self) -> bool:
+        """Whether the scaler scales (``False``: every method is a pass-through).
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu", enabled=False).is_enabled()
+            False
+        """
+        return self._enabled
+
+    # -- reporting -------------------------------------------------------------------
+
+    @property
+    def skipped_steps(self) -> int:
+        """Iterations skipped so far because of inf/NaN gradients (the current one
+        counts as soon as it has been checked). Reading it is a host sync.
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu").skipped_steps
+            0
+        """
+        if not self._enabled:
+            return 0
+        committed = self._init_skipped if self._skipped is None else int(self._skipped.item())
+        current = self._current_found_inf()
+        return committed + (1 if current is not None and current.item() != 0 else 0)
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the latest checked iteration overflowed, so its optimizer steps were
+        skipped: the current iteration once ``step``/``unscale_`` has run, else the one
+        before the last ``update()``. Reading it is a host sync.
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu").last_step_skipped
+            False
+        """
+        if not self._enabled:
+            return False
+        current = self._current_found_inf()
+        if current is None:
+            current = self._last_found_inf
+        return current is not None and bool(current.item() != 0)
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scaler's state: torch's five keys (``scale``, ``growth_factor``,
+        ``backoff_factor``, ``growth_interval``, ``_growth_tracker``) plus
+        ``hysteresis``, ``min_scale``, ``max_scale``, ``dynamic``, ``_overflow_tracker``
+        and ``skipped_steps``. Empty when disabled. Take it after ``update()``.
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> sorted(GradScaler("cpu").state_dict())[:4]
+            ['_growth_tracker', '_overflow_tracker', 'backoff_factor', 'dynamic']
+        """
+        if not self._enabled:
+            return {}
+        rule = self._schedule
+        return {
+            "scale": self.get_scale(),
+            "growth_factor": rule.growth_factor,
+            "backoff_factor": rule.backoff_factor,
+            "growth_interval": rule.growth_interval,
+            "_growth_tracker": self._get_growth_tracker(),
+            "hysteresis": rule.hysteresis,
+            "min_scale": rule.min_scale,
+            "max_scale": rule.max_scale,
+            "dynamic": rule.dynamic,
+            "_overflow_tracker": self._get_overflow_tracker(),
+            "skipped_steps": (self._init_skipped if self._skipped is None
+                              else int(self._skipped.item())),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict` (ampkit's or torch's own; keys
+        ampkit adds keep this scaler's values when absent). A no-op when disabled.
+
+        Raises:
+            RuntimeError: the dict is empty (saved from a disabled scaler).
+            ValueError: keys are missing or unknown (named), or a value is invalid.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> scaler = GradScaler("cpu")
+            >>> scaler.load_state_dict(torch.amp.GradScaler("cpu", init_scale=8.0).state_dict())
+            >>> scaler.get_scale()
+            8.0
+        """
+        if not self._enabled:
+            return
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
+        if len(state_dict) == 0:
+            raise RuntimeError("the state dict is empty, probably saved from a disabled "
+                               "GradScaler; there is no scale to restore")
+        missing = [k for k in _TORCH_KEYS if k not in state_dict]
+        unknown = sorted(k for k in state_dict if k not in _TORCH_KEYS + _EXTRA_KEYS)
+        if missing or unknown:
+            raise ValueError(f"GradScaler.load_state_dict: missing keys {missing}, unknown "
+                             f"keys {unknown}; expected {list(_TORCH_KEYS)} and optionally "
+                             f"{list(_EXTRA_KEYS)}")
+        rule = self._schedule
+        schedule = ScaleSchedule(
+            growth_factor=state_dict["growth_factor"],
+            backoff_factor=state_dict["backoff_factor"],
+            growth_interval=state_dict["growth_interval"],
+            hysteresis=state_dict.get("hysteresis", rule.hysteresis),
+            min_scale=state_dict.get("min_scale", rule.min_scale),
+            max_scale=state_dict.get("max_scale", rule.max_scale),
+            dynamic=state_dict.get("dynamic", rule.dynamic))
+        scale = check_scale_value(state_dict["scale"], "state_dict['scale']")
+        counters = {key: state_dict.get(key, 0) for key in
+                    ("_growth_tracker", "_overflow_tracker", "skipped_steps")}
+        for key, value in counters.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"state_dict[{key!r}] must be an int >= 0, got {value!r}")
+        self._schedule = schedule
+        self._init_scale = scale
+        self._init_growth_tracker = counters["_growth_tracker"]
+        self._init_overflow_tracker = counters["_overflow_tracker"]
+        self._init_skipped = counters["skipped_steps"]
+        if self._scale is not None:
+            assert self._growth_tracker is not None and self._overflow_tracker is not None
+            assert self._skipped is not None
+            self._scale.fill_(scale)
+            self._growth_tracker.fill_(self._init_growth_tracker)
+            self._overflow_tracker.fill_(self._init_overflow_tracker)
+            self._skipped.fill_(self._init_skipped)
+        self._last_found_inf = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._records:
+            raise RuntimeError("a GradScaler can only be pickled between iterations (before "
+                               "scale() or after update()), not in the middle of one")
+        if self._process_group is not None:
+            raise RuntimeError("a GradScaler with an explicit process_group cannot be "
+                               "pickled (process groups cannot); pickle one built with "
+                               "process_group=None")
+        state = self.__dict__.copy()
+        if self._enabled:
+            # Tensors go back to plain numbers; they are rebuilt lazily on the next scale().
+            saved = self.state_dict()
+            state["_init_scale"] = saved["scale"]
+            state["_init_growth_tracker"] = saved["_growth_tracker"]
+            state["_init_overflow_tracker"] = saved["_overflow_tracker"]
+            state["_init_skipped"] = saved["skipped_steps"]
+        for name in ("_scale", "_growth_tracker", "_overflow_tracker", "_skipped",
+                     "_last_found_inf"):
+            state[name] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        rule = self._schedule
+        extras = "".join(f", {name}={getattr(rule, name)!r}"
+                         for name in ("hysteresis", "min_scale", "max_scale", "dynamic")
+                         if getattr(rule, name) != getattr(ScaleSchedule, name))
+        return (f"GradScaler(device={self._device!r}, scale={self.get_scale()!r}, "
+                f"growth_factor={rule.growth_factor!r}, backoff_factor="
+                f"{rule.backoff_factor!r}, growth_interval={rule.growth_interval!r}, "
+                f"enabled={self._enabled!r}{extras})")

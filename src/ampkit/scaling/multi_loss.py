@@ -1,0 +1,393 @@
+"""Several losses and optimizers: apex-style ``scale_loss`` with one scaler per loss id.
+
+:func:`configure_loss_scaling` sets up one :class:`~ampkit.scaling.grad_scaler.GradScaler`
+per loss id (``ampkit.initialize`` calls it with the level's settings); :func:`scale_loss`
+is the context manager around each backward pass::
+
+    configure_loss_scaling("dynamic", num_losses=2)
+    with scale_loss(loss_a, optimizer, loss_id=0) as scaled:
+        scaled.backward()
+    with scale_loss(loss_b, optimizer, loss_id=1) as scaled:
+        scaled.backward()
+    optimizer.step()          # a no-op if either loss overflowed
+
+What happens to each optimizer given:
+
+* on entry, gradients already there (unscaled, from an earlier loss) are put aside, so
+  the backward pass leaves only this loss's scaled gradients;
+* on exit they are unscaled with this loss's scale (master gradients first synced,
+  overflow agreed across ranks), the gradients put aside are added back, and the loss's
+  scale is updated; on overflow the optimizer's next ``step()`` returns ``None``
+  without doing anything (parameters, master weights and optimizer state untouched);
+* ``delay_unscale=True`` (gradient accumulation over micro-batches) leaves the scaled
+  gradients in place for the next ``scale_loss`` with the same ``loss_id``; until an
+  undelayed one unscales them, ``optimizer.step()`` raises instead of applying scaled
+  gradients;
+* an exception inside the block restores the gradients as they were on entry.
+
+Deciding the skip reads ``found_inf`` on exit: one host sync per undelayed
+``scale_loss``, as in apex. Static scaling (``loss_scale=128.0``) skips overflowing
+steps too and never moves the scale; ``loss_scale=None`` turns scaling off (the loss is
+yielded as is, nothing is unscaled or skipped).
+
+Example:
+    >>> import torch
+    >>> from ampkit.scaling.multi_loss import configure_loss_scaling, scale_loss
+    >>> w = torch.nn.Parameter(torch.ones(2))
+    >>> opt = torch.optim.SGD([w], lr=0.5)
+    >>> _ = configure_loss_scaling("dynamic", num_losses=2, init_scale=1024.0)
+    >>> with scale_loss((2 * w).sum(), opt, loss_id=0) as scaled:
+    ...     scaled.backward()
+    >>> with scale_loss((w * float("inf")).sum(), opt, loss_id=1) as scaled:
+    ...     scaled.backward()                       # loss 1 overflows
+    >>> opt.step()                                  # skipped
+    >>> w.tolist(), loss_scaler(0).get_scale(), loss_scaler(1).get_scale()
+    ([1.0, 1.0], 1024.0, 512.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import math
+import numbers
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ampkit.scaling.grad_scaler import GradScaler
+
+__all__ = [
+    "configure_loss_scaling",
+    "load_loss_scaling_state_dict",
+    "loss_scaler",
+    "loss_scaling_state_dict",
+    "scale_loss",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScalingConfig:
+    """The settings :func:`configure_loss_scaling` was given (immutable)."""
+
+    loss_scale: str | float | None = "dynamic"
+    num_losses: int = 1
+    init_scale: float = 2.0 ** 16
+    min_loss_scale: float | None = None
+    max_loss_scale: float | None = 2.0 ** 24
+    growth_interval: int = 2000
+    hysteresis: int = 1
+
+
+def _check_loss_scale(value: Any) -> str | float | None:
+    if value is None or value == "dynamic":
+        return value
+    if (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(float(value)) and float(value) > 0):
+        return float(value)
+    raise ValueError(f"loss_scale must be 'dynamic', a positive finite number (static "
+                     f"scaling) or None (no scaling), got {value!r}")
+
+
+def _build_scaler(config: LossScalingConfig) -> GradScaler:
+    if config.loss_scale is None:
+        return GradScaler(enabled=False)
+    if config.loss_scale == "dynamic":
+        return GradScaler(init_scale=config.init_scale,
+                          growth_interval=config.growth_interval,
+                          hysteresis=config.hysteresis, min_scale=config.min_loss_scale,
+                          max_scale=config.max_loss_scale)
+    # Static: bounds and growth are meaningless, the scale is the number given.
+    return GradScaler(init_scale=config.loss_scale, hysteresis=config.hysteresis,
+                      dynamic=False)
+
+
+class _StepGuard(enum.Enum):
+    """What an optimizer's next ``step()`` does while scale_loss holds it (no entry:
+    a normal step)."""
+
+    SKIP_ONCE = "skip"  # an overflow: the next step() is a no-op
+    REFUSE = "refuse"  # gradients still scaled (delay_unscale): step() raises
+    REFUSE_THEN_SKIP = "refuse, then skip"  # both: an earlier loss overflowed
+
+
+@dataclasses.dataclass
+class _PendingGrads:
+    """An optimizer between a delayed scale_loss and the one that unscales."""
+
+    loss_id: int
+    # gradients put aside on entry (already unscaled), added back when unscaling
+    stash: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class _State:
+    def __init__(self, config: LossScalingConfig) -> None:
+        self.config = config
+        self.scalers = tuple(_build_scaler(config) for _ in range(config.num_losses))
+
+
+_lock = threading.Lock()
+_state: _State | None = None
+_pending: weakref.WeakKeyDictionary[torch.optim.Optimizer, _PendingGrads] = (
+    weakref.WeakKeyDictionary())
+# Optimizer -> (guard, the instance's own ``step`` attribute before guarding, if any).
+_guards: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[_StepGuard, Any]] = (
+    weakref.WeakKeyDictionary())
+_NO_ATTRIBUTE = object()
+
+
+def configure_loss_scaling(loss_scale: str | float | None = "dynamic", *,
+                           num_losses: int = 1, init_scale: float = 2.0 ** 16,
+                           min_loss_scale: float | None = None,
+                           max_loss_scale: float | None = 2.0 ** 24,
+                           growth_interval: int = 2000,
+                           hysteresis: int = 1) -> tuple[GradScaler, ...]:
+    """Set up one scaler per loss id for :func:`scale_loss`, replacing any earlier
+    setup (and its scales). Returns the scalers, indexed by loss id.
+
+    Args:
+        loss_scale: ``"dynamic"``, a positive number (static scaling), or ``None`` (no
+            scaling).
+        num_losses: how many loss ids (``0 .. num_losses - 1``); int >= 1.
+        init_scale: the dynamic scalers' starting scale.
+        min_loss_scale: floor of the dynamic scale (apex), or ``None``.
+        max_loss_scale: ceiling of the dynamic scale (apex default 2**24), or ``None``.
+        growth_interval: clean steps before the dynamic scale doubles.
+        hysteresis: overflows in a row before the scale halves (every overflow skips).
+
+    Raises:
+        ValueError: a bad value, naming the argument.
+
+    Example:
+        >>> from ampkit.scaling.multi_loss import configure_loss_scaling
+        >>> [s.get_scale() for s in configure_loss_scaling(128.0, num_losses=2)]
+        [128.0, 128.0]
+    """
+    if isinstance(num_losses, bool) or not isinstance(num_losses, numbers.Integral):
+        raise TypeError(f"num_losses must be an int >= 1, got {type(num_losses).__name__}")
+    if num_losses < 1:
+        raise ValueError(f"num_losses must be an int >= 1, got {num_losses!r}")
+    config = LossScalingConfig(
+        loss_scale=_check_loss_scale(loss_scale), num_losses=int(num_losses),
+        init_scale=init_scale, min_loss_scale=min_loss_scale,
+        max_loss_scale=max_loss_scale, growth_interval=growth_interval,
+        hysteresis=hysteresis)
+    state = _State(config)  # validates every value before anything is replaced
+    global _state
+    with _lock:
+        _state = state
+    return state.scalers
+
+
+def _current_state() -> _State:
+    global _state
+    with _lock:
+        if _state is None:
+            _state = _State(LossScalingConfig())
+        return _state
+
+
+def loss_scaler(loss_id: int = 0) -> GradScaler:
+    """The scaler behind ``loss_id`` (set up with the defaults if nothing was
+    configured).
+
+    Example:
+        >>> from ampkit.scaling.multi_loss import configure_loss_scaling, loss_scaler
+        >>> _ = configure_loss_scaling("dynamic", init_scale=256.0)
+        >>> loss_scaler(0).get_scale()
+        256.0
+    """
+    state = _current_state()
+    if (isinstance(loss_id, bool) or not isinstance(loss_id, numbers.Integral)
+            or not 0 <= loss_id < len(state.scalers)):
+        raise ValueError(f"loss_id must be an int in [0, {len(state.scalers)}) (num_losses="
+                         f"{len(state.scalers)}), got {loss_id!r}; pass num_losses to "
+                         f"configure_loss_scaling (or ampkit.initialize) for more losses")
+    return state.scalers[int(loss_id)]
+
+
+def loss_scaling_state_dict() -> dict[str, Any]:
+    """Every loss scaler's state, as ``{"loss_scaler0": {...}, ...}`` (each one a
+    ``GradScaler.state_dict()``).
+
+    Example:
+        >>> from ampkit.scaling.multi_loss import configure_loss_scaling
+        >>> from ampkit.scaling.multi_loss import loss_scaling_state_dict
+        >>> _ = configure_loss_scaling("dynamic", num_losses=2, init_scale=8.0)
+        >>> {k: v["scale"] for k, v in loss_scaling_state_dict().items()}
+        {'loss_scaler0': 8.0, 'loss_scaler1': 8.0}
+    """
+    return {f"loss_scaler{i}": s.state_dict()
+            for i, s in enumerate(_current_state().scalers)}
+
+
+def load_loss_scaling_state_dict(state_dict: dict[str, Any]) -> None:
+    """Restore :func:`loss_scaling_state_dict`'s output into the configured scalers.
+
+    Raises:
+        ValueError: keys missing or unknown for the configured ``num_losses`` (named).
+
+    Example:
+        >>> from ampkit.scaling.multi_loss import configure_loss_scaling, loss_scaler
+        >>> from ampkit.scaling.multi_loss import load_loss_scaling_state_dict
+        >>> _ = configure_loss_scaling("dynamic")
+        >>> saved = {"loss_scaler0": {**loss_scaler(0).state_dict(), "scale": 4.0}}
+        >>> load_loss_scaling_state_dict(saved)
+        >>> loss_scaler(0).get_scale()
+        4.0
+    """
+    scalers = _current_state().scalers
+    expected = [f"loss_scaler{i}" for i in range(len(scalers))]
+    missing = [k for k in expected if k not in state_dict]
+    unknown = sorted(str(k) for k in state_dict if k not in expected)
+    if missing or unknown:
+        raise ValueError(f"load_loss_scaling_state_dict: missing keys {missing}, unknown "
+                         f"keys {unknown}; expected {expected}")
+    for key, scaler in zip(expected, scalers):
+        if scaler.is_enabled():
+            scaler.load_state_dict(state_dict[key])
+
+
+# -- guarding optimizer.step() ---------------------------------------------------------
+
+def _guard(optimizer: torch.optim.Optimizer, guard: _StepGuard) -> None:
+    if optimizer in _guards:
+        original = _guards[optimizer][1]
+    else:
+        original = optimizer.__dict__.get("step", _NO_ATTRIBUTE)
+    _guards[optimizer] = (guard, original)
+
+    def guarded_step(*args: Any, **kwargs: Any) -> Any:
+        current = _guards.get(optimizer)
+        if current is not None and current[0] is not _StepGuard.SKIP_ONCE:
+            raise RuntimeError("optimizer.step() was called while the gradients are still "
+                               "scaled (scale_loss(..., delay_unscale=True)); finish with "
+                               "a scale_loss(...) for the same loss_id without "
+                               "delay_unscale before stepping")
+        _unguard(optimizer)
+        return None  # the skipped step: nothing in the optimizer changes
+
+    optimizer.step = guarded_step  # type: ignore[method-assign]
+
+
+def _unguard(optimizer: torch.optim.Optimizer) -> None:
+    entry = _guards.pop(optimizer, None)
+    if entry is None:
+        return
+    original = entry[1]
+    if original is _NO_ATTRIBUTE:
+        optimizer.__dict__.pop("step", None)
+    else:
+        optimizer.step = original  # type: ignore[method-assign]
+
+
+def _skip_armed(optimizer: torch.optim.Optimizer) -> bool:
+    entry = _guards.get(optimizer)
+    return entry is not None and entry[0] in (_StepGuard.SKIP_ONCE,
+                                              _StepGuard.REFUSE_THEN_SKIP)
+
+
+def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
+    items = list(optimizers) if isinstance(optimizers, list | tuple) else [optimizers]
+    if not items or not all(isinstance(o, torch.optim.Optimizer) for o in items):
+        raise TypeError(f"optimizers must be a torch.optim.Optimizer or a non-empty list or "
+                        f"tuple of them, got {optimizers!r}")
+    return items
+
+
+def _stash_grads(optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    stash = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                stash.append((p, p.grad))
+                p.grad = None
+    return stash
+
+
+def _restore_grads(stash: list[tuple[torch.Tensor, torch.Tensor]], *, add: bool) -> None:
+    with torch.no_grad():
+        for p, grad in stash:
+            if add and p.grad is not None:
+                p.grad.add_(grad)
+            else:
+                p.grad = grad
+
+
+@contextlib.contextmanager
+def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
+               | Sequence[torch.optim.Optimizer], loss_id: int = 0, *,
+               delay_unscale: bool = False) -> Iterator[torch.Tensor]:
+    """Yield ``loss`` (as float32) times the scale of ``loss_id``; on exit unscale the
+    optimizers' new gradients, and on overflow make each optimizer's next ``step()`` a
+    no-op and lower that loss's scale.
+
+    Uses a dynamic scaler with the defaults when :func:`configure_loss_scaling` was
+    never called. See the module docstring for gradients accumulated across losses and
+    for ``delay_unscale``.
+
+    Raises:
+        TypeError: ``optimizers`` is not an optimizer or a list/tuple of them.
+        ValueError: ``loss_id`` out of range for ``num_losses``.
+        RuntimeError: an optimizer holds gradients scaled for another ``loss_id``.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.scaling.multi_loss import configure_loss_scaling, scale_loss
+        >>> _ = configure_loss_scaling("dynamic", init_scale=64.0)
+        >>> w = torch.nn.Parameter(torch.ones(1))
+        >>> opt = torch.optim.SGD([w], lr=0.1)
+        >>> with scale_loss(3 * w.sum(), opt) as scaled:
+        ...     scaled.backward()
+        ...     print(scaled.item(), w.grad.item())
+        192.0 192.0
+        >>> w.grad.item()
+        3.0
+    """
+    if not isinstance(delay_unscale, bool):
+        raise TypeError(f"delay_unscale must be a bool, got {type(delay_unscale).__name__}")
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"loss must be a tensor, got {type(loss).__name__}")
+    opts = list({id(o): o for o in _as_optimizers(optimizers)}.values())
+    scaler = loss_scaler(loss_id)
+    if not scaler.is_enabled():
+        yield loss
+        return
+    for opt in opts:
+        pending = _pending.get(opt)
+        if pending is not None and pending.loss_id != loss_id:
+            raise RuntimeError(f"this optimizer holds gradients scaled for loss_id="
+                               f"{pending.loss_id} (delay_unscale=True); finish them with "
+                               f"scale_loss(..., loss_id={pending.loss_id}) before using "
+                               f"loss_id={loss_id}")
+    stashed_here: list[torch.optim.Optimizer] = []
+    for opt in opts:
+        if opt not in _pending:  # put unscaled gradients aside; keep still-scaled ones
+            _pending[opt] = _PendingGrads(int(loss_id), _stash_grads(opt))
+            stashed_here.append(opt)
+    try:
+        yield scaler.scale(loss.float())
+    except BaseException:
+        for opt in stashed_here:  # the gradients as they were on entry
+            _restore_grads(_pending.pop(opt).stash, add=False)
+        raise
+    if delay_unscale:
+        for opt in opts:
+            _guard(opt, _StepGuard.REFUSE_THEN_SKIP if _skip_armed(opt)
+                   else _StepGuard.REFUSE)
+        return
+    for opt in opts:
+        scaler.unscale_(opt)
+    overflow = scaler.last_step_skipped  # the host sync that decides the skip
+    for opt in opts:
+        _restore_grads(_pending.pop(opt).stash, add=True)
+    scaler.update()
+    for opt in opts:
+        if overflow or _skip_armed(opt):
+            _guard(opt, _StepGuard.SKIP_ONCE)
+        else:
+            _unguard(opt)
