@@ -24,7 +24,9 @@ weights and optimizer state (moments, ``state["step"]``) stay exactly as they we
 Optimizers that take ``grad_scale``/``found_inf`` (``_step_supports_amp_scaling``:
 torch's ``fused=True`` Adam, AdamW, SGD and Adagrad) are stepped with those tensors
 instead and skip on the device themselves, undoing their step-counter increment; that
-path reads nothing back to the host, overflow or not. Every other optimizer costs one
+path reads nothing back to the host, overflow or not, once the optimizer has state
+(its first steps, until one succeeds, are decided on the host so that a skipped first
+step does not even create the zero moments). Every other optimizer costs one
 host sync per ``step()`` (reading ``found_inf``), as in torch.
 
 LR schedulers are stepped by you. To leave a scheduler untouched on a skipped step::
@@ -271,7 +273,7 @@ class GradScaler:
                 return value * copies[value.device]
             if isinstance(value, list | tuple):
                 return type(value)(apply(v) for v in value)
-            if isinstance(value, Iterable):
+            if isinstance(value, Iterable) and not isinstance(value, str | bytes):
                 return map(apply, value)
             raise ValueError(f"outputs must be a Tensor or an iterable of Tensors, found "
                              f"{type(value).__name__}")
@@ -369,7 +371,8 @@ class GradScaler:
         if record.stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called for this optimizer in this "
                                "iteration; call scaler.update() before stepping again")
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
+        if (getattr(optimizer, "_step_supports_amp_scaling", False)
+                and self._has_state(optimizer)):
             return self._step_on_device(optimizer, record, *args, **kwargs)
         if record.stage is OptState.READY:
             self.unscale_(optimizer)
@@ -379,6 +382,18 @@ class GradScaler:
             result = optimizer.step(*args, **kwargs)
         record.stage = OptState.STEPPED
         return result
+
+    @staticmethod
+    def _has_state(optimizer: torch.optim.Optimizer) -> bool:
+        """Whether every parameter with a gradient already has optimizer state.
+
+        A fused optimizer creates its state (zero moments) even for a step it then
+        skips on the device; until the state exists, steps go the host-decided way so a
+        skipped first step leaves the optimizer exactly as it was.
+        """
+        state = optimizer.state
+        return all(p in state for group in optimizer.param_groups for p in group["params"]
+                   if p.grad is not None)
 
     def _step_on_device(self, optimizer: torch.optim.Optimizer, record: _OptimizerRecord,
                         *args: Any, **kwargs: Any) -> Any:

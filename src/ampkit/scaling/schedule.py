@@ -210,7 +210,14 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor,
     if schedule.uses_native_rule:
         torch._amp_update_scale_(scale, growth_tracker, found_inf, schedule.growth_factor,
                                  schedule.backoff_factor, schedule.growth_interval)
-        return
+    else:
+        _update_by_ops(scale, growth_tracker, overflow_tracker, found_inf, schedule)
+
+
+def _update_by_ops(scale: torch.Tensor, growth_tracker: torch.Tensor,
+                   overflow_tracker: torch.Tensor, found_inf: torch.Tensor,
+                   schedule: ScaleSchedule) -> None:
+    """The full rule in tensor ops (torch's kernel knows no hysteresis or bounds)."""
     found = found_inf != 0  # NaN counts as found, like torch's kernel
     overflows = torch.where(found, overflow_tracker + 1, torch.zeros_like(overflow_tracker))
     back_off = found & (overflows >= schedule.hysteresis)
