@@ -1,0 +1,290 @@
+"""apex-style scale_loss with one scaler per loss id (ampkit.scaling.multi_loss)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import ampkit
+from ampkit.scaling import multi_loss
+from ampkit.scaling.multi_loss import (
+    configure_loss_scaling,
+    load_loss_scaling_state_dict,
+    loss_scaler,
+    loss_scaling_state_dict,
+    scale_loss,
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_configuration() -> Iterator[None]:
+    configure_loss_scaling()
+    yield
+    configure_loss_scaling()
+
+
+def _model_and_opt(lr: float = 0.5) -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
+def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+
+
+X = torch.tensor([[1.0, 2.0, -1.0], [0.5, 0.25, 4.0]])
+
+
+def test_top_level_names() -> None:
+    assert ampkit.scale_loss is scale_loss
+    assert ampkit.configure_loss_scaling is configure_loss_scaling
+
+
+def test_yields_scaled_float_loss_and_unscales_on_exit() -> None:
+    model, opt = _model_and_opt()
+    reference, _ = _model_and_opt()
+    reference(X).sum().backward()
+    loss = model(X).sum().bfloat16()  # yielded as float32
+    with scale_loss(loss, opt) as scaled:
+        assert scaled.dtype is torch.float32
+        assert scaled.item() == loss.float().item() * 2.0 ** 16
+        scaled.backward()
+        assert model.weight.grad is not None
+        assert torch.equal(model.weight.grad, reference.weight.grad * 2.0 ** 16)  # type: ignore[operator]
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(reference)))
+
+
+def test_overflow_makes_the_next_step_a_no_op_and_lowers_the_scale() -> None:
+    model, opt = _model_and_opt()
+    with scale_loss(model(X).sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()  # a real step creates momentum buffers
+    before_params = [p.detach().clone() for p in model.parameters()]
+    before_state = copy.deepcopy(opt.state_dict())
+    opt.zero_grad()
+    with scale_loss(model(X).sum() * math.inf, opt) as scaled:
+        scaled.backward()
+    assert opt.step() is None
+    assert all(torch.equal(a, b) for a, b in zip(before_params, model.parameters()))
+    after_state = opt.state_dict()
+    assert all(torch.equal(before_state["state"][k]["momentum_buffer"],
+                           after_state["state"][k]["momentum_buffer"])
+               for k in before_state["state"])
+    assert loss_scaler(0).get_scale() == 2.0 ** 15
+    assert "step" not in opt.__dict__  # the one-shot skip is gone
+    opt.zero_grad()
+    with scale_loss(model(X).sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert not torch.equal(before_params[0], model.weight)
+
+
+def test_two_losses_accumulate_unscaled_gradients_with_their_own_scales() -> None:
+    configure_loss_scaling(num_losses=2, init_scale=2.0 ** 10)
+    loss_scaler(1).load_state_dict({**loss_scaler(1).state_dict(), "scale": 8.0})
+    model, opt = _model_and_opt()
+    reference, _ = _model_and_opt()
+    (reference(X).sum() + 3 * reference(X).pow(2).sum()).backward()
+    with scale_loss(model(X).sum(), opt, loss_id=0) as scaled:
+        scaled.backward()
+    with scale_loss(3 * model(X).pow(2).sum(), opt, loss_id=1) as scaled:
+        scaled.backward()
+    for ours, theirs in zip(_grads(model), _grads(reference)):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_overflow_in_one_loss_skips_the_step_and_lowers_only_its_scale() -> None:
+    configure_loss_scaling(num_losses=2)
+    model, opt = _model_and_opt()
+    before = [p.detach().clone() for p in model.parameters()]
+    with scale_loss(model(X).sum() * math.inf, opt, loss_id=0) as scaled:
+        scaled.backward()
+    with scale_loss(model(X).sum(), opt, loss_id=1) as scaled:  # clean: skip stays armed
+        scaled.backward()
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert (loss_scaler(0).get_scale(), loss_scaler(1).get_scale()) == (2.0 ** 15, 2.0 ** 16)
+    assert (loss_scaler(0).skipped_steps, loss_scaler(1).skipped_steps) == (1, 0)
+
+
+def test_several_optimizers_in_one_context() -> None:
+    model_a, opt_a = _model_and_opt()
+    model_b, opt_b = _model_and_opt()
+    with scale_loss(model_a(X).sum() + model_b(X).sum(), [opt_a, opt_b]) as scaled:
+        scaled.backward()
+    reference, _ = _model_and_opt()
+    reference(X).sum().backward()
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model_b), _grads(reference)))
+    with scale_loss((model_a(X).sum() + model_b(X).sum()) * math.nan, (opt_a, opt_b)) as s:
+        s.backward()
+    before = [p.detach().clone() for p in [*model_a.parameters(), *model_b.parameters()]]
+    opt_a.step()
+    opt_b.step()
+    after = [*model_a.parameters(), *model_b.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_delay_unscale_accumulates_and_refuses_a_step_on_scaled_grads() -> None:
+    model, opt = _model_and_opt()
+    reference, _ = _model_and_opt()
+    batches = [X, X * 2, X * -0.5]
+    for xb in batches:
+        reference(xb).sum().backward()
+    for i, xb in enumerate(batches):
+        with scale_loss(model(xb).sum(), opt, delay_unscale=i < 2) as scaled:
+            scaled.backward()
+        if i < 2:
+            with pytest.raises(RuntimeError, match="still scaled"):
+                opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(_grads(model), _grads(reference)))
+    before = model.weight.detach().clone()
+    opt.step()
+    assert not torch.equal(before, model.weight)
+
+
+def test_delayed_overflow_is_caught_when_unscaling() -> None:
+    model, opt = _model_and_opt()
+    before = [p.detach().clone() for p in model.parameters()]
+    with scale_loss(model(X).sum() * math.inf, opt, delay_unscale=True) as scaled:
+        scaled.backward()
+    with scale_loss(model(X).sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert loss_scaler(0).get_scale() == 2.0 ** 15
+
+
+def test_earlier_overflow_survives_a_later_delayed_context() -> None:
+    configure_loss_scaling(num_losses=2)
+    model, opt = _model_and_opt()
+    before = [p.detach().clone() for p in model.parameters()]
+    with scale_loss(model(X).sum() * math.inf, opt, loss_id=0) as scaled:
+        scaled.backward()
+    for delay in (True, False):
+        with scale_loss(model(X).sum(), opt, loss_id=1, delay_unscale=delay) as scaled:
+            scaled.backward()
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_mixing_loss_ids_over_scaled_gradients_is_an_error() -> None:
+    configure_loss_scaling(num_losses=2)
+    model, opt = _model_and_opt()
+    with scale_loss(model(X).sum(), opt, loss_id=0, delay_unscale=True) as scaled:
+        scaled.backward()
+    with pytest.raises(RuntimeError, match="loss_id=0"), scale_loss(model(X).sum(), opt,
+                                                                   loss_id=1):
+        pass
+
+
+def test_an_exception_in_the_block_restores_the_gradients() -> None:
+    model, opt = _model_and_opt()
+    with scale_loss(model(X).sum(), opt) as scaled:
+        scaled.backward()
+    before = _grads(model)
+    with pytest.raises(KeyError), scale_loss(model(X).sum(), opt) as scaled:
+        scaled.backward()
+        raise KeyError("boom")
+    assert all(torch.equal(a, b) for a, b in zip(before, _grads(model)))
+    with scale_loss(model(X).sum(), opt) as scaled:  # still usable afterwards
+        scaled.backward()
+
+
+def test_static_and_disabled_scaling() -> None:
+    configure_loss_scaling(128.0)
+    model, opt = _model_and_opt()
+    before = [p.detach().clone() for p in model.parameters()]
+    for factor in (math.inf, math.inf, math.inf):
+        with scale_loss(model(X).sum() * factor, opt) as scaled:
+            assert not math.isfinite(scaled.item())
+            scaled.backward()
+        opt.step()
+    assert loss_scaler(0).get_scale() == 128.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+    configure_loss_scaling(None)
+    loss = model(X).sum()
+    with scale_loss(loss, opt) as scaled:
+        assert scaled is loss
+        scaled.backward()
+    assert loss_scaler(0).is_enabled() is False
+
+
+def test_scale_loss_before_configuration_uses_dynamic_defaults(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(multi_loss, "_state", None)
+    model, opt = _model_and_opt()
+    with scale_loss(model(X).sum(), opt) as scaled:
+        scaled.backward()
+    scaler = loss_scaler(0)
+    assert scaler.get_scale() == 2.0 ** 16
+    assert scaler.schedule.max_scale == 2.0 ** 24 and scaler.schedule.dynamic
+    with pytest.raises(ValueError, match="num_losses"):
+        loss_scaler(1)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "argument"), [
+    ({"loss_scale": "auto"}, ValueError, "'dynamic'"),
+    ({"loss_scale": -1.0}, ValueError, "loss_scale"),
+    ({"loss_scale": True}, ValueError, "loss_scale"),
+    ({"num_losses": 0}, ValueError, "num_losses"),
+    ({"num_losses": 1.5}, TypeError, "num_losses"),
+    ({"min_loss_scale": 0.0}, ValueError, "min_scale"),
+    ({"max_loss_scale": 2.0 ** 10}, ValueError, "max_scale"),
+    ({"hysteresis": 0}, ValueError, "hysteresis"),
+])
+def test_configure_bad_input(kwargs: dict, error: type, argument: str) -> None:
+    configure_loss_scaling(num_losses=2)
+    with pytest.raises(error, match=argument):
+        configure_loss_scaling(**kwargs)
+    assert loss_scaler(1).is_enabled()  # the earlier configuration is still in place
+
+
+def test_scale_loss_bad_input() -> None:
+    model, opt = _model_and_opt()
+    with pytest.raises(TypeError, match="optimizers"), scale_loss(model(X).sum(), model):  # type: ignore[arg-type]
+        pass
+    with pytest.raises(ValueError, match="loss_id"), scale_loss(model(X).sum(), opt,
+                                                               loss_id=3):
+        pass
+    with pytest.raises(TypeError, match="delay_unscale"), scale_loss(
+            model(X).sum(), opt, delay_unscale=1):  # type: ignore[arg-type]
+        pass
+
+
+def test_state_dict_round_trip() -> None:
+    configure_loss_scaling(num_losses=2, hysteresis=2)
+    model, opt = _model_and_opt()
+    for factor in (math.inf, math.inf, 1.0):
+        with scale_loss(model(X).sum() * factor, opt, loss_id=1) as scaled:
+            scaled.backward()
+    saved = loss_scaling_state_dict()
+    assert saved["loss_scaler1"]["scale"] == 2.0 ** 15
+    configure_loss_scaling(num_losses=2, hysteresis=2)
+    load_loss_scaling_state_dict(saved)
+    assert loss_scaling_state_dict() == saved
+    with pytest.raises(ValueError, match=r"missing keys \['loss_scaler1'\].*unknown keys "
+                                         r"\['loss_scaler7'\]"):
+        load_loss_scaling_state_dict({"loss_scaler0": saved["loss_scaler0"],
+                                      "loss_scaler7": {}})
+
+
+def test_skip_guard_restores_a_schedulers_step_wrapper() -> None:
+    model, opt = _model_and_opt()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    own_step = opt.__dict__.get("step")
+    with scale_loss(model(X).sum() * math.inf, opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert opt.__dict__.get("step") is own_step
+    opt.zero_grad()
+    with scale_loss(model(X).sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    sched.step()
+    assert sched.last_epoch == 1
