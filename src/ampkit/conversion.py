@@ -1,0 +1,839 @@
+"""Model conversion: a precision level applied to a whole ``nn.Module``.
+
+:func:`convert_model` decides, module by module, where parameters live and in which
+dtype each module computes, then installs casts at the few module boundaries where the
+dtype changes, so every module receives inputs in the dtype its parameters have:
+
+* **parameters and floating buffers** are stored in ``param_dtype`` (O2, O3), except
+  in the modules kept in fp32 (norms by default, or any module by type, qualified name
+  or instance) and everything inside them. Integer buffers and inputs (token ids,
+  ``num_batches_tracked``) are never touched. A parameter shared by several modules
+  (tied weights) stays one parameter, cast once.
+* **the model's boundary**: floating inputs are cast to ``input_dtype``, the forward
+  runs inside :class:`ampkit.autocast` with the level's policy when ``policy`` is set
+  (O1, O2: "patch ops"), and floating outputs are cast to ``output_dtype``. Inputs and
+  outputs may be tensors or any nesting of lists, tuples, dicts and dataclasses.
+* **a kept-fp32 module's boundary**: inputs are cast to float32, autocast is off inside
+  (so it really computes in fp32), and outputs are cast to ``kept_output_dtype``
+  (O2: back to the low dtype, so the next module gets what its parameters have).
+* **a module white list** (``low_precision_modules``, MindSpore's O1): only the listed
+  modules compute in low precision (their inputs and their fp32 parameters are cast on
+  the way in, by an autocast region that runs every op in ``compute_dtype``), and their
+  floating outputs go back to float32; everything else is fp32.
+
+Casts happen in forward hooks, one pre- and one post-hook per boundary module: there is
+no Python work per op beyond what ``ampkit.autocast`` itself does.
+
+With ``master_weights=True`` every parameter cast to low precision gets an fp32 master
+copy made from its original fp32 value before the cast; ``ampkit.master_weights`` hands
+these to the optimizer, ``model.state_dict()`` reports them (so an O2 checkpoint holds
+the exact fp32 values and loads into an fp32 model) and ``load_state_dict`` fills them
+exactly (so an fp32 checkpoint loads into an O2 model without losing bits).
+
+Converting is done once: calling :func:`convert_model` again on the same model with the
+same settings returns it unchanged; different settings, or converting a module inside
+(or around) an already-converted one, is a ``RuntimeError``, never a second cast.
+
+Example:
+    >>> import torch
+    >>> import ampkit
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
+    ...                             torch.nn.Linear(8, 2))
+    >>> model = ampkit.convert_model(model, "O2", torch.bfloat16)
+    >>> [p.dtype for p in model[0].parameters()] + [model[1].weight.dtype]
+    [torch.bfloat16, torch.bfloat16, torch.float32]
+    >>> model(torch.rand(3, 4)).dtype
+    torch.float32
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import functools
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ampkit.autocast_mode import autocast
+from ampkit.casting import cast_tree
+from ampkit.levels import LevelProperties, level_properties
+from ampkit.policy import Policy, as_dtype
+from ampkit.presets import get_policy
+from ampkit.registry import OpEntry
+
+__all__ = [
+    "ALL_LOW_PRECISION",
+    "NORM_MODULES",
+    "ConversionConfig",
+    "ModuleSelector",
+    "apply_conversion",
+    "check_not_wrapped",
+    "convert_model",
+    "get_conversion",
+    "master_copy",
+    "prepare_conversion",
+]
+
+#: A module selector: an ``nn.Module`` subclass (matches instances of it and of its
+#: subclasses), a qualified module name as in ``model.named_modules()`` (``"encoder.0"``;
+#: ``""`` is the model itself) or a module instance inside the model.
+ModuleSelector = type | str | nn.Module
+
+
+def _norm_modules() -> tuple[type[nn.Module], ...]:
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.instancenorm import _InstanceNorm
+
+    norms: list[type[nn.Module]] = [_BatchNorm, nn.LayerNorm, nn.GroupNorm, _InstanceNorm]
+    if hasattr(nn, "RMSNorm"):  # torch >= 2.4
+        norms.append(nn.RMSNorm)
+    return tuple(norms)
+
+
+#: The modules ``keep_norms_fp32`` keeps in fp32: every BatchNorm (incl. SyncBatchNorm),
+#: LayerNorm, GroupNorm, InstanceNorm and RMSNorm.
+NORM_MODULES: tuple[type[nn.Module], ...] = _norm_modules()
+
+#: The policy of a white-listed module's region: every op on floating inputs runs in
+#: the low-precision dtype (its fp32 parameters are cast on use, once per region).
+ALL_LOW_PRECISION = Policy(
+    name="all-low-precision", unlisted="lower",
+    description="Every compute op runs in the low-precision dtype (module white lists).")
+
+_LOW = (torch.float16, torch.bfloat16)
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_MARK = "_ampkit_conversion"
+
+
+# -- configuration ------------------------------------------------------------------------
+
+def _dtype_field(value: Any, argument: str, allowed: tuple[torch.dtype, ...]) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        key = value.removeprefix("torch.")
+        value = torch.float32 if key in ("float32", "float") else as_dtype(key, argument)
+    if not isinstance(value, torch.dtype) or value not in allowed:
+        names = ", ".join(f"torch.{str(d).removeprefix('torch.')}" for d in allowed)
+        raise ValueError(f"{argument} must be None or one of {names}, got {value!r}")
+    return value
+
+
+def _selectors(value: Any, argument: str) -> tuple[ModuleSelector, ...] | None:
+    if value is None:
+        return None
+    items = (value,) if isinstance(value, type | str | nn.Module) else value
+    if not isinstance(items, Iterable):
+        raise TypeError(f"{argument} must be a module class, a qualified module name, a "
+                        f"module, or a list/tuple of them, got {type(value).__name__}")
+    out = []
+    for item in items:
+        if isinstance(item, str | nn.Module) or (isinstance(item, type)
+                                                  and issubclass(item, nn.Module)):
+            out.append(item)
+        else:
+            raise TypeError(f"{argument}: expected nn.Module subclasses, qualified module "
+                            f"names (str) or module instances, got {item!r}")
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConversionConfig:
+    """What :func:`convert_model` does to a model (immutable). Every field has a name
+    that says what it controls, so dialects only translate their own words into these.
+
+    Attributes:
+        param_dtype: dtype of the parameters and floating buffers outside the kept-fp32
+            modules (``None``: left as they are).
+        keep_fp32_modules: modules kept in fp32 with everything inside them (selectors:
+            classes, qualified names, instances). They compute in fp32: inputs cast to
+            fp32, autocast off inside.
+        kept_output_dtype: the dtype the kept modules' floating outputs are cast to
+            (``None``: left fp32).
+        low_precision_modules: a module white list (``None``: no white list). Only
+            these modules compute in ``compute_dtype``, from fp32 parameters cast on use;
+            their floating outputs are cast to ``white_list_output_dtype``.
+        white_list_output_dtype: see ``low_precision_modules`` (MindSpore: float32).
+        compute_dtype: the low-precision dtype of the autocast regions (``policy`` and
+            the white list).
+        policy: when set, the model's forward runs inside ``ampkit.autocast`` with this
+            policy (a :class:`~ampkit.policy.Policy` or a preset name).
+        input_dtype: the model's floating inputs are cast to it (``None``: as given).
+        output_dtype: the model's floating outputs are cast to it (``None``: as computed).
+        cast_buffers: floating buffers follow their module's parameter dtype.
+        master_weights: keep an fp32 master copy of every parameter cast to low
+            precision (the optimizer's, see ``ampkit.master_weights``).
+        state_dict_dtype: ``model.state_dict()`` reports floating values in this dtype
+            (``None``: as stored; master copies are reported either way).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import ConversionConfig
+        >>> cfg = ConversionConfig.for_level("O2", torch.bfloat16)
+        >>> cfg.param_dtype, cfg.kept_output_dtype, cfg.output_dtype, cfg.policy.name
+        (torch.bfloat16, torch.bfloat16, torch.float32, 'torch')
+    """
+
+    param_dtype: torch.dtype | None = None
+    keep_fp32_modules: tuple[ModuleSelector, ...] = ()
+    kept_output_dtype: torch.dtype | None = None
+    low_precision_modules: tuple[ModuleSelector, ...] | None = None
+    white_list_output_dtype: torch.dtype | None = torch.float32
+    compute_dtype: torch.dtype | None = None
+    policy: Policy | None = None
+    input_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    cast_buffers: bool = True
+    master_weights: bool = False
+    state_dict_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        put = functools.partial(object.__setattr__, self)
+        for name in ("param_dtype", "kept_output_dtype", "white_list_output_dtype",
+                     "input_dtype", "output_dtype", "state_dict_dtype"):
+            put(name, _dtype_field(getattr(self, name), name, _FLOATS))
+        put("compute_dtype", _dtype_field(self.compute_dtype, "compute_dtype", _LOW))
+        put("keep_fp32_modules", _selectors(self.keep_fp32_modules, "keep_fp32_modules")
+            or ())
+        put("low_precision_modules", _selectors(self.low_precision_modules,
+                                                "low_precision_modules"))
+        if self.policy is not None:
+            put("policy", get_policy(self.policy))
+        for name in ("cast_buffers", "master_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        needs_compute = [n for n, v in (("policy", self.policy),
+                                        ("low_precision_modules", self.low_precision_modules))
+                         if v is not None]
+        if needs_compute and self.compute_dtype is None:
+            raise ValueError(f"{needs_compute[0]} needs compute_dtype (torch.float16 or "
+                             f"torch.bfloat16): the dtype its autocast region computes in")
+        if self.low_precision_modules is not None and self.param_dtype in _LOW:
+            raise ValueError("low_precision_modules computes the listed modules in low "
+                             "precision from fp32 parameters, so param_dtype must be None "
+                             f"or torch.float32, got {self.param_dtype}")
+        if self.master_weights and self.param_dtype not in _LOW:
+            raise ValueError(f"master_weights=True copies parameters cast to low precision, "
+                             f"so param_dtype must be torch.float16 or torch.bfloat16, got "
+                             f"{self.param_dtype}")
+
+    @property
+    def casts_parameters(self) -> bool:
+        """True when parameters are stored in a low-precision dtype.
+
+        Example:
+            >>> from ampkit.conversion import ConversionConfig
+            >>> ConversionConfig.for_level("O1").casts_parameters
+            False
+        """
+        return self.param_dtype in _LOW
+
+    @classmethod
+    def from_properties(cls, props: LevelProperties, *,
+                        keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
+                        policy: str | Policy = "torch",
+                        custom_white_list: Iterable[OpEntry] | None = None,
+                        custom_black_list: Iterable[OpEntry] | None = None
+                        ) -> ConversionConfig:
+        """The conversion a level's :class:`~ampkit.levels.LevelProperties` stand for.
+
+        ``keep_fp32_modules`` adds to the norms that ``keep_norms_fp32`` keeps;
+        ``policy`` and the custom lists make the autocast policy of levels that patch
+        ops (a ``ValueError`` for levels that do not, where they would do nothing).
+
+        Example:
+            >>> import torch
+            >>> from ampkit.conversion import ConversionConfig
+            >>> from ampkit.levels import level_properties
+            >>> cfg = ConversionConfig.from_properties(level_properties("O3", "float16"))
+            >>> cfg.param_dtype, cfg.keep_fp32_modules, cfg.policy
+            (torch.float16, (), None)
+        """
+        white_or_black = custom_white_list is not None or custom_black_list is not None
+        if not props.patch_ops and (white_or_black or policy != "torch"):
+            raise ValueError(f"policy, custom_white_list and custom_black_list choose how "
+                             f"ops are cast, which level {props.level.value} with "
+                             f"patch_ops=False does not do; use level O1 or O2")
+        keep = _selectors(keep_fp32_modules, "keep_fp32_modules") or ()
+        norms = NORM_MODULES if props.keep_norms_fp32 else ()
+        low = props.casts_parameters
+        return cls(
+            param_dtype=props.cast_model_type,
+            keep_fp32_modules=tuple(norms) + keep,
+            kept_output_dtype=props.cast_model_type if low else None,
+            compute_dtype=props.dtype,
+            policy=(get_policy(policy).with_lists(custom_white_list, custom_black_list)
+                    if props.patch_ops else None),
+            input_dtype=props.cast_model_type if low else None,
+            output_dtype=props.cast_model_outputs,
+            master_weights=props.master_weights,
+            state_dict_dtype=torch.float32 if props.master_weights else None,
+        )
+
+    @classmethod
+    def for_level(cls, level: Any = "O2", dtype: torch.dtype | str | None = None, *,
+                  device_type: str | None = None,
+                  keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
+                  policy: str | Policy = "torch",
+                  custom_white_list: Iterable[OpEntry] | None = None,
+                  custom_black_list: Iterable[OpEntry] | None = None,
+                  **level_overrides: Any) -> ConversionConfig:
+        """The conversion for ``level`` and ``dtype``: :func:`~ampkit.levels.
+        level_properties` (with ``level_overrides``) then :meth:`from_properties`.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.conversion import ConversionConfig
+            >>> cfg = ConversionConfig.for_level("O2", "bfloat16", keep_norms_fp32=False,
+            ...                                  keep_fp32_modules=["head"])
+            >>> cfg.keep_fp32_modules
+            ('head',)
+        """
+        props = level_properties(level, dtype, device_type=device_type, **level_overrides)
+        return cls.from_properties(props, keep_fp32_modules=keep_fp32_modules, policy=policy,
+                                   custom_white_list=custom_white_list,
+                                   custom_black_list=custom_black_list)
+
+
+# -- master copies ----------------------------------------------------------------------
+
+# model parameter -> its fp32 master copy (weakly keyed by identity: a parameter that is
+# gone takes its master with it)
+_MASTERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def master_copy(param: torch.Tensor, *, create: bool = False) -> nn.Parameter | None:
+    """The fp32 master copy of a low-precision model parameter, or ``None``.
+
+    With ``create=True`` a parameter without one gets one, made from its current value
+    (exact for float16/bfloat16 values; :func:`convert_model` with master weights makes
+    it from the original fp32 value instead, before casting). fp32 parameters are their
+    own masters and never get a copy.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import master_copy
+        >>> p = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+        >>> master_copy(p) is None, master_copy(p, create=True).dtype
+        (True, torch.float32)
+    """
+    master = _MASTERS.get(param)
+    if master is None and create and param.dtype in _LOW:
+        master = _new_master(param, param.detach().float())
+    return master
+
+
+def _new_master(param: torch.Tensor, value: torch.Tensor) -> nn.Parameter:
+    master = nn.Parameter(value.detach().clone(memory_format=torch.preserve_format),
+                          requires_grad=param.requires_grad)
+    _MASTERS[param] = master
+    return master
+
+
+class _ReportMasters:
+    """``state_dict`` post-hook of a module: its parameters' master values, and every
+    floating entry in ``dtype`` when one is set. (No ``__slots__``: torch tags hooks
+    with an attribute.)"""
+
+    def __init__(self, dtype: torch.dtype | None) -> None:
+        self.dtype = dtype
+
+    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                 local_metadata: Any) -> None:
+        for store in (module._parameters, module._buffers):
+            for name, tensor in store.items():
+                key = prefix + name
+                value = state_dict.get(key)
+                if tensor is None or value is None or value is tensor:  # keep_vars=True
+                    continue
+                master = _MASTERS.get(tensor)
+                if master is not None:
+                    value = master.detach()
+                if (self.dtype is not None and value.is_floating_point()
+                        and value.dtype is not self.dtype):
+                    value = value.to(self.dtype)
+                state_dict[key] = value
+
+
+def _fill_masters(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                  *unused: Any) -> None:
+    """``load_state_dict`` pre-hook: incoming values go into the master copies exactly;
+    torch's own loading then rounds them into the low-precision parameters."""
+    with torch.no_grad():
+        for name, param in module._parameters.items():
+            master = None if param is None else _MASTERS.get(param)
+            value = state_dict.get(prefix + name)
+            if (master is not None and isinstance(value, torch.Tensor)
+                    and value.shape == master.shape):
+                master.copy_(value)
+
+
+# -- boundaries -----------------------------------------------------------------------------
+
+class _Region(enum.Enum):
+    """What a boundary module's forward runs inside."""
+
+    UNCHANGED = "unchanged"
+    POLICY = "policy"  # ampkit.autocast with the conversion's policy (O1, O2)
+    LOW = "low"  # ampkit.autocast running every op in low precision (white list)
+    FP32 = "fp32"  # autocast off: a kept-fp32 module
+
+
+class _RegionStack(threading.local):
+    def __init__(self) -> None:
+        # (module, entered autocast or None), innermost last
+        self.entries: list[tuple[nn.Module, autocast | None]] = []
+
+
+_regions = _RegionStack()
+
+
+@functools.lru_cache(maxsize=64)
+def _region_autocast(device_type: str, dtype: torch.dtype | None,
+                     policy: Policy | None) -> autocast:
+    """One reusable region per (device, dtype, policy): ampkit.autocast keeps its state
+    on a thread-local stack, so one object can be entered by nested and other threads."""
+    if policy is None:
+        return autocast(device_type, enabled=False)
+    return autocast(device_type, dtype, policy=policy)
+
+
+def _device_type(module: nn.Module, args: Any) -> str:
+    """The device a module computes on: its first parameter's (or buffer's), else its
+    first tensor input's."""
+    for tensor in module.parameters():
+        return tensor.device.type
+    for tensor in module.buffers():
+        return tensor.device.type
+    pending = [args]
+    while pending:
+        x = pending.pop()
+        if isinstance(x, torch.Tensor):
+            return x.device.type
+        if isinstance(x, list | tuple):
+            pending.extend(reversed(x))
+        elif isinstance(x, dict):
+            pending.extend(reversed(list(x.values())))
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            pending.extend(getattr(x, f.name) for f in reversed(dataclasses.fields(x)))
+    return "cpu"
+
+
+class _Boundary:
+    """One module's forward hooks: casts on the way in, a region around the forward,
+    casts on the way out. Holds no reference to the module, so ``copy.deepcopy`` of a
+    converted model gets working hooks of its own."""
+
+    __slots__ = ("compute_dtype", "input_dtype", "output_dtype", "policy", "region")
+
+    def __init__(self, region: _Region, input_dtype: torch.dtype | None,
+                 output_dtype: torch.dtype | None, compute_dtype: torch.dtype | None = None,
+                 policy: Policy | None = None) -> None:
+        self.region = region
+        self.input_dtype = input_dtype
+        self.output_dtype = output_dtype
+        self.compute_dtype = compute_dtype
+        self.policy = policy
+
+    def before(self, module: nn.Module, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        if self.region is not _Region.UNCHANGED:
+            device_type = _device_type(module, (args, kwargs))
+            region: autocast | None
+            if self.region is _Region.FP32:
+                # Nothing to switch off when no autocast is on (O3, outside regions).
+                region = (_region_autocast(device_type, None, None)
+                          if torch.is_autocast_enabled(device_type) else None)
+            else:
+                policy = self.policy if self.region is _Region.POLICY else ALL_LOW_PRECISION
+                region = _region_autocast(device_type, self.compute_dtype, policy)
+            _regions.entries.append((module, region))
+            if region is not None:
+                region.__enter__()
+        if self.input_dtype is None:
+            return None
+        return cast_tree((args, kwargs), self.input_dtype)
+
+    def after(self, module: nn.Module, args: Any, output: Any) -> Any:
+        # Runs even when the forward raised (always_call=True), so regions always close.
+        if self.region is not _Region.UNCHANGED:
+            entries = _regions.entries
+            if entries and entries[-1][0] is module:
+                region = entries.pop()[1]
+                if region is not None:
+                    region.__exit__(None, None, None)
+        if self.output_dtype is None or output is None:
+            return None
+        return cast_tree(output, self.output_dtype)
+
+    def install(self, module: nn.Module) -> list[Any]:
+        return [module.register_forward_pre_hook(self.before, prepend=True, with_kwargs=True),
+                module.register_forward_hook(self.after, prepend=True, always_call=True)]
+
+
+# -- the conversion -----------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Record:
+    """Attached to every module of a converted model: the config, and the name the
+    module has in the converted model (``""``: the model itself)."""
+
+    config: ConversionConfig
+    name: str
+
+
+def _wrapper_types() -> tuple[type, ...]:
+    types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
+    for path, name in (("torch.distributed.fsdp", "FullyShardedDataParallel"),
+                       ("torch.distributed.fsdp", "FSDPModule"),
+                       ("torch.distributed._composable.fsdp", "FSDPModule")):
+        try:
+            module = __import__(path, fromlist=[name])
+        except ImportError:
+            continue
+        cls = getattr(module, name, None)
+        if isinstance(cls, type):
+            types.append(cls)
+    return tuple(types)
+
+
+def check_not_wrapped(model: nn.Module, argument: str = "model") -> None:
+    """Raise ``RuntimeError`` when ``model`` (or a module in it) is already wrapped by
+    DataParallel, DistributedDataParallel or FSDP: conversion must come first, because
+    those wrappers hold (or shard) the fp32 parameters as they found them.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import check_not_wrapped
+        >>> check_not_wrapped(torch.nn.Linear(2, 2))
+        >>> check_not_wrapped(torch.nn.DataParallel(torch.nn.Linear(2, 2)))
+        Traceback (most recent call last):
+        ...
+        RuntimeError: model is wrapped in DataParallel; ...
+    """
+    wrappers = _wrapper_types()
+    for name, module in model.named_modules():
+        if isinstance(module, wrappers):
+            where = f"model (its submodule {name!r})" if name else argument
+            kind = next(c.__name__ for c in type(module).__mro__ if c in wrappers)
+            raise RuntimeError(f"{where} is wrapped in {kind}; call ampkit.initialize / "
+                               f"convert_model on the bare model first, then wrap the result "
+                               f"in {kind}")
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_not_wrapped(model)
+
+
+def _resolve(model: nn.Module, selectors: tuple[ModuleSelector, ...],
+             argument: str) -> tuple[tuple[type, ...], set[str], set[int]]:
+    """Split selectors into classes, qualified names and instance ids; check that every
+    name and instance is in the model."""
+    names = {name for name, _ in model.named_modules(remove_duplicate=False)}
+    modules = {id(m) for m in model.modules()}
+    classes = tuple(s for s in selectors if isinstance(s, type))
+    wanted = {s for s in selectors if isinstance(s, str)}
+    for name in sorted(wanted - names):
+        close = difflib.get_close_matches(name, sorted(names), n=3)
+        hint = f"; did you mean {close}?" if close else ""
+        raise ValueError(f"{argument}: the model has no module named {name!r}{hint} (names "
+                         f"are as in model.named_modules(); '' is the model itself)")
+    instances = {id(s) for s in selectors if isinstance(s, nn.Module)}
+    if instances - modules:
+        raise ValueError(f"{argument}: a module instance given is not part of the model")
+    return classes, wanted, instances
+
+
+def _matches(module: nn.Module, name: str,
+             resolved: tuple[tuple[type, ...], set[str], set[int]]) -> bool:
+    classes, names, instances = resolved
+    return (isinstance(module, classes) if classes else False) or name in names or (
+        id(module) in instances)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """Where every tensor goes and which modules get hooks."""
+
+    tensor_dtype: dict[int, tuple[torch.dtype, str]] = dataclasses.field(default_factory=dict)
+    boundaries: dict[int, tuple[nn.Module, _Boundary]] = dataclasses.field(
+        default_factory=dict)
+    owners: list[nn.Module] = dataclasses.field(default_factory=list)
+
+
+def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
+    keep = _resolve(model, config.keep_fp32_modules, "keep_fp32_modules")
+    white = (_resolve(model, config.low_precision_modules, "low_precision_modules")
+             if config.low_precision_modules is not None else None)
+    plan = _Plan()
+    seen: set[int] = set()
+
+    def assign(module: nn.Module, name: str, dtype: torch.dtype | None) -> None:
+        if dtype is None:
+            return
+        stores = list(module._parameters.items())
+        if config.cast_buffers:
+            stores += list(module._buffers.items())
+        for tname, tensor in stores:
+            if tensor is None or not tensor.is_floating_point():
+                continue
+            full = f"{name}.{tname}" if name else tname
+            earlier = plan.tensor_dtype.get(id(tensor))
+            if earlier is not None and earlier[0] is not dtype:
+                raise ValueError(f"{full} and {earlier[1]} are one shared tensor, but the "
+                                 f"conversion would store it as {earlier[0]} in one place "
+                                 f"and {dtype} in the other; keep both modules in fp32 "
+                                 f"(keep_fp32_modules) or neither")
+            plan.tensor_dtype[id(tensor)] = (dtype, full)
+
+    def walk(module: nn.Module, name: str, in_kept: bool, in_white: bool) -> None:
+        kept = in_kept or _matches(module, name, keep)
+        whitelisted = white is not None and not kept and (
+            in_white or _matches(module, name, white))
+        if kept:
+            assign(module, name, torch.float32 if config.param_dtype is not None else None)
+        else:
+            assign(module, name, None if white is not None else config.param_dtype)
+        if id(module) in seen:  # a module reachable twice: its tensors were checked above
+            return
+        seen.add(id(module))
+        boundary = None
+        if kept and not in_kept:
+            boundary = _Boundary(_Region.FP32, torch.float32, config.kept_output_dtype)
+        elif whitelisted and not in_white:
+            boundary = _Boundary(_Region.LOW, None, config.white_list_output_dtype,
+                                 config.compute_dtype)
+        if boundary is not None:
+            plan.boundaries[id(module)] = (module, boundary)
+        if module._parameters or module._buffers:
+            plan.owners.append(module)
+        for child_name, child in module.named_children():
+            walk(child, f"{name}.{child_name}" if name else child_name, kept, whitelisted)
+
+    walk(model, "", False, False)
+    _merge_root(model, config, plan)
+    return plan
+
+
+def _merge_root(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
+    """The model's own boundary. When the model is itself kept (or white-listed), that
+    region wins and the model's input and output dtypes apply outside it."""
+    inner = plan.boundaries.get(id(model), (model, None))[1]
+    if inner is not None:
+        region, compute = inner.region, inner.compute_dtype
+        input_dtype = inner.input_dtype or config.input_dtype
+        output_dtype = config.output_dtype or inner.output_dtype
+    else:
+        region = _Region.POLICY if config.policy is not None else _Region.UNCHANGED
+        compute, input_dtype, output_dtype = (config.compute_dtype, config.input_dtype,
+                                              config.output_dtype)
+    if region is _Region.UNCHANGED and input_dtype is None and output_dtype is None:
+        return
+    plan.boundaries[id(model)] = (model, _Boundary(region, input_dtype, output_dtype,
+                                                   compute, config.policy))
+
+
+def _check_tensors(model: nn.Module, config: ConversionConfig) -> None:
+    for name, param in model.named_parameters():
+        if isinstance(param, nn.parameter.UninitializedParameter):
+            raise ValueError(f"parameter {name!r} is uninitialized (a lazy module); run one "
+                             f"forward pass before converting the model")
+    if not (config.casts_parameters or config.policy is not None
+            or config.low_precision_modules is not None):
+        return  # O0-like: casting whatever is there to fp32 loses nothing
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and param.dtype is not torch.float32:
+            raise ValueError(f"convert_model expects an fp32 model, but parameter {name!r} is "
+                             f"{param.dtype}; call model.float() first (mixed precision "
+                             f"decides the low-precision dtypes itself)")
+
+
+def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
+    done: dict[int, torch.Tensor] = {}  # old tensor id -> tensor now in its place
+    with torch.no_grad():
+        for module in plan.owners:
+            for param in module._parameters.values():
+                target = None if param is None else plan.tensor_dtype.get(id(param))
+                if target is None or id(param) in done or param.dtype is target[0]:
+                    continue
+                if config.master_weights and target[0] in _LOW:
+                    _new_master(param, param.detach())
+                # In place, so the Parameter object stays the same: tied modules and
+                # optimizers built before the conversion keep pointing at it.
+                param.data = param.data.to(target[0])
+                if param.grad is not None:
+                    param.grad = param.grad.to(target[0])
+                done[id(param)] = param
+            for name, buf in list(module._buffers.items()):
+                if buf is None:
+                    continue
+                if id(buf) in done:
+                    module._buffers[name] = done[id(buf)]
+                    continue
+                target = plan.tensor_dtype.get(id(buf))
+                if target is None or buf.dtype is target[0]:
+                    continue
+                new = buf.to(target[0])
+                done[id(buf)] = new
+                module._buffers[name] = new
+
+
+def _register_state_dict_hook(module: nn.Module, hook: Any) -> None:
+    public = getattr(module, "register_state_dict_post_hook", None)  # torch >= 2.5
+    if public is not None:
+        public(hook)
+    else:
+        module._register_state_dict_hook(hook)
+
+
+def _register_load_hook(module: nn.Module, hook: Any) -> None:
+    public = getattr(module, "register_load_state_dict_pre_hook", None)  # torch >= 2.5
+    if public is not None:
+        public(hook)
+    else:
+        module._register_load_state_dict_pre_hook(hook, with_module=True)
+
+
+def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
+    for module, boundary in plan.boundaries.values():
+        boundary.install(module)
+    if config.master_weights or config.state_dict_dtype is not None:
+        report = _ReportMasters(config.state_dict_dtype)
+        for module in plan.owners:
+            _register_state_dict_hook(module, report)
+            if config.master_weights and any(
+                    p is not None and p in _MASTERS for p in module._parameters.values()):
+                _register_load_hook(module, _fill_masters)
+    for name, module in model.named_modules():
+        object.__setattr__(module, _MARK, _Record(config, name))
+
+
+def get_conversion(model: nn.Module) -> ConversionConfig | None:
+    """The :class:`ConversionConfig` a model (or a module inside one) was converted
+    with, or ``None``.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import convert_model, get_conversion
+        >>> model = convert_model(torch.nn.Linear(2, 2), "O3", torch.bfloat16)
+        >>> get_conversion(model).param_dtype, get_conversion(torch.nn.Linear(2, 2))
+        (torch.bfloat16, None)
+    """
+    record = getattr(model, _MARK, None)
+    return record.config if isinstance(record, _Record) else None
+
+
+def _iter_records(model: nn.Module) -> Iterator[tuple[str, _Record]]:
+    for name, module in model.named_modules():
+        record = getattr(module, _MARK, None)
+        if isinstance(record, _Record):
+            yield name, record
+
+
+def convert_model(model: nn.Module, level: Any = "O2", dtype: torch.dtype | str | None = None,
+                  **overrides: Any) -> nn.Module:
+    """Apply a precision level (or a :class:`ConversionConfig`) to ``model``, in place,
+    and return it.
+
+    Args:
+        model: an fp32 ``nn.Module`` on its final device, not yet wrapped in
+            DataParallel/DistributedDataParallel/FSDP.
+        level: ``"O0"`` .. ``"O3"``, a :class:`~ampkit.levels.Level`, or a
+            :class:`ConversionConfig` (then ``dtype`` and ``overrides`` must be absent).
+        dtype: the low-precision dtype; ``None``: the autocast default of the model's
+            device (bfloat16 on CPU, float16 on CUDA).
+        **overrides: level properties (``cast_model_type``, ``keep_norms_fp32``,
+            ``master_weights``, ``patch_ops``, ``cast_model_outputs``) and
+            ``keep_fp32_modules``, ``policy``, ``custom_white_list``,
+            ``custom_black_list``; see :meth:`ConversionConfig.for_level`.
+
+    Returns:
+        ``model`` itself, converted. Converting it again with the same settings returns
+        it unchanged.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, or an unknown override.
+        ValueError: unknown level or dtype, a refused combination, a module name not in
+            the model, a non-fp32 model, or a tied tensor asked to be in two dtypes.
+        RuntimeError: the model is wrapped (DDP & co.), or already converted otherwise.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import convert_model
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+        >>> net = convert_model(net, "O2", torch.bfloat16)
+        >>> net[0].weight.dtype, net[1].weight.dtype, net(torch.rand(1, 1, 5, 5)).dtype
+        (torch.bfloat16, torch.float32, torch.float32)
+        >>> convert_model(net, "O3", torch.bfloat16)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: this model was already converted with different settings; ...
+    """
+    _check_model(model)
+    if isinstance(level, ConversionConfig):
+        if dtype is not None or overrides:
+            raise TypeError("convert_model: pass either a ConversionConfig or a level with "
+                            "dtype and overrides, not both")
+        config = level
+    else:
+        device_type = next((t.device.type for t in model.parameters()), None)
+        config = ConversionConfig.for_level(level, dtype, device_type=device_type, **overrides)
+    plan = prepare_conversion(model, config)
+    if plan is not None:
+        apply_conversion(model, config, plan)
+    return model
+
+
+def prepare_conversion(model: nn.Module, config: ConversionConfig) -> Any:
+    """Check ``model`` against ``config`` and plan its conversion without changing
+    anything; ``None`` when it is already converted with ``config``. With
+    :func:`apply_conversion`, lets a caller check several models before converting any.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import ConversionConfig, prepare_conversion
+        >>> model = torch.nn.Linear(2, 2)
+        >>> _ = prepare_conversion(model, ConversionConfig.for_level("O3", "bfloat16"))
+        >>> model.weight.dtype
+        torch.float32
+    """
+    _check_model(model)
+    for name, record in _iter_records(model):
+        if name == "" and record.name == "":
+            if record.config == config:
+                return None  # idempotent: nothing is cast twice
+            raise RuntimeError("this model was already converted with different settings; "
+                               "converting again would cast it twice. Convert a fresh fp32 "
+                               "model instead")
+        where = f"its submodule {name!r}" if name else "it"
+        raise RuntimeError(f"{where} is part of a model converted earlier (as "
+                           f"{record.name!r}); convert the whole fp32 model once instead")
+    _check_tensors(model, config)
+    return _plan(model, config)
+
+
+def apply_conversion(model: nn.Module, config: ConversionConfig, plan: Any) -> None:
+    """Carry out a plan made by :func:`prepare_conversion` (for the same model and
+    config, with nothing changed in between).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import (ConversionConfig, apply_conversion,
+        ...                                prepare_conversion)
+        >>> model, cfg = torch.nn.Linear(2, 2), ConversionConfig.for_level("O3", "float16")
+        >>> apply_conversion(model, cfg, prepare_conversion(model, cfg))
+        >>> model.weight.dtype
+        torch.float16
+    """
+    if not isinstance(plan, _Plan):
+        raise TypeError(f"plan must come from prepare_conversion, got {type(plan).__name__}")
+    _cast_tensors(model, config, plan)
+    _install(model, config, plan)

@@ -1,0 +1,194 @@
+"""The front door: ``ampkit.initialize(models, optimizers, level=..., dtype=...)``.
+
+One call applies a precision level to one or several models and their optimizers:
+
+1. the level's properties are looked up and the overrides applied (nonsensical ones
+   refused, see :func:`ampkit.levels.level_properties`);
+2. every model is checked (an ``nn.Module``, fp32, not yet wrapped in DDP/FSDP) and
+   every optimizer's parameters are checked to belong to the models, all before
+   anything is changed;
+3. the models are converted (:func:`ampkit.conversion.convert_model`);
+4. with master weights, each optimizer is made to keep fp32 masters, in place
+   (:class:`ampkit.master_weights.MasterWeightOptimizer`);
+5. loss scaling is configured for :func:`ampkit.scale_loss` when the level scales the
+   loss (float16 at O1/O2 by default).
+
+Models and optimizers come back in the shape they were given (one, or a list/tuple).
+Call it once per model, before wrapping the model in DistributedDataParallel or FSDP
+and before making LR schedulers; calling it again with the same settings changes
+nothing.
+
+Example:
+    >>> import torch
+    >>> import ampkit
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    >>> model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16)
+    >>> model[0].weight.dtype, model[1].weight.dtype, model(torch.rand(2, 4)).dtype
+    (torch.bfloat16, torch.float32, torch.float32)
+    >>> {p.dtype for g in opt.param_groups for p in g["params"]}
+    {torch.float32}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ampkit.conversion import (
+    ConversionConfig,
+    apply_conversion,
+    check_not_wrapped,
+    master_copy,
+    prepare_conversion,
+)
+from ampkit.levels import LEVEL_PROPERTY_NAMES, LevelProperties, level_properties
+from ampkit.master_weights import MasterWeightOptimizer
+
+__all__ = ["INITIALIZE_OVERRIDES", "initialize"]
+
+# apex's spelling -> ampkit's
+_ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"}
+_CONVERSION_OPTIONS = ("keep_fp32_modules", "policy", "custom_white_list",
+                       "custom_black_list")
+_LOSS_SCALING_OPTIONS = ("num_losses", "min_loss_scale", "max_loss_scale")
+
+#: Every keyword ``initialize`` accepts besides ``level`` and ``dtype``.
+INITIALIZE_OVERRIDES: tuple[str, ...] = (
+    *LEVEL_PROPERTY_NAMES, *_ALIASES, *_CONVERSION_OPTIONS, *_LOSS_SCALING_OPTIONS)
+
+
+def _as_list(value: Any, kind: type, argument: str) -> tuple[list[Any], bool]:
+    """``(items, given_as_one)``; a TypeError naming ``argument`` otherwise."""
+    if isinstance(value, kind):
+        return [value], True
+    if isinstance(value, list | tuple) and value and all(isinstance(v, kind) for v in value):
+        return list(value), False
+    wrong = (next((v for v in value if not isinstance(v, kind)), None)
+             if isinstance(value, list | tuple) and value else value)
+    raise TypeError(f"{argument} must be a {kind.__module__}.{kind.__qualname__} or a "
+                    f"non-empty list/tuple of them, got {type(wrong).__name__}")
+
+
+def _split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any],
+                                                          dict[str, Any]]:
+    unknown = sorted(set(overrides) - set(INITIALIZE_OVERRIDES))
+    if unknown:
+        raise TypeError(f"initialize got unknown overrides {unknown}; accepted: "
+                        f"{list(INITIALIZE_OVERRIDES)}")
+    level_args: dict[str, Any] = {}
+    for name in LEVEL_PROPERTY_NAMES:
+        if name in overrides:
+            level_args[name] = overrides[name]
+    for alias, name in _ALIASES.items():
+        if alias in overrides:
+            if name in overrides:
+                raise ValueError(f"{alias} and {name} are the same property; pass one")
+            level_args[name] = overrides[alias]
+    conversion = {k: overrides[k] for k in _CONVERSION_OPTIONS if k in overrides}
+    scaling = {k: overrides[k] for k in _LOSS_SCALING_OPTIONS if k in overrides}
+    return level_args, conversion, scaling
+
+
+def _check_optimizers(optimizers: list[torch.optim.Optimizer], models: list[nn.Module]) -> None:
+    known: set[int] = set()
+    for model in models:
+        for p in model.parameters():
+            known.add(id(p))
+            master = master_copy(p)
+            if master is not None:  # initialize called again on a managed optimizer
+                known.add(id(master))
+    for i, opt in enumerate(optimizers):
+        for g, group in enumerate(opt.param_groups):
+            for p in group["params"]:
+                if id(p) not in known:
+                    where = "optimizers" if len(optimizers) == 1 else f"optimizers[{i}]"
+                    raise ValueError(f"{where}: param_groups[{g}] holds a parameter of shape "
+                                     f"{tuple(p.shape)} that is in none of the models given; "
+                                     f"pass every model whose parameters the optimizer "
+                                     f"updates")
+
+
+def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any]) -> None:
+    if props.loss_scale is None and not scaling:
+        return  # nothing to set up: scale_loss keeps whatever was configured
+    from ampkit.scaling.multi_loss import configure_loss_scaling
+
+    configure_loss_scaling(props.loss_scale, **scaling)
+
+
+def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
+               optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None
+               = None, *, level: Any = "O1", dtype: torch.dtype | str | None = None,
+               **overrides: Any) -> Any:
+    """Apply a precision level to models and their optimizers (apex's ``initialize``).
+
+    Args:
+        models: an ``nn.Module`` or a list/tuple of them: fp32, on their device, not
+            wrapped in DataParallel/DistributedDataParallel/FSDP yet.
+        optimizers: ``None``, a ``torch.optim.Optimizer`` or a list/tuple of them, over
+            parameters of ``models``.
+        level: ``"O0"``, ``"O1"`` (default), ``"O2"``, ``"O3"``; the table is in
+            :mod:`ampkit.levels` (``ampkit.levels.describe_levels()`` prints it).
+        dtype: ``torch.float16`` or ``torch.bfloat16``; ``None`` is the autocast default
+            of the models' device: bfloat16 on CPU, float16 on CUDA.
+        **overrides: level properties ``cast_model_type``, ``keep_norms_fp32`` (apex:
+            ``keep_batchnorm_fp32``), ``master_weights``, ``loss_scale``, ``patch_ops``
+            (apex: ``patch_torch_functions``), ``cast_model_outputs``; conversion
+            options ``keep_fp32_modules`` (module classes, qualified names or instances
+            kept in fp32), ``policy``, ``custom_white_list``, ``custom_black_list``
+            (the autocast policy of O1/O2); loss scaling options ``num_losses``,
+            ``min_loss_scale``, ``max_loss_scale``. ``None`` keeps a level default.
+
+    Returns:
+        ``models`` when ``optimizers`` is ``None``, else ``(models, optimizers)``, each
+        in the shape given (the same objects, changed in place).
+
+    Raises:
+        TypeError: a model that is not an ``nn.Module``, an optimizer that is not an
+            optimizer, or an unknown override (the accepted ones are listed).
+        ValueError: an unknown level or dtype, a refused combination of overrides, an
+            optimizer over parameters outside the models, or a model that is not fp32.
+        RuntimeError: a model already wrapped in DDP/FSDP/DataParallel (call
+            ``initialize`` first), or already converted with other settings.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> nets = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+        >>> nets = ampkit.initialize(nets, level="O3", dtype="bfloat16")
+        >>> [n.weight.dtype for n in nets]
+        [torch.bfloat16, torch.bfloat16]
+        >>> ampkit.initialize(torch.nn.Linear(2, 2), level="O4")
+        Traceback (most recent call last):
+        ...
+        ValueError: level must be one of ['O0', 'O1', 'O2', 'O3'], got 'O4'
+    """
+    model_list, one_model = _as_list(models, nn.Module, "models")
+    opt_list, one_opt = ([], True) if optimizers is None else _as_list(
+        optimizers, torch.optim.Optimizer, "optimizers")
+    level_args, conversion, scaling = _split_overrides(overrides)
+    for i, model in enumerate(model_list):
+        check_not_wrapped(model, "model" if one_model else f"models[{i}]")
+    device_type = next((p.device.type for m in model_list for p in m.parameters()), None)
+    props = level_properties(level, dtype, device_type=device_type, **level_args)
+    config = ConversionConfig.from_properties(props, **conversion)
+    # Check everything before changing anything: a refused call leaves all as it was.
+    _check_optimizers(opt_list, model_list)
+    plans = [prepare_conversion(model, config) for model in model_list]
+    if len({id(m) for m in model_list}) != len(model_list):
+        raise ValueError("models: the same model is given twice")
+    for model, plan in zip(model_list, plans):
+        if plan is not None:
+            apply_conversion(model, config, plan)
+    if props.master_weights:
+        opt_list = [MasterWeightOptimizer(opt) for opt in opt_list]
+    _configure_loss_scaling(props, scaling)
+    out_models = model_list[0] if one_model else type(models)(model_list)
+    if optimizers is None:
+        return out_models
+    out_opts = opt_list[0] if one_opt else type(optimizers)(opt_list)  # type: ignore[call-arg]
+    return out_models, out_opts

@@ -1,0 +1,333 @@
+"""Precision levels O0-O3 and the property table each one stands for.
+
+A level is a named set of defaults for how a whole model trains (apex's ``opt_level``,
+Paddle's ``level``, MindSpore's ``amp_level``). The properties:
+
+* ``cast_model_type``: the dtype parameters and floating buffers are stored in
+  (``None``: left as they are);
+* ``keep_norms_fp32``: BatchNorm, LayerNorm, GroupNorm, InstanceNorm and RMSNorm
+  modules keep fp32 parameters and run in fp32 (``None``: the level does not decide);
+* ``master_weights``: the optimizer updates fp32 copies of low-precision parameters;
+* ``loss_scale``: ``"dynamic"``, a static scale (a positive number) or ``None``;
+* ``patch_ops``: the model's forward runs inside :class:`ampkit.autocast`, so each op
+  is cast by the policy's lists;
+* ``cast_model_outputs``: the dtype the model's floating outputs are cast to
+  (``None``: as computed).
+
+=====  ==========  =========  =======  ============  =========  ============
+level  cast_model  keep_norms  master   loss_scale    patch_ops  cast_model
+       _type       _fp32       weights                           _outputs
+=====  ==========  =========  =======  ============  =========  ============
+O0     float32     None       False    None          False      None
+O1     None        None       False    dynamic [1]_  True       None
+O2     low dtype   True       True     dynamic [1]_  True       float32
+O3     low dtype   False      False    None          False      float32
+=====  ==========  =========  =======  ============  =========  ============
+
+.. [1] ``"dynamic"`` for float16 only: bfloat16 has float32's range, so its default is
+   ``None`` (no loss scaling). O3's ``None`` is the same numerics as a static scale of 1.
+
+O2 patches ops too (unlike apex's O2): its parameters are low precision, and the ops on
+the policy's float32 list still run in float32. ``ampkit.apex`` keeps apex's own table.
+
+``dtype=None`` picks the device's autocast default: bfloat16 on CPU, float16 on CUDA.
+
+Example:
+    >>> import torch
+    >>> from ampkit.levels import level_properties
+    >>> props = level_properties("O2", dtype=torch.float16)
+    >>> props.cast_model_type, props.master_weights, props.loss_scale
+    (torch.float16, True, 'dynamic')
+    >>> level_properties("O2", dtype="bfloat16").loss_scale is None
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ampkit.policy import as_dtype
+
+__all__ = [
+    "LEVEL_PROPERTY_NAMES",
+    "Level",
+    "LevelProperties",
+    "default_dtype",
+    "describe_levels",
+    "level_properties",
+]
+
+
+class Level(enum.Enum):
+    """The four precision levels.
+
+    Example:
+        >>> from ampkit.levels import Level
+        >>> Level.parse("o2") is Level.O2
+        True
+    """
+
+    O0 = "O0"  # fp32 everywhere: the baseline
+    O1 = "O1"  # fp32 parameters, ops cast by the policy lists
+    O2 = "O2"  # low-precision parameters with fp32 masters, norms and fp32-list ops in fp32
+    O3 = "O3"  # everything low precision
+
+    @classmethod
+    def parse(cls, value: Level | str) -> Level:
+        """The level named by ``value`` (``Level.O2``, ``"O2"`` or ``"o2"``).
+
+        Raises:
+            ValueError: an unknown level, listing the accepted ones.
+
+        Example:
+            >>> from ampkit.levels import Level
+            >>> Level.parse("O3")
+            <Level.O3: 'O3'>
+        """
+        if isinstance(value, Level):
+            return value
+        if isinstance(value, str):
+            key = value.strip().upper()
+            if key in cls.__members__:
+                return cls[key]
+        raise ValueError(f"level must be one of {[m.value for m in cls]}, got {value!r}")
+
+
+#: The property names a level defines, in table order (the overridable ones).
+LEVEL_PROPERTY_NAMES: tuple[str, ...] = (
+    "cast_model_type", "keep_norms_fp32", "master_weights", "loss_scale", "patch_ops",
+    "cast_model_outputs",
+)
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def default_dtype(device_type: str | None = None) -> torch.dtype:
+    """The low-precision dtype ``dtype=None`` means: the device's autocast default
+    (bfloat16 on CPU, float16 on CUDA). ``device_type=None`` is CUDA when available.
+
+    Example:
+        >>> from ampkit.levels import default_dtype
+        >>> default_dtype("cpu")
+        torch.bfloat16
+    """
+    if device_type is None:
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.get_autocast_dtype(device_type)
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+def _float_dtype(value: Any, argument: str) -> torch.dtype | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        key = value.removeprefix("torch.")
+        if key in ("float32", "float", "fp32"):
+            return torch.float32
+        try:
+            return as_dtype(key, argument)
+        except ValueError:
+            pass
+    if isinstance(value, torch.dtype) and value in _FLOAT_DTYPES:
+        return value
+    raise ValueError(f"{argument} must be None, torch.float16, torch.bfloat16 or "
+                     f"torch.float32 (or their names), got {value!r}")
+
+
+def _loss_scale(value: Any) -> str | float | None:
+    if value is None or value == "dynamic":
+        return value
+    if (isinstance(value, numbers.Real) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0):
+        return float(value)
+    raise ValueError(f"loss_scale must be 'dynamic', a positive finite number (a static "
+                     f"scale) or None (no loss scaling), got {value!r}")
+
+
+def _optional_bool(value: Any, argument: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"{argument} must be True, False or None, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelProperties:
+    """The properties of one level for one low-precision dtype (immutable).
+
+    Build it with :func:`level_properties`, which applies overrides and refuses
+    nonsensical combinations; :meth:`describe` prints it as a table.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.levels import level_properties
+        >>> print(level_properties("O1", dtype=torch.bfloat16).describe())
+        level O1 (low-precision dtype bfloat16)
+          cast_model_type     None
+          keep_norms_fp32     None
+          master_weights      False
+          loss_scale          None
+          patch_ops           True
+          cast_model_outputs  None
+    """
+
+    level: Level
+    dtype: torch.dtype
+    cast_model_type: torch.dtype | None
+    keep_norms_fp32: bool | None
+    master_weights: bool
+    loss_scale: str | float | None
+    patch_ops: bool
+    cast_model_outputs: torch.dtype | None
+
+    @property
+    def casts_parameters(self) -> bool:
+        """True when parameters are stored in a low-precision dtype.
+
+        Example:
+            >>> from ampkit.levels import level_properties
+            >>> level_properties("O3").casts_parameters
+            True
+        """
+        return self.cast_model_type in (torch.float16, torch.bfloat16)
+
+    def describe(self) -> str:
+        """The properties as an aligned two-column table.
+
+        Example:
+            >>> from ampkit.levels import level_properties
+            >>> level_properties("O0").describe().splitlines()[1]
+            '  cast_model_type     float32'
+        """
+        lines = [f"level {self.level.value} (low-precision dtype {_name(self.dtype)})"]
+        for name in LEVEL_PROPERTY_NAMES:
+            lines.append(f"  {name:<18}  {_name(getattr(self, name))}")
+        return "\n".join(lines)
+
+
+def _name(value: Any) -> str:
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return str(value)
+
+
+def _defaults(level: Level, dtype: torch.dtype) -> dict[str, Any]:
+    scaled = "dynamic" if dtype is torch.float16 else None
+    return {
+        Level.O0: dict(cast_model_type=torch.float32, keep_norms_fp32=None,
+                       master_weights=False, loss_scale=None, patch_ops=False,
+                       cast_model_outputs=None),
+        Level.O1: dict(cast_model_type=None, keep_norms_fp32=None, master_weights=False,
+                       loss_scale=scaled, patch_ops=True, cast_model_outputs=None),
+        Level.O2: dict(cast_model_type=dtype, keep_norms_fp32=True, master_weights=True,
+                       loss_scale=scaled, patch_ops=True, cast_model_outputs=torch.float32),
+        Level.O3: dict(cast_model_type=dtype, keep_norms_fp32=False, master_weights=False,
+                       loss_scale=None, patch_ops=False, cast_model_outputs=torch.float32),
+    }[level]
+
+
+def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    """apex's refusals, plus the combinations that cannot mean anything here."""
+    low = props["cast_model_type"] in (torch.float16, torch.bfloat16)
+    if level is Level.O1:
+        if props["cast_model_type"] not in (None, torch.float32):
+            raise ValueError(f"level O1 keeps fp32 parameters and casts ops instead, so "
+                             f"cast_model_type must be None or torch.float32, got "
+                             f"{given['cast_model_type']!r}; use level O2 or O3 for "
+                             f"low-precision parameters")
+        if given.get("keep_norms_fp32") is not None:
+            raise ValueError("level O1 casts norms by the policy lists (its parameters "
+                             "stay fp32), so keep_norms_fp32 must be None; use "
+                             "keep_fp32_modules to run modules in fp32, or level O2")
+        if given.get("master_weights"):
+            raise ValueError("level O1 keeps fp32 parameters, so there is nothing for "
+                             "master_weights to copy; it must be False or None")
+    if level is Level.O0 and low:
+        raise ValueError(f"level O0 trains in float32, so cast_model_type must be "
+                         f"torch.float32 or None, got {given['cast_model_type']!r}; use "
+                         f"level O3 for pure low-precision training")
+    if props["patch_ops"] and level in (Level.O0, Level.O3):
+        hint = "O1" if level is Level.O0 else "O2"
+        raise ValueError(f"patch_ops=True casts each op by the policy lists, which level "
+                         f"{level.value} does not do (O0: all fp32, O3: all low precision); "
+                         f"use level {hint}")
+    if props["master_weights"] and not low:
+        raise ValueError(f"master_weights=True needs low-precision parameters (level O2 or "
+                         f"O3 with cast_model_type float16/bfloat16); level {level.value} "
+                         f"stores them as {_name(props['cast_model_type'])}")
+
+
+def level_properties(level: Level | str, dtype: torch.dtype | str | None = None, *,
+                     device_type: str | None = None, **overrides: Any) -> LevelProperties:
+    """The properties of ``level`` for ``dtype``, with ``overrides`` applied.
+
+    Args:
+        level: ``"O0"``, ``"O1"``, ``"O2"``, ``"O3"`` or a :class:`Level`.
+        dtype: ``torch.float16`` or ``torch.bfloat16`` (or their names); ``None`` takes
+            the autocast default of ``device_type`` (bfloat16 on CPU, float16 on CUDA).
+        device_type: only used when ``dtype`` is ``None``; ``None`` means CUDA when
+            available, else CPU.
+        **overrides: any of :data:`LEVEL_PROPERTY_NAMES`; ``None`` keeps the level's
+            default (as in apex). ``cast_model_type`` and ``cast_model_outputs`` take
+            float16, bfloat16 or float32.
+
+    Raises:
+        ValueError: an unknown level, dtype or property value, or a combination that
+            means nothing (apex's refusals: O1 with low-precision parameters,
+            ``keep_norms_fp32`` or ``master_weights`` at O1; ``patch_ops`` at O0/O3;
+            master weights without low-precision parameters).
+        TypeError: an unknown override name, listing the accepted ones.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.levels import level_properties
+        >>> level_properties("O2", torch.bfloat16, loss_scale=128.0).loss_scale
+        128.0
+        >>> level_properties("O1", torch.float16, cast_model_type=torch.float16)
+        Traceback (most recent call last):
+        ...
+        ValueError: level O1 keeps fp32 parameters and casts ops instead, ...
+    """
+    lvl = Level.parse(level)
+    low = as_dtype(dtype) or default_dtype(device_type)
+    unknown = sorted(set(overrides) - set(LEVEL_PROPERTY_NAMES))
+    if unknown:
+        raise TypeError(f"unknown level properties {unknown}; accepted: "
+                        f"{list(LEVEL_PROPERTY_NAMES)}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    checked: dict[str, Any] = {}
+    for name, value in given.items():
+        if name in ("cast_model_type", "cast_model_outputs"):
+            checked[name] = _float_dtype(value, name)
+        elif name == "loss_scale":
+            checked[name] = _loss_scale(value)
+        else:
+            checked[name] = _optional_bool(value, name)
+    props = {**_defaults(lvl, low), **checked}
+    _refuse(lvl, props, given)
+    return LevelProperties(level=lvl, dtype=low, **props)
+
+
+def describe_levels(dtype: torch.dtype | str | None = None) -> str:
+    """All four levels' default properties for ``dtype`` as a markdown table.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.levels import describe_levels
+        >>> print(describe_levels(torch.float16).splitlines()[4])
+        | O2 | float16 | True | True | dynamic | True | float32 |
+    """
+    header = "| level | " + " | ".join(LEVEL_PROPERTY_NAMES) + " |"
+    rule = "|---" * (len(LEVEL_PROPERTY_NAMES) + 1) + "|"
+    rows = [header, rule]
+    for lvl in Level:
+        props = level_properties(lvl, dtype, device_type="cpu")
+        cells = [_name(getattr(props, n)) for n in LEVEL_PROPERTY_NAMES]
+        rows.append(f"| {lvl.value} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
