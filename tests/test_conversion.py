@@ -1,0 +1,511 @@
+"""Model conversion: dtypes per level, casts at module boundaries, nesting, tied weights,
+module white lists, state dicts, converting twice, bad input."""
+
+import copy
+import dataclasses
+import io
+import threading
+from typing import NamedTuple
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from helpers_models import DigitsCNN, TinyTransformer
+
+import ampkit
+from ampkit.conversion import (
+    ConversionConfig,
+    convert_model,
+    get_conversion,
+    master_copy,
+)
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+NORMS = (nn.BatchNorm2d, nn.LayerNorm)
+
+# What the level table says, per kind of tensor: (norm modules, other modules, output).
+# O1's output is "as computed": the last op is a Linear, which autocast runs in bf16.
+EXPECTED = {
+    "O0": (FP32, FP32, FP32),
+    "O1": (FP32, FP32, BF16),
+    "O2": (FP32, BF16, FP32),
+    "O3": (BF16, BF16, FP32),
+}
+
+
+def _inputs(model):
+    if isinstance(model, DigitsCNN):
+        return torch.rand(4, 1, 8, 8)
+    return torch.randint(0, 64, (2, 12))
+
+
+@pytest.mark.parametrize("make", [DigitsCNN, TinyTransformer])
+@pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
+def test_every_parameter_buffer_and_output_dtype_matches_the_level_table(level, make):
+    model = convert_model(make(), level, BF16)
+    norm_dtype, other_dtype, out_dtype = EXPECTED[level]
+    for module in model.modules():
+        want = norm_dtype if isinstance(module, NORMS) else other_dtype
+        for name, p in module.named_parameters(recurse=False):
+            assert p.dtype is want, (level, type(module).__name__, name)
+        for name, b in module.named_buffers(recurse=False):
+            expected = torch.int64 if name == "num_batches_tracked" else want
+            assert b.dtype is expected, (level, type(module).__name__, name)
+    assert model(_inputs(model)).dtype is out_dtype
+
+
+@pytest.mark.parametrize("make", [DigitsCNN, TinyTransformer])
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_every_module_receives_inputs_in_its_parameters_dtype(level, make):
+    model = convert_model(make(), level, BF16)
+    seen = []
+
+    def check(module, args):
+        params = list(module.parameters(recurse=False))
+        floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        if params and floats:
+            seen.append((type(module).__name__, floats[0].dtype, params[0].dtype))
+
+    for module in model.modules():
+        module.register_forward_pre_hook(check)
+    model(_inputs(model)).float().sum().backward()
+    assert seen, "no module with parameters saw a floating input"
+    assert all(got is want for _, got, want in seen), seen
+    # gradients come back in each parameter's own dtype
+    assert all(p.grad.dtype is p.dtype for p in model.parameters() if p.grad is not None)
+
+
+def test_o1_is_native_autocast_bit_for_bit():
+    torch.manual_seed(1)
+    model = TinyTransformer()
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 12))
+    convert_model(model, "O1", BF16)
+    with torch.autocast("cpu", BF16):
+        expected = reference(ids)
+    got = model(ids)
+    assert got.dtype is expected.dtype
+    assert torch.equal(got, expected)
+    assert not torch.is_autocast_enabled("cpu")  # the region closed with the forward
+
+
+def test_o1_uses_the_policy_and_custom_lists():
+    lin = nn.Sequential(nn.Linear(4, 4))
+    convert_model(lin, "O1", BF16, custom_black_list=[nn.Linear])
+    assert lin(torch.rand(2, 4)).dtype is FP32
+    conservative = convert_model(nn.Sequential(nn.Linear(4, 4), nn.Softmax(-1)), "O1", BF16,
+                                 policy="conservative")
+    assert conservative(torch.rand(2, 4)).dtype is FP32  # softmax on its fp32 list
+    assert get_conversion(conservative).policy.name == "conservative"
+
+
+def test_o3_is_the_model_cast_to_low_precision_bit_for_bit():
+    torch.manual_seed(2)
+    model = DigitsCNN()
+    reference = copy.deepcopy(model).to(BF16)
+    x = torch.rand(8, 1, 8, 8)
+    convert_model(model, "O3", BF16)
+    expected = reference(x.to(BF16)).float()
+    assert torch.equal(model(x), expected)
+
+
+def test_o2_matches_a_hand_written_reference_bit_for_bit():
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    w1, b1 = model[0].weight.detach().clone(), model[0].bias.detach().clone()
+    g, beta = model[1].weight.detach().clone(), model[1].bias.detach().clone()
+    w2, b2 = model[2].weight.detach().clone(), model[2].bias.detach().clone()
+    x = torch.rand(5, 6)
+    convert_model(model, "O2", BF16)
+    with torch.autocast("cpu", BF16):
+        h = F.linear(x.to(BF16), w1.to(BF16), b1.to(BF16))
+    h = F.layer_norm(h.float(), (8,), g, beta).to(BF16)  # the kept-fp32 norm, in fp32
+    with torch.autocast("cpu", BF16):
+        y = F.linear(h, w2.to(BF16), b2.to(BF16))
+    assert torch.equal(model(x), y.float())
+
+
+def test_kept_fp32_modules_really_compute_in_fp32_under_autocast():
+    seen = []
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4)))
+    model[1][0].register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+    convert_model(model, "O2", BF16, keep_fp32_modules=["1"])
+    assert model[1][0].weight.dtype is FP32
+    assert model(torch.rand(2, 4)).dtype is FP32
+    assert seen == [FP32]  # autocast would have made this Linear bf16
+
+
+@pytest.mark.parametrize("selector", [nn.Linear, "head", "lambda"])
+def test_keep_fp32_modules_by_type_name_or_instance(selector):
+    model = nn.Sequential()
+    model.add_module("body", nn.Conv1d(2, 2, 1))
+    model.add_module("head", nn.Linear(2, 2))
+    if selector == "lambda":
+        selector = model.head
+    convert_model(model, "O2", BF16, keep_fp32_modules=[selector])
+    assert model.body.weight.dtype is BF16
+    assert model.head.weight.dtype is FP32
+
+
+def test_kept_container_keeps_everything_inside_it():
+    model = nn.Sequential(nn.Linear(3, 3), nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3)))
+    convert_model(model, "O3", BF16, keep_fp32_modules="1")
+    assert model[0].weight.dtype is BF16
+    assert {p.dtype for p in model[1].parameters()} == {FP32}
+    assert model(torch.rand(2, 3)).dtype is FP32
+
+
+def test_keep_norms_off_at_o2():
+    model = convert_model(DigitsCNN(), "O2", BF16, keep_norms_fp32=False)
+    assert model.features[1].weight.dtype is BF16
+
+
+def test_unknown_module_name_suggests_close_ones():
+    model = nn.Sequential()
+    model.add_module("encoder", nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"no module named 'encodr'; did you mean \['encoder'\]"):
+        convert_model(model, "O2", BF16, keep_fp32_modules=["encodr"])
+    assert model.encoder.weight.dtype is FP32  # nothing changed
+
+
+def test_foreign_module_instance_is_refused():
+    with pytest.raises(ValueError, match="not part of the model"):
+        convert_model(nn.Linear(2, 2), "O2", BF16, keep_fp32_modules=[nn.Linear(2, 2)])
+
+
+def test_bad_selector_type():
+    with pytest.raises(TypeError, match="keep_fp32_modules: expected nn.Module subclasses"):
+        convert_model(nn.Linear(2, 2), "O2", BF16, keep_fp32_modules=[3])
+
+
+# -- structures in and out -----------------------------------------------------------------
+
+@dataclasses.dataclass
+class Batch:
+    image: torch.Tensor
+    label: torch.Tensor
+
+
+class Pair(NamedTuple):
+    logits: torch.Tensor
+    ids: torch.Tensor
+
+
+class Structured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.ln = nn.LayerNorm(3)
+        self.seen = {}
+
+    def forward(self, batch, extras, *, scale):
+        self.seen = {"image": batch.image.dtype, "label": batch.label.dtype,
+                     "extra": extras["x"][0].dtype, "mask": extras["mask"].dtype,
+                     "scale": scale.dtype}
+        h = self.ln(self.lin(batch.image) * scale)
+        return {"out": Pair(h, batch.label), "list": [h, extras["mask"]],
+                "data": Batch(h, batch.label)}
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+def test_nested_dict_tuple_dataclass_inputs_and_outputs(level):
+    model = convert_model(Structured(), level, BF16)
+    batch = Batch(torch.rand(2, 4), torch.tensor([1, 2]))
+    extras = {"x": (torch.rand(2),), "mask": torch.tensor([True, False])}
+    out = model(batch, extras, scale=torch.tensor(2.0))
+    assert model.seen == {"image": BF16, "label": torch.int64, "extra": BF16,
+                          "mask": torch.bool, "scale": BF16}
+    assert isinstance(out["out"], Pair) and isinstance(out["data"], Batch)
+    assert out["out"].logits.dtype is FP32 and out["out"].ids.dtype is torch.int64
+    assert out["list"][0].dtype is FP32 and out["list"][1].dtype is torch.bool
+    assert out["data"].image.dtype is FP32
+    assert torch.equal(out["out"].ids, batch.label)
+
+
+def test_token_ids_are_left_alone():
+    model = convert_model(TinyTransformer(), "O3", BF16)
+    ids = torch.randint(0, 64, (1, 5))
+    seen = []
+    model.embed.register_forward_pre_hook(lambda m, a: seen.append(a[0].dtype))
+    model(ids)
+    assert seen == [torch.int64]
+
+
+# -- tied weights ---------------------------------------------------------------------------
+
+def test_tied_weights_stay_one_parameter_cast_once():
+    model = TinyTransformer()
+    tied = model.embed.weight
+    before = tied.detach().clone()
+    convert_model(model, "O2", BF16)
+    assert model.head.weight is model.embed.weight is tied
+    assert tied.dtype is BF16
+    assert torch.equal(tied, before.to(BF16))  # cast once from fp32, not twice
+    names = [n for n, _ in model.named_parameters()]
+    assert names.count("embed.weight") == 1 and "head.weight" not in names
+    assert torch.equal(master_copy(tied), before)
+
+
+def test_tied_weight_asked_to_be_in_two_dtypes_is_an_error():
+    model = TinyTransformer()
+    with pytest.raises(ValueError, match=r"head.weight and embed.weight are one shared "
+                                         r"tensor.*keep both modules in fp32"):
+        convert_model(model, "O2", BF16, keep_fp32_modules=["head"])
+    assert model.embed.weight.dtype is FP32  # nothing changed
+
+
+def test_parameters_keep_their_identity():
+    model = DigitsCNN()
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    convert_model(model, "O3", BF16)
+    assert all(a is b for a, b in zip(params, model.parameters()))
+    assert all(p.dtype is BF16 for p in optimizer.param_groups[0]["params"])
+
+
+def test_shared_buffers_stay_shared():
+    a, b = nn.BatchNorm1d(3), nn.BatchNorm1d(3)
+    b.running_mean = a.running_mean
+    model = nn.Sequential(a, b)
+    convert_model(model, "O3", BF16)
+    assert a.running_mean is b.running_mean and a.running_mean.dtype is BF16
+
+
+# -- module white list (MindSpore O1) ------------------------------------------------------
+
+def test_module_white_list_runs_only_listed_modules_in_low_precision():
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Softmax(-1), nn.Linear(6, 2))
+    w, bias = model[0].weight.detach().clone(), model[0].bias.detach().clone()
+    seen = []
+    for m in model:
+        m.register_forward_pre_hook(lambda m, a: seen.append(a[0].dtype))
+    config = ConversionConfig(low_precision_modules=(nn.Linear,), compute_dtype=BF16)
+    convert_model(model, config)
+    x = torch.rand(3, 4)
+    y = model(x)
+    assert {p.dtype for p in model.parameters()} == {FP32}  # cast on use, stored fp32
+    assert seen == [FP32, FP32, FP32]  # every listed module's output went back to fp32
+    expected = F.linear(x.to(BF16), w.to(BF16), bias.to(BF16)).float()
+    assert torch.equal(model[0](x), expected)
+    assert y.dtype is FP32
+    y.sum().backward()
+    assert model[0].weight.grad.dtype is FP32
+
+
+def test_module_white_list_covers_ops_that_native_autocast_keeps_fp32():
+    # prelu is on native CPU autocast's fp32 list; a white-listed PReLU runs in bf16.
+    out = []
+    model = nn.Sequential(nn.PReLU())
+    model[0].register_forward_hook(lambda m, a, o: out.append(o.dtype))
+    convert_model(model, ConversionConfig(low_precision_modules=[nn.PReLU], compute_dtype=BF16,
+                                          white_list_output_dtype=None))
+    assert model(torch.rand(3)).dtype is BF16 and out == [BF16]
+
+
+def test_white_list_with_low_precision_parameters_is_refused():
+    with pytest.raises(ValueError, match="param_dtype must be None or torch.float32"):
+        ConversionConfig(low_precision_modules=(nn.Linear,), compute_dtype=BF16,
+                         param_dtype=BF16)
+    with pytest.raises(ValueError, match="low_precision_modules needs compute_dtype"):
+        ConversionConfig(low_precision_modules=(nn.Linear,))
+
+
+# -- kept-module outputs (MindSpore O2 vs fp32 kept outputs) ------------------------------
+
+@pytest.mark.parametrize(("kept_output", "expected"), [(BF16, BF16), (None, FP32)])
+def test_kept_modules_output_dtype_is_configurable(kept_output, expected):
+    seen = []
+    model = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3), nn.Identity())
+    model[2].register_forward_pre_hook(lambda m, a: seen.append(a[0].dtype))
+    config = ConversionConfig(param_dtype=BF16, keep_fp32_modules=(nn.LayerNorm,),
+                              kept_output_dtype=kept_output, input_dtype=BF16)
+    convert_model(model, config)
+    model(torch.rand(2, 3))
+    assert seen == [expected]
+
+
+# -- state dicts -----------------------------------------------------------------------------
+
+def test_o2_state_dict_holds_the_exact_fp32_values_and_loads_into_fp32():
+    torch.manual_seed(5)
+    model = DigitsCNN()
+    original = copy.deepcopy(model.state_dict())
+    convert_model(model, "O2", BF16)
+    state = model.state_dict()
+    assert state.keys() == original.keys()
+    for key, value in original.items():
+        assert state[key].dtype is value.dtype, key
+        assert torch.equal(state[key], value), key  # masters: no rounding lost
+    fresh = DigitsCNN()
+    fresh.load_state_dict(state)
+    for key, value in original.items():
+        assert torch.equal(fresh.state_dict()[key], value)
+
+
+def test_fp32_state_dict_loads_into_an_o2_model_exactly():
+    torch.manual_seed(6)
+    source = TinyTransformer()
+    model = convert_model(TinyTransformer(), "O2", BF16)
+    model.load_state_dict(source.state_dict())
+    for name, p in source.named_parameters():
+        target = model.get_parameter(name)
+        assert torch.equal(target, p.detach().to(target.dtype)), name
+        if target.dtype is BF16:
+            assert torch.equal(master_copy(target), p.detach()), name
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                source.state_dict().values()))
+
+
+def test_o3_state_dict_is_low_precision_and_loads_into_fp32():
+    model = convert_model(DigitsCNN(), "O3", BF16)
+    state = model.state_dict()
+    assert state["classifier.1.weight"].dtype is BF16
+    fresh = DigitsCNN()
+    fresh.load_state_dict(state)
+    assert fresh.classifier[1].weight.dtype is FP32
+    assert torch.equal(fresh.classifier[1].weight, model.classifier[1].weight.float())
+
+
+def test_state_dict_round_trips_through_torch_save():
+    model = convert_model(TinyTransformer(), "O2", BF16)
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    assert loaded["embed.weight"].dtype is FP32
+    assert torch.equal(loaded["embed.weight"], master_copy(model.embed.weight))
+
+
+def test_keep_vars_state_dict_gives_the_parameters_themselves():
+    model = convert_model(nn.Linear(2, 2), "O2", BF16)
+    assert model.state_dict(keep_vars=True)["weight"] is model.weight
+
+
+def test_state_dict_dtype_option():
+    config = ConversionConfig(param_dtype=BF16, input_dtype=BF16, state_dict_dtype=FP16)
+    model = convert_model(nn.Linear(2, 2), config)
+    assert model.state_dict()["weight"].dtype is FP16
+
+
+# -- converting twice, copies, threads ----------------------------------------------------
+
+def test_converting_again_with_the_same_settings_is_a_no_op():
+    model = convert_model(DigitsCNN(), "O2", BF16)
+    weight = model.classifier[1].weight.detach().clone()
+    hooks = len(model._forward_pre_hooks)
+    assert convert_model(model, "O2", BF16) is model
+    assert len(model._forward_pre_hooks) == hooks
+    assert torch.equal(model.classifier[1].weight, weight)
+
+
+def test_converting_again_differently_is_an_error():
+    model = convert_model(DigitsCNN(), "O2", BF16)
+    with pytest.raises(RuntimeError, match="already converted with different settings"):
+        convert_model(model, "O3", BF16)
+    with pytest.raises(RuntimeError, match=r"part of a model converted earlier \(as 'features'\)"):
+        convert_model(model.features, "O2", BF16)
+    with pytest.raises(RuntimeError, match=r"its submodule '0' is part of a model converted"):
+        convert_model(nn.Sequential(model), "O2", BF16)
+
+
+def test_deepcopy_of_a_converted_model_works_on_its_own():
+    model = convert_model(DigitsCNN(), "O2", BF16)
+    clone = copy.deepcopy(model)
+    x = torch.rand(2, 1, 8, 8)
+    assert torch.equal(clone(x), model(x))
+    with torch.no_grad():
+        clone.classifier[3].bias.add_(1.0)
+    assert not torch.equal(clone(x), model(x))
+
+
+def test_an_exception_in_forward_closes_the_regions():
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise KeyError("boom")
+
+    model = convert_model(nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2), Boom()), "O2", BF16)
+    with pytest.raises(KeyError):
+        model(torch.rand(1, 2))
+    assert not torch.is_autocast_enabled("cpu")
+    assert ampkit.current_policy("cpu") is None
+    assert model[1](torch.rand(1, 2)).dtype is BF16  # its boundary still works
+
+
+def test_threads_run_converted_models_independently():
+    model = convert_model(TinyTransformer(), "O1", BF16)
+    ids = torch.randint(0, 64, (1, 6))
+    expected = model(ids)
+    results, errors = [], []
+
+    def run():
+        try:
+            for _ in range(3):
+                results.append(torch.equal(model(ids), expected))
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and results == [True] * 6
+    assert not torch.is_autocast_enabled("cpu")
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [None, "model", torch.ones(2), [nn.Linear(2, 2)]])
+def test_not_a_module_is_a_type_error(bad):
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        convert_model(bad, "O2", BF16)
+
+
+def test_unknown_level_and_dtype():
+    with pytest.raises(ValueError, match=r"level must be one of \['O0', 'O1', 'O2', 'O3'\]"):
+        convert_model(nn.Linear(2, 2), "O5", BF16)
+    with pytest.raises(ValueError, match="dtype must be torch.float16 or torch.bfloat16"):
+        convert_model(nn.Linear(2, 2), "O2", torch.int8)
+
+
+def test_non_fp32_model_is_refused():
+    model = nn.Linear(2, 2).to(FP16)
+    with pytest.raises(ValueError, match=r"expects an fp32 model, but parameter 'weight' is "
+                                         r"torch.float16; call model.float\(\) first"):
+        convert_model(model, "O2", BF16)
+    assert convert_model(nn.Linear(2, 2).double(), "O0").weight.dtype is FP32
+
+
+def test_lazy_modules_must_be_initialized_first():
+    with pytest.raises(ValueError, match="uninitialized"):
+        convert_model(nn.LazyLinear(2), "O2", BF16)
+
+
+def test_wrapped_models_are_refused():
+    wrapped = nn.DataParallel(nn.Linear(2, 2))
+    with pytest.raises(RuntimeError, match="wrapped in DataParallel; call ampkit.initialize / "
+                                           "convert_model on the bare model first"):
+        convert_model(wrapped, "O2", BF16)
+    inner = nn.Sequential(nn.DataParallel(nn.Linear(2, 2)))
+    with pytest.raises(RuntimeError, match=r"its submodule '0'\) is wrapped in DataParallel"):
+        convert_model(inner, "O2", BF16)
+
+
+def test_config_and_overrides_together_are_refused():
+    with pytest.raises(TypeError, match="either a ConversionConfig or a level"):
+        convert_model(nn.Linear(2, 2), ConversionConfig(), BF16)
+
+
+def test_config_field_checks():
+    with pytest.raises(ValueError, match="param_dtype must be None or one of"):
+        ConversionConfig(param_dtype=torch.int32)
+    with pytest.raises(ValueError, match="master_weights=True copies parameters"):
+        ConversionConfig(master_weights=True)
+    with pytest.raises(TypeError, match="cast_buffers must be a bool"):
+        ConversionConfig(cast_buffers=1)
+    with pytest.raises(ValueError, match="policy needs compute_dtype"):
+        ConversionConfig(policy="torch")
+    with pytest.raises(ValueError, match="patch_ops=False does not do"):
+        ConversionConfig.for_level("O3", BF16, custom_white_list=["add"])
