@@ -188,7 +188,7 @@ def is_eligible(t: Any, device_type: str) -> bool:
         (True, False)
     """
     return (isinstance(t, torch.Tensor) and t.is_floating_point()
-            and t.dtype is not torch.float64 and t.device.type == device_type)
+            and t.dtype is not torch.float64 and _on_device(t, device_type))
 
 
 class WeightCastCache:
@@ -215,7 +215,7 @@ class WeightCastCache:
 
     def cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``t.to(dtype)``, cached when ``t`` is an fp32 leaf that requires grad."""
-        if not (t.dtype is torch.float32 and t.requires_grad and t.is_leaf) or t._is_view():
+        if not (t.requires_grad and t.is_leaf and t.dtype is torch.float32) or t._is_view():
             return t.to(dtype)
         hit = self._casts.get(id(t))
         if hit is not None and hit[0] is t and hit[1] is dtype:
@@ -232,11 +232,35 @@ class WeightCastCache:
         return len(self._casts)
 
 
+def _on_device(t: torch.Tensor, device_type: str) -> bool:
+    # t.is_cpu / t.is_cuda are cheap attribute reads; t.device builds an object.
+    if device_type == "cpu":
+        return t.is_cpu
+    if device_type == "cuda":
+        return t.is_cuda
+    return t.device.type == device_type
+
+
+def _cast_one(a: Any, dtype: torch.dtype, device_type: str,
+              cache: WeightCastCache | None) -> Any:
+    if isinstance(a, torch.Tensor):
+        src = a.dtype
+        if (src is dtype or src is torch.float64 or not a.is_floating_point()
+                or not _on_device(a, device_type)):
+            return a
+        if cache is not None and dtype is not torch.float32:
+            return cache.cast(a, dtype)
+        return a.to(dtype)
+    if isinstance(a, list | tuple) and a and any(isinstance(v, torch.Tensor) for v in a):
+        return type(a)([_cast_one(v, dtype, device_type, cache) for v in a])
+    return a
+
+
 def cast_op_args(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
                  device_type: str, cache: WeightCastCache | None
                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Cast an op's eligible tensor arguments (and tensors in list/tuple arguments)
-    to ``dtype``; used by the autocast engine on the ops it intercepts.
+    to ``dtype``; used by the autocast engine on the ops it intercepts (hot path).
 
     Example:
         >>> import torch
@@ -246,19 +270,10 @@ def cast_op_args(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dty
         >>> args[0].dtype, args[1][0].dtype, args[2]
         (torch.float16, torch.float16, 3)
     """
-    def one(a: Any) -> Any:
-        if isinstance(a, torch.Tensor):
-            if a.dtype is dtype or not is_eligible(a, device_type):
-                return a
-            if cache is not None and dtype is not torch.float32:
-                return cache.cast(a, dtype)
-            return a.to(dtype)
-        if isinstance(a, list | tuple) and a and any(isinstance(v, torch.Tensor) for v in a):
-            return type(a)(one(v) for v in a)
-        return a
-
-    return tuple(one(a) for a in args), ({k: one(v) for k, v in kwargs.items()}
-                                         if kwargs else kwargs)
+    args = tuple([_cast_one(a, dtype, device_type, cache) for a in args])
+    if kwargs:
+        kwargs = {k: _cast_one(v, dtype, device_type, cache) for k, v in kwargs.items()}
+    return args, kwargs
 
 
 def promote_dtype(args: tuple[Any, ...], kwargs: dict[str, Any],
