@@ -172,6 +172,20 @@ def test_earlier_overflow_survives_a_later_delayed_context() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_inf_left_over_from_a_skipped_iteration_never_reaches_the_weights() -> None:
+    model, opt = _model_and_opt()
+    before = [p.detach().clone() for p in model.parameters()]
+    with scale_loss(model(X).sum() * math.inf, opt) as scaled:
+        scaled.backward()
+    opt.step()  # skipped
+    # no zero_grad(): the inf gradients are put aside, then added back on exit
+    with scale_loss(model(X).sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()  # skipped too, though this loss itself was clean
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert loss_scaler(0).get_scale() == 2.0 ** 15  # lowered once, by the real overflow
+
+
 def test_mixing_loss_ids_over_scaled_gradients_is_an_error() -> None:
     configure_loss_scaling(num_losses=2)
     model, opt = _model_and_opt()

@@ -371,6 +371,9 @@ class GradScaler:
         if record.stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called for this optimizer in this "
                                "iteration; call scaler.update() before stepping again")
+        self._require_scale("step")
+        # Masters first: whether the optimizer has state is a question about them.
+        _sync_master_grads(optimizer)
         if (getattr(optimizer, "_step_supports_amp_scaling", False)
                 and self._has_state(optimizer)):
             return self._step_on_device(optimizer, record, *args, **kwargs)

@@ -16,8 +16,10 @@ What happens to each optimizer given:
 * on entry, gradients already there (unscaled, from an earlier loss) are put aside, so
   the backward pass leaves only this loss's scaled gradients;
 * on exit they are unscaled with this loss's scale (master gradients first synced,
-  overflow agreed across ranks), the gradients put aside are added back, and the loss's
-  scale is updated; on overflow the optimizer's next ``step()`` returns ``None``
+  overflow agreed across ranks) and the loss's scale is updated; the gradients put
+  aside are added back, after a check of their own (an inf among them, say left over
+  from a skipped iteration that was never zeroed, skips the step too, without lowering
+  this loss's scale); on overflow the optimizer's next ``step()`` returns ``None``
   without doing anything (parameters, master weights and optimizer state untouched);
 * ``delay_unscale=True`` (gradient accumulation over micro-batches) leaves the scaled
   gradients in place for the next ``scale_loss`` with the same ``loss_id``; until an
@@ -25,8 +27,8 @@ What happens to each optimizer given:
   gradients;
 * an exception inside the block restores the gradients as they were on entry.
 
-Deciding the skip reads ``found_inf`` on exit: one host sync per undelayed
-``scale_loss``, as in apex. Static scaling (``loss_scale=128.0``) skips overflowing
+Deciding the skip reads ``found_inf`` on exit: host syncs on each undelayed
+``scale_loss`` exit, as in apex. Static scaling (``loss_scale=128.0``) skips overflowing
 steps too and never moves the scale; ``loss_scale=None`` turns scaling off (the loss is
 yielded as is, nothing is unscaled or skipped).
 
@@ -59,7 +61,9 @@ from typing import Any
 
 import torch
 
+from ampkit.scaling.distributed import agree_on_overflow_
 from ampkit.scaling.grad_scaler import GradScaler
+from ampkit.scaling.overflow import unscale_grads_
 
 __all__ = [
     "configure_loss_scaling",
@@ -383,6 +387,17 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     for opt in opts:
         scaler.unscale_(opt)
     overflow = scaler.last_step_skipped  # the host sync that decides the skip
+    # Gradients put aside were checked when their own loss unscaled them, unless they
+    # came from elsewhere (a backward outside scale_loss, a skipped iteration never
+    # zeroed). Checking them again keeps an inf among them from reaching the weights;
+    # it arms the skip but is not this loss's overflow, so its scale is left alone.
+    scale = scaler._get_scale_async()
+    assert scale is not None
+    earlier_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
+    unscale_grads_((grad for opt in opts for _, grad in _pending[opt].stash), None,
+                   earlier_inf)
+    agree_on_overflow_(earlier_inf, scaler._process_group)
+    overflow = overflow or bool(earlier_inf.item())
     for opt in opts:
         _restore_grads(_pending.pop(opt).stash, add=True)
     scaler.update()
