@@ -23,7 +23,10 @@ import difflib
 from collections.abc import Mapping
 from types import MappingProxyType
 
+import torch
+
 from ampkit.policy import Policy
+from ampkit.registry import resolve_ops
 
 __all__ = ["CONSERVATIVE", "TORCH", "available_policies", "get_policy", "register_policy"]
 
@@ -113,3 +116,193 @@ def get_policy(policy: str | Policy) -> Policy:
         raise ValueError(f"policy: unknown preset {policy!r}{hint}; accepted values: "
                          f"{sorted(_PRESETS)}")
     return _PRESETS[policy]
+
+
+# -- the dialects' presets (data: each framework's default lists, in torch terms) -------
+#
+# Lists of other frameworks' op names are resolved through the registry's alias tables
+# (``ampkit.registry.FRAMEWORK_ALIASES``). Names with no torch counterpart are left out
+# and listed in docs/migration.md.
+
+# The torch.cpu.amp CPU lists of an older torch release (seed 003), translated to torch
+# 2.13 entry points: ``_upsample_nearest_exact{1,2,3}d`` (reached only through
+# ``F.interpolate``) became ``interpolate``, which is also added for the other
+# ``upsample_*`` ops; ``_lu_with_info`` became ``lu``; ``multilabel_margin_loss_forward``
+# is ``multilabel_margin_loss`` (already listed); ``inverse``, listed twice, is kept
+# once. ``eig``, ``symeig``, ``lstsq``, ``solve`` and ``matrix_rank`` stay: torch 2.13
+# keeps them as stubs that raise "removed".
+TORCH_CPU_LEGACY_LOWER: tuple[str, ...] = (
+    "conv1d", "conv2d", "conv3d", "bmm", "mm", "baddbmm", "addmm", "addbmm", "linear",
+    "_convolution",
+)
+TORCH_CPU_LEGACY_FP32: tuple[str, ...] = (
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "batch_norm", "dropout",
+    "avg_pool1d", "avg_pool2d", "avg_pool3d", "gelu", "upsample_nearest1d",
+    "upsample_nearest2d", "upsample_nearest3d", "upsample_linear1d", "upsample_bilinear2d",
+    "upsample_trilinear3d", "interpolate", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "instance_norm", "grid_sampler", "polar",
+    "multinomial", "poisson", "fmod", "prod", "quantile", "nanquantile", "stft", "cdist",
+    "cross", "cumprod", "cumsum", "diag", "diagflat", "histc", "logcumsumexp",
+    "searchsorted", "trace", "tril", "triu", "vander", "view_as_complex", "cholesky",
+    "cholesky_inverse", "cholesky_solve", "dot", "inverse", "lu_solve", "matrix_rank",
+    "orgqr", "ormqr", "pinverse", "vdot", "im2col", "col2im", "max_pool3d", "max_unpool2d",
+    "max_unpool3d", "adaptive_avg_pool3d", "reflection_pad1d", "reflection_pad2d",
+    "replication_pad1d", "replication_pad2d", "replication_pad3d", "elu", "hardshrink",
+    "hardsigmoid", "hardswish", "log_sigmoid", "prelu", "selu", "celu", "softplus",
+    "softshrink", "group_norm", "smooth_l1_loss", "mse_loss", "ctc_loss", "kl_div",
+    "multilabel_margin_loss", "fft_fft", "fft_ifft", "fft_fft2", "fft_ifft2", "fft_fftn",
+    "fft_ifftn", "fft_rfft", "fft_irfft", "fft_rfft2", "fft_irfft2", "fft_rfftn",
+    "fft_irfftn", "fft_hfft", "fft_ihfft", "conv_tbc", "linalg_matrix_norm", "linalg_cond",
+    "linalg_matrix_rank", "linalg_solve", "linalg_cholesky", "linalg_svdvals",
+    "linalg_eigvals", "linalg_eigvalsh", "linalg_inv", "linalg_householder_product",
+    "linalg_tensorinv", "linalg_tensorsolve", "fake_quantize_per_tensor_affine", "glu",
+    "cummax", "cummin", "eig", "geqrf", "lstsq", "lu", "lu_unpack", "qr", "solve", "svd",
+    "symeig", "triangular_solve", "fractional_max_pool2d", "fractional_max_pool3d",
+    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "linalg_qr",
+    "linalg_cholesky_ex", "linalg_svd", "linalg_eig", "linalg_eigh", "linalg_lstsq",
+    "linalg_inv_ex",
+)
+TORCH_CPU_LEGACY_PROMOTE: tuple[str, ...] = ("cat", "stack", "index_copy")
+
+TORCH_CPU_LEGACY = Policy(
+    name="torch-cpu-legacy",
+    lower_precision_ops=frozenset(TORCH_CPU_LEGACY_LOWER),
+    fp32_ops=frozenset(TORCH_CPU_LEGACY_FP32),
+    promote_ops=frozenset(TORCH_CPU_LEGACY_PROMOTE),
+    unlisted="keep",
+    description="The older torch.cpu.amp CPU op lists (seed 003): bfloat16 for "
+                "convolutions and matmuls except matmul itself, float32 for a long list "
+                "(conv_transpose included), every other op in its inputs' dtype.",
+)
+
+# PaddlePaddle's default lists (python/paddle/amp/amp_lists.py; the same for float16
+# and bfloat16). Left out, no torch op: fused_rotary_position_embedding,
+# fused_feedforward, fake_quantize_dequantize_abs_max,
+# fake_quantize_dequantize_moving_average_abs_max (white); hsigmoid_loss,
+# margin_cross_entropy (black).
+PADDLE_WHITE_LIST: tuple[str, ...] = (
+    "conv2d", "einsum", "matmul", "matmul_v2", "max_pool2d_with_index", "mul",
+    "fused_gemm_epilogue", "flash_attn", "fused_attention",
+)
+PADDLE_BLACK_LIST: tuple[str, ...] = (
+    "tan", "acos", "asin", "sinh", "cosh", "atanh", "tanh_shrink", "erfinv", "exp",
+    "expm1", "log", "log10", "log2", "reciprocal", "rsqrt", "pow", "square", "reduce_sum",
+    "mean", "reduce_mean", "reduce_prod", "cumprod", "cumsum", "dist", "pnorm",
+    "frobenius_norm", "renorm", "group_norm", "layer_norm", "softmax", "softmin",
+    "softplus", "log_softmax", "softmax_with_cross_entropy",
+    "sigmoid_cross_entropy_with_logits", "c_softmax_with_cross_entropy", "cross_entropy",
+    "cross_entropy2", "nll_loss", "huber_loss", "triplet_margin_loss", "log_loss",
+)
+#: float32 at O1 and O2 alike (their low-precision backward is slow, says Paddle).
+PADDLE_EXTRA_BLACK_LIST: tuple[str, ...] = (
+    "linear_interp_v2", "nearest_interp_v2", "bilinear_interp_v2", "bicubic_interp_v2",
+    "trilinear_interp_v2", "lookup_table", "lookup_table_v2", "scatter",
+)
+
+_PADDLE_WHITE = resolve_ops(PADDLE_WHITE_LIST, framework="paddle")
+_PADDLE_BLACK = resolve_ops(PADDLE_BLACK_LIST, framework="paddle")
+_PADDLE_EXTRA_BLACK = resolve_ops(PADDLE_EXTRA_BLACK_LIST, framework="paddle")
+
+PADDLE_O1 = Policy(
+    name="paddle-O1", lower_precision_ops=_PADDLE_WHITE,
+    fp32_ops=_PADDLE_BLACK | _PADDLE_EXTRA_BLACK, unlisted="promote",
+    description="Paddle O1: white list low precision, black list float32, every other "
+                "op float32 if any input is float32, else low precision.")
+PADDLE_OD = Policy(
+    name="paddle-OD", lower_precision_ops=_PADDLE_WHITE, unlisted="fp32",
+    description="Paddle OD: only the white list in low precision, everything else "
+                "float32.")
+PADDLE_O2 = Policy(
+    name="paddle-O2", lower_precision_ops=_PADDLE_WHITE, fp32_ops=_PADDLE_EXTRA_BLACK,
+    unlisted="promote",
+    description="Paddle O2 with use_promote: white list low precision, the extra black "
+                "list float32, every other op float32 if any input is float32, else low "
+                "precision (decorate() makes the parameters low precision).")
+PADDLE_O2_NO_PROMOTE = Policy(
+    name="paddle-O2-no-promote", lower_precision_ops=_PADDLE_WHITE,
+    fp32_ops=_PADDLE_EXTRA_BLACK, unlisted="lower",
+    description="Paddle O2 with use_promote=False: everything low precision except the "
+                "extra black list.")
+
+# MXNet's contrib.amp lists (python/mxnet/contrib/amp/lists/symbol_fp16.py), the names
+# with a torch counterpart. Left out, no torch op: the _sparse_*, _contrib_*, _linalg_*
+# (internal spellings), _*Scalar and _random_* variants, Convolution_v1,
+# IdentityAttachKLSparseReg, rcbrt, _square_sum, khatri_rao, linalg_gelqf,
+# linalg_maketrian, linalg_extracttrian, linalg_extractdiag (a view), _NDArray, _Native,
+# Custom, MakeLoss, make_loss, Correlation, random_pdf_*; and linalg_gemm2, linalg_syrk,
+# linalg_trmm, whose torch counterpart (matmul) is MXNet's widest-type ``dot``.
+MXNET_FP16_FUNCS: tuple[str, ...] = ("Convolution", "Deconvolution", "FullyConnected", "RNN")
+MXNET_FP32_FUNCS: tuple[str, ...] = (
+    "arccos", "arcsin", "cosh", "erfinv", "sinh", "tan", "arctanh", "exp", "expm1", "log",
+    "log10", "log2", "log1p", "broadcast_power", "square", "reciprocal", "rsqrt", "_Power",
+    "_power", "linalg_sumlogdiag", "_Hypot", "_hypot", "broadcast_hypot", "sum",
+    "sum_axis", "nansum", "prod", "mean", "norm", "softmin", "moments", "gamma", "gammaln",
+    "linalg_gemm", "linalg_potrf", "linalg_potri", "linalg_syevd", "linalg_trsm",
+    "linalg_makediag", "linalg_inverse", "linalg_det", "linalg_slogdet", "argsort", "topk",
+    "softmax", "Softmax", "log_softmax", "InstanceNorm", "LayerNorm", "GroupNorm",
+    "L2Normalization", "LRN", "SoftmaxActivation", "softmax_cross_entropy", "smooth_l1",
+    "CTCLoss", "ctc_loss",
+)
+#: (op, parameter, values): float32 only for these values (torch has one op per value).
+MXNET_CONDITIONAL_FP32_FUNCS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("Activation", "act_type", ("softrelu",)),
+    ("LeakyReLU", "act_type", ("elu", "selu")),
+)
+#: The torch ops of MXNET_CONDITIONAL_FP32_FUNCS: softrelu is softplus; elu, selu.
+MXNET_CONDITIONAL_FP32_OPS: tuple[str, ...] = ("softplus", "elu", "selu")
+MXNET_WIDEST_TYPE_CASTS: tuple[str, ...] = (
+    "_Plus", "_plus", "_Minus", "_sub", "_Mul", "_Div", "_div", "_Mod", "_Not_Equal",
+    "_Equal", "_equal", "_Greater", "_greater", "_Greater_Equal", "_greater_equal",
+    "_Lesser", "_Lesser_Equal", "_lesser", "_lesser_equal", "_Logical_And", "_Logical_Or",
+    "_Logical_Xor", "_logical_and", "_logical_or", "_logical_xor", "_maximum", "_minimum",
+    "_minus", "_mod", "_mul", "_not_equal", "Concat", "concat", "ElementWiseSum", "add_n",
+    "batch_dot", "broadcast_add", "broadcast_plus", "broadcast_div", "broadcast_equal",
+    "broadcast_greater", "broadcast_greater_equal", "broadcast_lesser",
+    "broadcast_lesser_equal", "broadcast_logical_and", "broadcast_logical_or",
+    "broadcast_logical_xor", "broadcast_maximum", "broadcast_minimum", "broadcast_minus",
+    "broadcast_mod", "broadcast_mul", "broadcast_not_equal", "broadcast_sub", "dot",
+    "elemwise_add", "elemwise_div", "elemwise_mul", "elemwise_sub", "stack", "_Maximum",
+    "_Minimum", "where",
+)
+# symbol_bf16.py: only Convolution and FullyConnected in bfloat16; Deconvolution and RNN
+# (and Dropout, Embedding, UpSampling) move to float32. Its float32 list also pins
+# data-movement and rounding ops (reshape, flatten, floor, ...) for want of bfloat16
+# kernels in MXNet's CPU backend; torch has them, so they stay in the inputs' dtype.
+MXNET_BF16_FUNCS: tuple[str, ...] = ("Convolution", "FullyConnected")
+MXNET_BF16_FP32_FUNCS: tuple[str, ...] = (
+    *MXNET_FP32_FUNCS, "Deconvolution", "RNN", "Dropout", "Embedding", "UpSampling")
+
+MXNET_FLOAT16 = Policy(
+    name="mxnet-float16", dtype=torch.float16,
+    lower_precision_ops=resolve_ops(MXNET_FP16_FUNCS, framework="mxnet"),
+    fp32_ops=resolve_ops(MXNET_FP32_FUNCS, framework="mxnet") | frozenset(
+        MXNET_CONDITIONAL_FP32_OPS),
+    promote_ops=resolve_ops(MXNET_WIDEST_TYPE_CASTS, framework="mxnet"),
+    unlisted="keep",
+    description="MXNet contrib.amp float16 lists: convolutions, dense and RNN layers in "
+                "float16, sensitive ops float32, multi-input ops widest type, all else "
+                "untouched.")
+MXNET_BFLOAT16 = Policy(
+    name="mxnet-bfloat16", dtype=torch.bfloat16,
+    lower_precision_ops=resolve_ops(MXNET_BF16_FUNCS, framework="mxnet"),
+    fp32_ops=resolve_ops(MXNET_BF16_FP32_FUNCS, framework="mxnet") | frozenset(
+        MXNET_CONDITIONAL_FP32_OPS),
+    promote_ops=resolve_ops(MXNET_WIDEST_TYPE_CASTS, framework="mxnet"),
+    unlisted="keep",
+    description="MXNet contrib.amp bfloat16 lists: convolutions and dense layers in "
+                "bfloat16, deconvolutions, RNNs and sensitive ops float32, multi-input "
+                "ops widest type, all else untouched.")
+
+for _preset in (TORCH_CPU_LEGACY, PADDLE_O1, PADDLE_OD, PADDLE_O2, PADDLE_O2_NO_PROMOTE,
+                MXNET_FLOAT16, MXNET_BFLOAT16):
+    _PRESETS[_preset.name] = _preset
+del _preset
+
+__all__ += [
+    "MXNET_BF16_FP32_FUNCS", "MXNET_BF16_FUNCS", "MXNET_BFLOAT16",
+    "MXNET_CONDITIONAL_FP32_FUNCS", "MXNET_CONDITIONAL_FP32_OPS", "MXNET_FLOAT16",
+    "MXNET_FP16_FUNCS", "MXNET_FP32_FUNCS", "MXNET_WIDEST_TYPE_CASTS", "PADDLE_BLACK_LIST",
+    "PADDLE_EXTRA_BLACK_LIST", "PADDLE_O1", "PADDLE_O2", "PADDLE_O2_NO_PROMOTE",
+    "PADDLE_OD", "PADDLE_WHITE_LIST", "TORCH_CPU_LEGACY", "TORCH_CPU_LEGACY_FP32",
+    "TORCH_CPU_LEGACY_LOWER", "TORCH_CPU_LEGACY_PROMOTE",
+]
