@@ -95,7 +95,7 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch < 2.6 has no public FSDP2
-        results["fsdp2"] = None
+        results["fsdp2"] = results["fsdp2_unscaled_in_place"] = None
     else:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
@@ -106,6 +106,15 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
         opt = torch.optim.Adam(model.parameters(), lr=0.05)
         results["fsdp2"] = _run(model, opt, GradScaler("cpu", **settings), rank,
                                 lambda p: p.full_tensor().detach())
+        # unscale_ must divide the shards FSDP2 keeps, not copies of them
+        scaler = GradScaler("cpu", init_scale=2.0 ** 10)
+        opt.zero_grad()
+        scaler.scale(model(torch.ones(2, 4)).pow(2).sum()).backward()
+        scaled = [p.grad.to_local().clone() for p in model.parameters()]
+        scaler.unscale_(opt)
+        results["fsdp2_unscaled_in_place"] = all(
+            torch.equal(p.grad.to_local(), s / 2.0 ** 10)
+            for p, s in zip(model.parameters(), scaled))
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
@@ -138,6 +147,12 @@ def test_nan_on_rank_1_skips_every_rank(rank_results: list[dict[str, Any]],
     _assert_ranks_agree(runs)
     scales = [s["scale"] for s in runs[0]]
     assert len(set(scales)) > 1  # the scale moved (backed off and grew) in lockstep
+
+
+def test_fsdp2_shards_are_unscaled_in_place(rank_results: list[dict[str, Any]]) -> None:
+    if rank_results[0]["fsdp2_unscaled_in_place"] is None:
+        pytest.skip("FSDP2 (torch.distributed.fsdp.fully_shard) needs torch >= 2.6")
+    assert all(r["fsdp2_unscaled_in_place"] is True for r in rank_results)
 
 
 def test_hysteresis_scales_agree(rank_results: list[dict[str, Any]]) -> None:
