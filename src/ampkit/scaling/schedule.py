@@ -219,9 +219,9 @@ def _update_by_ops(scale: torch.Tensor, growth_tracker: torch.Tensor,
                    schedule: ScaleSchedule) -> None:
     """The full rule in tensor ops (torch's kernel knows no hysteresis or bounds)."""
     found = found_inf != 0  # NaN counts as found, like torch's kernel
-    overflows = torch.where(found, overflow_tracker + 1, torch.zeros_like(overflow_tracker))
+    overflows = torch.where(found, overflow_tracker + 1, 0)
     back_off = found & (overflows >= schedule.hysteresis)
-    successes = torch.where(found, torch.zeros_like(growth_tracker), growth_tracker + 1)
+    successes = torch.where(found, 0, growth_tracker + 1)
     # torch grows when the count *equals* the interval; kept identical on purpose.
     grow = successes == schedule.growth_interval
 
@@ -235,5 +235,5 @@ def _update_by_ops(scale: torch.Tensor, growth_tracker: torch.Tensor,
 
     new_scale = torch.where(back_off, backed, torch.where(grow_applies, grown, scale))
     scale.copy_(new_scale)
-    growth_tracker.copy_(torch.where(grow, torch.zeros_like(successes), successes))
-    overflow_tracker.copy_(torch.where(back_off, torch.zeros_like(overflows), overflows))
+    growth_tracker.copy_(torch.where(grow, 0, successes))
+    overflow_tracker.copy_(torch.where(back_off, 0, overflows))
