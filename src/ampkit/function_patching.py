@@ -1,0 +1,236 @@
+"""User functions with a fixed cast rule inside autocast regions.
+
+Some functions are not torch ops the policy knows: a custom CUDA extension, a fused
+kernel from another library, a helper that must see float32. :func:`register_function`
+replaces ``module.name`` by a wrapper that, whenever autocast is on for the device of
+its floating tensor arguments (an :class:`ampkit.autocast` region, a plain
+``torch.autocast`` one, a converted model's forward), casts those arguments by a
+:class:`CastRule` and runs the function with autocast off, so it computes in exactly
+that dtype. Outside autocast it is the original function, unchanged.
+
+* ``CastRule.LOWER``: to the region's low-precision dtype (apex ``register_half_function``);
+* ``CastRule.FP32``: to float32 (apex ``register_float_function``);
+* ``CastRule.PROMOTE``: to the widest floating dtype among the arguments (apex
+  ``register_promote_function``).
+
+Eligibility is native autocast's: only floating tensors on the autocast device that are
+not float64 are cast, inside nested lists, tuples and dicts too. :func:`cast_function`
+makes the same wrapper without replacing anything (a decorator).
+
+Example:
+    >>> import torch
+    >>> import ampkit
+    >>> from ampkit.function_patching import CastRule, cast_function
+    >>> @cast_function(CastRule.FP32)
+    ... def precise_norm(x):
+    ...     return x.norm()
+    >>> with ampkit.autocast("cpu", torch.bfloat16):
+    ...     precise_norm(torch.ones(4, dtype=torch.bfloat16)).dtype
+    torch.float32
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from ampkit.autocast_mode import autocast
+from ampkit.casting import cast_tree, is_eligible, widest_float_dtype
+from ampkit.registry import all_op_names
+
+__all__ = [
+    "CastRule",
+    "cast_function",
+    "register_function",
+    "registered_functions",
+    "unregister_function",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CastRule(enum.Enum):
+    """How a registered function's floating arguments are cast inside autocast."""
+
+    LOWER = "lower"  # the region's low-precision dtype
+    FP32 = "fp32"  # float32
+    PROMOTE = "promote"  # the widest floating dtype among the arguments
+
+
+def _devices(args: Any) -> set[str]:
+    """Device types of the eligible floating tensors in ``args`` whose autocast is on."""
+    found: set[str] = set()
+    pending = [args]
+    while pending:
+        x = pending.pop()
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point() and x.dtype is not torch.float64:
+                found.add(x.device.type)
+        elif isinstance(x, list | tuple):
+            pending.extend(x)
+        elif isinstance(x, dict):
+            pending.extend(x.values())
+    return {d for d in found if torch.is_autocast_enabled(d)}
+
+
+def _dtypes(args: Any, device_type: str) -> set[torch.dtype]:
+    seen: set[torch.dtype] = set()
+
+    def visit(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            if is_eligible(x, device_type):
+                seen.add(x.dtype)
+        elif isinstance(x, list | tuple):
+            for v in x:
+                visit(v)
+        elif isinstance(x, dict):
+            for v in x.values():
+                visit(v)
+
+    visit(args)
+    return seen
+
+
+@functools.lru_cache(maxsize=16)
+def _autocast_off(device_type: str) -> autocast:
+    # One reusable object per device: ampkit.autocast keeps its state on a thread-local
+    # stack, so it can be entered by nested calls and other threads.
+    return autocast(device_type, enabled=False)
+
+
+def cast_function(rule: CastRule) -> Callable[[F], F]:
+    """A decorator: inside autocast, cast the function's floating arguments by ``rule``
+    and run it with autocast off; outside, call it as it is.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> from ampkit.function_patching import CastRule, cast_function
+        >>> add = cast_function(CastRule.PROMOTE)(lambda a, b: a + b)
+        >>> with ampkit.autocast("cpu", torch.bfloat16):
+        ...     add(torch.ones(1, dtype=torch.bfloat16), torch.ones(1)).dtype
+        torch.float32
+    """
+    if not isinstance(rule, CastRule):
+        raise TypeError(f"rule must be a CastRule ({[r.name for r in CastRule]}), got "
+                        f"{rule!r}")
+
+    def decorate(fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"expected a callable, got {type(fn).__name__}")
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            devices = _devices((args, kwargs))
+            if not devices:
+                return fn(*args, **kwargs)
+            for device in sorted(devices):
+                if rule is CastRule.LOWER:
+                    target = torch.get_autocast_dtype(device)
+                elif rule is CastRule.FP32:
+                    target = torch.float32
+                else:
+                    target = widest_float_dtype(_dtypes((args, kwargs), device))
+                if target is not None:
+                    args, kwargs = cast_tree(
+                        (args, kwargs), target,
+                        functools.partial(lambda d, t: is_eligible(t, d), device))
+            with contextlib.ExitStack() as stack:
+                for device in devices:
+                    stack.enter_context(_autocast_off(device))
+                return fn(*args, **kwargs)
+
+        wrapper.__ampkit_cast_rule__ = rule  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+_lock = threading.Lock()
+# (id(owner), name) -> (owner, name, original function, rule)
+_registered: dict[tuple[int, str], tuple[Any, str, Callable[..., Any], CastRule]] = {}
+
+
+def register_function(module: Any, name: str, rule: CastRule) -> None:
+    """Replace ``module.name`` by a wrapper that casts by ``rule`` inside autocast.
+
+    ``module`` is any object holding the function (a module, a class, an object).
+    Registering the same function again replaces its rule.
+
+    Raises:
+        ValueError: ``module`` has no attribute ``name``.
+        TypeError: the attribute is not callable, or ``rule`` is not a :class:`CastRule`.
+
+    Example:
+        >>> import types, torch
+        >>> import ampkit
+        >>> from ampkit.function_patching import CastRule, register_function
+        >>> from ampkit.function_patching import unregister_function
+        >>> ext = types.SimpleNamespace(fused=lambda x: x * 2)
+        >>> register_function(ext, "fused", CastRule.LOWER)
+        >>> with ampkit.autocast("cpu", torch.bfloat16):
+        ...     ext.fused(torch.ones(2)).dtype
+        torch.bfloat16
+        >>> ext.fused(torch.ones(2)).dtype
+        torch.float32
+        >>> unregister_function(ext, "fused")
+    """
+    if not isinstance(rule, CastRule):
+        raise TypeError(f"rule must be a CastRule ({[r.name for r in CastRule]}), got "
+                        f"{rule!r}")
+    if not isinstance(name, str) or not hasattr(module, name):
+        raise ValueError(f"no function named {name!r} in {module!r}")
+    # Build the op registry first, so it never records a wrapper as a torch op.
+    all_op_names()
+    with _lock:
+        key = (id(module), name)
+        entry = _registered.get(key)
+        original = entry[2] if entry is not None else getattr(module, name)
+        if not callable(original):
+            raise TypeError(f"{module!r}.{name} is not callable, got "
+                            f"{type(original).__name__}")
+        setattr(module, name, cast_function(rule)(original))
+        _registered[key] = (module, name, original, rule)
+
+
+def unregister_function(module: Any, name: str) -> None:
+    """Put back the function :func:`register_function` replaced.
+
+    Raises:
+        ValueError: ``module.name`` was not registered.
+
+    Example:
+        >>> import types
+        >>> from ampkit.function_patching import CastRule, register_function
+        >>> from ampkit.function_patching import unregister_function
+        >>> f = lambda x: x
+        >>> ns = types.SimpleNamespace(f=f)
+        >>> register_function(ns, "f", CastRule.FP32)
+        >>> unregister_function(ns, "f")
+        >>> ns.f is f
+        True
+    """
+    with _lock:
+        entry = _registered.pop((id(module), name), None)
+        if entry is None:
+            raise ValueError(f"{module!r}.{name} is not registered")
+        setattr(module, name, entry[2])
+
+
+def registered_functions() -> dict[str, CastRule]:
+    """The registered functions, as ``"module.name" -> rule``.
+
+    Example:
+        >>> from ampkit.function_patching import registered_functions
+        >>> isinstance(registered_functions(), dict)
+        True
+    """
+    with _lock:
+        return {f"{getattr(m, '__name__', type(m).__name__)}.{n}": rule
+                for m, n, _, rule in _registered.values()}
