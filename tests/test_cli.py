@@ -104,6 +104,7 @@ def test_read_only_output_folder_is_a_one_line_error(tmp_path: Path) -> None:
     ("--epochs", "0", "argument --epochs: must be a positive integer, got '0'"),
     ("--epochs", "two", "argument --epochs: must be a positive integer, got 'two'"),
     ("--seed", "-1", "argument --seed: must be a non-negative integer, got '-1'"),
+    ("--threads", "0", "argument --threads: must be a positive integer, got '0'"),
 ])
 def test_bad_numbers_are_argparse_errors(option: str, value: str, message: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,7 +133,7 @@ def test_defaults_and_list_parsing() -> None:
     parser = build_parser()
     args = parser.parse_args(["demo"])
     assert (args.epochs, args.device, args.levels, args.dtypes, args.seed, args.out,
-            args.quiet) == (5, "auto", None, None, 0, "ampkit-report", False)
+            args.threads, args.quiet) == (5, "auto", None, None, 0, "ampkit-report", 1, False)
     args = parser.parse_args(["demo", "--levels", "o1,FP32", "--levels", "O3",
                               "--dtypes", "BF16", "--quiet", "--device", "cuda:1"])
     assert args.levels == ["O1", "fp32", "O3"]

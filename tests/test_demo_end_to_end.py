@@ -61,6 +61,7 @@ def test_writes_pngs_html_and_json_with_real_numbers(demo_run: tuple[Path, str, 
     data = json.loads((out / "results.json").read_text())
     assert data["schema_version"] == 1
     assert data["device"] == "cpu" and data["epochs"] == 1
+    assert data["device_name"].endswith("1 torch thread)")  # --threads defaults to 1
     assert sorted(data["files"]) == ["accuracy.png", "loss_curves.png", "loss_scale.png",
                                      "report.html", "results.json"]
     fp32, o2 = data["runs"]

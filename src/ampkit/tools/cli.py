@@ -12,6 +12,9 @@ Options of ``ampkit demo``:
   listed dtype (``--dtypes`` alone filters the default set). Case does not matter.
 * ``--epochs`` (default 5), ``--seed`` (default 0), ``--device`` (``auto``, ``cpu``,
   ``cuda``, ``cuda:<index>``), ``--out`` (default ``./ampkit-report``).
+* ``--threads`` (default 1): torch's CPU threads. The model is tiny (64 images of 8x8
+  per step), so more threads only add synchronisation, and on cores that other programs
+  keep busy they make each step many times slower.
 * ``--quiet``: no progress bars and no code listing: only the final table.
 
 Exit status: 0 on success; 2 for a bad option (argparse's message, listing the
@@ -141,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seed of the data split, the initial weights and the batch order")
     demo.add_argument("--out", default="ampkit-report",
                       help="report folder (created if needed)")
+    demo.add_argument("--threads", type=_positive_int, default=1,
+                      help="CPU threads for torch's ops; one suits the demo's tiny convolutions "
+                           "best, and stays fast when other programs keep the cores busy")
     demo.add_argument("--quiet", action="store_true",
                       help="no progress bars and no code listing: only the final table")
     return parser
@@ -236,6 +242,9 @@ def _demo(args: argparse.Namespace) -> int:
         check_output_dir(args.out)
     except OSError as error:
         return _fail(str(error))
+    import torch
+
+    torch.set_num_threads(args.threads)
     settings = DemoSettings(epochs=args.epochs, device=args.device, seed=args.seed,
                             configurations=demo_configurations(args.levels, args.dtypes))
     from rich.console import Console

@@ -256,7 +256,7 @@ def _plot_losses(result: DemoResult, path: Path) -> None:
     ax.set_xlabel("training step (dotted lines: epochs)")
     ax.set_ylabel("training loss (cross-entropy, log scale)")
     ax.set_title(f"Training loss, moving average over {window} steps (faint: every step)")
-    ax.grid(True, which="major", alpha=0.3)
+    ax.grid(True, axis="y", alpha=0.3)  # vertical lines are the epochs'
     ax.legend(ncols=2, fontsize="small")
     fig.savefig(path)
 
