@@ -77,6 +77,10 @@ _SYNONYMS: Mapping[str, str] = {
     "not_equal": "ne", "fix": "trunc", "special_expit": "sigmoid", "special_exp2": "exp2",
     "special_expm1": "expm1", "special_log1p": "log1p", "special_round": "round",
     "special_log_softmax": "log_softmax", "special_softmax": "softmax",
+    # Builtins that are one C function under two names (they compare equal, so an
+    # interception table keyed by function must give them one rule).
+    "dsmm": "mm", "spmm": "mm", "hsmm": "hspmm", "saddmm": "sspaddmm",
+    "logsigmoid": "log_sigmoid",
 }
 
 # Prefixed sub-namespaces, named the way native autocast's lists name them.
