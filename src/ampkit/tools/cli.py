@@ -42,6 +42,7 @@ from ampkit.tools.demo import (
     DEFAULT_EPOCHS,
     DTYPE_CHOICES,
     LEVEL_CHOICES,
+    TRAINING_CODE_CONTEXT,
     DemoSettings,
     RunConfig,
     RunResult,
@@ -219,8 +220,8 @@ def _print_summary(result: DemoResult, files: Any, quiet: bool, console: Console
                   highlight=False, soft_wrap=True)
     example = result.example_config
     if example is not None:
-        console.print(f"\nThe {example.name} run's ampkit code (model, optimizer and "
-                      f"batches are yours):", highlight=False)
+        console.print(f"\nThe {example.name} run's ampkit code ({TRAINING_CODE_CONTEXT}):",
+                      highlight=False)
         console.print(Syntax(result.example_code(), "python", theme="ansi_dark",
                              background_color="default"))
 

@@ -57,6 +57,7 @@ __all__ = [
     "DigitsCNN",
     "DigitsData",
     "LEVEL_CHOICES",
+    "TRAINING_CODE_CONTEXT",
     "RunConfig",
     "RunResult",
     "demo_configurations",
@@ -340,6 +341,10 @@ def _batch_order(num_train: int, batch_size: int, epochs: int,
     return order
 
 
+#: What the reader of :func:`training_code` needs around it.
+TRAINING_CODE_CONTEXT = ("after import ampkit, torch and import torch.nn.functional as F; "
+                         "model, optimizer and batches are yours")
+
 # The printed code and the code run below are kept equal by tests/test_demo.py, which
 # runs the printed text and compares its losses with the demo's, step for step.
 _TRAINING_CODE = """\
@@ -356,7 +361,7 @@ for x, y in batches:
 
 def training_code(config: RunConfig, device_type: str = "cpu") -> str:
     """The ampkit lines a configuration's run executes, to copy into a training loop
-    (``model``, ``optimizer`` and ``batches`` are yours).
+    (see :data:`TRAINING_CODE_CONTEXT` for what they assume).
 
     Example:
         >>> import torch
@@ -577,9 +582,9 @@ def _run_one(config: RunConfig, settings: DemoSettings, data: DigitsData,
                                                  dtype=config.dtype)
         scaler = ampkit.GradScaler(device.type, **config.scaler_options)
         first = batches[0][0]
+        x, y = data.x_train[first], data.y_train[first]
         with collect_op_stats() as op_stats:
-            loss = _train_step(model, optimizer, scaler, data.x_train[first],
-                               data.y_train[first])
+            loss = _train_step(model, optimizer, scaler, x, y)
         _synchronize(device)
     step = 1
     losses.append(loss.item())

@@ -315,6 +315,8 @@ pre { background: #f6f8fa; padding: 1em; overflow-x: auto; }
 
 
 def _html_page(result: DemoResult, files: ReportFiles) -> str:
+    from ampkit.tools.demo import TRAINING_CODE_CONTEXT
+
     e = html.escape
     table = summary_table(result)
     head = "".join(f"<th>{e(c)}</th>" for c in table.columns)
@@ -336,8 +338,7 @@ def _html_page(result: DemoResult, files: ReportFiles) -> str:
     example = result.example_config
     code_section = "" if example is None else (
         f"<h2>The code of the {e(example.name)} run</h2>\n"
-        f"<p>The ampkit lines this run executed (<code>model</code>, "
-        f"<code>optimizer</code> and <code>batches</code> are yours):</p>\n"
+        f"<p>The ampkit lines this run executed ({e(TRAINING_CODE_CONTEXT)}):</p>\n"
         f"<pre><code>{e(code)}</code></pre>")
     op_tables = "\n".join(
         f"<details><summary>{e(run.name)}: {run.low_precision_share:.0%} of floating-point "
