@@ -24,6 +24,8 @@ What differs from MXNet, on purpose:
 
 * :func:`init` opens its region in the *calling thread* (ampkit's regions are
   thread-local, like ``torch.autocast``); call it in each thread that runs the model.
+  The region caches no weight casts (it never closes, and the weights change at every
+  step), so a weight used by several ops is cast at each use.
   A second ``init`` with the same arguments does nothing, as in MXNet; one with other
   arguments is a ``RuntimeError`` (MXNet ignored it silently). :func:`deinit` (an
   ampkit extra) closes the region and allows a new ``init``.
@@ -396,7 +398,10 @@ def init(target_dtype: str | torch.dtype = "float16",
                                "first to start over)")
         current = _init
     if _thread.region is None:
-        region = autocast(current.device_type, current.policy.dtype, policy=current.policy)
+        # No weight-cast cache: the region never closes, so cached low-precision copies
+        # of the weights would outlive the optimizer steps that change the weights.
+        region = autocast(current.device_type, current.policy.dtype, policy=current.policy,
+                          cache_enabled=False)
         region.__enter__()
         _thread.region = region
 

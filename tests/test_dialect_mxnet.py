@@ -1,0 +1,321 @@
+"""ampkit.mxnet: amp_cast / amp_multicast, init and its lists, model conversion, and the
+trainer's loss scaling."""
+
+from __future__ import annotations
+
+import glob
+import re
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ampkit.mxnet as amp
+from ampkit.presets import MXNET_CONDITIONAL_FP32_FUNCS, MXNET_CONDITIONAL_FP32_OPS
+
+BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+
+
+@pytest.fixture(autouse=True)
+def _fresh_init() -> Iterator[None]:
+    amp.deinit()
+    yield
+    amp.deinit()
+
+
+# -- amp_cast: the seed (000) -----------------------------------------------------------------
+
+SEED_DTYPES = ["float16", "float32", "float64", "int32", "int64", "int8", "uint8"]
+
+
+def test_copied_dtypes_equal_the_seed_file() -> None:
+    paths = glob.glob("/work/shared/seeds/000_*.txt")
+    if not paths:
+        pytest.skip("the seed file is outside the repository and not present here")
+    with open(paths[0], encoding="utf-8") as f:
+        text = f.read()
+    block = text[text.index("``dtype``"):text.index("required")]
+    assert re.findall(r"'(\w+)'", block) == SEED_DTYPES
+
+
+TORCH = {"float16": FP16, "float32": FP32, "float64": FP64, "int32": torch.int32,
+         "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8, "bfloat16": BF16}
+
+
+@pytest.mark.parametrize("target", [*SEED_DTYPES, "bfloat16"])
+@pytest.mark.parametrize("source", [*SEED_DTYPES, "bfloat16"])
+def test_amp_cast_only_casts_between_low_precision_and_fp32(source: str, target: str) -> None:
+    data = torch.tensor([1.5, 2.0]).to(TORCH[source])
+    out = amp.amp_cast(data, target)
+    amp_pair = {source, target} in ({"float16", "float32"}, {"bfloat16", "float32"})
+    assert out.dtype == (TORCH[target] if amp_pair else TORCH[source])
+    assert torch.equal(out.double(), data.double())
+
+
+def test_amp_cast_accepts_torch_and_numpy_dtypes() -> None:
+    x = torch.ones(2)
+    assert amp.amp_cast(x, torch.float16).dtype == FP16
+    assert amp.amp_cast(x, np.float16).dtype == FP16
+    assert amp.amp_cast(x.half(), np.dtype("float32")).dtype == FP32
+
+
+def test_amp_cast_errors() -> None:
+    with pytest.raises(ValueError, match=r"dtype must be one of \['float16', 'float32', "
+                                         r"'float64', 'int32', 'int64', 'int8', 'uint8', "
+                                         r"'bfloat16'\]"):
+        amp.amp_cast(torch.ones(1), "float8")
+    with pytest.raises(TypeError, match=r"data must be a torch\.Tensor"):
+        amp.amp_cast(1.0, "float16")
+
+
+def test_amp_multicast() -> None:
+    h, f, b = torch.ones(1, dtype=FP16), torch.ones(1), torch.ones(1, dtype=BF16)
+    i = torch.ones(1, dtype=torch.int64)
+    assert [t.dtype for t in amp.amp_multicast(h, f, i, num_outputs=3)] == [FP32, FP32,
+                                                                            torch.int64]
+    assert [t.dtype for t in amp.amp_multicast(h, f, num_outputs=2, cast_narrow=True)] == [
+        FP16, FP16]
+    assert [t.dtype for t in amp.amp_multicast(h, b, num_outputs=2)] == [FP32, FP32]
+    single = amp.amp_multicast(h, num_outputs=1)
+    assert isinstance(single, torch.Tensor) and single.dtype == FP16
+    with pytest.raises(ValueError, match=r"num_outputs must equal the number of inputs \(2\)"):
+        amp.amp_multicast(h, f, num_outputs=3)
+    with pytest.raises(ValueError, match="cast_narrow: inputs mix float16 and bfloat16"):
+        amp.amp_multicast(h, b, num_outputs=2, cast_narrow=True)
+
+
+# -- init: MXNet's lists, process-wide in the calling thread ----------------------------------
+
+def _dtypes_under_init() -> dict[str, torch.dtype]:
+    x16, x32 = torch.rand(2, 4, dtype=FP16), torch.rand(2, 4)
+    img = torch.rand(1, 2, 5, 5)
+    return {
+        "FullyConnected": F.linear(x32, torch.rand(3, 4)).dtype,
+        "Convolution": F.conv2d(img, torch.rand(2, 2, 3, 3)).dtype,
+        "RNN": nn.LSTM(4, 3)(x32.unsqueeze(1))[0].dtype,
+        "exp": torch.exp(x16).dtype,
+        "softmax": torch.softmax(x16, -1).dtype,
+        "Activation softrelu": F.softplus(x16).dtype,
+        "LeakyReLU elu": F.elu(x16).dtype,
+        "relu (untouched)": torch.relu(x16).dtype,
+        "dot fp16": (x16 @ x16.T).dtype,
+        "dot mixed": torch.matmul(x16, x32.T).dtype,
+        "concat mixed": torch.cat([x16, x32]).dtype,
+        "elemwise_add mixed": (x16 + x32).dtype,
+    }
+
+
+def test_init_float16_lists() -> None:
+    amp.init("float16", device_type="cpu")
+    assert _dtypes_under_init() == {
+        "FullyConnected": FP16, "Convolution": FP16, "RNN": FP16, "exp": FP32,
+        "softmax": FP32, "Activation softrelu": FP32, "LeakyReLU elu": FP32,
+        "relu (untouched)": FP16, "dot fp16": FP16, "dot mixed": FP32, "concat mixed": FP32,
+        "elemwise_add mixed": FP32}
+
+
+def test_init_bfloat16_lists_move_rnn_to_fp32() -> None:
+    amp.init("bfloat16", device_type="cpu")
+    got = _dtypes_under_init()
+    assert got["FullyConnected"] == BF16 and got["Convolution"] == BF16
+    assert got["RNN"] == FP32
+
+
+def test_default_conditional_ops_translate_to_torch_ops() -> None:
+    assert {amp.CONDITIONAL_OPS[(op, p, v)] for op, p, values in MXNET_CONDITIONAL_FP32_FUNCS
+            for v in values} == set(MXNET_CONDITIONAL_FP32_OPS) == {"softplus", "elu", "selu"}
+
+
+def test_init_lists_replace_the_defaults() -> None:
+    amp.init("float16", target_precision_ops=["relu"], fp32_ops=["FullyConnected"],
+             conditional_fp32_ops=[("Activation", "act_type", ["tanh"])], device_type="cpu")
+    x = torch.rand(2, 4)
+    assert torch.relu(x).dtype == FP16
+    assert F.linear(x, torch.rand(3, 4)).dtype == FP32
+    assert torch.tanh(x.half()).dtype == FP32
+    assert torch.exp(x.half()).dtype == FP16  # no longer on the fp32 list
+    assert F.conv2d(torch.rand(1, 1, 3, 3), torch.rand(1, 1, 2, 2)).dtype == FP32
+
+
+def test_init_covers_the_calling_thread_only_and_is_idempotent() -> None:
+    amp.init(device_type="cpu")
+    amp.init(device_type="cpu")  # same arguments: nothing happens, as in MXNet
+    seen: list[torch.dtype] = []
+    worker = threading.Thread(target=lambda: seen.append(
+        F.linear(torch.rand(2, 3), torch.rand(4, 3)).dtype))
+    worker.start()
+    worker.join()
+    assert seen == [FP32]
+    assert F.linear(torch.rand(2, 3), torch.rand(4, 3)).dtype == FP16
+    amp.deinit()
+    assert F.linear(torch.rand(2, 3), torch.rand(4, 3)).dtype == FP32
+
+
+def test_init_region_sees_weights_changed_by_the_optimizer() -> None:
+    amp.init(device_type="cpu")
+    lin = nn.Linear(4, 2)
+    x = torch.rand(3, 4)
+    lin(x).sum().backward()
+    torch.optim.SGD(lin.parameters(), lr=1.0).step()
+    expected = F.linear(x.half(), lin.weight.detach().half(), lin.bias.detach().half())
+    assert torch.equal(lin(x), expected)
+
+
+def test_init_errors() -> None:
+    with pytest.raises(ValueError, match="target_dtype must be 'float16' or 'bfloat16'"):
+        amp.init("float32")
+    with pytest.raises(ValueError, match=r"target_precision_ops: unknown op name "
+                                         r"'FullyConected'.*did you mean.*'FullyConnected'"):
+        amp.init(target_precision_ops=["FullyConected"])
+    with pytest.raises(ValueError, match=r"\('Activation', 'act_type', 'swish'\) has no "
+                                         r"torch counterpart"):
+        amp.init(conditional_fp32_ops=[("Activation", "act_type", ["swish"])])
+    with pytest.raises(TypeError, match="each entry must be"):
+        amp.init(conditional_fp32_ops=[("Activation", "softrelu")])
+    with pytest.raises(ValueError, match="in both target_precision_ops and fp32_ops"):
+        amp.init(target_precision_ops=["exp"], fp32_ops=["exp"])
+    amp.init("float16", device_type="cpu")
+    with pytest.raises(RuntimeError, match="already called with other arguments"):
+        amp.init("bfloat16", device_type="cpu")
+
+
+def test_deinit_refuses_while_a_nested_region_is_open() -> None:
+    import ampkit
+
+    amp.init(device_type="cpu")
+    with ampkit.autocast("cpu", BF16), pytest.raises(RuntimeError, match="another autocast"):
+        amp.deinit()
+
+
+# -- convert_model / convert_hybrid_block ---------------------------------------------------
+
+def _block() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 3))
+
+
+def test_convert_hybrid_block_outputs_fp32_and_keeps_parameters() -> None:
+    net = _block()
+    seen = {}
+    for name in ("0", "2"):
+        net.get_submodule(name).register_forward_hook(
+            lambda m, i, o, name=name: seen.__setitem__(name, o.dtype))
+    out = amp.convert_hybrid_block(net, "float16")(torch.rand(4, 6))
+    assert out.dtype == FP32
+    assert seen == {"0": FP16, "2": FP16}
+    assert {p.dtype for p in net.parameters()} == {FP32}
+
+
+def test_excluded_sym_names_run_in_fp32() -> None:
+    net = _block()
+    x = torch.rand(4, 6)
+    first = F.linear(x.half(), net[0].weight.half(), net[0].bias.half())
+    expected = net[2](net[1](first.float()))  # layer 2 excluded: fp32
+    amp.convert_hybrid_block(net, "float16", excluded_sym_names=["2"])
+    assert torch.allclose(net(x), expected, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="no module named '5'"):
+        amp.convert_hybrid_block(_block(), excluded_sym_names=["5"])
+
+
+def test_cast_optional_params_casts_only_low_precision_ops_parameters() -> None:
+    net = amp.convert_model(_block(), "bfloat16", cast_optional_params=True)
+    assert [p.dtype for p in net.parameters()] == [BF16, BF16, FP32, FP32, BF16, BF16]
+    assert net(torch.rand(2, 6)).dtype == FP32
+
+
+def test_convert_errors() -> None:
+    with pytest.raises(TypeError, match=r"block must be a torch\.nn\.Module"):
+        amp.convert_hybrid_block("net")
+    with pytest.raises(ValueError, match="in both target_dtype_ops and fp32_ops"):
+        amp.convert_hybrid_block(_block(), target_dtype_ops=["FullyConnected"],
+                                 fp32_ops=["FullyConnected"])
+
+
+# -- loss scaling ---------------------------------------------------------------------------
+
+def test_loss_scaler_numbers_are_mxnets() -> None:
+    w = nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.0)
+    scaler = amp.LossScaler(device="cpu")
+    assert scaler.loss_scale == 2.0 ** 16
+    state = scaler.state_dict()
+    scaler.load_state_dict({**state, "scale": 2.0 ** 24, "_growth_tracker": 1999})
+    for finite in (True, False):
+        scaler.scale(w.sum() * (1.0 if finite else float("inf"))).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    # the 2000th clean step would double the scale: the cap keeps it at 2**24; then halving
+    assert scaler.loss_scale == 2.0 ** 23
+
+
+def test_trainer_errors() -> None:
+    w = nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.1)
+    with pytest.raises(RuntimeError, match=r"call amp.init\(\) first"):
+        amp.init_trainer(opt)
+    amp.init(device_type="cpu")
+    with pytest.raises(TypeError, match=r"must be a torch\.optim\.Optimizer"):
+        amp.init_trainer(object())
+    with (pytest.raises(RuntimeError, match=r"did you forget to call amp\.init_trainer"),
+          amp.scale_loss(w.sum(), opt)):
+        pass
+    amp.init_trainer(opt)
+    with pytest.raises(RuntimeError, match="already called for this optimizer"):
+        amp.init_trainer(opt)
+
+
+def test_first_trainer_gets_the_init_scaler_later_ones_their_own() -> None:
+    amp.init(device_type="cpu")
+    opts = [torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1) for _ in range(2)]
+    for opt in opts:
+        amp.init_trainer(opt)
+    assert opts[0]._amp_loss_scaler is not opts[1]._amp_loss_scaler
+
+
+def test_scale_loss_list_and_unscale() -> None:
+    amp.init(device_type="cpu")
+    w = nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.5)
+    amp.init_trainer(opt)
+    with amp.scale_loss([w.sum(), 2 * w.sum()], opt) as scaled:
+        assert [s.item() for s in scaled] == [2.0 ** 16, 2.0 ** 17]
+        (scaled[0] + scaled[1]).backward()
+    amp.unscale(opt)
+    assert w.grad.item() == 3.0
+    torch.nn.utils.clip_grad_norm_([w], 1.0)
+    expected = (torch.ones(1) - 0.5 * w.grad).item()
+    opt.step()  # applies the clipped gradient; does not divide again
+    assert w.item() == expected and expected < 0.51
+
+
+def test_training_on_digits_with_an_injected_overflow() -> None:
+    from helpers_models import digits_split
+
+    x_train, y_train, _, _ = digits_split()
+    x_train = x_train.flatten(1)
+    amp.init("float16", device_type="cpu")
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    amp.init_trainer(opt)
+    losses = []
+    for step in range(30):
+        idx = torch.arange(step * 32, step * 32 + 32) % len(y_train)
+        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+        if step == 4:
+            loss = loss * float("inf")
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+        opt.step()
+        unchanged = all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+        assert unchanged == (step == 4)
+        if step == 4:
+            assert opt._amp_loss_scaler.loss_scale == 2.0 ** 15
+        else:
+            losses.append(loss.item())
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
