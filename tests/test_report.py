@@ -3,6 +3,7 @@
 import html
 import json
 import math
+import re
 from pathlib import Path
 
 import matplotlib.image
@@ -123,6 +124,6 @@ def test_check_output_dir_errors_name_the_folder(tmp_path: Path, make, error,
                                                  reason: str) -> None:
     (tmp_path / "file").write_text("x")
     target = make(tmp_path)
-    with pytest.raises(error, match=f"cannot write the report to '{target}': {reason}"):
+    with pytest.raises(error, match=re.escape(f"cannot write the report to '{target}': {reason}")):
         check_output_dir(target)
     assert (tmp_path / "file").read_text() == "x"

@@ -128,12 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "level, and write a report",
         description="Train the same small CNN on scikit-learn's digits (no download) once "
                     "per configuration, print a table and the ampkit code of the O2 run, "
-                    "and write plots, an HTML page and JSON to --out.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "and write plots, an HTML page and JSON to --out.")
     demo.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
-                      help="training epochs per run")
+                      help=f"training epochs per run (default: {DEFAULT_EPOCHS})")
     demo.add_argument("--device", type=_device_name, default="auto",
-                      help=f"one of {_DEVICE_CHOICES}; auto: CUDA when available, else CPU")
+                      help=f"one of {_DEVICE_CHOICES} (default: auto, which is CUDA when "
+                           "available, else CPU)")
     demo.add_argument("--levels", type=_choice_list(LEVEL_CHOICES), action="extend",
                       help=f"comma-separated, among {', '.join(LEVEL_CHOICES)} (O0 = fp32); "
                            "default: fp32,O1,O2,O3 without O3-fp16. Given, every listed "
@@ -142,12 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"comma-separated, among {', '.join(DTYPE_CHOICES)} (default: "
                            "both); fp16 runs use dynamic loss scaling")
     demo.add_argument("--seed", type=_non_negative_int, default=0,
-                      help="seed of the data split, the initial weights and the batch order")
+                      help="seed of the data split, the initial weights and the batch order "
+                           "(default: 0)")
     demo.add_argument("--out", default="ampkit-report",
-                      help="report folder (created if needed)")
+                      help="report folder, created if needed (default: ampkit-report)")
     demo.add_argument("--threads", type=_positive_int, default=1,
                       help="CPU threads for torch's ops; one suits the demo's tiny convolutions "
-                           "best, and stays fast when other programs keep the cores busy")
+                           "best, and stays fast when other programs keep the cores busy "
+                           "(default: 1)")
     demo.add_argument("--quiet", action="store_true",
                       help="no progress bars and no code listing: only the final table")
     return parser
