@@ -1,0 +1,311 @@
+"""ampkit.apex: initialize with apex's opt_level table and checks, scale_loss, state_dict,
+user functions, disable_casts; differential against torch.autocast + GradScaler."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ampkit
+import ampkit.apex as amp
+from ampkit.dialects import apex as apex_module
+from ampkit.function_patching import unregister_function
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+# -- the seed's example (002), on CPU -------------------------------------------------------
+
+def test_seed_example_runs() -> None:
+    d_in, d_out = 8, 4
+    model = torch.nn.Linear(d_in, d_out)  # the seed's .cuda() dropped: CPU here
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+    before = model.weight.detach().clone()
+    loss = model(torch.rand(16, d_in)).float().pow(2).mean()
+    with amp.scale_loss(loss, optimizer) as scaled_loss:
+        scaled_loss.backward()
+    optimizer.step()
+    assert not torch.equal(model.weight, before)
+
+
+def test_seed_example_with_half_model_is_refused_as_apex_did() -> None:
+    # The seed's example calls .half() on the model, which its own text forbids; apex
+    # refused such a model, and so does ampkit.apex.
+    model = torch.nn.Linear(8, 4).half()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with pytest.raises(RuntimeError, match=r"do not call \.half\(\) on it first"):
+        amp.initialize(model, optimizer, opt_level="O1", verbosity=0)
+
+
+# -- the opt_level table --------------------------------------------------------------------
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.LayerNorm(6), nn.Linear(6, 3))
+
+
+# level: first Linear, BatchNorm, LayerNorm, optimizer params, output, loss scale
+OPT_LEVEL_TABLE = {
+    "O0": (FP32, FP32, FP32, {FP32}, FP32, 1.0),
+    "O1": (FP32, FP32, FP32, {FP32}, FP16, 65536.0),
+    "O2": (FP16, FP32, FP16, {FP32}, FP32, 65536.0),
+    "O3": (FP16, FP16, FP16, {FP16}, FP32, 1.0),
+}
+
+
+@pytest.mark.parametrize("opt_level", list(OPT_LEVEL_TABLE))
+def test_opt_level_table(opt_level: str) -> None:
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt = amp.initialize(net, opt, opt_level=opt_level, verbosity=0)
+    out = net(torch.rand(4, 6))
+    got = (net[0].weight.dtype, net[1].weight.dtype, net[2].weight.dtype,
+           {p.dtype for g in opt.param_groups for p in g["params"]}, out.dtype,
+           amp.state_dict()["loss_scaler0"]["loss_scale"])
+    assert got == OPT_LEVEL_TABLE[opt_level]
+
+
+def test_properties_table_is_apexs() -> None:
+    rows = {level: (p.cast_model_type, p.patch_torch_functions, p.keep_batchnorm_fp32,
+                    p.master_weights, p.loss_scale) for level, p in amp.OPT_LEVELS.items()}
+    assert rows == {"O0": (FP32, False, None, False, 1.0),
+                    "O1": (None, True, None, None, "dynamic"),
+                    "O2": (FP16, False, True, True, "dynamic"),
+                    "O3": (FP16, False, False, False, 1.0)}
+
+
+def test_o2_does_not_patch_ops_and_o1_does() -> None:
+    x = torch.rand(3, 4)
+
+    class Probe(nn.Module):
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            self.seen = (torch.mm(h.float(), h.float().T).dtype, torch.prod(h).dtype)
+            return h
+
+    for level, expected in (("O1", (FP16, FP32)), ("O2", (FP32, FP16))):
+        net = nn.Sequential(nn.Linear(4, 4), Probe())
+        amp.initialize(net, opt_level=level, verbosity=0)
+        net(x)
+        assert net[1].seen == expected, level
+
+
+def test_bfloat16_on_cpu() -> None:
+    net = _net()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    net, opt = amp.initialize(net, opt, opt_level="O2", cast_model_type=BF16, verbosity=0)
+    assert net[0].weight.dtype == BF16 and net[1].weight.dtype == FP32
+    with amp.scale_loss(net(torch.rand(4, 6)).sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert {p.dtype for p in amp.master_params(opt)} == {FP32}
+    lin = amp.initialize(nn.Linear(3, 3), opt_level="O1", dtype=BF16, verbosity=0)
+    assert lin(torch.rand(2, 3)).dtype == BF16
+
+
+def test_overrides_and_verbosity(capsys: pytest.CaptureFixture[str]) -> None:
+    net = amp.initialize(_net(), opt_level="O3", keep_batchnorm_fp32="True", loss_scale="128",
+                         cast_model_outputs=FP16)
+    assert net[1].weight.dtype == FP32 and net[2].weight.dtype == FP16
+    assert net(torch.rand(4, 6)).dtype == FP16
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 128.0
+    printed = capsys.readouterr().out
+    assert "opt_level O3" in printed and "keep_batchnorm_fp32    : True" in printed
+
+
+# -- apex's errors --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"opt_level": "O4"}, "unexpected opt_level 'O4'"),
+    ({"opt_level": "00"}, "the letter O, not the digit zero"),
+    ({"opt_level": "O1", "cast_model_type": FP16}, "cast_model_type must be None or"),
+    ({"opt_level": "O2", "patch_torch_functions": True}, "only meaningful with opt_level"),
+    ({"opt_level": "O1", "keep_batchnorm_fp32": True}, "keep_batchnorm_fp32 must be None"),
+    ({"opt_level": "O1", "master_weights": True}, "master_weights make no sense"),
+])
+def test_nonsensical_overrides_are_runtime_errors(kwargs: dict, match: str) -> None:
+    with pytest.raises(RuntimeError, match=match):
+        amp.initialize(_net(), verbosity=0, **kwargs)
+
+
+def test_wrapped_model_is_a_runtime_error() -> None:
+    with pytest.raises(RuntimeError, match="DataParallel"):
+        amp.initialize(nn.DataParallel(_net()), opt_level="O2", verbosity=0)
+
+
+def test_bad_values_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="loss_scale must be 'dynamic' or a positive number"):
+        amp.initialize(_net(), opt_level="O1", loss_scale=-1, verbosity=0)
+    with pytest.raises(ValueError, match=r"dtype \(.*\) contradicts cast_model_type"):
+        amp.initialize(_net(), opt_level="O2", cast_model_type=FP16, dtype=BF16, verbosity=0)
+
+
+def test_scale_loss_before_initialize_is_a_runtime_error(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.setattr(apex_module, "_state", None)
+    w = nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([w], lr=0.1)
+    with (pytest.raises(RuntimeError, match=r"before amp\.initialize"),
+          amp.scale_loss(w.sum(), opt)):
+        pass
+    with pytest.raises(RuntimeError, match=r"before amp\.initialize"):
+        amp.state_dict()
+
+
+def test_disabled_changes_nothing() -> None:
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    out = amp.initialize(net, opt, enabled=False, opt_level="O2")
+    assert out == (net, opt) and net[0].weight.dtype == FP32
+    loss = net(torch.rand(4, 6)).sum()
+    with amp.scale_loss(loss, opt) as scaled:
+        assert scaled is loss
+
+
+# -- several losses, checkpoints ------------------------------------------------------------
+
+def test_num_losses_and_state_dict_round_trip() -> None:
+    net = nn.Linear(2, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt = amp.initialize(net, opt, opt_level="O1", num_losses=2, verbosity=0)
+    x = torch.rand(3, 2)
+    with amp.scale_loss(net(x).float().mean(), opt, loss_id=0) as scaled:
+        scaled.backward()
+    with amp.scale_loss(net(x).float().mean() * float("inf"), opt, loss_id=1) as scaled:
+        scaled.backward()
+    before = net.weight.detach().clone()
+    opt.step()  # loss 1 overflowed: skipped
+    assert torch.equal(net.weight, before)
+    saved = amp.state_dict()
+    assert saved == {"loss_scaler0": {"loss_scale": 65536.0, "unskipped": 1},
+                     "loss_scaler1": {"loss_scale": 32768.0, "unskipped": 0}}
+    amp.initialize(nn.Linear(2, 2), opt_level="O1", num_losses=2, verbosity=0)
+    amp.load_state_dict(saved)
+    assert amp.state_dict() == saved
+    with pytest.raises(RuntimeError, match="unexpected key"):
+        amp.load_state_dict({**saved, "optimizer": {}})
+    with pytest.raises(RuntimeError, match="holds 1 loss scaler"):
+        amp.load_state_dict({"loss_scaler0": saved["loss_scaler0"]})
+
+
+def test_master_params_are_the_fp32_masters_at_o2() -> None:
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt = amp.initialize(net, opt, opt_level="O2", verbosity=0)
+    masters = list(amp.master_params(opt))
+    assert len(masters) == len(list(net.parameters()))
+    assert {p.dtype for p in masters} == {FP32}
+    assert torch.equal(masters[0].to(FP16), net[0].weight)
+
+
+# -- user functions and disable_casts -------------------------------------------------------
+
+def test_register_functions() -> None:
+    ext = types.SimpleNamespace(
+        half=lambda x: x * 2, float=lambda x: x.sum(), promote=lambda a, b: a + b)
+    amp.register_half_function(ext, "half")
+    amp.register_float_function(ext, "float")
+    amp.register_promote_function(ext, "promote")
+    try:
+        x16, x32 = torch.ones(2, dtype=FP16), torch.ones(2)
+        net = nn.Linear(2, 2)
+        amp.initialize(net, opt_level="O1", verbosity=0)
+        with ampkit.autocast("cpu", FP16):
+            assert ext.half(x32).dtype == FP16
+            assert ext.float(x16).dtype == FP32
+            assert ext.promote(x16, x32).dtype == FP32
+            assert ext.promote(x16, x16).dtype == FP16
+            with amp.disable_casts():
+                assert ext.half(x32).dtype == FP32
+                assert torch.mm(x32[None], x32[:, None]).dtype == FP32
+        assert ext.half(x32).dtype == FP32  # outside autocast: the plain function
+    finally:
+        for name in ("half", "float", "promote"):
+            unregister_function(ext, name)
+    with pytest.raises(ValueError, match="no function named 'missing'"):
+        amp.register_half_function(ext, "missing")
+
+
+def test_registered_function_inside_an_o1_model_forward() -> None:
+    helpers = types.SimpleNamespace(norm=lambda h: h / h.norm())
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return helpers.norm(self.lin(x))
+
+    amp.register_float_function(helpers, "norm")
+    try:
+        net = amp.initialize(Net(), opt_level="O1", verbosity=0)
+        assert net(torch.rand(2, 4)).dtype == FP32
+    finally:
+        unregister_function(helpers, "norm")
+
+
+# -- differential: O1 is torch.autocast + GradScaler (with apex's 2**24 cap) -----------------
+
+def test_o1_training_equals_torch_autocast_and_grad_scaler() -> None:
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    mine = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    mine.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(mine.parameters(), lr=0.05, momentum=0.9)
+    mine, opt = amp.initialize(mine, opt, opt_level="O1", verbosity=0)
+    scaler = torch.amp.GradScaler("cpu")
+    for step in range(6):
+        x, y = torch.rand(5, 8), torch.randint(0, 4, (5,))
+        blow_up = float("inf") if step == 3 else 1.0
+        with torch.autocast("cpu", FP16):
+            out_ref = ref(x)
+        loss_ref = F.cross_entropy(out_ref.float(), y) * blow_up
+        opt_ref.zero_grad()
+        scaler.scale(loss_ref).backward()
+        scaler.step(opt_ref)
+        scaler.update()
+        loss = F.cross_entropy(mine(x).float(), y) * blow_up
+        opt.zero_grad()
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+        opt.step()
+        for p, q in zip(mine.parameters(), ref.parameters()):
+            assert torch.equal(p, q), step
+        assert amp.state_dict()["loss_scaler0"]["loss_scale"] == scaler.get_scale()
+
+
+# -- a short training run through apex's API only -------------------------------------------
+
+def test_training_on_digits_o2_with_an_injected_overflow() -> None:
+    from helpers_models import digits_split
+
+    x_train, y_train, _, _ = digits_split()
+    x_train = x_train.flatten(1)
+    model = nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O2", verbosity=0)
+    losses = []
+    for step in range(30):
+        idx = torch.arange(step * 32, step * 32 + 32) % len(y_train)
+        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+        if step == 6:
+            loss = loss * float("inf")
+        before = [p.detach().clone() for p in [*model.parameters(),
+                                               *amp.master_params(optimizer)]]
+        optimizer.zero_grad()
+        with amp.scale_loss(loss, optimizer) as scaled_loss:
+            scaled_loss.backward()
+        optimizer.step()
+        after = [*model.parameters(), *amp.master_params(optimizer)]
+        unchanged = all(torch.equal(p, b) for p, b in zip(after, before))
+        assert unchanged == (step == 6)
+        if step != 6:
+            losses.append(loss.item())
+    assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 32768.0, "unskipped": 23}
+    assert model[0].weight.dtype == FP16
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
