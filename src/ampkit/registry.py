@@ -181,7 +181,7 @@ FRAMEWORK_ALIASES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyTyp
         "radians": ("deg2rad",), "erfinv": ("erfinv",), "gamma": ("lgamma",),
         "gammaln": ("lgamma",), "cumsum": ("cumsum",),
         # names on MXNet's AMP lists (python/mxnet/contrib/amp/lists/symbol_fp16.py)
-        "_plus": ("add",), "_Plus": ("add",), "_Minus": ("sub",), "_sub": ("sub",),
+        "_Plus": ("add",), "_Minus": ("sub",), "_sub": ("sub",),
         "_Mul": ("mul",), "_Div": ("div",), "_mod": ("remainder",), "_Mod": ("remainder",),
         "broadcast_mod": ("remainder",), "_equal": ("eq",), "_Equal": ("eq",),
         "broadcast_equal": ("eq",), "_not_equal": ("ne",), "_Not_Equal": ("ne",),
