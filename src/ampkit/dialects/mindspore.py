@@ -473,11 +473,23 @@ class LossScaleManager(abc.ABC):
 
     @abc.abstractmethod
     def get_loss_scale(self) -> float:
-        """The starting loss scale."""
+        """The starting loss scale.
+
+        Example:
+            >>> import ampkit.mindspore as amp
+            >>> amp.DynamicLossScaleManager().get_loss_scale()
+            16777216.0
+        """
 
     @abc.abstractmethod
     def get_drop_overflow_update(self) -> bool:
-        """Whether a step with inf/NaN gradients is skipped."""
+        """Whether a step with inf/NaN gradients is skipped.
+
+        Example:
+            >>> import ampkit.mindspore as amp
+            >>> amp.FixedLossScaleManager(drop_overflow_update=False).get_drop_overflow_update()
+            False
+        """
 
 
 class FixedLossScaleManager(LossScaleManager):
