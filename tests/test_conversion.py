@@ -175,7 +175,7 @@ def test_foreign_module_instance_is_refused():
 
 
 def test_bad_selector_type():
-    with pytest.raises(TypeError, match="keep_fp32_modules: expected nn.Module subclasses"):
+    with pytest.raises(TypeError, match=r"keep_fp32_modules: expected nn.Module subclasses"):
         convert_model(nn.Linear(2, 2), "O2", BF16, keep_fp32_modules=[3])
 
 
@@ -305,7 +305,7 @@ def test_module_white_list_covers_ops_that_native_autocast_keeps_fp32():
 
 
 def test_white_list_with_low_precision_parameters_is_refused():
-    with pytest.raises(ValueError, match="param_dtype must be None or torch.float32"):
+    with pytest.raises(ValueError, match=r"param_dtype must be None or torch.float32"):
         ConversionConfig(low_precision_modules=(nn.Linear,), compute_dtype=BF16,
                          param_dtype=BF16)
     with pytest.raises(ValueError, match="low_precision_modules needs compute_dtype"):
@@ -459,14 +459,14 @@ def test_threads_run_converted_models_independently():
 
 @pytest.mark.parametrize("bad", [None, "model", torch.ones(2), [nn.Linear(2, 2)]])
 def test_not_a_module_is_a_type_error(bad):
-    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"model must be a torch.nn.Module"):
         convert_model(bad, "O2", BF16)
 
 
 def test_unknown_level_and_dtype():
     with pytest.raises(ValueError, match=r"level must be one of \['O0', 'O1', 'O2', 'O3'\]"):
         convert_model(nn.Linear(2, 2), "O5", BF16)
-    with pytest.raises(ValueError, match="dtype must be torch.float16 or torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"dtype must be torch.float16 or torch.bfloat16"):
         convert_model(nn.Linear(2, 2), "O2", torch.int8)
 
 
@@ -485,8 +485,8 @@ def test_lazy_modules_must_be_initialized_first():
 
 def test_wrapped_models_are_refused():
     wrapped = nn.DataParallel(nn.Linear(2, 2))
-    with pytest.raises(RuntimeError, match="wrapped in DataParallel; call ampkit.initialize / "
-                                           "convert_model on the bare model first"):
+    with pytest.raises(RuntimeError, match=r"wrapped in DataParallel; call ampkit.initialize / "
+                                           r"convert_model on the bare model first"):
         convert_model(wrapped, "O2", BF16)
     inner = nn.Sequential(nn.DataParallel(nn.Linear(2, 2)))
     with pytest.raises(RuntimeError, match=r"its submodule '0'\) is wrapped in DataParallel"):
@@ -509,3 +509,74 @@ def test_config_field_checks():
         ConversionConfig(policy="torch")
     with pytest.raises(ValueError, match="patch_ops=False does not do"):
         ConversionConfig.for_level("O3", BF16, custom_white_list=["add"])
+
+
+# -- kept-fp32 modules save their low-precision input, not its fp32 copy ----------------
+
+def _o2_block():
+    torch.manual_seed(8)
+    return convert_model(nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 2),
+                                       nn.BatchNorm1d(2)), "O2", BF16)
+
+
+def _grads(model, x, outer_hooks):
+    model.zero_grad()
+    if outer_hooks:  # another saved-tensor hook active: ampkit stays out of the way
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            out = model(x)
+    else:
+        out = model(x)
+    out.pow(2).sum().backward()
+    return out, [p.grad.clone() for p in model.parameters()]
+
+
+def test_saving_the_low_precision_input_changes_no_bit():
+    model, x = _o2_block(), torch.rand(5, 6)
+    out_a, grads_a = _grads(model, x, outer_hooks=False)
+    out_b, grads_b = _grads(model, x, outer_hooks=True)
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
+
+
+def test_the_fp32_copy_of_a_kept_modules_input_is_freed_after_forward():
+    import weakref
+
+    model = _o2_block()
+    seen = []
+    model[1].register_forward_pre_hook(lambda m, a: seen.append(weakref.ref(a[0])))
+    out = model(torch.rand(5, 6))
+    assert seen and seen[0]() is None  # only the bf16 input is kept for backward
+    out.sum().backward()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        out = model(torch.rand(5, 6))
+    assert seen[1]() is not None and seen[1]().dtype is FP32  # the plain way keeps it
+
+
+def test_modifying_the_saved_low_precision_input_in_place_is_caught():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.ln = nn.Linear(4, 4), nn.LayerNorm(4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            out = self.ln(h)
+            h.mul_(2)  # changes what the norm's backward needs
+            return out
+
+    model = convert_model(Net(), "O2", BF16)
+    out = model(torch.rand(3, 4))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.pow(2).sum().backward()
+
+
+def test_activation_checkpointing_still_works():
+    from torch.utils.checkpoint import checkpoint
+
+    model, x = _o2_block(), torch.rand(5, 6)
+    model.eval()  # no BatchNorm statistics update twice in the recomputation
+    _, expected = _grads(model, x, outer_hooks=False)
+    model.zero_grad()
+    out = checkpoint(model, x, use_reentrant=False)
+    out.pow(2).sum().backward()
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected))

@@ -138,18 +138,18 @@ def test_nonsensical_overrides_are_refused_and_nothing_changes(level, overrides,
 def test_unknown_level_and_dtype():
     with pytest.raises(ValueError, match=r"level must be one of \['O0', 'O1', 'O2', 'O3'\]"):
         initialize(nn.Linear(2, 2), level="O9")
-    with pytest.raises(ValueError, match="dtype must be torch.float16 or torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"dtype must be torch.float16 or torch.bfloat16"):
         initialize(nn.Linear(2, 2), level="O2", dtype="float64")
 
 
 @pytest.mark.parametrize("bad", [None, "model", [nn.Linear(2, 2), 3], [], torch.ones(1)])
 def test_models_must_be_modules(bad):
-    with pytest.raises(TypeError, match="models must be a torch.nn.modules.module.Module"):
+    with pytest.raises(TypeError, match=r"models must be a torch.nn.modules.module.Module"):
         initialize(bad, level="O2")
 
 
 def test_optimizers_must_be_optimizers():
-    with pytest.raises(TypeError, match="optimizers must be a torch.optim.optimizer.Optimizer"):
+    with pytest.raises(TypeError, match=r"optimizers must be a torch.optim.optimizer.Optimizer"):
         initialize(nn.Linear(2, 2), [object()], level="O2")
 
 
@@ -170,8 +170,8 @@ def test_second_model_failing_leaves_the_first_unconverted():
 
 
 def test_wrapped_model_says_to_initialize_first():
-    with pytest.raises(RuntimeError, match="models\\[1\\] is wrapped in DataParallel; call "
-                                           "ampkit.initialize"):
+    with pytest.raises(RuntimeError, match=r"models\[1\] is wrapped in DataParallel; call "
+                                           r"ampkit.initialize"):
         initialize([nn.Linear(2, 2), nn.DataParallel(nn.Linear(2, 2))], level="O2")
 
 
@@ -182,9 +182,9 @@ def test_ddp_wrapped_model_says_to_initialize_first(tmp_path):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         ddp = nn.parallel.DistributedDataParallel(nn.Linear(2, 2))
-        with pytest.raises(RuntimeError, match="wrapped in DistributedDataParallel; call "
-                                               "ampkit.initialize / convert_model on the bare "
-                                               "model first, then wrap"):
+        with pytest.raises(RuntimeError, match=r"wrapped in DistributedDataParallel; call "
+                                               r"ampkit.initialize / convert_model on the bare "
+                                               r"model first, then wrap"):
             initialize(ddp, level="O2", dtype=BF16)
     finally:
         dist.destroy_process_group()

@@ -56,7 +56,7 @@ def test_unknown_level_lists_the_accepted_ones(bad):
 
 @pytest.mark.parametrize("bad", [torch.float32, torch.float64, "int8", "fp8"])
 def test_unknown_dtype_lists_the_accepted_ones(bad):
-    with pytest.raises(ValueError, match="dtype must be torch.float16 or torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"dtype must be torch.float16 or torch.bfloat16"):
         level_properties("O2", bad)
 
 

@@ -391,9 +391,9 @@ def test_moved_model_is_reported():
 
 @pytest.mark.parametrize("bad", [None, [torch.ones(1)], nn.Linear(1, 1)])
 def test_not_an_optimizer(bad):
-    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim.Optimizer"):
         MasterWeightOptimizer(bad)
-    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim.Optimizer"):
         sync_master_grads(bad)
 
 

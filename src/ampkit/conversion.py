@@ -387,8 +387,8 @@ class _Region(enum.Enum):
 
 class _RegionStack(threading.local):
     def __init__(self) -> None:
-        # (module, entered autocast or None), innermost last
-        self.entries: list[tuple[nn.Module, autocast | None]] = []
+        # (module, the contexts its boundary entered), innermost last
+        self.entries: list[tuple[nn.Module, list[Any]]] = []
 
 
 _regions = _RegionStack()
@@ -404,6 +404,23 @@ def _region_autocast(device_type: str, dtype: torch.dtype | None,
     return autocast(device_type, dtype, policy=policy)
 
 
+def _iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors inside nested lists, tuples, dicts and dataclasses, in the order
+    :func:`~ampkit.casting.cast_tree` visits them."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, list | tuple):
+        for x in obj:
+            yield from _iter_tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _iter_tensors(x)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            if f.init:
+                yield from _iter_tensors(getattr(obj, f.name))
+
+
 def _device_type(module: nn.Module, args: Any) -> str:
     """The device a module computes on: its first parameter's (or buffer's), else its
     first tensor input's."""
@@ -411,18 +428,70 @@ def _device_type(module: nn.Module, args: Any) -> str:
         return tensor.device.type
     for tensor in module.buffers():
         return tensor.device.type
-    pending = [args]
-    while pending:
-        x = pending.pop()
-        if isinstance(x, torch.Tensor):
-            return x.device.type
-        if isinstance(x, list | tuple):
-            pending.extend(reversed(x))
-        elif isinstance(x, dict):
-            pending.extend(reversed(list(x.values())))
-        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
-            pending.extend(getattr(x, f.name) for f in reversed(dataclasses.fields(x)))
+    for tensor in _iter_tensors(args):
+        return tensor.device.type
     return "cpu"
+
+
+class _LowCopy:
+    """What autograd keeps instead of an fp32 upcast of a low-precision input: the input
+    itself (half the bytes). Upcasting is exact, so unpacking gives the same bits."""
+
+    __slots__ = ("low", "version")
+
+    def __init__(self, low: torch.Tensor) -> None:
+        self.low = low
+        self.version = low._version
+
+
+class _SaveLowCopies:
+    """saved_tensors_hooks that store the low-precision original of each fp32 upcast a
+    kept-fp32 module saves for backward (norms save their input), instead of the upcast.
+
+    ``upcasts``: id(upcast) -> (upcast, original, upcast's version when made). Autograd
+    keeps the hook functions with every tensor saved meanwhile, so the table is emptied
+    on exit: otherwise it would keep the fp32 upcasts alive as long as the graph."""
+
+    __slots__ = ("hooks", "upcasts")
+
+    def __init__(self, upcasts: dict[int, tuple[torch.Tensor, torch.Tensor, int]]) -> None:
+        self.upcasts = upcasts
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack_low_copy)
+
+    def _pack(self, tensor: torch.Tensor) -> Any:
+        entry = self.upcasts.get(id(tensor))
+        # Only the untouched upcast itself: a view or an in-place-modified copy differs.
+        if entry is not None and entry[0] is tensor and tensor._version == entry[2]:
+            return _LowCopy(entry[1])
+        return tensor
+
+    def __enter__(self) -> None:
+        self.hooks.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.hooks.__exit__(*exc)
+        self.upcasts.clear()
+
+
+def _unpack_low_copy(packed: Any) -> torch.Tensor:
+    if not isinstance(packed, _LowCopy):
+        return packed
+    if packed.low._version != packed.version:
+        raise RuntimeError("one of the variables needed for gradient computation has been "
+                           "modified by an inplace operation: the low-precision input of a "
+                           "kept-fp32 module (ampkit saved it in place of its fp32 copy)")
+    return packed.low.to(torch.float32)
+
+
+def _saved_tensor_hooks_free() -> bool:
+    """True when no other saved-tensor hooks are active (activation checkpointing and
+    offloading use them; ours must not shadow theirs)."""
+    autograd = torch._C._autograd
+    try:
+        return (autograd._saved_tensors_hooks_is_enabled()
+                and autograd._top_saved_tensors_default_hooks(False) is None)
+    except (AttributeError, TypeError):  # a torch without these internals: stay out
+        return False
 
 
 class _Boundary:
@@ -443,31 +512,40 @@ class _Boundary:
 
     def before(self, module: nn.Module, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        entered: list[Any] = []
         if self.region is not _Region.UNCHANGED:
+            _regions.entries.append((module, entered))
             device_type = _device_type(module, (args, kwargs))
-            region: autocast | None
             if self.region is _Region.FP32:
                 # Nothing to switch off when no autocast is on (O3, outside regions).
-                region = (_region_autocast(device_type, None, None)
-                          if torch.is_autocast_enabled(device_type) else None)
+                if torch.is_autocast_enabled(device_type):
+                    entered.append(_region_autocast(device_type, None, None))
             else:
                 policy = self.policy if self.region is _Region.POLICY else ALL_LOW_PRECISION
-                region = _region_autocast(device_type, self.compute_dtype, policy)
-            _regions.entries.append((module, region))
-            if region is not None:
-                region.__enter__()
+                entered.append(_region_autocast(device_type, self.compute_dtype, policy))
+            for context in entered:
+                context.__enter__()
         if self.input_dtype is None:
             return None
-        return cast_tree((args, kwargs), self.input_dtype)
+        cast = cast_tree((args, kwargs), self.input_dtype)
+        if (self.region is _Region.FP32 and torch.is_grad_enabled()
+                and _saved_tensor_hooks_free()):
+            upcasts = {id(new): (new, old, new._version)
+                       for old, new in zip(_iter_tensors((args, kwargs)), _iter_tensors(cast))
+                       if new is not old and old.dtype in _LOW}
+            if upcasts:
+                hooks = _SaveLowCopies(upcasts)
+                hooks.__enter__()
+                entered.append(hooks)
+        return cast
 
     def after(self, module: nn.Module, args: Any, output: Any) -> Any:
         # Runs even when the forward raised (always_call=True), so regions always close.
         if self.region is not _Region.UNCHANGED:
             entries = _regions.entries
             if entries and entries[-1][0] is module:
-                region = entries.pop()[1]
-                if region is not None:
-                    region.__exit__(None, None, None)
+                for context in reversed(entries.pop()[1]):
+                    context.__exit__(None, None, None)
         if self.output_dtype is None or output is None:
             return None
         return cast_tree(output, self.output_dtype)

@@ -1,0 +1,123 @@
+"""Peak memory of one training step: ampkit O2 (and O1, O3) vs fp32, small transformer.
+
+A GPT-style decoder (the one in ``gpu_throughput.py``, tied head, 4 heads) trained with
+AdamW on random tokens, in three small sizes (``--preset``):
+
+* ``deep``: d=128, 8 layers, vocab 512, batch 16 x 256 tokens (activations dominate);
+* ``wide``: d=256, 4 layers, vocab 512, batch 8 x 256 (4x the parameters per layer);
+* ``big-vocab``: d=128, 4 layers, vocab 2048, batch 16 x 256 (the fp32 logits and loss,
+  which every mixed-precision mode keeps in fp32, weigh more).
+
+Each configuration starts from the same weights, takes two warm-up steps (so the
+optimizer state exists, as in any step of a real run), then one measured step:
+forward, backward, ``optimizer.step()``, ``zero_grad``.
+
+Peak = bytes held between steps (parameters, fp32 masters, optimizer state, buffers)
++ the highest point of the tensor allocations made during the step, as recorded by the
+PyTorch profiler (``profile_memory=True``); on CUDA the allocator's peak counter.
+Everything is measured in this one process, one configuration after the other.
+
+Target (issue 3): O2 <= 0.6x fp32. What O2 cannot save: the fp32 masters and fp32
+optimizer state (O2 holds 14 bytes per parameter between steps, fp32 training 12), and
+the fp32 loss path. Kept-fp32 norms cost no extra activation memory: autograd keeps
+their low-precision input, not its fp32 copy (see ``ampkit.conversion``).
+
+Run: ``python benchmarks/memory_o2.py [--preset all|deep|wide|big-vocab] [--device cpu|cuda]
+[--dtype bfloat16|float16]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gpu_throughput import (
+    GPT,
+    GPTConfig,
+    _device_name,
+    _storage_bytes,
+    live_training_tensors,
+    peak_memory,
+)
+
+import ampkit
+
+CONFIGS = ("fp32", "O1", "O2", "O3")
+PRESETS = {  # name: (dim, layers, vocab, batch, seq)
+    "deep": (128, 8, 512, 16, 256),
+    "wide": (256, 4, 512, 8, 256),
+    "big-vocab": (128, 4, 2048, 16, 256),
+}
+
+
+def measure(config: str, base: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype,
+            device: torch.device) -> tuple[int, int]:
+    """``(bytes held between steps, peak bytes of one step)``."""
+    model = copy.deepcopy(base).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    if config != "fp32":
+        model, optimizer = ampkit.initialize(model, optimizer, level=config, dtype=dtype)
+    scale = dtype is torch.float16 and config in ("O1", "O2")
+
+    def step() -> None:
+        logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
+        if scale:
+            with ampkit.scale_loss(loss, optimizer) as scaled:
+                scaled.backward()
+        else:
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    held = _storage_bytes(live_training_tensors(model, optimizer))
+    with peak_memory(device, held) as memory:
+        step()
+    return held, memory["peak"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--preset", default="all", choices=["all", *PRESETS])
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("memory_o2: no CUDA device here; use --device cpu", file=sys.stderr)
+        return 1
+    torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    print(f"device: {_device_name(device)}; torch {torch.__version__}; {args.dtype}; AdamW")
+    for preset in PRESETS if args.preset == "all" else [args.preset]:
+        dim, layers, vocab, batch, seq = PRESETS[preset]
+        torch.manual_seed(0)
+        base = GPT(GPTConfig(vocab=vocab, dim=dim, heads=args.heads, layers=layers,
+                             max_len=seq))
+        ids = torch.randint(0, vocab, (batch, seq + 1), device=device)
+        params = sum(p.numel() for p in base.parameters())
+        print(f"\n{preset}: d={dim}, {layers} layers, vocab {vocab}, {params / 1e6:.2f}M "
+              f"parameters, batch {batch} x {seq} tokens")
+        print("| config | held between steps | peak of one step | vs fp32 |")
+        print("|---|---|---|---|")
+        baseline = None
+        for config in CONFIGS:
+            held, peak = measure(config, base, ids, dtype, device)
+            baseline = baseline or peak
+            print(f"| {config} | {held / 2 ** 20:.1f} MiB | {peak / 2 ** 20:.1f} MiB | "
+                  f"{peak / baseline:.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
