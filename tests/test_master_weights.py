@@ -424,3 +424,26 @@ def test_transformer_o2_trains_with_tied_weights():
         opt.step()
     assert loss.item() < 0.5 * first
     assert model.head.weight is tied and torch.equal(tied, master_copy(tied).to(BF16))
+
+
+def test_a_parameter_changed_without_its_master_wins():
+    model = convert_model(nn.Linear(2, 2), "O2", BF16)
+    with torch.no_grad():
+        model.weight.copy_(torch.full((2, 2), 3.0))  # an edit the master does not see
+    assert torch.equal(model.state_dict()["weight"], torch.full((2, 2), 3.0))  # not stale
+    opt = MasterWeightOptimizer(torch.optim.SGD(model.parameters(), lr=0.5))
+    assert torch.equal(next(master_params(opt)), torch.full((2, 2), 3.0))  # refreshed
+    model.weight.grad = torch.ones(2, 2, dtype=BF16)
+    opt.step()
+    assert torch.equal(model.weight, torch.full((2, 2), 2.5, dtype=BF16))  # not reverted
+
+
+def test_training_without_master_weights_never_reports_stale_masters():
+    torch.manual_seed(9)
+    model = convert_model(nn.Linear(3, 2), "O2", BF16)
+    plain = torch.optim.SGD(model.parameters(), lr=0.5)  # updates the bf16 weights only
+    model(torch.rand(4, 3)).sum().backward()
+    plain.step()
+    state = model.state_dict()
+    assert torch.equal(state["weight"], model.weight.detach().float())
+    assert state["weight"].dtype is FP32

@@ -28,7 +28,9 @@ With ``master_weights=True`` every parameter cast to low precision gets an fp32 
 copy made from its original fp32 value before the cast; ``ampkit.master_weights`` hands
 these to the optimizer, ``model.state_dict()`` reports them (so an O2 checkpoint holds
 the exact fp32 values and loads into an fp32 model) and ``load_state_dict`` fills them
-exactly (so an fp32 checkpoint loads into an O2 model without losing bits).
+exactly (so an fp32 checkpoint loads into an O2 model without losing bits). A master
+the parameter no longer matches (the model was changed without it) is never reported:
+the parameter is.
 
 Converting is done once: calling :func:`convert_model` again on the same model with the
 same settings returns it unchanged; different settings, or converting a module inside
@@ -311,10 +313,13 @@ _MASTERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 def master_copy(param: torch.Tensor, *, create: bool = False) -> nn.Parameter | None:
     """The fp32 master copy of a low-precision model parameter, or ``None``.
 
-    With ``create=True`` a parameter without one gets one, made from its current value
-    (exact for float16/bfloat16 values; :func:`convert_model` with master weights makes
-    it from the original fp32 value instead, before casting). fp32 parameters are their
-    own masters and never get a copy.
+    With ``create=True`` (what an optimizer taking over the parameter asks for) the
+    master is made ready for use: a parameter without one gets one, made from its
+    current value (:func:`convert_model` with master weights makes it from the original
+    fp32 value instead, before casting), and a master the parameter no longer matches
+    (the parameter was changed without it, say by ``param.copy_(...)``) is refreshed
+    from the parameter, so the optimizer never reverts such a change. fp32 parameters
+    are their own masters and never get a copy.
 
     Example:
         >>> import torch
@@ -324,9 +329,21 @@ def master_copy(param: torch.Tensor, *, create: bool = False) -> nn.Parameter | 
         (True, torch.float32)
     """
     master = _MASTERS.get(param)
-    if master is None and create and param.dtype in _LOW:
-        master = _new_master(param, param.detach().float())
+    if create and param.dtype in _LOW:
+        if master is None:
+            master = _new_master(param, param.detach().float())
+        elif master.device == param.device and not _in_sync(param, master):
+            # (On another device the model moved after its masters were made: the
+            # optimizer's step reports that.)
+            with torch.no_grad():
+                master.copy_(param)
     return master
+
+
+def _in_sync(param: torch.Tensor, master: torch.Tensor) -> bool:
+    """True when ``param`` is its master rounded: nothing changed one without the other."""
+    return (param.shape == master.shape and param.device == master.device
+            and torch.equal(master.detach().to(param.dtype), param.detach()))
 
 
 def _new_master(param: torch.Tensor, value: torch.Tensor) -> nn.Parameter:
@@ -353,7 +370,9 @@ class _ReportMasters:
                 if tensor is None or value is None or value is tensor:  # keep_vars=True
                     continue
                 master = _MASTERS.get(tensor)
-                if master is not None:
+                # A master that no longer matches its parameter is stale (the model was
+                # trained or edited without it): the parameter is then the truth.
+                if master is not None and _in_sync(tensor, master):
                     value = master.detach()
                 if (self.dtype is not None and value.is_floating_point()
                         and value.dtype is not self.dtype):

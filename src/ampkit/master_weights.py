@@ -23,7 +23,10 @@ gradient accumulation does. Clip with :func:`clip_master_grad_norm_` (or on
 
 The masters are the ones :func:`ampkit.conversion.convert_model` made from the original
 fp32 values when converting with master weights (so nothing was lost to rounding), or,
-for parameters converted without, copies of their current values.
+for parameters converted without (or changed since without their masters), copies of
+their current values. Between steps the model parameters are the masters rounded; to
+change weights by hand, change :func:`master_params` (the next step would overwrite a
+change made to the model parameters only).
 
 Example:
     >>> import torch
@@ -122,17 +125,20 @@ def _managed_class(cls: type) -> type:
     return managed
 
 
+def _check_step_attribute(optimizer: torch.optim.Optimizer) -> None:
+    patched = optimizer.__dict__.get("step")
+    if patched is not None and not getattr(patched, "_wrapped_by_lr_sched", False):
+        raise RuntimeError("optimizer.step was replaced on this optimizer instance by "
+                           "something other than an LR scheduler; make the optimizer use "
+                           "master weights before patching its step")
+
+
 def _rewrap_scheduler_step(optimizer: torch.optim.Optimizer) -> None:
     """An LR scheduler made before this optimizer was managed replaced ``step`` on the
     instance with a wrapper bound to the old class's step; put back one that runs the
     managed step and still tells the scheduler that the optimizer stepped."""
-    patched = optimizer.__dict__.get("step")
-    if patched is None:
+    if "step" not in optimizer.__dict__:
         return
-    if not getattr(patched, "_wrapped_by_lr_sched", False):
-        raise RuntimeError("optimizer.step was replaced on this optimizer instance by "
-                           "something other than an LR scheduler; make the optimizer use "
-                           "master weights before patching its step")
     ref = weakref.ref(optimizer)
 
     def step(*args: Any, **kwargs: Any) -> Any:
@@ -183,7 +189,7 @@ class MasterWeightOptimizer:
                             f"{type(optimizer).__name__}")
         if isinstance(optimizer, MasterWeightOptimizer):
             return optimizer
-        _rewrap_scheduler_step(optimizer)  # check before changing anything
+        _check_step_attribute(optimizer)  # before changing anything
         masters = _Masters()
         for group in optimizer.param_groups:
             group["params"] = masters.adopt(list(group["params"]))
