@@ -21,6 +21,16 @@ from ampkit.master_weights import (
 )
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+@pytest.fixture(autouse=True)
+def _fresh_loss_scaling():
+    from ampkit.scaling.multi_loss import configure_loss_scaling
+
+    yield
+    configure_loss_scaling("dynamic")  # undo what a test (or initialize) configured
+
+
 UNIT_ROUNDOFF = {BF16: 2.0 ** -8, FP16: 2.0 ** -11}
 
 OPTIMIZERS = {
