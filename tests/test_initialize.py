@@ -190,6 +190,22 @@ def test_ddp_wrapped_model_says_to_initialize_first(tmp_path):
         dist.destroy_process_group()
 
 
+def test_fsdp2_sharded_model_says_to_initialize_first(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = nn.Sequential(nn.Linear(2, 2))
+        fully_shard(model)
+        with pytest.raises(RuntimeError, match=r"wrapped in FSDP2 \(fully_shard\); call "
+                                               r"ampkit.initialize"):
+            initialize(model, level="O2", dtype=BF16)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_calling_again_with_the_same_settings_changes_nothing():
     model = DigitsCNN()
     opt = torch.optim.Adam(model.parameters(), lr=0.1)

@@ -443,9 +443,13 @@ def _iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
 def _device_type(module: nn.Module, args: Any) -> str:
     """The device a module computes on: its first parameter's (or buffer's), else its
     first tensor input's."""
+    # The module's own tensors first: cheap, and almost always there (norms, the root's
+    # first layer is usually reached after one or two children).
+    for store in (module._parameters, module._buffers):
+        for tensor in store.values():
+            if tensor is not None:
+                return tensor.device.type
     for tensor in module.parameters():
-        return tensor.device.type
-    for tensor in module.buffers():
         return tensor.device.type
     for tensor in _iter_tensors(args):
         return tensor.device.type
@@ -619,6 +623,8 @@ def check_not_wrapped(model: nn.Module, argument: str = "model") -> None:
         if isinstance(module, wrappers):
             where = f"model (its submodule {name!r})" if name else argument
             kind = next(c.__name__ for c in type(module).__mro__ if c in wrappers)
+            if kind == "FSDPModule":
+                kind = "FSDP2 (fully_shard)"
             raise RuntimeError(f"{where} is wrapped in {kind}; call ampkit.initialize / "
                                f"convert_model on the bare model first, then wrap the result "
                                f"in {kind}")
