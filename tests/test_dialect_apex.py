@@ -4,6 +4,7 @@ user functions, disable_casts; differential against torch.autocast + GradScaler.
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,8 +15,15 @@ import ampkit
 import ampkit.apex as amp
 from ampkit.dialects import apex as apex_module
 from ampkit.function_patching import unregister_function
+from ampkit.scaling.multi_loss import configure_loss_scaling
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+@pytest.fixture(autouse=True)
+def _fresh_loss_scaling() -> Iterator[None]:
+    yield
+    configure_loss_scaling("dynamic")  # undo what amp.initialize configured
 
 
 # -- the seed's example (002), on CPU -------------------------------------------------------
