@@ -121,3 +121,13 @@ def test_conservative_preset_documented_lists_match(tmp_path: object) -> None:
         line = next(ln for ln in doc.splitlines() if ln.startswith(f"| {label} |"))
         listed = {s.strip(" `") for s in line.split("|")[2].split(",")}
         assert listed == set(ops), label
+
+
+def test_builtins_equal_under_two_names_share_one_name_and_rule() -> None:
+    assert torch.dsmm == torch.mm  # one C function under two names
+    assert resolve_op("dsmm") == resolve_op("spmm") == ("mm",)
+    assert op_name_of(torch.dsmm) == op_name_of(torch.mm) == "mm"
+    # a rule for mm must not be overwritten by the unlisted rule of its other name
+    p = Policy(lower_precision_ops={"mm"}, unlisted="fp32")
+    with ampkit.autocast("cpu", torch.bfloat16, policy=p):
+        assert torch.mm(torch.rand(2, 2), torch.rand(2, 2)).dtype == torch.bfloat16

@@ -77,10 +77,6 @@ _SYNONYMS: Mapping[str, str] = {
     "not_equal": "ne", "fix": "trunc", "special_expit": "sigmoid", "special_exp2": "exp2",
     "special_expm1": "expm1", "special_log1p": "log1p", "special_round": "round",
     "special_log_softmax": "log_softmax", "special_softmax": "softmax",
-    # Builtins that are one C function under two names (they compare equal, so an
-    # interception table keyed by function must give them one rule).
-    "dsmm": "mm", "spmm": "mm", "hsmm": "hspmm", "saddmm": "sspaddmm",
-    "logsigmoid": "log_sigmoid",
 }
 
 # Prefixed sub-namespaces, named the way native autocast's lists name them.
@@ -236,15 +232,25 @@ def _public_callables(namespace: ModuleType | type) -> Iterable[tuple[str, Any]]
 
 
 @functools.cache
-def _tables() -> tuple[Mapping[str, tuple[Callable[..., Any], ...]], Mapping[Any, str]]:
-    """Build ``name -> entry points`` and ``entry point -> name`` once, on first use."""
-    by_name: dict[str, list[Callable[..., Any]]] = {}
+def _tables() -> tuple[Mapping[str, tuple[Callable[..., Any], ...]], Mapping[Any, str],
+                       Mapping[str, str]]:
+    """Build ``name -> entry points``, ``entry point -> name`` and the synonyms found on
+    the way, once, on first use."""
+    pairs: list[tuple[str, Any]] = []
+    # Keyed by equality, not identity: some builtins are one C function under two names
+    # (torch.dsmm == torch.mm). The engine's rule table is keyed the same way, so such
+    # callables must belong to one name, or one name's rule would overwrite the other's.
+    groups: dict[Any, list[str]] = {}
 
     def add(name: str, fn: Any) -> None:
         name = _SYNONYMS.get(name, name)
-        fns = by_name.setdefault(name, [])
-        if all(fn is not f for f in fns):
-            fns.append(fn)
+        try:
+            names = groups.setdefault(fn, [])
+        except TypeError:  # unhashable callables are never dispatched by identity
+            return
+        if name not in names:
+            names.append(name)
+        pairs.append((name, fn))
 
     for name, fn in _public_callables(torch):
         if not name.endswith("_") and not name[0].isupper():
@@ -267,16 +273,27 @@ def _tables() -> tuple[Mapping[str, tuple[Callable[..., Any], ...]], Mapping[Any
         add(name, getattr(torch.Tensor, name))
     for dunder, name in _DUNDERS.items():
         add(name, getattr(torch.Tensor, dunder))
-    # torch.nn.functional.linear and friends are torch._C._nn builtins; they are
-    # already collected through F. Keep the composite entry points native lists use.
+    # The composite entry point native autocast lists by this name.
     add("_convolution", torch._convolution)
 
+    # One name per group: the aten op's name when there is one (native autocast's lists
+    # use those), else the first name met.
+    owner = {fn: next((n for n in names if hasattr(torch.ops.aten, n)), names[0])
+             for fn, names in groups.items()}
+    by_name: dict[str, list[Callable[..., Any]]] = {}
+    for name, fn in pairs:
+        fns = by_name.setdefault(owner[fn], [])
+        if all(fn is not f for f in fns):
+            fns.append(fn)
     frozen = {name: tuple(fns) for name, fns in by_name.items()}
-    reverse: dict[Any, str] = {}
-    for name, fns in frozen.items():
-        for fn in fns:
-            reverse.setdefault(fn, name)
-    return MappingProxyType(frozen), MappingProxyType(reverse)
+    synonyms = {name: owner[fn] for name, fn in pairs
+                if name != owner[fn] and name not in frozen}
+    return MappingProxyType(frozen), MappingProxyType(owner), MappingProxyType(synonyms)
+
+
+def _canonical(name: str) -> str:
+    name = _SYNONYMS.get(name, name)
+    return _tables()[2].get(name, name)
 
 
 def all_op_names() -> frozenset[str]:
@@ -354,7 +371,7 @@ def resolve_op(entry: OpEntry, *, framework: str | None = None,
     if isinstance(entry, str):
         if framework is not None and entry in FRAMEWORK_ALIASES[framework]:
             return FRAMEWORK_ALIASES[framework][entry]
-        name = _SYNONYMS.get(entry, entry)
+        name = _canonical(entry)
         if name in _tables()[0]:
             return (name,)
         if name.endswith("_") and name[:-1] in _tables()[0]:
