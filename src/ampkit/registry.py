@@ -281,7 +281,7 @@ def _tables() -> tuple[Mapping[str, tuple[Callable[..., Any], ...]], Mapping[Any
     owner = {fn: next((n for n in names if hasattr(torch.ops.aten, n)), names[0])
              for fn, names in groups.items()}
     by_name: dict[str, list[Callable[..., Any]]] = {}
-    for name, fn in pairs:
+    for _, fn in pairs:
         fns = by_name.setdefault(owner[fn], [])
         if all(fn is not f for f in fns):
             fns.append(fn)
