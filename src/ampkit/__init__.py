@@ -14,6 +14,7 @@ Example:
     torch.bfloat16
 """
 
+from ampkit._lazy import lazy_exports
 from ampkit.autocast_mode import autocast, current_policy
 from ampkit.casting import amp_cast, amp_multicast, cast_tree
 from ampkit.policy import Policy
@@ -39,32 +40,27 @@ _LAZY = {
     "DynamicLossScale": "ampkit.scaling.loss_scale",
     "scale_loss": "ampkit.scaling.multi_loss",
     "configure_loss_scaling": "ampkit.scaling.multi_loss",
+    # tools
+    "collect_op_stats": "ampkit.tools.op_stats",
+    "NumericsChecker": "ampkit.tools.numerics_checker",
+    "CheckMode": "ampkit.tools.numerics_checker",
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ampkit' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports("ampkit", _LAZY, globals())
 
 __all__ = [
+    "CheckMode",
     "DynamicLossScale",
     "GradScaler",
     "Level",
     "LevelProperties",
     "MasterWeightOptimizer",
+    "NumericsChecker",
     "Policy",
     "StaticLossScale",
     "clip_master_grad_norm_",
+    "collect_op_stats",
     "configure_loss_scaling",
     "convert_model",
     "initialize",

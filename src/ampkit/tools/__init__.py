@@ -1,4 +1,5 @@
-"""ampkit's tools: operator statistics, the ``ampkit demo`` training report, the CLI.
+"""ampkit's tools: operator statistics, the NaN/Inf checker with provenance, the
+``ampkit demo`` training report, the CLI.
 
 Names are imported on first use, so ``import ampkit.tools`` loads neither matplotlib
 nor scikit-learn.
@@ -14,13 +15,17 @@ Example:
 
 from __future__ import annotations
 
-import importlib
+from ampkit._lazy import lazy_exports
 
 _LAZY = {
     "OpCallCounts": "ampkit.tools.op_stats",
     "OpStats": "ampkit.tools.op_stats",
     "Precision": "ampkit.tools.op_stats",
     "collect_op_stats": "ampkit.tools.op_stats",
+    "CheckMode": "ampkit.tools.numerics_checker",
+    "NonFiniteError": "ampkit.tools.numerics_checker",
+    "NumericsChecker": "ampkit.tools.numerics_checker",
+    "OpRecord": "ampkit.tools.numerics_checker",
     "DemoResult": "ampkit.tools.demo",
     "DemoSettings": "ampkit.tools.demo",
     "RunConfig": "ampkit.tools.demo",
@@ -34,16 +39,4 @@ _LAZY = {
 }
 
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ampkit.tools' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports("ampkit.tools", _LAZY, globals())
