@@ -1,7 +1,13 @@
-"""Every Python code block in the README runs as written."""
+"""Every Python code block in the README runs as written, and prints what it says.
+
+A ``print(...)`` line whose comment starts with a value (``# torch.float16``,
+``# ['exp']: ...``) must print exactly that value.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from pathlib import Path
 
@@ -9,13 +15,33 @@ import pytest
 
 README = Path(__file__).parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+_VALUE_COMMENT = re.compile(r"^\s*print\(.*\)\s+#\s+((?:torch\.|\[)[^:]*)")
+
+
+def _expected_prints(code: str) -> list[str | None]:
+    """One entry per print line: the promised value, or None for prose comments."""
+    expected = []
+    for line in code.splitlines():
+        if line.lstrip().startswith("print("):
+            m = _VALUE_COMMENT.match(line)
+            expected.append(m.group(1).strip() if m else None)
+    return expected
 
 
 def test_readme_has_python_examples() -> None:
-    assert len(BLOCKS) >= 1
+    assert len(BLOCKS) >= 4
+    assert any(v is not None for b in BLOCKS for v in _expected_prints(b))
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_block_runs(code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # blocks that write files write them here
-    exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
+    printed = out.getvalue().splitlines()
+    expected = _expected_prints(code)
+    assert len(printed) == len(expected)
+    for got, want in zip(printed, expected, strict=True):
+        if want is not None:
+            assert got == want
