@@ -91,3 +91,14 @@ def digits_split(seed: int = 0, test_fraction: float = 0.25
     n_test = int(len(y) * test_fraction)
     test, train = order[:n_test], order[n_test:]
     return x[train], y[train], x[test], y[test]
+
+
+def console_script(name: str = "ampkit") -> str | None:
+    """Path of an installed console script: next to this interpreter first (the venv's
+    bin/, which is not on PATH when CI runs ``.venv/bin/python -m pytest``), then PATH."""
+    import os
+    import shutil
+    import sys
+
+    search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    return shutil.which(name, path=search)

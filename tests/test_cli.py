@@ -5,12 +5,12 @@ console script), because "no traceback" only means something there.
 """
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers_models import console_script
 
 import ampkit
 from ampkit.tools.cli import build_parser, main
@@ -18,7 +18,7 @@ from ampkit.tools.cli import build_parser, main
 
 def _run(*args: str, env: dict[str, str] | None = None,
          script: bool = False) -> subprocess.CompletedProcess[str]:
-    command = [shutil.which("ampkit") or "ampkit"] if script else [
+    command = [console_script() or "ampkit"] if script else [
         sys.executable, "-m", "ampkit"]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120,

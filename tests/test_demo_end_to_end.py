@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers_models import console_script
 
 from ampkit.tools.demo import RunConfig, training_code
 
@@ -25,7 +26,7 @@ STEPS = 1347 // 64  # one epoch of the 75% training split, last partial batch dr
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     out = tmp_path_factory.mktemp("demo") / "report"
-    script = shutil.which("ampkit")
+    script = console_script()
     assert script, "the ampkit console script is not installed (pip install -e .)"
     result = subprocess.run(
         [script, "demo", "--epochs", "1", "--levels", "fp32,O2", "--dtypes", "fp16",
