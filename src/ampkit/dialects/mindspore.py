@@ -69,7 +69,7 @@ import torch.nn.functional as F
 
 from ampkit import conversion
 from ampkit.conversion import ALL_LOW_PRECISION, ConversionConfig
-from ampkit.policy import Policy
+from ampkit.policy import Policy, as_dtype
 from ampkit.registry import OpEntry, resolve_ops
 from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.loss_scale import DynamicLossScale, StaticLossScale
@@ -91,7 +91,6 @@ __all__ = [
 ]
 
 _LEVELS = ("O0", "O1", "O2", "O3")
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 # The seed's white list, in its order: cells first, then ops.
 _WHITE_LIST: tuple[Any, ...] = (
@@ -149,12 +148,8 @@ def _check_network(network: Any) -> nn.Module:
 
 
 def _low_dtype(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise ValueError(f"dtype must be torch.float16 or torch.bfloat16 (or 'float16' / "
-                     f"'bfloat16'), got {dtype!r}")
+    # MindSpore's dtype rule and error are the core's (float16 or bfloat16).
+    return as_dtype(dtype, "dtype", allow_none=False)  # type: ignore[return-value]
 
 
 def _split(entries: Any, argument: str) -> tuple[tuple[type, ...], frozenset[str]]:
