@@ -62,3 +62,21 @@ def test_compiled_backward_gives_parameter_dtype_grads() -> None:
     for p in mlp.parameters():
         assert p.grad is not None and p.grad.dtype == torch.float32
         assert torch.isfinite(p.grad).all()
+
+
+def test_region_inside_a_compiled_function_is_correct() -> None:
+    """Entering a region inside compiled code works (dynamo breaks the graph at the
+    region's entry and exit instead of tracing ampkit's own bookkeeping)."""
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+    x = torch.randn(2, 8)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        with ampkit.autocast("cpu", torch.bfloat16, **LISTS):
+            return mlp(t) + t
+
+    torch._dynamo.reset()
+    eager = fn(x)
+    compiled = torch.compile(fn, backend="aot_eager")(x)
+    assert eager.dtype == compiled.dtype == torch.bfloat16
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    assert ampkit.current_policy("cpu") is None  # the region was left behind properly

@@ -241,6 +241,11 @@ class autocast:
         torch.float32
     """
 
+    # Dynamo must not trace ampkit's own bookkeeping (thread-local state, rule tables):
+    # inside compiled code a region's entry and exit are graph breaks, and the ops in
+    # between are traced with the region active. A region around the compiled call
+    # costs no graph break at all.
+    @torch.compiler.disable
     def __init__(self, device_type: str | None = None, dtype: torch.dtype | str | None = None,
                  *, enabled: bool = True, policy: str | Policy = "torch",
                  custom_white_list: Iterable[OpEntry] | None = None,
@@ -261,6 +266,7 @@ class autocast:
         self.cache_enabled = cache_enabled
         self._rules = _compile_rules(self.policy, self.device_type) if enabled else {}
 
+    @torch.compiler.disable
     def __enter__(self) -> autocast:
         st = _state
         cache = self.cache_enabled
@@ -288,6 +294,7 @@ class autocast:
         st.policies.append((self.device_type, self.policy if self.enabled else None))
         return self
 
+    @torch.compiler.disable
     def __exit__(self, *exc: Any) -> None:
         st = _state
         native, pushed, saved = st.stack.pop()
