@@ -103,19 +103,19 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
     autocast. Empty for a native-equal policy: then nothing is intercepted."""
     if policy.is_native:
         return {}
-    native = native_op_names(device_type)
+    native = native_op_names(device_type) & all_op_names()
+    listed = policy.lower_precision_ops | policy.fp32_ops | policy.promote_ops
     if policy.unlisted == "native":
-        names: Iterable[str] = (policy.lower_precision_ops | policy.fp32_ops
-                                | policy.promote_ops)
+        names: Iterable[str] = listed
     elif policy.unlisted == "keep":
-        names = policy.lower_precision_ops | policy.fp32_ops | policy.promote_ops | (
-            native & all_op_names())
+        names = listed | native  # native's own casts must be switched off for these
     else:
-        names = all_op_names() - (_NOT_COMPUTE - policy.lower_precision_ops
-                                  - policy.fp32_ops - policy.promote_ops)
+        names = listed | native | (all_op_names() - _NOT_COMPUTE)
     rules: dict[Any, str] = {}
     for name in names:
         rule = policy.rule_for(name)
+        if name not in listed and name in _NOT_COMPUTE:
+            rule = "keep"  # an unlisted rule never casts data-movement ops
         if rule == "native" or (rule == "keep" and name not in native):
             continue
         for fn in entry_points(name):
