@@ -245,9 +245,11 @@ def test_conservative_preset_behaviour() -> None:
         assert F.softmax(h, -1).dtype == F32
         assert (h + x).dtype == F32  # promote: widest input
         assert torch.relu(h).dtype == BF16  # unlisted: inputs' dtype
-        # conv_transpose2d is native-lower on CPU but unlisted-"keep" here, except it is
-        # listed lower in this preset; prelu is native-lower and unlisted here: kept fp32.
+        # prelu: native autocast runs it in bf16 on CPU, this preset leaves it unlisted
+        # ("keep"), so it runs in its inputs' dtype
         assert F.prelu(x, torch.rand(1)).dtype == F32
+    with torch.autocast("cpu", BF16):
+        assert F.prelu(x, torch.rand(1)).dtype == BF16
 
 
 def test_policy_files_round_trip(tmp_path: object) -> None:
