@@ -38,7 +38,9 @@ __all__ = [
     "amp_multicast",
     "cast_op_args",
     "cast_tree",
+    "eligible_dtypes",
     "is_eligible",
+    "map_floating",
     "promote_dtype",
     "widest_float_dtype",
 ]
@@ -135,27 +137,21 @@ def amp_multicast(*data: Any, cast_narrow: bool = False) -> tuple[Any, ...]:
     return tuple(amp_cast(d, target) for d in data)
 
 
-def cast_tree(obj: T, dtype: torch.dtype,
-              predicate: Callable[[torch.Tensor], bool] | None = None) -> T:
-    """Cast every floating tensor inside ``obj`` (nested lists, tuples, namedtuples,
-    dicts, dataclasses) to ``dtype``; ``predicate`` narrows which tensors are cast.
-
-    Integer and boolean tensors (token ids, masks) are never cast.
+def map_floating(obj: T, fn: Callable[[torch.Tensor], torch.Tensor]) -> T:
+    """Apply ``fn`` to every floating tensor inside ``obj`` (nested lists, tuples,
+    namedtuples, dicts, dataclasses), rebuilding the containers; everything else,
+    integer and boolean tensors included, is returned as it is.
 
     Example:
         >>> import torch
-        >>> from ampkit.casting import cast_tree
-        >>> out = cast_tree({"x": torch.ones(1), "ids": torch.ones(1, dtype=torch.long)},
-        ...                 torch.bfloat16)
-        >>> out["x"].dtype, out["ids"].dtype
-        (torch.bfloat16, torch.int64)
+        >>> from ampkit.casting import map_floating
+        >>> map_floating((torch.ones(1), torch.ones(1, dtype=torch.long), "tag"),
+        ...              lambda t: t * 2)
+        (tensor([2.]), tensor([1]), 'tag')
     """
     def visit(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            if x.is_floating_point() and x.dtype is not dtype and (predicate is None
-                                                                     or predicate(x)):
-                return x.to(dtype)
-            return x
+            return fn(x) if x.is_floating_point() else x
         if isinstance(x, list):
             return [visit(v) for v in x]
         if isinstance(x, tuple):
@@ -173,6 +169,29 @@ def cast_tree(obj: T, dtype: torch.dtype,
         return x
 
     return visit(obj)
+
+
+def cast_tree(obj: T, dtype: torch.dtype,
+              predicate: Callable[[torch.Tensor], bool] | None = None) -> T:
+    """Cast every floating tensor inside ``obj`` (nested lists, tuples, namedtuples,
+    dicts, dataclasses) to ``dtype``; ``predicate`` narrows which tensors are cast.
+
+    Integer and boolean tensors (token ids, masks) are never cast.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import cast_tree
+        >>> out = cast_tree({"x": torch.ones(1), "ids": torch.ones(1, dtype=torch.long)},
+        ...                 torch.bfloat16)
+        >>> out["x"].dtype, out["ids"].dtype
+        (torch.bfloat16, torch.int64)
+    """
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype is dtype or (predicate is not None and not predicate(t)):
+            return t
+        return t.to(dtype)
+
+    return map_floating(obj, cast)
 
 
 # -- the autocast engine's casts ---------------------------------------------------------
@@ -276,6 +295,34 @@ def cast_op_args(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dty
     return args, kwargs
 
 
+def eligible_dtypes(obj: Any, device_type: str) -> set[torch.dtype]:
+    """The dtypes of the autocast-eligible tensors inside ``obj`` (nested lists, tuples
+    and dicts).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import eligible_dtypes
+        >>> sorted(map(str, eligible_dtypes([torch.ones(1), {"b": torch.ones(1).half()},
+        ...                                  torch.ones(1).double()], "cpu")))
+        ['torch.float16', 'torch.float32']
+    """
+    seen: set[torch.dtype] = set()
+
+    def visit(a: Any) -> None:
+        if isinstance(a, torch.Tensor):
+            if is_eligible(a, device_type):
+                seen.add(a.dtype)
+        elif isinstance(a, list | tuple):
+            for v in a:
+                visit(v)
+        elif isinstance(a, dict):
+            for v in a.values():
+                visit(v)
+
+    visit(obj)
+    return seen
+
+
 def promote_dtype(args: tuple[Any, ...], kwargs: dict[str, Any],
                   device_type: str) -> torch.dtype | None:
     """The dtype a promote op runs in: the widest eligible floating input, or ``None``
@@ -288,20 +335,7 @@ def promote_dtype(args: tuple[Any, ...], kwargs: dict[str, Any],
         ...               "cpu")
         torch.float32
     """
-    seen: set[torch.dtype] = set()
-
-    def visit(a: Any) -> None:
-        if isinstance(a, torch.Tensor):
-            if is_eligible(a, device_type):
-                seen.add(a.dtype)
-        elif isinstance(a, list | tuple):
-            for v in a:
-                visit(v)
-
-    for a in args:
-        visit(a)
-    for v in kwargs.values():
-        visit(v)
+    seen = eligible_dtypes((args, kwargs), device_type)
     if len(seen) < 2:
         return None
     return widest_float_dtype(seen)

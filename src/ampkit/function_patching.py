@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import torch
 
 from ampkit.autocast_mode import autocast
-from ampkit.casting import cast_tree, is_eligible, widest_float_dtype
+from ampkit.casting import cast_tree, eligible_dtypes, is_eligible, widest_float_dtype
 from ampkit.registry import all_op_names
 
 __all__ = [
@@ -77,24 +77,6 @@ def _devices(args: Any) -> set[str]:
         elif isinstance(x, dict):
             pending.extend(x.values())
     return {d for d in found if torch.is_autocast_enabled(d)}
-
-
-def _dtypes(args: Any, device_type: str) -> set[torch.dtype]:
-    seen: set[torch.dtype] = set()
-
-    def visit(x: Any) -> None:
-        if isinstance(x, torch.Tensor):
-            if is_eligible(x, device_type):
-                seen.add(x.dtype)
-        elif isinstance(x, list | tuple):
-            for v in x:
-                visit(v)
-        elif isinstance(x, dict):
-            for v in x.values():
-                visit(v)
-
-    visit(args)
-    return seen
 
 
 @functools.lru_cache(maxsize=16)
@@ -136,7 +118,7 @@ def cast_function(rule: CastRule) -> Callable[[F], F]:
                 elif rule is CastRule.FP32:
                     target = torch.float32
                 else:
-                    target = widest_float_dtype(_dtypes((args, kwargs), device))
+                    target = widest_float_dtype(eligible_dtypes((args, kwargs), device))
                 if target is not None:
                     args, kwargs = cast_tree(
                         (args, kwargs), target,

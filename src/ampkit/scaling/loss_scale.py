@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ampkit.casting import map_floating
 from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
 
 __all__ = ["DynamicLossScale", "StaticLossScale"]
@@ -71,23 +72,9 @@ def _as_counter(value: Any, argument: str, device: torch.device) -> torch.Tensor
 
 
 def _map_floats(tree: T, multiplier: torch.Tensor) -> T:
-    def visit(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            if not x.is_floating_point():
-                return x
-            # Plain type promotion, as torch's GradScaler.scale: a float16 tensor stays
-            # float16, a 0-dim float16 loss becomes float32.
-            return x * multiplier.to(x.device, non_blocking=True)
-        if isinstance(x, list):
-            return [visit(v) for v in x]
-        if isinstance(x, tuple):
-            items = [visit(v) for v in x]
-            return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
-        if isinstance(x, dict):
-            return {k: visit(v) for k, v in x.items()}
-        return x
-
-    return visit(tree)
+    # Plain type promotion, as torch's GradScaler.scale: a float16 tensor stays float16,
+    # a 0-dim float16 loss becomes float32.
+    return map_floating(tree, lambda x: x * multiplier.to(x.device, non_blocking=True))
 
 
 def _inverse(loss_scale: torch.Tensor) -> torch.Tensor:
