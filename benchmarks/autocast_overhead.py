@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import platform
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
+from _interleaved import interleaved_medians, print_ratios
 
 import ampkit
 
@@ -86,22 +86,11 @@ def main() -> None:
     for size, (d, layers, seq, batch, steps) in SIZES.items():
         model = make_model(d, layers)
         x = torch.randn(batch, seq, d)
-        times: dict[str, list[float]] = {name: [] for name in regions}
-        for region in regions.values():  # warm-up
-            for _ in range(3):
-                step(model, x, region)
-        for _ in range(args.rounds):
-            for name, region in regions.items():
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    step(model, x, region)
-                times[name].append((time.perf_counter() - t0) / steps)
-        base = statistics.median(times["native"])
+        runs = {name: functools.partial(step, model, x, region)
+                for name, region in regions.items()}
+        medians = interleaved_medians(runs, rounds=args.rounds, steps=steps)
         print(f"\n{size}: d_model={d} layers={layers} seq={seq} batch={batch}")
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            print(f"  {name:13s} {med * 1e3:9.3f} ms/step   {med / base:5.3f}x native")
-
+        print_ratios(medians)
 
 if __name__ == "__main__":
     main()

@@ -28,14 +28,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import platform
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _interleaved import interleaved_medians, print_ratios
 
 import ampkit.apex
 import ampkit.mindspore
@@ -88,23 +88,17 @@ def main() -> None:
             "mindspore O1": (ampkit.mindspore.auto_mixed_precision(
                 copy.deepcopy(base), "O1", torch.bfloat16), none),
         }
-        times: dict[str, list[float]] = {name: [] for name in configs}
-        for round_ in range(args.rounds + 1):
-            for name, (model, region) in configs.items():
-                start = time.perf_counter()
-                for _ in range(steps):
-                    with region():
-                        out = model(x)
-                    F.cross_entropy(out.float(), y).backward()
-                    model.zero_grad(set_to_none=True)
-                if round_ > 0:  # the first round warms up
-                    times[name].append((time.perf_counter() - start) / steps * 1e3)
-        native = statistics.median(times["native"])
-        print(f"\n{size} (image {side}x{side}, {channels} channels, batch {batch})")
-        for name, samples in times.items():
-            ms = statistics.median(samples)
-            print(f"  {name:<14} {ms:8.3f} ms  ({ms / native:.3f}x native)")
+        def run(model: nn.Module, region: Callable[[], contextlib.AbstractContextManager],
+                x: torch.Tensor = x, y: torch.Tensor = y) -> None:
+            with region():
+                out = model(x)
+            F.cross_entropy(out.float(), y).backward()
+            model.zero_grad(set_to_none=True)
 
+        runs = {name: functools.partial(run, *config) for name, config in configs.items()}
+        medians = interleaved_medians(runs, rounds=args.rounds, steps=steps)
+        print(f"\n{size} (image {side}x{side}, {channels} channels, batch {batch})")
+        print_ratios(medians)
 
 if __name__ == "__main__":
     main()
