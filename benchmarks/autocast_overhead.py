@@ -11,6 +11,9 @@ machine noise hits them alike:
 
 * ``native``: ``torch.autocast("cpu", torch.bfloat16)``;
 * ``ampkit``: ``ampkit.autocast("cpu", torch.bfloat16)`` (default policy = native);
+* ``empty-mode``: native autocast plus a ``TorchFunctionMode`` that does nothing, for
+  reference: the cost PyTorch charges for any Python interception by mode, before
+  ampkit does any work;
 * ``ampkit+5same``: five custom entries re-listing ops native already runs in bf16
   (linear, matmul, bmm, baddbmm, addmm): same computation, so this is the pure cost of
   intercepting;
@@ -30,11 +33,13 @@ import argparse
 import contextlib
 import functools
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
 from _interleaved import interleaved_medians, print_ratios
+from torch.overrides import TorchFunctionMode
 
 import ampkit
 
@@ -58,6 +63,20 @@ def make_model(d: int, layers: int) -> nn.Module:
     return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
 
+class _EmptyMode(TorchFunctionMode):
+    """A TorchFunctionMode that does nothing: the floor of any interception by mode."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def _native_with_empty_mode() -> Iterator[None]:
+    with torch.autocast("cpu", torch.bfloat16), _EmptyMode():
+        yield
+
+
 def step(model: nn.Module, x: torch.Tensor, region: Callable[[], contextlib.AbstractContextManager]
          ) -> None:
     with region():
@@ -77,6 +96,7 @@ def main() -> None:
 
     regions: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
         "native": lambda: torch.autocast("cpu", torch.bfloat16),
+        "empty-mode": _native_with_empty_mode,
         "ampkit": lambda: ampkit.autocast("cpu", torch.bfloat16),
         "ampkit+5same": lambda: ampkit.autocast("cpu", torch.bfloat16, **FIVE_SAME),
         "ampkit+5new": lambda: ampkit.autocast("cpu", torch.bfloat16, **FIVE_NEW),
