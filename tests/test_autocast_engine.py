@@ -294,3 +294,20 @@ def test_non_op_entry_is_type_error() -> None:
 def test_enabled_must_be_bool() -> None:
     with pytest.raises(TypeError, match="enabled"):
         ampkit.autocast("cpu", enabled="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("unlisted", ["lower", "fp32", "promote"])
+def test_unlisted_rules_leave_queries_and_data_movement_alone(unlisted: str) -> None:
+    p = Policy(name=f"all-{unlisted}", unlisted=unlisted)  # type: ignore[arg-type]
+    x = torch.rand(4, 4)
+    sparse = torch.eye(2).to_sparse()
+    with ampkit.autocast("cpu", BF16, policy=p):
+        assert x.view(16).data_ptr() == x.data_ptr()  # still a view, not a cast copy
+        assert x.reshape(2, 8).dtype == F32
+        assert x.new_zeros(2).dtype == F32
+        assert x.is_pinned() is False and x.is_floating_point()
+        assert sparse.to_dense().dtype == F32
+        assert x.float().dtype == F32 and x.double().dtype == torch.float64
+    with ampkit.autocast("cpu", BF16, policy=p):
+        expected = {"lower": BF16, "fp32": F32, "promote": F32}[unlisted]
+        assert torch.tanh(x).dtype == expected  # a compute op does follow the rule

@@ -72,6 +72,15 @@ _NOT_COMPUTE = frozenset({
     "broadcast_tensors", "atleast_1d", "atleast_2d", "atleast_3d", "pad", "dropout",
 })
 
+# Name prefixes of queries and layout/metadata helpers (x.is_pinned(), x.new_empty(...),
+# x.to_dense(), torch.get_default_dtype()): never compute, never cast by an unlisted rule.
+_NOT_COMPUTE_PREFIXES = ("is_", "has_", "get_", "set_", "new_", "to_", "dim_")
+
+
+def _is_compute(name: str) -> bool:
+    return name not in _NOT_COMPUTE and not name.startswith(_NOT_COMPUTE_PREFIXES)
+
+
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "xpu": "AutocastXPU",
                   "mps": "AutocastMPS", "hpu": "AutocastHPU", "xla": "AutocastXLA",
                   "mtia": "AutocastMTIA", "ipu": "AutocastIPU"}
@@ -110,12 +119,12 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
     elif policy.unlisted == "keep":
         names = listed | native  # native's own casts must be switched off for these
     else:
-        names = listed | native | (all_op_names() - _NOT_COMPUTE)
+        names = listed | native | {n for n in all_op_names() if _is_compute(n)}
     rules: dict[Any, str] = {}
     for name in names:
         rule = policy.rule_for(name)
-        if name not in listed and name in _NOT_COMPUTE:
-            rule = "keep"  # an unlisted rule never casts data-movement ops
+        if name not in listed and not _is_compute(name):
+            rule = "keep"  # an unlisted rule never casts data-movement ops or queries
         if rule == "native" or (rule == "keep" and name not in native):
             continue
         for fn in entry_points(name):
