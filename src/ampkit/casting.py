@@ -233,7 +233,8 @@ class WeightCastCache:
         self._casts: dict[int, tuple[torch.Tensor, torch.dtype, torch.Tensor]] = {}
 
     def cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``t.to(dtype)``, cached when ``t`` is an fp32 leaf that requires grad."""
+        """``t.to(dtype)``, cached when ``t`` is an fp32 leaf that requires grad (see the
+        class example)."""
         if not (t.requires_grad and t.is_leaf and t.dtype is torch.float32) or t._is_view():
             return t.to(dtype)
         hit = self._casts.get(id(t))

@@ -44,7 +44,13 @@ _FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
 class CheckMode(enum.Enum):
-    """What the checker records (Paddle's tensor-checker modes)."""
+    """What the checker records (Paddle's tensor-checker modes).
+
+    Example:
+        >>> from ampkit.tools.numerics_checker import CheckMode
+        >>> CheckMode("overflow") is CheckMode.CHECK_ALL_FOR_OVERFLOW
+        True
+    """
 
     CHECK_NAN_INF_AND_ABORT = "abort"
     CHECK_NAN_INF = "nan_inf"
@@ -54,7 +60,17 @@ class CheckMode(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class OpRecord:
-    """One op output the checker recorded."""
+    """One op output the checker recorded.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools.numerics_checker import NumericsChecker
+        >>> with NumericsChecker(mode="all") as c:
+        ...     _ = torch.tensor([1.0, 0.0]) * 2
+        >>> r = c.records[-1]
+        >>> r.op, r.numel, r.num_zero, r.max, r.finite
+        ('mul', 2, 1, 2.0, True)
+    """
 
     index: int  # position among all ops seen, 0-based
     op: str  # aten op name, e.g. "addmm"
@@ -73,7 +89,7 @@ class OpRecord:
 
     @property
     def finite(self) -> bool:
-        """True when the output holds no NaN and no Inf."""
+        """True when the output holds no NaN and no Inf (see :class:`OpRecord`)."""
         return self.num_nan == 0 and self.num_inf == 0
 
     @property
@@ -85,7 +101,18 @@ class OpRecord:
 
 
 class NonFiniteError(FloatingPointError):
-    """Raised in ``CHECK_NAN_INF_AND_ABORT`` mode; ``.record`` says where."""
+    """Raised in ``CHECK_NAN_INF_AND_ABORT`` mode; ``.record`` says where.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools.numerics_checker import NumericsChecker, NonFiniteError
+        >>> try:
+        ...     with NumericsChecker():
+        ...         _ = torch.tensor([0.0]) / 0
+        ... except NonFiniteError as e:
+        ...     e.record.num_nan, e.record.phase
+        (1, 'forward')
+    """
 
     def __init__(self, record: OpRecord) -> None:
         super().__init__(
@@ -232,21 +259,50 @@ class NumericsChecker:
     # -- results ---------------------------------------------------------------------------
     @property
     def first_bad(self) -> OpRecord | None:
-        """The first recorded op output holding NaN or Inf, or ``None``."""
+        """The first recorded op output holding NaN or Inf, or ``None``.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> x = torch.tensor([float("inf")])
+            >>> with NumericsChecker(mode="nan_inf") as c:
+            ...     _ = (x * 2).exp()
+            >>> c.first_bad.op, c.origin is None  # inf came in: no op introduced it
+            ('mul', True)
+        """
         return next((r for r in self.records if not r.finite), None)
 
     @property
     def origin(self) -> OpRecord | None:
         """The first op that *introduced* NaN/Inf (its floating inputs were all finite):
-        the op that overflowed, as opposed to ops that merely passed NaN/Inf along."""
+        the op that overflowed, as opposed to ops that merely passed NaN/Inf along.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> with NumericsChecker(mode="nan_inf") as c:
+            ...     _ = torch.tensor([100.0], dtype=torch.float16).exp() + 1
+            >>> c.origin.op, [r.op for r in c.bad_records()]
+            ('exp', ['exp', 'add'])
+        """
         return next((r for r in self.records if r.introduced), None)
 
     def first_bad_in(self, module: str) -> OpRecord | None:
-        """The first non-finite output recorded inside module ``module`` (qualified name)."""
+        """The first non-finite output recorded inside module ``module`` (qualified name).
+
+        Example:
+            >>> import torch
+            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> net = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Softmax(-1))
+            >>> with NumericsChecker(net, mode="nan_inf") as c:
+            ...     _ = net(torch.tensor([float("nan")]))
+            >>> c.first_bad_in("1").op
+            '_softmax'
+        """
         return next((r for r in self.records if not r.finite and r.module == module), None)
 
     def bad_records(self) -> Iterator[OpRecord]:
-        """Recorded outputs with NaN/Inf, in the order they happened."""
+        """Recorded outputs with NaN/Inf, in the order they happened (see :attr:`origin`)."""
         return (r for r in self.records if not r.finite)
 
     def suggest_fp32_ops(self) -> list[str]:
