@@ -50,7 +50,13 @@ __all__ = ["OpCallCounts", "OpStats", "Precision", "collect_op_stats"]
 
 
 class Precision(enum.Enum):
-    """The column an op call is counted in."""
+    """The column an op call is counted in.
+
+    Example:
+        >>> from ampkit.tools.op_stats import Precision
+        >>> Precision("bfloat16").name
+        'BFLOAT16'
+    """
 
     FLOAT16 = "float16"
     BFLOAT16 = "bfloat16"
@@ -216,7 +222,16 @@ class OpStats:
         return total.low_precision / total.floating if total.floating else 0.0
 
     def table(self) -> str:
-        """The counts as a text table, one row per op (sorted by name) and a total row."""
+        """The counts as a text table, one row per op (sorted by name) and a total row.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.tools.op_stats import collect_op_stats
+            >>> with collect_op_stats() as stats:
+            ...     _ = torch.ones(2, dtype=torch.float16) * 2
+            >>> print(stats.table().splitlines()[0])
+            Op Name | FP16 Calls | BF16 Calls | FP32 Calls | Other Calls
+        """
         header = ("Op Name", "FP16 Calls", "BF16 Calls", "FP32 Calls", "Other Calls")
         rows = [(name, c.float16, c.bfloat16, c.float32, c.other)
                 for name, c in self.counts.items()]
