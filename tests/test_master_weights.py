@@ -163,18 +163,21 @@ def test_o2_adam_loss_goes_down_like_fp32():
 
 # -- gradients ------------------------------------------------------------------------------
 
-def test_sync_moves_gradients_once_and_accumulates_later_backwards():
+def test_master_gradients_follow_the_model_gradients_after_every_backward():
     w = nn.Parameter(torch.ones(3, dtype=BF16))
     opt = MasterWeightOptimizer(torch.optim.SGD([w], lr=1.0))
     master = next(master_params(opt))
     (w * 2).sum().backward()
-    assert sync_master_grads(opt) is True
-    assert w.grad is None and torch.equal(master.grad, torch.full((3,), 2.0))
-    assert sync_master_grads(opt) is True  # idempotent: nothing left to move
+    # The model keeps its gradient; the master's is derived at the end of the backward.
+    assert torch.equal(w.grad, torch.full((3,), 2.0, dtype=BF16))
     assert torch.equal(master.grad, torch.full((3,), 2.0))
-    (w * 3).sum().backward()  # gradient accumulation after a sync
-    sync_master_grads(opt)
+    assert sync_master_grads(opt) is True  # idempotent
+    assert torch.equal(master.grad, torch.full((3,), 2.0))
+    (w * 3).sum().backward()  # gradient accumulation, in the model's gradient
     assert torch.equal(master.grad, torch.full((3,), 5.0))
+    w.grad = None  # plain PyTorch's way of dropping a gradient reaches the master
+    sync_master_grads(opt)
+    assert master.grad is None
 
 
 def test_sync_on_an_unmanaged_optimizer_does_nothing():

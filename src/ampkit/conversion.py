@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import enum
@@ -353,6 +354,44 @@ def _new_master(param: torch.Tensor, value: torch.Tensor) -> nn.Parameter:
     return master
 
 
+def register_master(param: torch.Tensor, master: nn.Parameter) -> None:
+    """Make ``master`` the fp32 master copy of ``param`` (copies of a model and its
+    optimizer pair up through this).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import master_copy, register_master
+        >>> p = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+        >>> m = torch.nn.Parameter(torch.ones(2))
+        >>> register_master(p, m)
+        >>> master_copy(p) is m
+        True
+    """
+    _MASTERS[param] = master
+
+
+class _MasterLink:
+    """Kept in the ``__dict__`` of the module that owns a parameter with a master, so
+    ``copy.deepcopy`` of the model copies the master too and registers the copy for the
+    copied parameter (the registry itself is keyed by identity and copies nothing)."""
+
+    __slots__ = ("master", "param")
+
+    def __init__(self, param: torch.Tensor, master: nn.Parameter) -> None:
+        self.param = param
+        self.master = master
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _MasterLink:
+        # The live master (the optimizer may have replaced nothing, but be exact).
+        current = _MASTERS.get(self.param, self.master)
+        link = _MasterLink(copy.deepcopy(self.param, memo), copy.deepcopy(current, memo))
+        _MASTERS[link.param] = link.master
+        return link
+
+
+_LINKS = "_ampkit_master_links"
+
+
 class _ReportMasters:
     """``state_dict`` post-hook of a module: its parameters' master values, and every
     floating entry in ``dtype`` when one is set. (No ``__slots__``: torch tags hooks
@@ -380,17 +419,68 @@ class _ReportMasters:
                 state_dict[key] = value
 
 
-def _fill_masters(module: nn.Module, state_dict: dict[str, Any], prefix: str,
-                  *unused: Any) -> None:
-    """``load_state_dict`` pre-hook: incoming values go into the master copies exactly;
-    torch's own loading then rounds them into the low-precision parameters."""
-    with torch.no_grad():
-        for name, param in module._parameters.items():
-            master = None if param is None else _MASTERS.get(param)
-            value = state_dict.get(prefix + name)
-            if (master is not None and isinstance(value, torch.Tensor)
-                    and value.shape == master.shape):
-                master.copy_(value)
+def _load_errors(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                 strict: bool) -> list[str]:
+    """What torch's ``load_state_dict`` would report for this subtree, found before it
+    copies anything (torch copies every matching tensor before raising)."""
+    expected = module.state_dict(prefix=prefix, keep_vars=True)
+    errors = []
+    for key, current in expected.items():
+        value = state_dict.get(key)
+        if (isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor)
+                and not isinstance(current, nn.parameter.UninitializedTensorMixin)
+                and value.shape != current.shape
+                and not (current.dim() == 0 and value.shape == (1,))):  # torch's BC rule
+            errors.append(f"size mismatch for {key}: copying a param with shape "
+                          f"{value.shape} from checkpoint, the shape in current model is "
+                          f"{current.shape}.")
+    if strict:
+        missing = [k for k in expected if k not in state_dict
+                   and not k.endswith("num_batches_tracked")]  # BatchNorm fills it in
+        unexpected = [k for k in state_dict if k.startswith(prefix) and k not in expected]
+        if unexpected:
+            errors.insert(0, "Unexpected key(s) in state_dict: "
+                          + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+        if missing:
+            errors.insert(0, "Missing key(s) in state_dict: "
+                          + ", ".join(f'"{k}"' for k in missing) + ". ")
+    return errors
+
+
+class _LoadGuard:
+    """``load_state_dict`` pre-hook of every module of a model whose parameters were
+    cast: the load is all or nothing, incoming values go into the master copies exactly
+    (torch's own loading then rounds them into the low-precision parameters), and
+    ``assign=True``, which would swap in parameters that neither the masters nor the
+    optimizer know, is refused. (No ``__slots__``: torch tags hooks with an attribute.)"""
+
+    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                 local_metadata: Any, strict: bool, *unused: Any) -> None:
+        record = module.__dict__.get(_MARK)
+        top = prefix == "" or (record is not None and record.name == "")
+        if top:  # the first converted module this load reaches checks the whole subtree
+            if isinstance(local_metadata, dict) and local_metadata.get(
+                    "assign_to_params_buffers", False):
+                raise RuntimeError(
+                    "load_state_dict(..., assign=True) is not supported on a model "
+                    "converted by ampkit: it would replace the low-precision parameters "
+                    "that the fp32 masters and the optimizer update; load without assign "
+                    "(the values go into the masters exactly and the parameters are "
+                    "rounded from them)")
+            errors = _load_errors(module, state_dict, prefix, strict)
+            if errors:
+                raise RuntimeError(
+                    f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
+                    + "\n\t".join(errors)
+                    + "\n\tNothing was loaded: the model and its fp32 masters are as "
+                      "they were.")
+        with torch.no_grad():
+            for name, param in module._parameters.items():
+                master = None if param is None else _MASTERS.get(param)
+                value = state_dict.get(prefix + name)
+                if (master is not None and isinstance(value, torch.Tensor)
+                        and value.shape == master.shape):
+                    master.copy_(value)
 
 
 # -- boundaries -----------------------------------------------------------------------------
@@ -768,7 +858,8 @@ def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> No
                 if target is None or id(param) in done or param.dtype is target[0]:
                     continue
                 if config.master_weights and target[0] in _LOW:
-                    _new_master(param, param.detach())
+                    master = _new_master(param, param.detach())
+                    module.__dict__.setdefault(_LINKS, []).append(_MasterLink(param, master))
                 # In place, so the Parameter object stays the same: tied modules and
                 # optimizers built before the conversion keep pointing at it.
                 param.data = param.data.to(target[0])
@@ -812,9 +903,10 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
         report = _ReportMasters(config.state_dict_dtype)
         for module in plan.owners:
             _register_state_dict_hook(module, report)
-            if config.master_weights and any(
-                    p is not None and p in _MASTERS for p in module._parameters.values()):
-                _register_load_hook(module, _fill_masters)
+    if config.casts_parameters or config.master_weights:
+        guard = _LoadGuard()
+        for module in model.modules():
+            _register_load_hook(module, guard)
     for name, module in model.named_modules():
         object.__setattr__(module, _MARK, _Record(config, name))
 

@@ -12,9 +12,11 @@ for the same gradients. Beyond torch:
   writes inf/NaN into weights), the scale stays put;
 * float16 *and* bfloat16 gradients are unscaled (torch refuses float16 gradients in
   ``unscale_``, and bfloat16 on builds whose kernel lacks it, issue #127176);
-* fp32 master gradients: ``unscale_`` first calls
-  ``ampkit.master_weights.sync_master_grads(optimizer)``, so an optimizer managed by
-  ampkit's master weights is unscaled and checked on its fp32 masters;
+* fp32 master gradients: ``unscale_`` first brings the masters' gradients up to date
+  (``ampkit.master_weights.sync_master_grads``), so an optimizer managed by ampkit's
+  master weights is unscaled and checked on its fp32 masters, and then copies the
+  unscaled values back onto the model's gradients, so clipping or logging through
+  ``model.parameters()`` reads them too;
 * distributed agreement: an overflow found on any rank skips the step on every rank
   (one all-reduce of ``found_inf``, see :mod:`ampkit.scaling.distributed`);
 * ``skipped_steps`` and ``last_step_skipped`` for reporting.
@@ -90,16 +92,29 @@ _EXTRA_KEYS = ("hysteresis", "min_scale", "max_scale", "dynamic", "_overflow_tra
                "skipped_steps")
 
 
-def _sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
-    """Hand the model's low-precision gradients to the fp32 masters, when managed."""
+def _master_weights() -> Any:
+    """``ampkit.master_weights``, or ``None`` when it cannot be imported (then no
+    optimizer can be managed by ampkit master weights)."""
     try:
-        from ampkit.master_weights import sync_master_grads
+        from ampkit import master_weights
     except ModuleNotFoundError as error:
-        # Without that module no optimizer can be managed by ampkit master weights.
         if error.name != "ampkit.master_weights":
             raise
-        return False
-    return bool(sync_master_grads(optimizer))
+        return None
+    return master_weights
+
+
+def _sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
+    """Bring the fp32 masters' gradients up to date with the model's, when managed."""
+    module = _master_weights()
+    return module is not None and bool(module.sync_master_grads(optimizer))
+
+
+def _publish_master_grads(optimizer: torch.optim.Optimizer) -> None:
+    """Show the masters' unscaled gradients on the model parameters too, when managed."""
+    module = _master_weights()
+    if module is not None:
+        module.publish_master_grads(optimizer)
 
 
 def _default_device() -> str:
@@ -298,6 +313,8 @@ class GradScaler:
         inv_scale = scale.double().reciprocal().float() if unscale else None
         found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
         unscale_grads_((p.grad for p in self._params_of(optimizer)), inv_scale, found_inf)
+        if unscale:
+            _publish_master_grads(optimizer)
         return agree_on_overflow_(found_inf, self._process_group)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:

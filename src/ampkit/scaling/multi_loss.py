@@ -61,6 +61,7 @@ from typing import Any
 
 import torch
 
+from ampkit.master_weights import put_grads_back, set_grads_aside
 from ampkit.scaling.distributed import agree_on_overflow_
 from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.overflow import unscale_grads_
@@ -303,25 +304,6 @@ def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
     return items
 
 
-def _stash_grads(optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    stash = []
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None:
-                stash.append((p, p.grad))
-                p.grad = None
-    return stash
-
-
-def _restore_grads(stash: list[tuple[torch.Tensor, torch.Tensor]], *, add: bool) -> None:
-    with torch.no_grad():
-        for p, grad in stash:
-            if add and p.grad is not None:
-                p.grad.add_(grad)
-            else:
-                p.grad = grad
-
-
 @contextlib.contextmanager
 def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
                | Sequence[torch.optim.Optimizer], loss_id: int = 0, *,
@@ -371,13 +353,13 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     stashed_here: list[torch.optim.Optimizer] = []
     for opt in opts:
         if opt not in _pending:  # put unscaled gradients aside; keep still-scaled ones
-            _pending[opt] = _PendingGrads(int(loss_id), _stash_grads(opt))
+            _pending[opt] = _PendingGrads(int(loss_id), set_grads_aside(opt))
             stashed_here.append(opt)
     try:
         yield scaler.scale(loss.float())
     except BaseException:
         for opt in stashed_here:  # the gradients as they were on entry
-            _restore_grads(_pending.pop(opt).stash, add=False)
+            put_grads_back(opt, _pending.pop(opt).stash, add=False)
         raise
     if delay_unscale:
         for opt in opts:
@@ -399,7 +381,7 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     agree_on_overflow_(earlier_inf, scaler._process_group)
     overflow = overflow or bool(earlier_inf.item())
     for opt in opts:
-        _restore_grads(_pending.pop(opt).stash, add=True)
+        put_grads_back(opt, _pending.pop(opt).stash, add=True)
     scaler.update()
     for opt in opts:
         if overflow or _skip_armed(opt):
