@@ -290,6 +290,17 @@ class _Masters:
         return copied
 
 
+def _remap_cached_params(optimizer: torch.optim.Optimizer, masters: _Masters) -> None:
+    """Optimizers that keep their own list of the parameters (LBFGS's ``_params``)
+    must update the masters too, not the model parameters behind them."""
+    master_of = {id(pair.model): pair.master for pair in masters.pairs}
+    for name, value in list(vars(optimizer).items()):
+        if (name not in ("param_groups", "state") and isinstance(value, list) and value
+                and all(isinstance(p, torch.Tensor) for p in value)
+                and any(id(p) in master_of for p in value)):
+            setattr(optimizer, name, [master_of.get(id(p), p) for p in value])
+
+
 _MANAGED_CLASSES: dict[type, type] = {}
 
 
@@ -378,6 +389,7 @@ class MasterWeightOptimizer:
         masters = _Masters()
         for group in optimizer.param_groups:
             group["params"] = masters.adopt(list(group["params"]))
+        _remap_cached_params(optimizer, masters)
         for model, master in zip(masters.models, masters.masters):
             if model in optimizer.state:  # it already stepped: keep its state, in fp32
                 optimizer.state[master] = {
