@@ -7,6 +7,7 @@ tests guard against (gradients counted twice, clipping that does nothing).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -304,3 +305,47 @@ def test_any_order_of_public_calls_matches_fp32(calls):
     _assert_close_to_fp32(o2.model, fp32.model, start, rel=0.02)
     for key, value in o2.model.state_dict().items():
         assert value.dtype == torch.float32, key  # O2 checkpoints hold fp32 values
+
+
+# -- the dialects share the mechanism ------------------------------------------------------
+
+def _dialect_loop(model, opt, step_fn, batches, region=contextlib.nullcontext) -> None:
+    for micro in batches:
+        for x, y in micro:
+            with region():
+                out = model(x)
+            step_fn(nn.functional.mse_loss(out.float(), y) / len(micro))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        opt.step()
+        model.zero_grad()  # the trainers' way: must clear what the masters apply
+
+
+def test_apex_o2_loop_with_model_zero_grad_and_clipping_trains_like_fp32():
+    from ampkit import apex as amp
+
+    batches = _data(steps=5, micro=2)
+    reference, _, _ = _fp32_reference(batches, "model.parameters()")
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    model, opt = amp.initialize(model, opt, opt_level="O2", loss_scale=1.0, verbosity=0,
+                                cast_model_type=BF16)
+
+    def backward(loss):
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+
+    _dialect_loop(model, opt, backward, batches)
+    _assert_close_to_fp32(model, reference, _net(), rel=0.05)
+
+
+def test_paddle_decorate_o2_loop_with_model_zero_grad_and_clipping_trains_like_fp32():
+    from ampkit import paddle as amp
+
+    batches = _data(steps=5, micro=2)
+    reference, _, _ = _fp32_reference(batches, "model.parameters()")
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    model, opt = amp.decorate(model, opt, level="O2", dtype="bfloat16", master_weight=True)
+    _dialect_loop(model, opt, lambda loss: loss.backward(), batches,
+                  lambda: amp.auto_cast(level="O2", dtype="bfloat16"))
+    _assert_close_to_fp32(model, reference, _net(), rel=0.05)
