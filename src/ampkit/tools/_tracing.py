@@ -93,12 +93,10 @@ class ModuleScope:
         return hook
 
 
-OpCallback = Callable[[str, tuple[Any, ...], dict[str, Any], Any], None]
-
-
 class OpWatch(TorchFunctionMode):
-    """Calls ``callback(op_name, args, kwargs, output)`` after every call of a
-    registered op (canonical name) made while active; other calls pass unseen.
+    """Calls ``callback(op_name, args, kwargs, output)`` (and ``func``, the function
+    called, with ``with_func=True``) after every call of a registered op (canonical
+    name) made while active; other calls pass unseen.
 
     Calls made by the callback itself are not watched (the mode is off inside it).
 
@@ -112,9 +110,10 @@ class OpWatch(TorchFunctionMode):
         ['exp', 'add']
     """
 
-    def __init__(self, callback: OpCallback) -> None:
+    def __init__(self, callback: Callable[..., None], *, with_func: bool = False) -> None:
         super().__init__()
         self.callback = callback
+        self.with_func = with_func  # also pass the called function (to call it again)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -124,5 +123,8 @@ class OpWatch(TorchFunctionMode):
         out = func(*args, **kwargs)
         name = op_name_of(func)
         if name is not None:
-            self.callback(name, args, kwargs, out)
+            if self.with_func:
+                self.callback(name, args, kwargs, out, func)
+            else:
+                self.callback(name, args, kwargs, out)
         return out
