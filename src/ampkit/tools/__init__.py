@@ -37,13 +37,14 @@ _LAZY = {
     "ReportFiles": "ampkit.tools.report",
     "summary_table": "ampkit.tools.report",
     "write_report": "ampkit.tools.report",
+    # ``compare`` and ``tune`` are this package's modules of those names; the functions
+    # are ``ampkit.compare`` and ``ampkit.tune``.
     "Comparison": "ampkit.tools.compare",
-    "compare": "ampkit.tools.compare",
     "write_comparison_report": "ampkit.tools.compare_report",
     "Trial": "ampkit.tools.tune",
     "TuneResult": "ampkit.tools.tune",
     "TuneWarning": "ampkit.tools.tune",
-    "tune": "ampkit.tools.tune",
+    "aggressive_policy": "ampkit.tools.tune",
 }
 
 __all__ = sorted(_LAZY)

@@ -20,11 +20,12 @@ The error an op call *adds* is measured locally: its low-precision output agains
 same op run again in float32 on float32 copies of the same inputs, so an error it only
 passes on (or amplifies) from its inputs is not charged to it. Ops are ranked by the
 most error one call added (:meth:`Comparison.ranked_ops`), modules by the most error an
-op directly inside them added (:meth:`Comparison.ranked_modules`). Divergence *starts* at the first module to finish
-(innermost first) whose inputs were within ``threshold`` and whose output is not
-(:attr:`Comparison.divergence`); :attr:`Comparison.first_divergent_op` is the same at
-op level. Ops are watched at the autocast engine's level, before its casts, so an op
-whose float32 inputs are rounded to low precision is charged for that rounding.
+op directly inside them added (:meth:`Comparison.ranked_modules`). Divergence *starts*
+at the first module to finish (innermost first) whose inputs were within
+``threshold`` and whose output is not (:attr:`Comparison.divergence`);
+:attr:`Comparison.first_divergent_op` is the same at op level. Ops are watched at the
+autocast engine's level, before its casts, so an op whose float32 inputs are rounded
+to low precision is charged for that rounding.
 
 The policy (or level) applies inside the model's forward only; ``loss_fn`` runs in
 float32 outside it. Both runs keep every watched tensor (a clone) until the comparison
@@ -84,7 +85,7 @@ class ErrorStats:
         (0.5, 0.25, 0)
     """
 
-    max_abs: float
+    max_abs: float  # Inf where one run is finite and the other is not
     max_rel: float  # max_abs / largest finite |reference|
     cosine: float  # over positions finite in both runs; 1.0 when both are all zero
     num_nan: int  # in the low-precision value
@@ -106,8 +107,11 @@ class ErrorStats:
                 num_inf += int(torch.isinf(y).sum())
                 if y.numel() == 0:
                     continue
-                diff = torch.where(y == r, 0.0, (y - r).abs())  # equal infinities agree
-                max_abs = max(max_abs, float(torch.nan_to_num(diff, nan=math.inf).max()))
+                # equal infinities agree, and so do NaNs in both runs at one position
+                same = (y == r) | (torch.isnan(y) & torch.isnan(r))
+                diff = torch.where(same, 0.0, (y - r).abs())
+                worst = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf).max()
+                max_abs = max(max_abs, float(worst))
                 finite_ref = r[torch.isfinite(r)]
                 if finite_ref.numel():
                     scale = max(scale, float(finite_ref.abs().max()))
@@ -116,10 +120,8 @@ class ErrorStats:
                 dot += float((yf * rf).sum())
                 norm_low += float((yf * yf).sum())
                 norm_ref += float((rf * rf).sum())
-        if scale > 0:
-            max_rel = max_abs / scale
-        else:
-            max_rel = 0.0 if max_abs == 0 else math.inf
+        # relative to the largest reference magnitude; an all-zero reference has none
+        max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
         if norm_low == 0 and norm_ref == 0:
             cosine = 1.0
         elif norm_low == 0 or norm_ref == 0:

@@ -98,7 +98,7 @@ def _plot_histogram(c: Comparison, path: Path) -> None:
         if math.isnan(value):
             continue
         value = math.log10(min(value, 1e6))  # Inf drawn at 1e6
-        (groups[r.op] if r.op in groups else other).append(value)
+        groups.get(r.op, other).append(value)
     if other:
         groups["other ops"] = other
     fig = _new_figure(8.0, 4.0)
