@@ -215,7 +215,8 @@ def _start_policy(start: Policy | str | None, dtype: torch.dtype) -> Policy:
 
 def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dtype | str,
          *, tolerance: float, relative: bool = False, higher_is_better: bool | None = None,
-         budget: int = 10, start: Policy | str | None = None) -> TuneResult:
+         budget: int = 10, start: Policy | str | None = None,
+         on_trial: Callable[[Trial], None] | None = None) -> TuneResult:
     """Find the policy with the most ops in ``dtype`` whose metric stays within
     ``tolerance`` of float32's; see the module docstring for the search.
 
@@ -232,6 +233,7 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
         budget: the most trials (evaluations under a candidate policy); the float32
             reference is one evaluation more.
         start: the first policy tried (default: :func:`aggressive_policy`).
+        on_trial: called with each :class:`Trial` as soon as it is done (progress).
 
     Returns:
         a :class:`TuneResult`; its ``policy`` saves with ``.save(path)``.
@@ -265,6 +267,8 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
     tol = _check_number(tolerance, "tolerance")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be an int >= 1 (trials), got {budget!r}")
+    if on_trial is not None and not callable(on_trial):
+        raise TypeError(f"on_trial must be callable or None, got {type(on_trial).__name__}")
     if higher_is_better not in (None, True, False):
         raise ValueError(f"higher_is_better must be True, False or None, "
                          f"got {higher_is_better!r}")
@@ -316,6 +320,8 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
         trials.append(Trial(index, current, metric, metric - reference, ok,
                             _low_share(comparison, low), moved,
                             tuple((r.op, r.added) for r in ranked[:3])))
+        if on_trial is not None:
+            on_trial(trials[-1])
         if ok:
             reason = WITHIN_TOLERANCE
             break
