@@ -97,17 +97,18 @@ def test_gradients_per_parameter_match_torch_autocast_backward() -> None:
 
     c = ampkit.compare(model, x, precision="torch", dtype=torch.bfloat16, loss_fn=loss_fn)
     ref_model, low_model = _offset_model(), _offset_model()
-    loss_fn(ref_model(x)).backward()
+    ref_loss = loss_fn(ref_model(x))
+    ref_loss.backward()
     with torch.autocast("cpu", torch.bfloat16):
         out = low_model(x)
-    loss_fn(out).backward()
+    low_loss = loss_fn(out)
+    low_loss.backward()
     assert [g.parameter for g in c.grads] == [n for n, _ in model.named_parameters()]
     for g, p_ref, p_low in zip(c.grads, ref_model.parameters(), low_model.parameters()):
         expected = float((p_low.grad.double() - p_ref.grad.double()).abs().max())
         assert g.error.max_abs == pytest.approx(expected, rel=1e-12), g.parameter
         assert g.dtype == "torch.float32"
-    assert c.loss == (pytest.approx(float(loss_fn(ref_model(x)))), pytest.approx(float(
-        loss_fn(out))))
+    assert c.loss == (pytest.approx(ref_loss.item()), pytest.approx(low_loss.item()))
     # the caller's model was not touched: no gradients, no hooks, its own forward
     assert all(p.grad is None for p in model.parameters())
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

@@ -54,10 +54,10 @@ def _leaf_modules(c: Comparison) -> list[ModuleError]:
     return [m for m in c.modules if m.module not in parents]
 
 
-def _clip(value: float) -> float:
+def _clip(value: float, floor: float = _FLOOR) -> float:
     if math.isnan(value):
         return math.nan
-    return max(value, _FLOOR)
+    return max(value, floor)
 
 
 def _plot_layers(c: Comparison, path: Path) -> None:
@@ -65,19 +65,25 @@ def _plot_layers(c: Comparison, path: Path) -> None:
     fig = _new_figure(8.0, 4.2)
     ax = fig.add_subplot()
     xs = range(len(leaves))
-    ax.plot(xs, [_clip(m.error.max_rel) for m in leaves], marker="o", color="#d62728",
+    floor = c.threshold / 1e4  # exact values are drawn here, not at 1e-12
+
+    def clip(value: float) -> float:
+        return _clip(value, floor)
+
+    ax.plot(xs, [clip(m.error.max_rel) for m in leaves], marker="o", color="#d62728",
             label="output")
-    ax.plot(xs, [_clip(m.input_rel) for m in leaves], marker=".", linestyle="--",
-            color="#1f77b4", label="inputs")
+    ax.plot(xs, [clip(m.input_rel) for m in leaves], marker=".", linestyle="--",
+            color="#1f77b4", label=f"inputs (exact: drawn at {floor:.0e})")
     ax.axhline(c.threshold, color="#777777", linewidth=0.8, linestyle=":",
                label=f"threshold {_fmt(c.threshold)}")
     div = c.divergence
     for i, m in enumerate(leaves):
         if div is not None and (m.module, m.call) == (div.module, div.call):
-            ax.annotate("divergence starts", (i, _clip(m.error.max_rel)),
+            ax.annotate("divergence starts", (i, clip(m.error.max_rel)),
                         xytext=(10, 10), textcoords="offset points",
                         arrowprops={"arrowstyle": "->"})
-    labels = [(m.module or "(model)") + (f"#{m.call}" if m.call else "") for m in leaves]
+    labels = [(m.module or "(model)") + (f"#{m.call}" if m.call else "") + f"\n{m.kind}"
+              for m in leaves]
     ax.set_xticks(list(xs), labels, rotation=45 if len(labels) > 6 else 0, ha="right"
                   if len(labels) > 6 else "center", fontsize="small")
     ax.set_yscale("log")
