@@ -184,3 +184,17 @@ def test_cli_tune_on_the_digits(tmp_path, capsys) -> None:
     loaded = Policy.load(out)
     assert loaded.unlisted == "lower" and loaded.dtype == torch.bfloat16
     assert elapsed < 60
+
+
+def test_on_trial_sees_every_trial_and_start_policy_is_used() -> None:
+    x, y = _data(offset=100.0)
+    seen = []
+    result = ampkit.tune(_model(), _eval(x, y), "bfloat16", tolerance=TOLERANCE, budget=5,
+                         start="conservative", on_trial=seen.append)
+    assert seen == list(result.trials)
+    # conservative already keeps layer_norm in fp32: the first trial is within tolerance
+    assert len(result.trials) == 1 and result.within_tolerance
+    assert result.policy.unlisted == "keep" and "layer_norm" in result.policy.fp32_ops
+    assert result.policy.dtype == torch.bfloat16 and result.policy.name == "tuned"
+    with pytest.raises(TypeError, match="on_trial"):
+        ampkit.tune(_model(), _eval(x, y), "bfloat16", tolerance=TOLERANCE, on_trial=3)
