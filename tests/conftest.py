@@ -1,6 +1,13 @@
-"""Shared test settings: small thread count and deterministic seeds."""
+"""Shared test settings: small thread count, deterministic seeds, the devices present,
+and the headless browser for the pages the tools write."""
+
+from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -8,7 +15,58 @@ import torch
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
+#: Devices every device-parametrized test runs on: the CPU always, CUDA when visible.
+#: Tests import it as ``from conftest import DEVICES``.
+DEVICES: tuple[str, ...] = ("cpu",) + (("cuda",) if torch.cuda.is_available() else ())
+
+#: Set by ``.ci/run``: a missing browser fails the browser tests instead of skipping them.
+REQUIRE_BROWSER_VARIABLE = "AMPKIT_REQUIRE_BROWSER"
+BROWSER_MISSING = ("chromium/chromedriver not found; install Debian's chromium and "
+                   "chromium-driver to run it")
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--window-size=1280,4000")
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def find_browser() -> tuple[str, str] | None:
+    """``(chromium, chromedriver)`` paths, or ``None`` when either (or selenium) is
+    missing."""
+    try:
+        import selenium  # noqa: F401
+    except ModuleNotFoundError:
+        return None
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+@pytest.fixture
+def headless_chromium() -> Iterator[Any]:
+    """A started headless ``selenium.webdriver.Chrome`` (Debian's chromium), quit after
+    the test. Without the browser the test skips with the reason above, unless
+    ``AMPKIT_REQUIRE_BROWSER=1`` (CI) makes that a failure. Any test that checks a page
+    in a real browser takes this fixture."""
+    found = find_browser()
+    if found is None:
+        if os.environ.get(REQUIRE_BROWSER_VARIABLE) == "1":
+            pytest.fail(f"{BROWSER_MISSING} ({REQUIRE_BROWSER_VARIABLE}=1 requires it)")
+        pytest.skip(BROWSER_MISSING)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver = found
+    with tempfile.TemporaryDirectory() as profile:
+        options = webdriver.ChromeOptions()
+        options.binary_location = browser
+        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+            options.add_argument(flag)
+        chrome = webdriver.Chrome(service=Service(executable_path=driver), options=options)
+        try:
+            yield chrome
+        finally:
+            chrome.quit()

@@ -1,14 +1,14 @@
 """``ampkit demo`` end to end: the console script on a tiny setting (one epoch, fp32 and
 O2-fp16), its printed output, the report files, and the HTML page in a real headless
-browser (Debian's chromium; ``.ci/run`` installs it)."""
+browser (Debian's chromium; ``.ci/run`` installs it; skipped without it, see the
+``headless_chromium`` fixture in conftest.py)."""
 
 import io
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,9 +17,6 @@ from helpers_models import console_script
 
 from ampkit.tools.demo import RunConfig, training_code
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync")
 STEPS = 1347 // 64  # one epoch of the 75% training split, last partial batch dropped
 
 
@@ -89,44 +86,24 @@ def _colours(pixels: np.ndarray) -> int:
     return len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0))
 
 
-def _chrome(user_data_dir: str):  # -> selenium.webdriver.Chrome
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not browser or not driver:
-        pytest.fail("the report's browser test needs Debian's chromium and chromedriver: "
-                    "apt-get install -y chromium chromium-driver (.ci/run does this)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}",
-                 "--window-size=1280,4000"):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
-
-
-def test_report_page_renders_in_headless_chromium(demo_run: tuple[Path, str, str]) -> None:
+def test_report_page_renders_in_headless_chromium(demo_run: tuple[Path, str, str],
+                                                  headless_chromium: Any) -> None:
     from PIL import Image
 
     out, _, _ = demo_run
-    with tempfile.TemporaryDirectory() as profile:
-        chrome = _chrome(profile)
-        try:
-            chrome.get((out / "report.html").resolve().as_uri())
-            images = chrome.execute_script(
-                "return Array.from(document.images).map(i => ({id: i.id, "
-                "complete: i.complete, width: i.naturalWidth, height: i.naturalHeight, "
-                "box: i.getBoundingClientRect().toJSON()}))")
-            rows = chrome.execute_script(
-                "return Array.from(document.querySelectorAll('#results tbody tr'))"
-                ".map(r => r.cells[0].textContent)")
-            table_box = chrome.execute_script(
-                "return document.getElementById('results').getBoundingClientRect().toJSON()")
-            ratio = chrome.execute_script("return window.devicePixelRatio")
-            screenshot = Image.open(io.BytesIO(chrome.get_screenshot_as_png())).convert("RGB")
-        finally:
-            chrome.quit()
+    chrome = headless_chromium  # skips without the browser, fails under CI (conftest.py)
+    chrome.get((out / "report.html").resolve().as_uri())
+    images = chrome.execute_script(
+        "return Array.from(document.images).map(i => ({id: i.id, "
+        "complete: i.complete, width: i.naturalWidth, height: i.naturalHeight, "
+        "box: i.getBoundingClientRect().toJSON()}))")
+    rows = chrome.execute_script(
+        "return Array.from(document.querySelectorAll('#results tbody tr'))"
+        ".map(r => r.cells[0].textContent)")
+    table_box = chrome.execute_script(
+        "return document.getElementById('results').getBoundingClientRect().toJSON()")
+    ratio = chrome.execute_script("return window.devicePixelRatio")
+    screenshot = Image.open(io.BytesIO(chrome.get_screenshot_as_png())).convert("RGB")
     assert rows == ["fp32", "O2-fp16"]  # one row per configuration
     assert [i["id"] for i in images] == ["loss-curves", "loss-scale", "accuracy"]
     for image in images:
@@ -144,3 +121,11 @@ def test_report_page_renders_in_headless_chromium(demo_run: tuple[Path, str, str
     for image in images:
         assert image["box"]["bottom"] * ratio <= screenshot.height, image
         assert region_colours(image["box"]) > 50, image["id"]
+
+
+def test_browser_lookup_reports_a_missing_browser(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import BROWSER_MISSING, find_browser
+
+    monkeypatch.setenv("PATH", "")  # neither chromium nor chromedriver can be found
+    assert find_browser() is None
+    assert BROWSER_MISSING.startswith("chromium/chromedriver not found")

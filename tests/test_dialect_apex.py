@@ -317,3 +317,14 @@ def test_training_on_digits_o2_with_an_injected_overflow() -> None:
     assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 32768.0, "unskipped": 23}
     assert model[0].weight.dtype == FP16
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+def test_o1_follows_the_models_device_when_cuda_is_visible(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # No "CUDA when available" default: a CPU model is cast on a CUDA machine too.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    model = amp.initialize(torch.nn.Linear(4, 4), opt_level="O1", verbosity=0)
+    seen = []
+    model.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    model(torch.rand(2, 4))
+    assert seen == [torch.float16]

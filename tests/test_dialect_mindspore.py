@@ -323,3 +323,14 @@ def test_training_on_digits_with_an_injected_overflow() -> None:
             losses.append(loss.item())
     assert step.scaler.get_scale() == 2.0 ** 9
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+def test_o2_follows_the_models_device_when_cuda_is_visible(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # No "CUDA when available" default: a CPU model's ops are cast on a CUDA machine too.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    net = amp.auto_mixed_precision(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), "O2", FP16)
+    seen = []
+    net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    net(torch.rand(2, 4))
+    assert seen == [FP16]

@@ -319,3 +319,14 @@ def test_training_on_digits_with_an_injected_overflow() -> None:
         else:
             losses.append(loss.item())
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+def test_init_casts_cpu_ops_when_cuda_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    # MXNet's default context is the CPU; ampkit's is torch's default device, also when
+    # CUDA is present, so a model on the CPU is cast.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    amp.init("bfloat16")
+    try:
+        assert F.linear(torch.rand(2, 3), torch.rand(4, 3)).dtype == torch.bfloat16
+    finally:
+        amp.deinit()

@@ -345,3 +345,21 @@ def test_training_on_digits_o2_with_an_injected_overflow() -> None:
             losses.append(loss.item())
     assert model[0].weight.dtype == FP16
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
+
+
+# -- the device: Paddle's global place is torch's default device ----------------------------
+
+def test_auto_cast_casts_cpu_ops_when_cuda_is_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a CUDA machine the default device is still the CPU: a model there is cast.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    region = amp.auto_cast()
+    assert region.device_type == "cpu"
+    conv = nn.Conv2d(3, 2, 3, bias=False)
+    with region:
+        assert conv(torch.rand(1, 3, 8, 8)).dtype == FP16
+
+
+def test_auto_cast_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "get_default_device", lambda: torch.device("cuda", 0))
+    assert amp.auto_cast().device_type == "cuda"
+    assert amp.auto_cast(device_type="cpu").device_type == "cpu"  # an explicit one wins

@@ -6,6 +6,13 @@ injected on rank 1 only, either into its loss (DDP's all-reduce spreads it anywa
 into its gradients *after* backward (only the scaler's agreement can spread it). A run
 with ``torch.amp.GradScaler`` under the same injection is the control: its ranks drift
 apart, which shows the check can fail.
+
+The processes are CPU-only on purpose, also on a machine with CUDA: the children start
+with ``CUDA_VISIBLE_DEVICES=""`` and FSDP2 gets an explicit CPU device mesh. With CUDA
+visible this spawn died with SIGSEGV (torch 2.11, H100). The likely cause, read from
+the code rather than reproduced (no GPU in the session that changed this): left to
+itself, ``fully_shard`` builds its mesh on the accelerator when one is visible and moves
+the shards there, both ranks onto GPU 0 (no ``set_device``), under a gloo group.
 """
 
 from __future__ import annotations
@@ -64,6 +71,7 @@ def _run(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any, rank: 
 
 
 def _worker(rank: int, store: str, out_dir: str) -> None:
+    assert not torch.cuda.is_available()  # hidden by rank_results, before any CUDA call
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=WORLD)
@@ -93,6 +101,7 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
                                            fused=False)
 
     try:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch < 2.6 has no public FSDP2
         results["fsdp2"] = results["fsdp2_unscaled_in_place"] = None
@@ -100,9 +109,10 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
                                     torch.nn.Linear(8, 3))
-        fully_shard(model[0])
-        fully_shard(model[2])
-        fully_shard(model)
+        mesh = init_device_mesh("cpu", (WORLD,))  # not the accelerator's default mesh
+        fully_shard(model[0], mesh=mesh)
+        fully_shard(model[2], mesh=mesh)
+        fully_shard(model, mesh=mesh)
         opt = torch.optim.Adam(model.parameters(), lr=0.05)
         results["fsdp2"] = _run(model, opt, GradScaler("cpu", **settings), rank,
                                 lambda p: p.full_tensor().detach())
@@ -125,7 +135,9 @@ def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
     out = tmp_path_factory.mktemp("gloo")
-    mp.spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CUDA_VISIBLE_DEVICES", "")  # the children never see a GPU
+        mp.spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

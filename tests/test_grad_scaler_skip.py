@@ -149,12 +149,44 @@ def _syncs_during_step(optimizer_name: str, overflow: bool, *, unscale_first: bo
     return counter.count
 
 
+def _torch_own_syncs(optimizer_name: str, overflow: bool) -> int:
+    """Host syncs of the fused optimizer's own step, given ``grad_scale``/``found_inf``
+    by hand (no ampkit at all): what ampkit's step may not add to."""
+    w = torch.nn.Parameter(torch.ones(4))
+    opt = OPTIMIZERS[optimizer_name]([w])
+    w.grad = torch.ones(4)
+    opt.step()  # the state exists, as in _syncs_during_step
+    w.grad = torch.full((4,), float("inf") if overflow else 2.0)
+    opt.grad_scale = torch.tensor(2.0)  # type: ignore[attr-defined]
+    opt.found_inf = torch.tensor(1.0 if overflow else 0.0)  # type: ignore[attr-defined]
+    with _CountHostSyncs() as counter:
+        opt.step()
+    return counter.count
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 @pytest.mark.parametrize("optimizer_name", FUSED)
 @pytest.mark.parametrize("overflow", [False, True])
 @pytest.mark.parametrize("unscale_first", [False, True])
 def test_fused_optimizers_step_without_host_sync(optimizer_name: str, overflow: bool,
                                                  unscale_first: bool) -> None:
-    assert _syncs_during_step(optimizer_name, overflow, unscale_first=unscale_first) == 0
+    # ampkit's part of the step reads nothing back: its count is the optimizer's own.
+    own = _torch_own_syncs(optimizer_name, overflow)
+    assert _syncs_during_step(optimizer_name, overflow, unscale_first=unscale_first) == own
+    # The version rule for torch's own part. Measured: fused Adam, AdamW and SGD read
+    # nothing back (torch 2.11.0 and 2.13.0); fused Adagrad cost one host read per step
+    # on torch 2.11.0 (CPU, with and without CUDA visible) and none on 2.13.0 (CPU).
+    # The read is torch's (the count above is taken without ampkit); which change
+    # between 2.11 and 2.13 removed it was not pinned down, and 2.12 was not measured,
+    # so below 2.13 at most one is allowed.
+    if optimizer_name != "adagrad_fused" or _torch_version() >= (2, 13):
+        assert own == 0
+    else:
+        assert own <= 1
 
 
 def test_fused_first_steps_are_decided_on_the_host() -> None:

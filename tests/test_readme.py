@@ -2,6 +2,10 @@
 
 A ``print(...)`` line whose comment starts with a value (``# torch.float16``,
 ``# ['exp']: ...``) must print exactly that value.
+
+On a machine with CUDA every block runs a second time on the GPU: its ``"cpu"`` becomes
+``"cuda"`` and it runs under ``with torch.device("cuda")``, so the tensors and models it
+creates live there (the way a GPU user would write it), and it must print the same.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+from conftest import DEVICES
 
 README = Path(__file__).parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
@@ -33,11 +39,15 @@ def test_readme_has_python_examples() -> None:
     assert any(v is not None for b in BLOCKS for v in _expected_prints(b))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_block_runs(code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readme_block_runs(code: str, device: str, tmp_path: Path,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # blocks that write files write them here
+    if device != "cpu":
+        code = code.replace('"cpu"', f'"{device}"')
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), torch.device(device):
         exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
     printed = out.getvalue().splitlines()
     expected = _expected_prints(code)

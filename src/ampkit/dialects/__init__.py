@@ -18,6 +18,20 @@ import                 replaces                                    dialect modul
 The table from each framework's call to the dialect call and the core call it maps to
 is ``docs/migration.md``.
 
+Devices, on a machine with CUDA as on one without:
+
+* ``ampkit.torch``: ``autocast`` takes ``device_type`` (required, as in torch);
+  ``GradScaler``'s ``device`` defaults to CUDA when available, but its scale lives on
+  the device of the first loss it scales, so CPU training works either way.
+* ``ampkit.apex`` and ``ampkit.mindspore``: conversion and O1 regions follow the
+  device of the model's parameters (and of the forward's inputs); ``disable_casts``
+  covers every device present.
+* ``ampkit.paddle`` (``auto_cast``) and ``ampkit.mxnet`` (``init``): their frameworks
+  cast on a global place or context, so ``device_type=None`` is torch's default device
+  (``torch.get_default_device()``: the CPU unless ``torch.set_default_device`` changed
+  it), not "CUDA when available". A model on the CPU is cast on a CUDA machine too; a
+  model moved with ``.cuda()`` needs ``device_type="cuda"``.
+
 Example:
     >>> import torch
     >>> import ampkit.paddle as amp

@@ -349,7 +349,9 @@ _thread = _ThreadRegion()
 
 
 def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    # MXNet's default context is the CPU until `with mx.gpu():`; torch's counterpart is
+    # the default device, so a model on the CPU is cast even when CUDA is present.
+    return torch.get_default_device().type
 
 
 def init(target_dtype: str | torch.dtype = "float16",
@@ -368,7 +370,9 @@ def init(target_dtype: str | torch.dtype = "float16",
             translated to torch ops by :data:`CONDITIONAL_OPS`.
         fp32_ops: replaces MXNet's default float32 list.
         device_type: an ampkit extra: the device whose ops are cast; ``None`` is
-            ``"cuda"`` when available, else ``"cpu"``.
+            torch's default device (``torch.get_default_device()``: ``"cpu"`` unless
+            ``torch.set_default_device`` changed it, like MXNet's default context),
+            also when CUDA is present; pass ``"cuda"`` for a model on the GPU.
 
     Raises:
         ValueError: a bad dtype, an unknown op name or triple, an op on two lists.

@@ -27,6 +27,12 @@ Custom lists follow Paddle's rule: an op put in the white list leaves the black 
 and the other way round; an op in both custom lists is a ``ValueError``. The lists are
 those of Paddle's ``python/paddle/amp/amp_lists.py`` (see ``docs/migration.md``).
 
+Devices: Paddle's region casts on its global place (``paddle.set_device``), where its
+tensors are created too. torch's counterpart is the default device, so
+``auto_cast()`` casts ops on ``torch.get_default_device()`` (the CPU unless
+``torch.set_default_device`` says otherwise), whether or not CUDA is present; a model
+moved with ``.cuda()`` needs ``auto_cast(device_type="cuda")``.
+
 What differs from Paddle, on purpose: ``auto_cast`` and ``GradScaler`` work on CPU too
 (Paddle's scaler disables itself off the GPU); ``decorate``'s ``state_dict`` holds the
 exact fp32 master values (cast to ``save_dtype`` when given); ``GradScaler.minimize``
@@ -112,8 +118,12 @@ def auto_cast(enable: bool = True, custom_white_list: Iterable[OpEntry] | None =
             ``'O2'`` (pure low precision, with :func:`decorate`) or ``'O0'`` (off).
         dtype: ``'float16'`` or ``'bfloat16'`` (or the torch dtype).
         use_promote: at O2, an op with a float32 input runs in float32.
-        device_type: an ampkit extra: ``None`` is ``"cuda"`` when available, else
-            ``"cpu"``.
+        device_type: an ampkit extra: the device whose ops are cast. ``None`` follows
+            torch's global default device (``torch.get_default_device()``, ``"cpu"``
+            unless ``torch.set_default_device`` changed it), as Paddle's region follows
+            its global place: on a machine with CUDA, ``auto_cast()`` casts the ops of a
+            model on the CPU; pass ``device_type="cuda"`` (or set the default device,
+            Paddle's ``paddle.set_device("gpu")``) for a model on the GPU.
 
     Raises:
         ValueError: a bad ``level`` or ``dtype``, an op in both custom lists, an
@@ -139,7 +149,7 @@ def auto_cast(enable: bool = True, custom_white_list: Iterable[OpEntry] | None =
     low = _low_dtype(dtype)
     policy = _level_policy(level, use_promote).with_lists(
         custom_white_list, custom_black_list, framework="paddle")
-    device = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device_type or torch.get_default_device().type
     return autocast(device, low, enabled=enable and level != "O0", policy=policy)
 
 

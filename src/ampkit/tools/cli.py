@@ -8,7 +8,8 @@ the ampkit lines of the O2 run, and writes a report folder (see :mod:`ampkit.too
 Options of ``ampkit demo``:
 
 * ``--levels``: comma-separated (or repeated) among ``fp32`` (alias ``O0``), ``O1``,
-  ``O2``, ``O3``; ``--dtypes``: among ``bf16``, ``fp16``. Without ``--levels`` the runs are
+  ``O2``, ``O3``; ``--dtypes``: among ``bf16`` (or ``bfloat16``), ``fp16`` (or
+  ``float16``, ``half``). Without ``--levels`` the runs are
   fp32, O1/O2/O3 in bf16 and O1/O2 in fp16; with it, every listed AMP level runs in every
   listed dtype (``--dtypes`` alone filters the default set). Case does not matter.
 * ``--epochs`` (default 5), ``--seed`` (default 0), ``--device`` (``auto``, ``cpu``,
@@ -25,9 +26,10 @@ starts; 130 when interrupted.
 
 Example:
     >>> from ampkit.tools.cli import build_parser
-    >>> args = build_parser().parse_args(["demo", "--levels", "fp32,o2", "--dtypes", "fp16"])
+    >>> args = build_parser().parse_args(["demo", "--levels", "fp32,o2", "--dtypes",
+    ...                                   "float16,BFloat16"])
     >>> args.levels, args.dtypes, args.epochs
-    (['fp32', 'O2'], ['fp16'], 5)
+    (['fp32', 'O2'], ['fp16', 'bf16'], 5)
 """
 
 from __future__ import annotations
@@ -62,15 +64,32 @@ _PROG = "ampkit"
 _DEVICE_CHOICES = "auto, cpu, cuda, cuda:<index>"
 
 
-def _choice_list(accepted: Sequence[str]) -> Callable[[str], list[str]]:
+# Other spellings of the demo's dtype names: torch's own dtype names, and "half".
+_DTYPE_SPELLINGS: dict[str, tuple[str, ...]] = {"bf16": ("bfloat16",),
+                                                 "fp16": ("float16", "half")}
+
+
+def _spelled(accepted: Sequence[str], aliases: dict[str, tuple[str, ...]]) -> str:
+    """``bf16|bfloat16, fp16|float16|half``: each choice with its other spellings."""
+    return ", ".join("|".join((choice, *aliases.get(choice, ()))) for choice in accepted)
+
+
+def _choice_list(accepted: Sequence[str], aliases: dict[str, tuple[str, ...]] | None = None
+                 ) -> Callable[[str], list[str]]:
+    """A parser of comma-separated choices, case-insensitive, with other spellings of a
+    choice (``aliases``) mapped to it."""
+    aliases = aliases or {}
     canonical = {choice.lower(): choice for choice in accepted}
+    canonical.update({alias.lower(): choice for choice in accepted
+                      for alias in aliases.get(choice, ())})
 
     def parse(text: str) -> list[str]:
         chosen = []
         for item in (part.strip() for part in text.split(",")):
             if item.lower() not in canonical:
                 raise argparse.ArgumentTypeError(
-                    f"invalid choice: {item!r} (choose from {', '.join(accepted)})")
+                    f"invalid choice: {item!r} (choose from {_spelled(accepted, aliases)}; "
+                    f"case does not matter)")
             chosen.append(canonical[item.lower()])
         return chosen
 
@@ -136,12 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"one of {_DEVICE_CHOICES} (default: auto, which is CUDA when "
                            "available, else CPU)")
     demo.add_argument("--levels", type=_choice_list(LEVEL_CHOICES), action="extend",
-                      help=f"comma-separated, among {', '.join(LEVEL_CHOICES)} (O0 = fp32); "
+                      help=f"comma-separated, among {', '.join(LEVEL_CHOICES)} (O0 = fp32; "
+                           "case does not matter); "
                            "default: fp32,O1,O2,O3 without O3-fp16. Given, every listed "
                            "level runs in every listed dtype")
-    demo.add_argument("--dtypes", type=_choice_list(tuple(DTYPE_CHOICES)), action="extend",
-                      help=f"comma-separated, among {', '.join(DTYPE_CHOICES)} (default: "
-                           "both); fp16 runs use dynamic loss scaling")
+    dtype_names = _spelled(tuple(DTYPE_CHOICES), _DTYPE_SPELLINGS)
+    demo.add_argument("--dtypes", type=_choice_list(tuple(DTYPE_CHOICES), _DTYPE_SPELLINGS),
+                      action="extend",
+                      help=f"comma-separated, among {dtype_names} (any case; default: both); "
+                           "fp16 runs use dynamic loss scaling")
     demo.add_argument("--seed", type=_non_negative_int, default=0,
                       help="seed of the data split, the initial weights and the batch order "
                            "(default: 0)")
