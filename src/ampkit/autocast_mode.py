@@ -134,23 +134,31 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
     return rules
 
 
+_NO_RULES: Mapping[Any, str] = {}
+
+
 class _PolicyMode(TorchFunctionMode):
     """The one interception point of a thread; regions swap its rules."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.rules: Mapping[Any, str] = {}
-        self.lookup = self.rules.get  # bound once per region: the per-op hot path
+        # The active policy's table, shared by every region with an equal policy
+        # (``_compile_rules`` is cached by the policy's value), so torch.compile's guard
+        # on it holds from one region to the next and a compiled graph is reused.
+        self.rules: Mapping[Any, str] = _NO_RULES
         self.device_type = "cpu"
         self.dtype = torch.bfloat16
         self.cache: WeightCastCache | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        rule = self.lookup(func)
-        if rule is None:
+        # Plain ``in`` and subscription on a dict, no bound builtin method: dynamo has
+        # traced these on constant dicts for every torch this package supports, while a
+        # stored ``dict.get`` is a skipped function to some versions (a graph break).
+        rules = self.rules
+        if func not in rules:
             return func(*args, **kwargs) if kwargs else func(*args)
-        return self._apply(rule, func, args, kwargs or {})
+        return self._apply(rules[func], func, args, kwargs or {})
 
     def _apply(self, rule: str, func: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
@@ -160,7 +168,10 @@ class _PolicyMode(TorchFunctionMode):
         # Native eligibility: out= and an explicit dtype= are honoured as given.
         if kwargs.get("out") is None and kwargs.get("dtype") is None:
             if rule == "lower":
-                args, kwargs = cast_op_args(args, kwargs, self.dtype, device, self.cache)
+                # A traced graph casts weights itself (and the cache's id() bookkeeping
+                # cannot be traced); eager regions share casts across calls.
+                cache = None if torch.compiler.is_compiling() else self.cache
+                args, kwargs = cast_op_args(args, kwargs, self.dtype, device, cache)
             elif rule == "fp32":
                 args, kwargs = cast_op_args(args, kwargs, torch.float32, device, None)
             elif rule == "promote":
@@ -297,7 +308,6 @@ class autocast:
         if mode is not None:
             saved = (mode.rules, mode.device_type, mode.dtype, mode.cache)
             mode.rules, mode.device_type, mode.dtype = self._rules, self.device_type, self.dtype
-            mode.lookup = self._rules.get
             mode.cache = st.cache if self.cache_enabled else None
         st.stack.append((native, pushed, saved))
         st.policies.append((self.device_type, self.policy if self.enabled else None))
@@ -311,7 +321,6 @@ class autocast:
         mode = st.mode
         if mode is not None and saved is not None:
             mode.rules, mode.device_type, mode.dtype, mode.cache = saved
-            mode.lookup = mode.rules.get
         if pushed and mode is not None:
             mode.__exit__(*exc)
             st.mode = None
