@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -106,6 +107,31 @@ def native_op_names(device_type: str) -> frozenset[str]:
     return frozenset(r.split("::", 1)[-1].split(".", 1)[0] for r in regs)
 
 
+# ``entry point -> position of its inplace parameter`` (F.relu(x, inplace=True), ...).
+# Such a call writes into its input: no rule applies to it, as to F.relu_ itself.
+_INPLACE_ARG: dict[Any, int] = {}
+
+
+def _note_inplace_parameter(fn: Any) -> None:
+    if fn in _INPLACE_ARG or not inspect.isfunction(fn):
+        return
+    try:
+        params = list(inspect.signature(fn, follow_wrapped=False).parameters)
+    except (TypeError, ValueError):  # a builtin behind a Python wrapper: no inplace
+        return
+    if "inplace" in params:
+        _INPLACE_ARG[fn] = params.index("inplace")
+
+
+def _is_inplace_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if func not in _INPLACE_ARG:
+        return False
+    pos = _INPLACE_ARG[func]
+    if len(args) > pos:
+        return bool(args[pos])
+    return bool(kwargs["inplace"]) if "inplace" in kwargs else False
+
+
 @functools.lru_cache(maxsize=64)
 def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
     """``entry point -> rule`` for the ops this policy decides differently from native
@@ -129,6 +155,7 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
             continue
         for fn in entry_points(name):
             rules[fn] = rule
+            _note_inplace_parameter(fn)
     # A plain dict (not a MappingProxyType): torch.compile can guard on a dict whose
     # keys are functions, and nobody outside this module mutates it.
     return rules
@@ -163,7 +190,9 @@ class _PolicyMode(TorchFunctionMode):
     def _apply(self, rule: str, func: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
         device = self.device_type
-        if not torch.is_autocast_enabled(device):  # an inner torch.autocast(enabled=False)
+        if not torch.is_autocast_enabled(device) or _is_inplace_call(func, args, kwargs):
+            # An inner torch.autocast(enabled=False), or an in-place call: it keeps its
+            # effect on the input, in the input's dtype, as under native autocast.
             return func(*args, **kwargs)
         # Native eligibility: out= and an explicit dtype= are honoured as given.
         if kwargs.get("out") is None and kwargs.get("dtype") is None:
