@@ -197,3 +197,16 @@ def test_inductor_compiles_once_and_matches_eager() -> None:
     torch.testing.assert_close(out, eager, rtol=8e-3, atol=8e-3)
     assert native.dtype == torch.float32
     torch.testing.assert_close(native, lin(x).softmax(-1) + x)
+
+
+def test_in_place_call_keeps_its_effect_under_compile() -> None:
+    """Issue 16: an in-place call is never run on a cast copy, traced or not."""
+    fn, counter = _counted(lambda t: torch.nn.functional.relu(t * 2, inplace=True) + t)
+    x = torch.tensor([-1.0, 2.0, -3.0])
+    torch._dynamo.reset()
+    with ampkit.autocast("cpu", torch.bfloat16, custom_white_list=["relu"]):
+        out = fn(x)
+        eager = torch.nn.functional.relu(x * 2, inplace=True) + x
+    assert counter.frame_count == 1
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    torch.testing.assert_close(out, torch.tensor([-1.0, 6.0, -3.0]), rtol=0, atol=0)

@@ -112,15 +112,21 @@ def native_op_names(device_type: str) -> frozenset[str]:
 _INPLACE_ARG: dict[Any, int] = {}
 
 
-def _note_inplace_parameter(fn: Any) -> None:
-    if fn in _INPLACE_ARG or not inspect.isfunction(fn):
+def _fill_inplace_table() -> None:
+    """Fill ``_INPLACE_ARG`` for every registry entry point, once: a table that never
+    changes afterwards keeps compiled code's guard on it valid."""
+    if _INPLACE_ARG:
         return
-    try:
-        params = list(inspect.signature(fn, follow_wrapped=False).parameters)
-    except (TypeError, ValueError):  # a builtin behind a Python wrapper: no inplace
-        return
-    if "inplace" in params:
-        _INPLACE_ARG[fn] = params.index("inplace")
+    for name in all_op_names():
+        for fn in entry_points(name):
+            if not inspect.isfunction(fn):
+                continue
+            try:
+                params = list(inspect.signature(fn, follow_wrapped=False).parameters)
+            except (TypeError, ValueError):  # a builtin behind a Python wrapper
+                continue
+            if "inplace" in params:
+                _INPLACE_ARG[fn] = params.index("inplace")
 
 
 def _is_inplace_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -138,6 +144,7 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
     autocast. Empty for a native-equal policy: then nothing is intercepted."""
     if policy.is_native:
         return {}
+    _fill_inplace_table()
     native = native_op_names(device_type) & all_op_names()
     listed = policy.lower_precision_ops | policy.fp32_ops | policy.promote_ops
     if policy.unlisted == "native":
@@ -155,13 +162,35 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
             continue
         for fn in entry_points(name):
             rules[fn] = rule
-            _note_inplace_parameter(fn)
     # A plain dict (not a MappingProxyType): torch.compile can guard on a dict whose
     # keys are functions, and nobody outside this module mutates it.
     return rules
 
 
 _NO_RULES: Mapping[Any, str] = {}
+
+_LIST_TYPES = (list, tuple, set, frozenset)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_with_lists(base: Policy, white: tuple[Any, ...] | None,
+                       black: tuple[Any, ...] | None) -> Policy:
+    return base.with_lists(white, black)
+
+
+def _region_policy(base: Policy, white: Any, black: Any) -> Policy:
+    """``base.with_lists(white, black)``, memoised on the lists' contents: a training
+    loop that writes its lists inline builds the same policy every step, and resolving
+    names is most of a region's entry cost."""
+    if (white is None or isinstance(white, _LIST_TYPES)) and (
+            black is None or isinstance(black, _LIST_TYPES)):
+        try:
+            return _cached_with_lists(base, None if white is None else tuple(white),
+                                      None if black is None else tuple(black))
+        except TypeError as exc:
+            if "unhashable" not in str(exc):
+                raise  # a real error from with_lists, not from the cache key
+    return base.with_lists(white, black)
 
 
 class _PolicyMode(TorchFunctionMode):
@@ -308,7 +337,7 @@ class autocast:
                                          else device_type)
         base = get_policy(policy)
         chosen = as_dtype(dtype)
-        self.policy: Policy = base.with_lists(custom_white_list, custom_black_list)
+        self.policy: Policy = _region_policy(base, custom_white_list, custom_black_list)
         self.dtype: torch.dtype = (chosen or self.policy.dtype
                                    or torch.get_autocast_dtype(self.device_type))
         self.enabled = enabled
