@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -106,12 +107,44 @@ def native_op_names(device_type: str) -> frozenset[str]:
     return frozenset(r.split("::", 1)[-1].split(".", 1)[0] for r in regs)
 
 
+# ``entry point -> position of its inplace parameter`` (F.relu(x, inplace=True), ...).
+# Such a call writes into its input: no rule applies to it, as to F.relu_ itself.
+_INPLACE_ARG: dict[Any, int] = {}
+
+
+def _fill_inplace_table() -> None:
+    """Fill ``_INPLACE_ARG`` for every registry entry point, once: a table that never
+    changes afterwards keeps compiled code's guard on it valid."""
+    if _INPLACE_ARG:
+        return
+    for name in all_op_names():
+        for fn in entry_points(name):
+            if not inspect.isfunction(fn):
+                continue
+            try:
+                params = list(inspect.signature(fn, follow_wrapped=False).parameters)
+            except (TypeError, ValueError):  # a builtin behind a Python wrapper
+                continue
+            if "inplace" in params:
+                _INPLACE_ARG[fn] = params.index("inplace")
+
+
+def _is_inplace_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    if func not in _INPLACE_ARG:
+        return False
+    pos = _INPLACE_ARG[func]
+    if len(args) > pos:
+        return bool(args[pos])
+    return bool(kwargs["inplace"]) if "inplace" in kwargs else False
+
+
 @functools.lru_cache(maxsize=64)
 def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
     """``entry point -> rule`` for the ops this policy decides differently from native
     autocast. Empty for a native-equal policy: then nothing is intercepted."""
     if policy.is_native:
         return {}
+    _fill_inplace_table()
     native = native_op_names(device_type) & all_op_names()
     listed = policy.lower_precision_ops | policy.fp32_ops | policy.promote_ops
     if policy.unlisted == "native":
@@ -134,33 +167,69 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
     return rules
 
 
+_NO_RULES: Mapping[Any, str] = {}
+
+_LIST_TYPES = (list, tuple, set, frozenset)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_with_lists(base: Policy, white: tuple[Any, ...] | None,
+                       black: tuple[Any, ...] | None) -> Policy:
+    return base.with_lists(white, black)
+
+
+def _region_policy(base: Policy, white: Any, black: Any) -> Policy:
+    """``base.with_lists(white, black)``, memoised on the lists' contents: a training
+    loop that writes its lists inline builds the same policy every step, and resolving
+    names is most of a region's entry cost."""
+    if (white is None or isinstance(white, _LIST_TYPES)) and (
+            black is None or isinstance(black, _LIST_TYPES)):
+        try:
+            return _cached_with_lists(base, None if white is None else tuple(white),
+                                      None if black is None else tuple(black))
+        except TypeError as exc:
+            if "unhashable" not in str(exc):
+                raise  # a real error from with_lists, not from the cache key
+    return base.with_lists(white, black)
+
+
 class _PolicyMode(TorchFunctionMode):
     """The one interception point of a thread; regions swap its rules."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.rules: Mapping[Any, str] = {}
-        self.lookup = self.rules.get  # bound once per region: the per-op hot path
+        # The active policy's table, shared by every region with an equal policy
+        # (``_compile_rules`` is cached by the policy's value), so torch.compile's guard
+        # on it holds from one region to the next and a compiled graph is reused.
+        self.rules: Mapping[Any, str] = _NO_RULES
         self.device_type = "cpu"
         self.dtype = torch.bfloat16
         self.cache: WeightCastCache | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        rule = self.lookup(func)
-        if rule is None:
+        # Plain ``in`` and subscription on a dict, no bound builtin method: dynamo has
+        # traced these on constant dicts for every torch this package supports, while a
+        # stored ``dict.get`` is a skipped function to some versions (a graph break).
+        rules = self.rules
+        if func not in rules:
             return func(*args, **kwargs) if kwargs else func(*args)
-        return self._apply(rule, func, args, kwargs or {})
+        return self._apply(rules[func], func, args, kwargs or {})
 
     def _apply(self, rule: str, func: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
         device = self.device_type
-        if not torch.is_autocast_enabled(device):  # an inner torch.autocast(enabled=False)
+        if not torch.is_autocast_enabled(device) or _is_inplace_call(func, args, kwargs):
+            # An inner torch.autocast(enabled=False), or an in-place call: it keeps its
+            # effect on the input, in the input's dtype, as under native autocast.
             return func(*args, **kwargs)
         # Native eligibility: out= and an explicit dtype= are honoured as given.
         if kwargs.get("out") is None and kwargs.get("dtype") is None:
             if rule == "lower":
-                args, kwargs = cast_op_args(args, kwargs, self.dtype, device, self.cache)
+                # A traced graph casts weights itself (and the cache's id() bookkeeping
+                # cannot be traced); eager regions share casts across calls.
+                cache = None if torch.compiler.is_compiling() else self.cache
+                args, kwargs = cast_op_args(args, kwargs, self.dtype, device, cache)
             elif rule == "fp32":
                 args, kwargs = cast_op_args(args, kwargs, torch.float32, device, None)
             elif rule == "promote":
@@ -268,7 +337,7 @@ class autocast:
                                          else device_type)
         base = get_policy(policy)
         chosen = as_dtype(dtype)
-        self.policy: Policy = base.with_lists(custom_white_list, custom_black_list)
+        self.policy: Policy = _region_policy(base, custom_white_list, custom_black_list)
         self.dtype: torch.dtype = (chosen or self.policy.dtype
                                    or torch.get_autocast_dtype(self.device_type))
         self.enabled = enabled
@@ -297,7 +366,6 @@ class autocast:
         if mode is not None:
             saved = (mode.rules, mode.device_type, mode.dtype, mode.cache)
             mode.rules, mode.device_type, mode.dtype = self._rules, self.device_type, self.dtype
-            mode.lookup = self._rules.get
             mode.cache = st.cache if self.cache_enabled else None
         st.stack.append((native, pushed, saved))
         st.policies.append((self.device_type, self.policy if self.enabled else None))
@@ -311,7 +379,6 @@ class autocast:
         mode = st.mode
         if mode is not None and saved is not None:
             mode.rules, mode.device_type, mode.dtype, mode.cache = saved
-            mode.lookup = mode.rules.get
         if pushed and mode is not None:
             mode.__exit__(*exc)
             st.mode = None

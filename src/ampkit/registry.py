@@ -7,8 +7,10 @@ land on it (``a + b`` arrives as ``Tensor.add``). Names from ``torch.linalg``,
 ``torch.fft`` and ``torch.special`` carry the prefix native autocast uses
 (``linalg_inv``, ``fft_fft``, ``special_erf``).
 
-In-place variants (``add_``, ``a += b``) are deliberately absent: autocast never
-applies to them, so listing one is an error rather than a silent no-op.
+In-place variants (``add_``, ``F.relu_``, ``Tensor.elu_``, ``a += b``) are deliberately
+absent: no rule ever applies to them (an in-place op writes into its input, in the
+input's dtype, as under native autocast), so listing one is a ``ValueError`` that names
+its out-of-place twin rather than a silent no-op.
 
 Other frameworks' names (Paddle's ``elementwise_add``, MXNet's ``FullyConnected``,
 MindSpore's ``MatMul``) live in per-framework alias tables, because the same word
@@ -255,10 +257,15 @@ def _tables() -> tuple[Mapping[str, tuple[Callable[..., Any], ...]], Mapping[Any
     for name, fn in _public_callables(torch):
         if not name.endswith("_") and not name[0].isupper():
             add(name, fn)
+    # No trailing-underscore names anywhere (F.relu_, torch._C._nn.elu_, Tensor.x_):
+    # in-place ops are never part of a family, so that no rule ever runs one on a cast
+    # copy (which would silently drop its effect on the input).
     for name, fn in _public_callables(F):
-        add(name, fn)
+        if not name.endswith("_"):
+            add(name, fn)
     for name, fn in _public_callables(torch._C._nn):  # the builtins behind F.*
-        add(name, fn)
+        if not name.endswith("_"):
+            add(name, fn)
     for ns_name, prefix in _PREFIXED:
         for name, fn in _public_callables(getattr(torch, ns_name)):
             add(prefix + name, fn)
@@ -348,6 +355,12 @@ def _unknown(name: str, argument: str, framework: str | None = None) -> ValueErr
                       f"name{where}{hint}")
 
 
+def _in_place(what: str, twin: str, argument: str) -> ValueError:
+    return ValueError(f"{argument}: {what} is an in-place op; lists never apply to in-place "
+                      f"ops (they keep their input's dtype, as under native autocast), list "
+                      f"its out-of-place twin {twin!r} instead")
+
+
 def resolve_op(entry: OpEntry, *, framework: str | None = None,
                argument: str = "op") -> tuple[str, ...]:
     """Translate one list entry into canonical op names.
@@ -374,9 +387,8 @@ def resolve_op(entry: OpEntry, *, framework: str | None = None,
         name = _canonical(entry)
         if name in _tables()[0]:
             return (name,)
-        if name.endswith("_") and name[:-1] in _tables()[0]:
-            raise ValueError(f"{argument}: {entry!r} is an in-place op; autocast never applies "
-                             f"to in-place ops, list {name[:-1]!r} instead")
+        if name.endswith("_") and _canonical(name[:-1]) in _tables()[0]:
+            raise _in_place(repr(entry), _canonical(name[:-1]), argument)
         raise _unknown(entry, argument, framework)
     if isinstance(entry, type):
         for cls in entry.__mro__:
@@ -388,6 +400,11 @@ def resolve_op(entry: OpEntry, *, framework: str | None = None,
         name = op_name_of(entry)
         if name is not None:
             return (name,)
+        fn_name = getattr(entry, "__name__", "")
+        if isinstance(fn_name, str) and fn_name.endswith("_") and not fn_name.endswith("__"):
+            twin = _canonical(fn_name[:-1])
+            if twin in _tables()[0]:
+                raise _in_place(f"{getattr(entry, '__qualname__', fn_name)}", twin, argument)
         raise TypeError(f"{argument}: {entry!r} is not a known op entry point; pass a canonical "
                         f"op name such as 'linear' or a torch / torch.nn.functional / Tensor "
                         f"callable")
