@@ -78,9 +78,10 @@ def _pairs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
 
 
 class _CastCountingMode(TorchDispatchMode):
-    def __init__(self, tally: Counter[_Cast], nbytes: Counter[_Cast]) -> None:
+    def __init__(self, tally: Counter[_Cast], nbytes: Counter[_Cast],
+                 scalar_bytes: Counter[_Cast]) -> None:
         super().__init__()
-        self.tally, self.nbytes = tally, nbytes
+        self.tally, self.nbytes, self.scalar_bytes = tally, nbytes, scalar_bytes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -92,7 +93,10 @@ class _CastCountingMode(TorchDispatchMode):
             key = _Cast(op, source.dtype, dtype)
             self.tally[key] += 1
             itemsize = torch.empty((), dtype=dtype).element_size()
-            self.nbytes[key] += source.numel() * (source.element_size() + itemsize)
+            moved = source.numel() * (source.element_size() + itemsize)
+            self.nbytes[key] += moved
+            if source.numel() <= 1:
+                self.scalar_bytes[key] += moved
         return out
 
 
@@ -114,6 +118,7 @@ class CastTraffic:
     def __init__(self) -> None:
         self._tally: Counter[_Cast] = Counter()
         self._bytes: Counter[_Cast] = Counter()
+        self._scalar_bytes: Counter[_Cast] = Counter()
         self._mode: _CastCountingMode | None = None
         self._state = _State.READY
 
@@ -121,7 +126,7 @@ class CastTraffic:
         if self._state is not _State.READY:
             raise RuntimeError("a CastTraffic region can be entered only once; call "
                                "count_casts() again for a new count")
-        self._mode = _CastCountingMode(self._tally, self._bytes)
+        self._mode = _CastCountingMode(self._tally, self._bytes, self._scalar_bytes)
         self._mode.__enter__()
         self._state = _State.COUNTING
         return self
@@ -141,6 +146,12 @@ class CastTraffic:
     def bytes(self) -> int:
         """Bytes the casts read and wrote, summed."""
         return sum(self._bytes.values())
+
+    @property
+    def scalar_bytes(self) -> int:
+        """Of :attr:`bytes`, those of one-element tensors: bookkeeping such as a loss
+        scale or a step counter, not activations or parameters."""
+        return sum(self._scalar_bytes.values())
 
     def _grouped(self, key: Any) -> Mapping[Any, tuple[int, int]]:
         out: dict[Any, list[int]] = {}
