@@ -192,7 +192,7 @@ def test_layer_norm_has_no_double_backward_but_says_so():
     convert_model(nn.Sequential(norm), "O2", BF16, patch_ops=False)
     x = torch.rand(3, 4, dtype=BF16, requires_grad=True)
     (gx,) = torch.autograd.grad(norm(x).float().pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable|does not require grad"):
+    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
         gx.float().sum().backward()
 
 
