@@ -16,6 +16,11 @@ dtype changes, so every module receives inputs in the dtype its parameters have:
 * **a kept-fp32 module's boundary**: inputs are cast to float32, autocast is off inside
   (so it really computes in fp32), and outputs are cast to ``kept_output_dtype``
   (O2: back to the low dtype, so the next module gets what its parameters have).
+  Norms whose torch kernel computes in fp32 from a low-precision input and fp32
+  parameters (:data:`MIXED_INPUT_NORMS`; LayerNorm on CPU through
+  :class:`_LowInputLayerNorm`) take the low-precision activation as it is when the
+  kept output dtype is low precision too: the same fp32 arithmetic, without an
+  activation-sized copy each way.
 * **a module white list** (``low_precision_modules``, MindSpore's O1): only the listed
   modules compute in low precision (their inputs and their fp32 parameters are cast on
   the way in, by an autocast region that runs every op in ``compute_dtype``), and their
@@ -72,6 +77,8 @@ from ampkit.registry import OpEntry
 
 __all__ = [
     "ALL_LOW_PRECISION",
+    "LOW_INPUT_LAYER_NORM_DEVICES",
+    "MIXED_INPUT_NORMS",
     "NORM_MODULES",
     "ConversionConfig",
     "ModuleSelector",

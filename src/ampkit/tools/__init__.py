@@ -1,5 +1,5 @@
-"""ampkit's tools: operator statistics, the NaN/Inf checker with provenance, the
-``ampkit demo`` training report, the CLI.
+"""ampkit's tools: operator statistics, cast traffic, the NaN/Inf checker with
+provenance, the ``ampkit demo`` training report, the CLI.
 
 Names are imported on first use, so ``import ampkit.tools`` loads neither matplotlib
 nor scikit-learn.
@@ -33,6 +33,8 @@ _LAZY = {
     "demo_configurations": "ampkit.tools.demo",
     "run_demo": "ampkit.tools.demo",
     "training_code": "ampkit.tools.demo",
+    "CastTraffic": "ampkit.tools.cast_traffic",
+    "count_casts": "ampkit.tools.cast_traffic",
     "ReportFiles": "ampkit.tools.report",
     "summary_table": "ampkit.tools.report",
     "write_report": "ampkit.tools.report",
