@@ -71,7 +71,10 @@ def test_every_module_receives_inputs_in_its_parameters_dtype(level, make):
         module.register_forward_pre_hook(check)
     model(_inputs(model)).float().sum().backward()
     assert seen, "no module with parameters saw a floating input"
-    assert all(got is want for _, got, want in seen), seen
+    # Except the kept-fp32 norms at O2: BatchNorm and LayerNorm take the bf16 activation
+    # as it is, with fp32 parameters (their kernels compute in fp32 inside; issue 10).
+    low_input = {"BatchNorm2d", "LayerNorm"} if level == "O2" else set()
+    assert all(got is (BF16 if name in low_input else want) for name, got, want in seen), seen
     # gradients come back in each parameter's own dtype
     assert all(p.grad.dtype is p.dtype for p in model.parameters() if p.grad is not None)
 
@@ -514,8 +517,10 @@ def test_config_field_checks():
 # -- kept-fp32 modules save their low-precision input, not its fp32 copy ----------------
 
 def _o2_block():
+    # RMSNorm: a kept norm whose input is still cast to fp32 (BatchNorm and LayerNorm
+    # take the bf16 input as it is, see the tests in test_o2_cast_traffic.py).
     torch.manual_seed(8)
-    return convert_model(nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 2),
+    return convert_model(nn.Sequential(nn.Linear(6, 6), nn.RMSNorm(6), nn.Linear(6, 2),
                                        nn.BatchNorm1d(2)), "O2", BF16)
 
 
@@ -556,7 +561,7 @@ def test_modifying_the_saved_low_precision_input_in_place_is_caught():
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.lin, self.ln = nn.Linear(4, 4), nn.LayerNorm(4)
+            self.lin, self.ln = nn.Linear(4, 4), nn.RMSNorm(4)  # input cast to fp32
 
         def forward(self, x):
             h = self.lin(x)

@@ -16,6 +16,11 @@ dtype changes, so every module receives inputs in the dtype its parameters have:
 * **a kept-fp32 module's boundary**: inputs are cast to float32, autocast is off inside
   (so it really computes in fp32), and outputs are cast to ``kept_output_dtype``
   (O2: back to the low dtype, so the next module gets what its parameters have).
+  Norms whose torch kernel computes in fp32 from a low-precision input and fp32
+  parameters (:data:`MIXED_INPUT_NORMS`; LayerNorm on CPU through
+  :class:`_LowInputLayerNorm`) take the low-precision activation as it is when the
+  kept output dtype is low precision too: the same fp32 arithmetic, without an
+  activation-sized copy each way.
 * **a module white list** (``low_precision_modules``, MindSpore's O1): only the listed
   modules compute in low precision (their inputs and their fp32 parameters are cast on
   the way in, by an autocast region that runs every op in ``compute_dtype``), and their
@@ -62,6 +67,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit.autocast_mode import autocast
@@ -73,6 +79,8 @@ from ampkit.registry import OpEntry
 
 __all__ = [
     "ALL_LOW_PRECISION",
+    "LOW_INPUT_LAYER_NORM_DEVICES",
+    "MIXED_INPUT_NORMS",
     "NORM_MODULES",
     "ConversionConfig",
     "ModuleSelector",
@@ -621,10 +629,119 @@ def _saved_tensor_hooks_free() -> bool:
         return False
 
 
+def _mixed_input_norms() -> dict[str, tuple[type[nn.Module], ...]]:
+    """Per device type, the norm classes whose torch kernels take a low-precision input
+    with fp32 weight, bias and running statistics, compute in fp32 inside and return the
+    input's dtype, with gradients as exact as the fp32 computation's. Exact classes only:
+    a subclass may override ``forward`` with ops that would then run in low precision.
+
+    Checked against float64 on torch 2.13 CPU (output, input gradient, weight and bias
+    gradients, running statistics; bfloat16 and float16): BatchNorm, GroupNorm and
+    InstanceNorm match the cast-to-fp32 path to fp32 rounding. Left out on purpose:
+
+    * LayerNorm: the CPU kernel takes mixed input, but its backward accumulates the
+      weight and bias gradients in the input's dtype (1-2% relative error in bfloat16),
+      so on CPU it runs through :class:`_LowInputLayerNorm` instead (see
+      :data:`LOW_INPUT_LAYER_NORM_DEVICES`); CUDA refuses mixed input (torch 2.11:
+      "expected scalar type BFloat16 but found Float").
+    * RMSNorm: with mixed dtypes ``F.rms_norm`` falls back to a composite that upcasts
+      the input itself and rounds twice, so nothing is saved.
+    * SyncBatchNorm, and on CUDA GroupNorm (refuses mixed input, torch 2.11) and
+      InstanceNorm (not checked on a GPU).
+
+    CUDA BatchNorm (native and cuDNN kernels) takes mixed input: measured on an H100
+    with torch 2.11 (issue 10), and the way apex's O2 has always run it."""
+    from torch.nn.modules import batchnorm, instancenorm
+
+    batch = (batchnorm.BatchNorm1d, batchnorm.BatchNorm2d, batchnorm.BatchNorm3d)
+    instance = (instancenorm.InstanceNorm1d, instancenorm.InstanceNorm2d,
+                instancenorm.InstanceNorm3d)
+    return {"cpu": (*batch, nn.GroupNorm, *instance), "cuda": batch}
+
+
+#: Per device type, the kept-fp32 norm classes that take the low-precision activation
+#: as it is (see :func:`_mixed_input_norms`): no fp32 copy of their input is made.
+MIXED_INPUT_NORMS: dict[str, tuple[type[nn.Module], ...]] = _mixed_input_norms()
+
+
+#: Device types on which a kept-fp32 ``nn.LayerNorm`` takes the low-precision
+#: activation as it is, through :class:`_LowInputLayerNorm`.
+LOW_INPUT_LAYER_NORM_DEVICES: tuple[str, ...] = ("cpu",)
+
+
+class _LowInputLayerNorm(torch.autograd.Function):
+    """``F.layer_norm`` of a low-precision input with fp32 weight and bias, fp32
+    statistics and fp32 arithmetic, without an fp32 copy of the input in the forward.
+
+    Forward and input gradient: torch's mixed-dtype kernels (bit-equal, on torch 2.13
+    CPU, to normalising an fp32 copy and rounding). Weight and bias gradients: torch's
+    fp32 kernel on fp32 copies of the input and the incoming gradient, made only in the
+    backward and only when those gradients are needed, because the mixed kernel sums
+    them in the input's dtype. No double backward (``once_differentiable``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, normalized_shape: Any, weight: Any, bias: Any,
+                eps: float) -> torch.Tensor:
+        out, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, bias, eps)
+        ctx.save_for_backward(x, mean, rstd, weight, bias)
+        ctx.normalized_shape = normalized_shape
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, mean, rstd, weight, bias = ctx.saved_tensors
+        needs_x, _, needs_w, needs_b, _ = ctx.needs_input_grad
+        backward = torch.ops.aten.native_layer_norm_backward
+        shape = ctx.normalized_shape
+        grad_x = grad_w = grad_b = None
+        if needs_x:
+            grad_x = backward(grad, x, shape, mean, rstd, weight, bias,
+                              [True, False, False])[0]
+        if needs_w or needs_b:
+            _, grad_w, grad_b = backward(grad.float(), x.float(), shape, mean, rstd, weight,
+                                         bias, [False, needs_w, needs_b])
+        return grad_x, None, grad_w, grad_b, None
+
+
+def _is_fp32(t: Any) -> bool:
+    return t is None or (isinstance(t, torch.Tensor) and t.dtype is torch.float32)
+
+
+class _LayerNormFromLowInput(torch.overrides.TorchFunctionMode):
+    """Entered around a kept ``nn.LayerNorm``'s forward: its ``F.layer_norm`` call
+    goes to :class:`_LowInputLayerNorm`."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.layer_norm:
+            bound = dict(zip(("input", "normalized_shape", "weight", "bias", "eps"), args))
+            bound.update(kwargs)
+            x, weight, bias = bound["input"], bound.get("weight"), bound.get("bias")
+            if x.dtype in _LOW and _is_fp32(weight) and _is_fp32(bias):
+                return _LowInputLayerNorm.apply(x, tuple(bound["normalized_shape"]),
+                                                weight, bias, bound.get("eps", 1e-5))
+        return func(*args, **kwargs)
+
+
+_LOW_INPUT_LAYER_NORM = _LayerNormFromLowInput()
+
+
+def _takes_low_input(module: nn.Module, device_type: str) -> bool:
+    return type(module) in MIXED_INPUT_NORMS.get(device_type, ()) or (
+        type(module) is nn.LayerNorm and device_type in LOW_INPUT_LAYER_NORM_DEVICES)
+
+
 class _Boundary:
     """One module's forward hooks: casts on the way in, a region around the forward,
     casts on the way out. Holds no reference to the module, so ``copy.deepcopy`` of a
-    converted model gets working hooks of its own."""
+    converted model gets working hooks of its own.
+
+    A kept-fp32 norm in :data:`MIXED_INPUT_NORMS` gets its low-precision input as it is
+    (its kernel computes in fp32 inside from fp32 parameters and statistics, and
+    returns the input's dtype): no activation-sized cast on the way in, none on the way
+    out, none in the backward pass."""
 
     __slots__ = ("compute_dtype", "input_dtype", "output_dtype", "policy", "region")
 
@@ -640,6 +757,7 @@ class _Boundary:
     def before(self, module: nn.Module, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         entered: list[Any] = []
+        device_type = "cpu"
         if self.region is not _Region.UNCHANGED:
             _regions.entries.append((module, entered))
             device_type = _device_type(module, (args, kwargs))
@@ -653,6 +771,14 @@ class _Boundary:
             for context in entered:
                 context.__enter__()
         if self.input_dtype is None:
+            return None
+        if (self.region is _Region.FP32 and self.output_dtype in _LOW
+                and _takes_low_input(module, device_type)
+                and all(t.dtype in _LOW for t in _iter_tensors((args, kwargs))
+                        if t.is_floating_point())):
+            if type(module) is nn.LayerNorm:
+                _LOW_INPUT_LAYER_NORM.__enter__()
+                entered.append(_LOW_INPUT_LAYER_NORM)
             return None
         cast = cast_tree((args, kwargs), self.input_dtype)
         if (self.region is _Region.FP32 and torch.is_grad_enabled()

@@ -6,7 +6,10 @@ Paddle's ``level``, MindSpore's ``amp_level``). The properties:
 * ``cast_model_type``: the dtype parameters and floating buffers are stored in
   (``None``: left as they are);
 * ``keep_norms_fp32``: BatchNorm, LayerNorm, GroupNorm, InstanceNorm and RMSNorm
-  modules keep fp32 parameters and run in fp32 (``None``: the level does not decide);
+  modules keep fp32 parameters and statistics and compute in fp32; at O2 their input
+  and output are low precision (a norm whose kernel computes in fp32 from a
+  low-precision input gets it as it is; see ``ampkit.conversion``) (``None``: the
+  level does not decide);
 * ``master_weights``: the optimizer updates fp32 copies of low-precision parameters;
 * ``loss_scale``: ``"dynamic"``, a static scale (a positive number) or ``None``;
 * ``patch_ops``: the model's forward runs inside :class:`ampkit.autocast`, so each op

@@ -118,6 +118,9 @@ class _StepGuard(enum.Enum):
     SKIP_ONCE = "skip"  # an overflow: the next step() is a no-op
     REFUSE = "refuse"  # gradients still scaled (delay_unscale): step() raises
     REFUSE_THEN_SKIP = "refuse, then skip"  # both: an earlier loss overflowed
+    # A fused optimizer with state: step() runs with ``found_inf`` and the optimizer
+    # skips on the device itself, so nothing is read back to the host.
+    ON_DEVICE = "skip on the device"
 
 
 @dataclasses.dataclass
@@ -139,8 +142,10 @@ _lock = threading.Lock()
 _state: _State | None = None
 _pending: weakref.WeakKeyDictionary[torch.optim.Optimizer, _PendingGrads] = (
     weakref.WeakKeyDictionary())
-# Optimizer -> (guard, the instance's own ``step`` attribute before guarding, if any).
-_guards: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[_StepGuard, Any]] = (
+# Optimizer -> (guard, the instance's own ``step`` attribute before guarding, if any,
+# the found_inf tensor of an ON_DEVICE guard).
+_guards: weakref.WeakKeyDictionary[torch.optim.Optimizer,
+                                   tuple[_StepGuard, Any, torch.Tensor | None]] = (
     weakref.WeakKeyDictionary())
 _NO_ATTRIBUTE = object()
 
@@ -259,21 +264,31 @@ def load_loss_scaling_state_dict(state_dict: dict[str, Any]) -> None:
 
 # -- guarding optimizer.step() ---------------------------------------------------------
 
-def _guard(optimizer: torch.optim.Optimizer, guard: _StepGuard) -> None:
+def _guard(optimizer: torch.optim.Optimizer, guard: _StepGuard,
+           found_inf: torch.Tensor | None = None) -> None:
     if optimizer in _guards:
         original = _guards[optimizer][1]
     else:
         original = optimizer.__dict__.get("step", _NO_ATTRIBUTE)
-    _guards[optimizer] = (guard, original)
+    _guards[optimizer] = (guard, original, found_inf)
 
     def guarded_step(*args: Any, **kwargs: Any) -> Any:
         current = _guards.get(optimizer)
-        if current is not None and current[0] is not _StepGuard.SKIP_ONCE:
+        if current is not None and current[0] in (_StepGuard.REFUSE,
+                                                  _StepGuard.REFUSE_THEN_SKIP):
             raise RuntimeError("optimizer.step() was called while the gradients are still "
                                "scaled (scale_loss(..., delay_unscale=True)); finish with "
                                "a scale_loss(...) for the same loss_id without "
                                "delay_unscale before stepping")
         _unguard(optimizer)
+        if current is not None and current[0] is _StepGuard.ON_DEVICE:
+            # torch's fused optimizers read found_inf (and grad_scale, none here: the
+            # gradients are unscaled) from these attributes, as torch's GradScaler sets.
+            optimizer.found_inf = current[2]  # type: ignore[attr-defined]
+            try:
+                return optimizer.step(*args, **kwargs)
+            finally:
+                del optimizer.found_inf  # type: ignore[attr-defined]
         return None  # the skipped step: nothing in the optimizer changes
 
     optimizer.step = guarded_step  # type: ignore[method-assign]
@@ -368,23 +383,40 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
         return
     for opt in opts:
         scaler.unscale_(opt)
-    overflow = scaler.last_step_skipped  # the host sync that decides the skip
+    found_inf = scaler._current_found_inf()  # this loss's overflow, still on the device
+    assert found_inf is not None
     # Gradients put aside were checked when their own loss unscaled them, unless they
     # came from elsewhere (a backward outside scale_loss, a skipped iteration never
     # zeroed). Checking them again keeps an inf among them from reaching the weights;
     # it arms the skip but is not this loss's overflow, so its scale is left alone.
-    scale = scaler._get_scale_async()
-    assert scale is not None
-    earlier_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
-    unscale_grads_((grad for opt in opts for _, grad in _pending[opt].stash), None,
-                   earlier_inf)
-    agree_on_overflow_(earlier_inf, scaler._process_group)
-    overflow = overflow or bool(earlier_inf.item())
+    stashed = [grad for opt in opts for _, grad in _pending[opt].stash]
+    skip = found_inf
+    if stashed:
+        earlier_inf = torch.zeros((), dtype=torch.float32, device=found_inf.device)
+        unscale_grads_(stashed, None, earlier_inf)
+        skip = found_inf + agree_on_overflow_(earlier_inf, scaler._process_group)
     for opt in opts:
         put_grads_back(opt, _pending.pop(opt).stash, add=True)
     scaler.update()
+    on_device = {id(opt) for opt in opts if _skips_on_device(opt)}
+    # apex's semantics: after scale_loss, a plain optimizer.step() must already know
+    # whether to skip. Fused optimizers with state are told on the device; any other
+    # optimizer needs this one host sync.
+    overflow = (bool(skip.item()) if len(on_device) < len(opts) else False)
     for opt in opts:
-        if overflow or _skip_armed(opt):
+        if _skip_armed(opt) or (overflow and id(opt) not in on_device):
             _guard(opt, _StepGuard.SKIP_ONCE)
+        elif id(opt) in on_device:
+            earlier = _guards.get(opt)  # an earlier iteration's, never stepped: keep it
+            _guard(opt, _StepGuard.ON_DEVICE, skip if earlier is None or earlier[2] is None
+                   else skip + earlier[2])
         else:
             _unguard(opt)
+
+
+def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step()`` can skip on the device (torch's fused Adam, AdamW,
+    SGD, Adagrad, which take ``found_inf``) without changing anything on a skip: only
+    once it has state, as a first step would create the zero moments."""
+    return (getattr(optimizer, "_step_supports_amp_scaling", False)
+            and GradScaler._has_state(optimizer))

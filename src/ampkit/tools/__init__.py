@@ -1,6 +1,6 @@
-"""ampkit's tools: operator statistics, the NaN/Inf checker with provenance, the
-fp32-vs-low-precision comparison and policy tuning, the ``ampkit demo`` training
-report, the CLI.
+"""ampkit's tools: operator statistics, cast traffic, the NaN/Inf checker with
+provenance, the fp32-vs-low-precision comparison and policy tuning, the ``ampkit demo``
+training report, the CLI.
 
 Names are imported on first use, so ``import ampkit.tools`` loads neither matplotlib
 nor scikit-learn.
@@ -34,6 +34,8 @@ _LAZY = {
     "demo_configurations": "ampkit.tools.demo",
     "run_demo": "ampkit.tools.demo",
     "training_code": "ampkit.tools.demo",
+    "CastTraffic": "ampkit.tools.cast_traffic",
+    "count_casts": "ampkit.tools.cast_traffic",
     "ReportFiles": "ampkit.tools.report",
     "summary_table": "ampkit.tools.report",
     "write_report": "ampkit.tools.report",

@@ -1,0 +1,152 @@
+"""Cast traffic of one training step: fp32, native autocast, ampkit O1, O2, O3.
+
+Counts the dtype-changing copies (``_to_copy``, ``copy_``, ``_foreach_copy_`` between
+different dtypes) of one training step (forward, backward, optimizer step, zero_grad)
+below autograd, with :func:`ampkit.tools.cast_traffic.count_casts`, on two small models:
+
+* ``cnn``: a ResNet-style CNN with BatchNorm (the one of ``gpu_throughput.py``, widths
+  16-32-64, one basic block per stage, 10 classes) on 16 random 32x32 images;
+* ``transformer``: the pre-norm GPT decoder of ``gpu_throughput.py`` (d=128, 4 layers,
+  4 heads, vocab 512, tied head) on 8 x 64 random tokens.
+
+Modes: ``fp32``; ``native`` (``torch.autocast`` around the forward, and
+``torch.amp.GradScaler`` for float16); ``O1``, ``O2``, ``O3`` (``ampkit.initialize``,
+and ``ampkit.scale_loss`` where the level scales the loss). AdamW, one warm-up step
+before the counted one. Casts are counted, not timed: the counts do not depend on the
+machine, and the bytes they move are what a memory-bound accelerator pays for.
+
+``--by-op`` adds, per mode, the bytes by (source dtype -> destination dtype) and by op.
+
+Run: ``python benchmarks/cast_traffic.py [--dtype bfloat16 float16] [--models cnn
+transformer] [--by-op]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gpu_throughput import GPT, GPTConfig, ResNet
+
+import ampkit
+from ampkit.tools.cast_traffic import CastTraffic, count_casts
+
+MODES = ("fp32", "native", "O1", "O2", "O3")
+
+
+def make_workload(name: str) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor],
+                                      Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """``(model, (inputs, targets), loss)`` of a model name, seeded."""
+    torch.manual_seed(0)
+    if name == "cnn":
+        model: nn.Module = ResNet(widths=(16, 32, 64), blocks=(1, 1, 1), classes=10)
+        batch = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+        return model, batch, lambda out, y: F.cross_entropy(out.float(), y)
+    model = GPT(GPTConfig(vocab=512, dim=128, heads=4, layers=4, max_len=64))
+    ids = torch.randint(0, 512, (8, 65))
+
+    def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    return model, (ids[:, :-1], ids[:, 1:]), lm_loss
+
+
+def training_step(mode: str, model: nn.Module, dtype: torch.dtype) -> Callable[..., Any]:
+    """A function ``step(inputs, targets, loss_fn)`` training ``model`` in ``mode``."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    region: Callable[[], Any] = contextlib.nullcontext
+    scaler = None
+    scale_loss = False
+    if mode == "native":
+        region = lambda: torch.autocast("cpu", dtype)  # noqa: E731
+        if dtype is torch.float16:
+            scaler = torch.amp.GradScaler("cpu")
+    elif mode != "fp32":
+        model, optimizer = ampkit.initialize(model, optimizer, level=mode, dtype=dtype)
+        scale_loss = dtype is torch.float16 and mode in ("O1", "O2")
+
+    def step(inputs: torch.Tensor, targets: torch.Tensor,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        with region():
+            out = model(inputs)
+        loss = loss_fn(out, targets)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        elif scale_loss:
+            with ampkit.scale_loss(loss, optimizer) as scaled:
+                scaled.backward()
+            optimizer.step()
+        else:
+            loss.backward()
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def measure(name: str, mode: str, dtype: torch.dtype) -> CastTraffic:
+    """The cast traffic of one training step (after one warm-up step)."""
+    model, (inputs, targets), loss_fn = make_workload(name)
+    step = training_step(mode, copy.deepcopy(model), dtype)
+    step(inputs, targets, loss_fn)
+    with count_casts() as traffic:
+        step(inputs, targets, loss_fn)
+    return traffic
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+        dtype, str(dtype).removeprefix("torch."))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float16"],
+                        choices=["bfloat16", "float16"])
+    parser.add_argument("--models", nargs="+", default=["cnn", "transformer"],
+                        choices=["cnn", "transformer"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--by-op", action="store_true", help="break the bytes down")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}; one AdamW training step after one warm-up step; "
+          f"bytes = read + written")
+    for dtype_name in args.dtype:
+        dtype = getattr(torch, dtype_name)
+        for name in args.models:
+            print(f"\n{name}, {dtype_name}")
+            print("| mode | casts | MiB | vs native (bytes) |")
+            print("|---|---|---|---|")
+            results = {mode: measure(name, mode, dtype) for mode in args.modes}
+            native = results.get("native")
+            for mode, traffic in results.items():
+                ratio = (f"{traffic.bytes / native.bytes:.2f}x" if native and native.bytes
+                         else "-")
+                print(f"| {mode} | {traffic.casts} | {traffic.bytes / 2 ** 20:.3f} | "
+                      f"{ratio} |", flush=True)
+            if args.by_op:
+                for mode, traffic in results.items():
+                    parts = ", ".join(
+                        f"{_dtype_name(s)}->{_dtype_name(d)} {n} ({b / 2 ** 20:.3f} MiB)"
+                        for (s, d), (n, b) in traffic.by_dtypes().items())
+                    ops = ", ".join(f"{op} {n}" for op, (n, _) in traffic.by_op().items())
+                    print(f"  {mode}: {parts or 'none'}; ops: {ops or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
