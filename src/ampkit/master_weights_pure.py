@@ -13,8 +13,9 @@ update is below half a bf16 ulp (bf16 keeps 8 significant bits, so about 0.4% of
   average. The random bits come from a seeded ``torch.Generator`` (one per device), so
   runs are reproducible; its state is part of the optimizer's ``state_dict``.
 * ``"kahan"``: Kahan-compensated summation: a bf16 compensation buffer per parameter
-  (the optimizer state ``"kahan_compensation"``) keeps what rounding the weight lost,
-  and adds it back before the next update. Deterministic; 2 more bytes per parameter.
+  (the optimizer state ``"kahan_compensation"``) keeps what rounding the weight to
+  nearest lost (truncated to bf16, so weight + compensation always rounds back to the
+  weight), and adds it back before the next update. 2 more bytes per parameter.
 * ``"nearest"``: round to nearest, the baseline that stalls (for comparisons only).
 
 How one step works: for each chunk of parameters (at most ``chunk_bytes`` of fp32
@@ -30,9 +31,11 @@ with Kahan because round-to-nearest stalls moments too: AdamW's
 several times ``v``. Parameters that are not bf16 (norms kept in fp32 at O2) are
 stepped as they are.
 
-A step that is not taken (a loss scaler skipped it, or a fused optimizer was handed
-``found_inf`` != 0) leaves the parameters, the state and the generators exactly as they
-were. ``model.state_dict()`` reports fp32 values that load into an fp32 model; with
+A step that is not taken (a loss scaler skipped it, or ``found_inf`` != 0 was handed
+to the step) leaves the parameters, the state and the generators exactly as they were.
+(A pure optimizer tells loss scalers that it does not take ``grad_scale``/``found_inf``
+even when the inner optimizer is fused: the scaler unscales the gradients and skips
+the call on an overflow, at the cost of one host sync per step.) ``model.state_dict()`` reports fp32 values that load into an fp32 model; with
 Kahan each value is the weight plus its compensation (so nothing the compensation kept
 is lost). Resuming from the optimizer's ``state_dict`` (compensation and generator
 states included) continues bit for bit.
@@ -157,7 +160,7 @@ class _Pure:
 
     __slots__ = ("chunk_bytes", "generators", "rounding")
 
-    def __init__(self, rounding: str, seed: int, chunk_bytes: int) -> None:
+    def __init__(self, rounding: str, seed: int, chunk_bytes: int | None) -> None:
         self.rounding = rounding
         self.generators = _Generators(seed)
         self.chunk_bytes = chunk_bytes
@@ -211,7 +214,11 @@ class PureLowPrecisionOptimizer:
         seed: seeds the stochastic-rounding generators; ``None`` draws one from
             torch's default generator (so ``torch.manual_seed`` makes runs
             reproducible).
-        chunk_bytes: the most fp32 working memory one chunk of a step may take.
+        chunk_bytes: the most fp32 working memory one chunk of a step may take;
+            ``None``: a sixteenth of what the whole optimizer would take (about one
+            byte per parameter on top of the 6-8 held). A parameter larger than the
+            budget is a chunk of its own: its working copies (16 bytes per element,
+            plus 9 while rounding) are the floor of the step's extra memory.
 
     Raises:
         TypeError: ``optimizer`` is not an optimizer, ``seed`` or ``chunk_bytes`` not
@@ -234,16 +241,17 @@ class PureLowPrecisionOptimizer:
     _ampkit_pure: _Pure
 
     def __new__(cls, optimizer: torch.optim.Optimizer, rounding: str = "stochastic", *,
-                seed: int | None = None, chunk_bytes: int = 64 << 20) -> Any:
+                seed: int | None = None, chunk_bytes: int | None = None) -> Any:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                             f"{type(optimizer).__name__}")
         rounding = _check_rounding(rounding)
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise TypeError(f"seed must be an int or None, got {seed!r}")
-        if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) \
-                or chunk_bytes <= 0:
-            raise TypeError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+        if chunk_bytes is not None and (not isinstance(chunk_bytes, int)
+                                        or isinstance(chunk_bytes, bool) or chunk_bytes <= 0):
+            raise TypeError(f"chunk_bytes must be a positive int or None, got "
+                            f"{chunk_bytes!r}")
         existing = pure_rounding(optimizer)
         if existing is not None:
             if existing != rounding:
@@ -268,6 +276,10 @@ class PureLowPrecisionOptimizer:
         if seed is None:
             seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64).item())
         object.__setattr__(optimizer, "_ampkit_pure", _Pure(rounding, seed, chunk_bytes))
+        # Loss scalers hand fused optimizers found_inf and let them skip on the device;
+        # here the rounding would still draw random bits. Make scalers unscale, check
+        # and skip the call instead, so a skipped step changes nothing at all.
+        optimizer._step_supports_amp_scaling = False
         with torch.no_grad():  # state made before: store it in bf16 from now on
             for p, state in optimizer.state.items():
                 if p.dtype is torch.bfloat16:
@@ -290,7 +302,7 @@ class PureLowPrecisionOptimizer:
         return optimizer
 
     def __init__(self, optimizer: torch.optim.Optimizer, rounding: str = "stochastic", *,
-                 seed: int | None = None, chunk_bytes: int = 64 << 20) -> None:
+                 seed: int | None = None, chunk_bytes: int | None = None) -> None:
         # Everything happened in __new__, which returns the optimizer itself.
         pass
 
@@ -320,15 +332,18 @@ class PureLowPrecisionOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        found_inf = kwargs.get("found_inf")
+        found_inf = kwargs.get("found_inf", getattr(self, "found_inf", None))
         if isinstance(found_inf, torch.Tensor) and bool(found_inf.item() != 0):
             return loss  # an overflow: nothing may change, generators included
         groups = self.param_groups  # type: ignore[attr-defined]
         saved = [g["params"] for g in groups]
         try:
+            budget = self._ampkit_pure.chunk_bytes
+            if budget is None:
+                budget = sum(16 * p.numel() for ps in saved for p in ps) // 16
             for i, group in enumerate(groups):
                 active = [p for p in saved[i] if p.grad is not None]
-                for chunk in _chunks(active, self._ampkit_pure.chunk_bytes):
+                for chunk in _chunks(active, budget):
                     for j, g in enumerate(groups):
                         g["params"] = chunk if j == i else []
                     with _working_copies(self, chunk):
@@ -395,6 +410,8 @@ def _working_copies(opt: Any, chunk: list[torch.Tensor]) -> Iterator[None]:
     pure: _Pure = opt._ampkit_pure
     state = opt.state
     swapped: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor]] = []
+    # the bf16 state tensors, refilled in place after the step (no allocator churn)
+    originals: dict[tuple[int, str], torch.Tensor] = {}
     with torch.no_grad():
         for p in chunk:
             if p.dtype is not torch.bfloat16:
@@ -410,6 +427,7 @@ def _working_copies(opt: Any, chunk: list[torch.Tensor]) -> Iterator[None]:
             for k, v in list(state[p].items()) if p in state else ():
                 if k not in ("step", _COMP) and isinstance(v, torch.Tensor) \
                         and v.dtype is torch.bfloat16:
+                    originals[id(p), k] = v
                     state[p][k] = v.float()
             swapped.append((p, low, grad))
     ok = False
@@ -430,7 +448,15 @@ def _working_copies(opt: Any, chunk: list[torch.Tensor]) -> Iterator[None]:
                 for k, v in list(state[p].items()):
                     if k not in ("step", _COMP) and isinstance(v, torch.Tensor) \
                             and v.dtype is torch.float32:
-                        state[p][k] = _round_state(pure, v)
+                        original = originals.get((id(p), k))
+                        if not ok and original is not None:
+                            state[p][k] = original  # the step failed: as it was
+                            continue
+                        rounded = _round_state(pure, v)
+                        del v
+                        if original is not None and original.shape == rounded.shape:
+                            rounded = original.copy_(rounded)
+                        state[p][k] = rounded
 
 
 def _round_weight(pure: _Pure, state: dict[str, Any], work: torch.Tensor,
@@ -440,7 +466,16 @@ def _round_weight(pure: _Pure, state: dict[str, Any], work: torch.Tensor,
     else:
         new = work.to(torch.bfloat16)
         if pure.rounding == "kahan":
-            state[_COMP] = work.sub_(new).to(torch.bfloat16)  # what rounding lost
+            # What rounding lost, truncated toward zero (not rounded) to bf16: it then
+            # stays below half an ulp of the weight, so weight + compensation, saved in
+            # fp32, rounds back to the very same weight on loading.
+            lost = work.sub_(new).view(torch.int32).bitwise_and_(_HIGH_MASK)
+            lost_bf16 = lost.view(torch.float32).to(torch.bfloat16)
+            comp = state.get(_COMP)
+            if comp is not None and comp.shape == lost_bf16.shape:
+                comp.copy_(lost_bf16)  # in place: no allocator churn between steps
+            else:
+                state[_COMP] = lost_bf16
     low.copy_(new)  # into the parameter's own storage: views of it stay valid
     return low
 

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CURVE_MODES", "CharGPT", "Curve", "load_text", "train_curves"]
+__all__ = ["CURVE_MODES", "CharGPT", "Curve", "digits_accuracy", "load_text",
+           "train_curves"]
 
 #: The modes :func:`train_curves` accepts.
 CURVE_MODES: tuple[str, ...] = ("fp32", "nearest", "stochastic", "kahan")
@@ -126,6 +127,52 @@ def _check_modes(modes: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
+def _make_pure(model: nn.Module, opt: torch.optim.Optimizer, mode: str,
+               rounding_seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """``mode``'s model and optimizer (fp32: as they are)."""
+    import ampkit
+    from ampkit.master_weights_pure import PureLowPrecisionOptimizer
+
+    if mode == "nearest":
+        model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,
+                                       master_weights=False)
+        opt = PureLowPrecisionOptimizer(opt, "nearest", seed=rounding_seed)
+    elif mode != "fp32":
+        model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,
+                                       master_weights=mode, rounding_seed=rounding_seed)
+    return model, opt
+
+
+def digits_accuracy(mode: str, *, seed: int = 0, epochs: int = 5, lr: float = 0.05,
+                    batch_size: int = 64) -> float:
+    """Test accuracy of the demo's :class:`~ampkit.tools.demo.DigitsCNN` trained like
+    the demo (SGD with momentum 0.9, its data split and batch order) in ``mode``.
+
+    Example:
+        >>> from ampkit.tools.pure_curves import digits_accuracy
+        >>> digits_accuracy("stochastic", epochs=1) > 0.5
+        True
+    """
+    from ampkit.tools.demo import DigitsCNN, _batch_order, load_digits_data
+
+    _check_modes([mode])
+    data = load_digits_data(seed)
+    torch.manual_seed(seed)
+    model: nn.Module = DigitsCNN()
+    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    model, opt = _make_pure(model, opt, mode, seed)
+    for epoch in _batch_order(len(data.y_train), batch_size, epochs, seed):
+        for index in epoch:
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(data.x_train[index]).float(),
+                            data.y_train[index]).backward()
+            opt.step()
+    model.eval()
+    with torch.no_grad():
+        predictions = model(data.x_test).float().argmax(dim=1)
+    return (predictions == data.y_test).double().mean().item()
+
+
 def train_curves(modes: Iterable[str] = ("fp32", "nearest", "stochastic"), *,
                  steps: int = 200, lr: float = 1e-3, seed: int = 0, batch: int = 16,
                  context: int = 64, dim: int = 64, heads: int = 4, layers: int = 2,
@@ -148,9 +195,6 @@ def train_curves(modes: Iterable[str] = ("fp32", "nearest", "stochastic"), *,
         ...
         ValueError: modes must be a non-empty selection of ['fp32', 'nearest', ...
     """
-    import ampkit
-    from ampkit.master_weights_pure import PureLowPrecisionOptimizer
-
     modes = _check_modes(modes)
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
@@ -175,13 +219,7 @@ def train_curves(modes: Iterable[str] = ("fp32", "nearest", "stochastic"), *,
         model = copy.deepcopy(base)
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr,
                                                        weight_decay=0.0)
-        if mode == "nearest":
-            model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,
-                                           master_weights=False)
-            opt = PureLowPrecisionOptimizer(opt, "nearest", seed=rounding_seed)
-        elif mode != "fp32":
-            model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,
-                                           master_weights=mode, rounding_seed=rounding_seed)
+        model, opt = _make_pure(model, opt, mode, rounding_seed)
         losses = []
         for s in range(steps):
             x, y = windows(train, starts[s])
