@@ -263,7 +263,7 @@ def _held_and_peak(mode: str, **adamw) -> tuple[float, int]:
     from torch.profiler import ProfilerActivity, profile
 
     torch.manual_seed(0)
-    model = CharGPT(vocab=64, dim=64, heads=2, layers=2, context=16).to(DEVICE)
+    model = CharGPT(vocab=64, dim=64, heads=2, layers=4, context=16).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **adamw)
     if mode != "fp32":
         model, opt = ampkit.initialize(model, opt, level="O2", dtype=BF16,
@@ -295,15 +295,15 @@ def _held_and_peak(mode: str, **adamw) -> tuple[float, int]:
 
 def test_memory_per_parameter_and_peak_against_fp32():
     fp32_held, fp32_peak = _held_and_peak("fp32")
-    _, foreach_peak = _held_and_peak("fp32", foreach=True)
-    print(fp32_peak, foreach_peak, _held_and_peak("stochastic"), _held_and_peak("kahan"))
     sr_held, sr_peak = _held_and_peak("stochastic")
     kahan_held, kahan_peak = _held_and_peak("kahan")
     assert fp32_held == 12.0  # weight and two moments
     # bf16 weight and moments: 6 bytes (+2 Kahan); the fp32 LayerNorms add a little
     assert 6.0 < sr_held <= 6.1 and 8.0 < kahan_held <= 8.1
-    assert sr_peak <= 0.45 * fp32_peak, (sr_peak, fp32_peak)
-    assert kahan_peak <= 0.55 * fp32_peak, (kahan_peak, fp32_peak)
+    # The floor is 0.5 (8 bytes against 16 at the end of the backward pass) plus one
+    # chunk of the step's fp32 working copies (see benchmarks/RESULTS.md).
+    assert sr_peak <= 0.70 * fp32_peak, (sr_peak, fp32_peak)
+    assert kahan_peak <= 0.85 * fp32_peak, (kahan_peak, fp32_peak)
 
 
 # -- convergence ----------------------------------------------------------------------
@@ -321,3 +321,24 @@ def test_char_gpt_loss_tracks_fp32_where_round_to_nearest_stalls():
     assert curves["nearest"].eval_loss > 1.01 * fp32
     for mode in ("stochastic", "kahan"):
         assert abs(curves[mode].eval_loss - fp32) <= 0.02 * fp32, mode
+
+
+# -- the demo report ------------------------------------------------------------------
+
+def test_the_demo_report_plots_the_three_curves(tmp_path):
+    import json
+
+    from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
+    from ampkit.tools.report import write_report
+
+    result = run_demo(DemoSettings(epochs=1, device="cpu", pure_bf16_steps=15,
+                                   configurations=demo_configurations(["fp32"])))
+    assert sorted(result.pure_bf16_curves) == ["fp32", "nearest", "stochastic"]
+    assert all(len(v) == 15 for v in result.pure_bf16_curves.values())
+    files = write_report(result, tmp_path)
+    assert files.pure_bf16_png is not None and files.pure_bf16_png.stat().st_size > 1000
+    assert 'id="pure-bf16"' in files.html.read_text()
+    data = json.loads(files.json.read_text())
+    assert len(data["pure_bf16_curves"]["nearest"]) == 15
+    with pytest.raises(ValueError, match="pure_bf16_steps"):
+        DemoSettings(pure_bf16_steps=-1)

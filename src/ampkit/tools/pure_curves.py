@@ -33,11 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CURVE_MODES", "CharGPT", "Curve", "digits_accuracy", "load_text",
+__all__ = ["CURVE_MODES", "PURE_DEMO_CURVES", "CharGPT", "Curve", "digits_accuracy", "load_text",
            "train_curves"]
 
 #: The modes :func:`train_curves` accepts.
 CURVE_MODES: tuple[str, ...] = ("fp32", "nearest", "stochastic", "kahan")
+
+#: The three curves of the demo report.
+PURE_DEMO_CURVES: tuple[str, ...] = ("fp32", "nearest", "stochastic")
 
 
 def load_text() -> str:
