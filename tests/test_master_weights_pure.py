@@ -342,3 +342,46 @@ def test_the_demo_report_plots_the_three_curves(tmp_path):
     assert len(data["pure_bf16_curves"]["nearest"]) == 15
     with pytest.raises(ValueError, match="pure_bf16_steps"):
         DemoSettings(pure_bf16_steps=-1)
+
+
+# -- the rest of the optimizer API ----------------------------------------------------
+
+def test_o3_scheduler_made_before_and_closure():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).to(DEVICE)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    model, opt = ampkit.initialize(model, opt, level="O3", dtype=BF16,
+                                   master_weights="stochastic", rounding_seed=0)
+    assert {p.dtype for p in model.parameters()} == {BF16}  # O3: norms too
+    before = [p.detach().clone() for p in model.parameters()]
+    calls = []
+
+    def closure():
+        calls.append(1)
+        opt.zero_grad()
+        loss = model(torch.ones(2, 4, dtype=BF16)).float().pow(2).sum()
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    sched.step()  # warns if the optimizer's step was not seen
+    assert calls == [1] and loss.dtype is torch.float32
+    assert opt.param_groups[0]["lr"] == 0.25
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert opt.state[model[0].weight]["momentum_buffer"].dtype is BF16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_stochastic_rounding_on_cuda_is_reproducible_and_unbiased():
+    def run(seed):
+        w = torch.nn.Parameter(torch.ones(4096, dtype=BF16, device="cuda"))
+        opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=1e-4), "stochastic",
+                                        seed=seed)
+        for _ in range(100):
+            w.grad = torch.ones_like(w)
+            opt.step()
+        return w.detach().float().cpu()
+
+    a, b = run(0), run(0)
+    assert torch.equal(a, b)
+    assert a.mean().item() == pytest.approx(0.99, abs=1e-3)
