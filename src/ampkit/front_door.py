@@ -9,7 +9,10 @@ One call applies a precision level to one or several models and their optimizers
    anything is changed;
 3. the models are converted (:func:`ampkit.conversion.convert_model`);
 4. with master weights, each optimizer is made to keep fp32 masters, in place
-   (:class:`ampkit.master_weights.MasterWeightOptimizer`);
+   (:class:`ampkit.master_weights.MasterWeightOptimizer`), or with
+   ``master_weights="stochastic"``/``"kahan"`` to train bf16 weights and state purely
+   (:class:`ampkit.master_weights_pure.PureLowPrecisionOptimizer`, seeded by
+   ``rounding_seed``);
 5. loss scaling is configured for :func:`ampkit.scale_loss` when the level scales the
    loss (float16 at O1/O2 by default).
 
