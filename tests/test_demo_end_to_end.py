@@ -27,7 +27,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     assert script, "the ampkit console script is not installed (pip install -e .)"
     result = subprocess.run(
         [script, "demo", "--epochs", "1", "--levels", "fp32,O2", "--dtypes", "fp16",
-         "--device", "cpu", "--out", str(out)],
+         "--device", "cpu", "--pure-bf16-steps", "20", "--out", str(out)],
         capture_output=True, text=True, timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
@@ -52,7 +52,7 @@ def test_writes_pngs_html_and_json_with_real_numbers(demo_run: tuple[Path, str, 
     import matplotlib.image
 
     out, stdout, _ = demo_run
-    for name in ("loss_curves.png", "loss_scale.png", "accuracy.png"):
+    for name in ("loss_curves.png", "loss_scale.png", "accuracy.png", "pure_bf16.png"):
         image = matplotlib.image.imread(out / name)
         assert image.shape[0] > 100 and image.shape[1] > 600, name
         assert _colours(image) > 20, name
@@ -61,7 +61,8 @@ def test_writes_pngs_html_and_json_with_real_numbers(demo_run: tuple[Path, str, 
     assert data["device"] == "cpu" and data["epochs"] == 1
     assert data["device_name"].endswith("1 torch thread)")  # --threads defaults to 1
     assert sorted(data["files"]) == ["accuracy.png", "loss_curves.png", "loss_scale.png",
-                                     "report.html", "results.json"]
+                                     "pure_bf16.png", "report.html", "results.json"]
+    assert sorted(data["pure_bf16_curves"]) == ["fp32", "nearest", "stochastic"]
     fp32, o2 = data["runs"]
     assert (fp32["name"], o2["name"]) == ("fp32", "O2-fp16")
     for run in (fp32, o2):
@@ -77,7 +78,7 @@ def test_writes_pngs_html_and_json_with_real_numbers(demo_run: tuple[Path, str, 
     assert fp32["low_precision_share"] == 0.0 < o2["low_precision_share"]
     assert data["example_code"] == training_code(RunConfig("O2", torch.float16))
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 3
+    assert page.count("data:image/png;base64,") == 4
     assert "<img" in page and 'src="loss' not in page  # embedded, not linked
 
 
@@ -105,7 +106,7 @@ def test_report_page_renders_in_headless_chromium(demo_run: tuple[Path, str, str
     ratio = chrome.execute_script("return window.devicePixelRatio")
     screenshot = Image.open(io.BytesIO(chrome.get_screenshot_as_png())).convert("RGB")
     assert rows == ["fp32", "O2-fp16"]  # one row per configuration
-    assert [i["id"] for i in images] == ["loss-curves", "loss-scale", "accuracy"]
+    assert [i["id"] for i in images] == ["loss-curves", "loss-scale", "accuracy", "pure-bf16"]
     for image in images:
         assert image["complete"] and image["width"] > 0 and image["height"] > 0, image
     # the screenshot is not blank, and the table and every plot are drawn in it

@@ -151,4 +151,7 @@ def test_describe_levels_is_the_whole_table():
         "| O1 | None | None | False | None | True | None |",
         "| O2 | bfloat16 | True | True | None | True | float32 |",
         "| O3 | bfloat16 | False | False | None | False | float32 |",
+        "| O2 | bfloat16 | True | stochastic | None | True | float32 |",
+        "| O2 | bfloat16 | True | kahan | None | True | float32 |",
     ]
+    assert len(describe_levels(torch.float16).splitlines()) == 6  # no pure fp16 rows

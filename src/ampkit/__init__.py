@@ -33,6 +33,7 @@ _LAZY = {
     "MasterWeightOptimizer": "ampkit.master_weights",
     "master_params": "ampkit.master_weights",
     "clip_master_grad_norm_": "ampkit.master_weights",
+    "PureLowPrecisionOptimizer": "ampkit.master_weights_pure",
     "initialize": "ampkit.front_door",
     # loss scaling
     "GradScaler": "ampkit.scaling.grad_scaler",
@@ -60,6 +61,7 @@ __all__ = [
     "MasterWeightOptimizer",
     "NumericsChecker",
     "Policy",
+    "PureLowPrecisionOptimizer",
     "StaticLossScale",
     "clip_master_grad_norm_",
     "collect_op_stats",

@@ -284,7 +284,7 @@ class ConversionConfig:
                     if props.patch_ops else None),
             input_dtype=props.cast_model_type if low else None,
             output_dtype=props.cast_model_outputs,
-            master_weights=props.master_weights,
+            master_weights=props.master_weights is True,  # pure modes: no fp32 copies
             state_dict_dtype=torch.float32 if props.master_weights else None,
         )
 

@@ -9,7 +9,10 @@ One call applies a precision level to one or several models and their optimizers
    anything is changed;
 3. the models are converted (:func:`ampkit.conversion.convert_model`);
 4. with master weights, each optimizer is made to keep fp32 masters, in place
-   (:class:`ampkit.master_weights.MasterWeightOptimizer`);
+   (:class:`ampkit.master_weights.MasterWeightOptimizer`), or with
+   ``master_weights="stochastic"``/``"kahan"`` to train bf16 weights and state purely
+   (:class:`ampkit.master_weights_pure.PureLowPrecisionOptimizer`, seeded by
+   ``rounding_seed``);
 5. loss scaling is configured for :func:`ampkit.scale_loss` when the level scales the
    loss (float16 at O1/O2 by default).
 
@@ -55,10 +58,12 @@ _ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "
 _CONVERSION_OPTIONS = ("keep_fp32_modules", "policy", "custom_white_list",
                        "custom_black_list")
 _LOSS_SCALING_OPTIONS = ("num_losses", "min_loss_scale", "max_loss_scale")
+_PURE_OPTIONS = ("rounding_seed",)  # master_weights="stochastic"/"kahan" only
 
 #: Every keyword ``initialize`` accepts besides ``level`` and ``dtype``.
 INITIALIZE_OVERRIDES: tuple[str, ...] = (
-    *LEVEL_PROPERTY_NAMES, *_ALIASES, *_CONVERSION_OPTIONS, *_LOSS_SCALING_OPTIONS)
+    *LEVEL_PROPERTY_NAMES, *_ALIASES, *_CONVERSION_OPTIONS, *_LOSS_SCALING_OPTIONS,
+    *_PURE_OPTIONS)
 
 
 def _as_list(value: Any, kind: type, argument: str) -> tuple[list[Any], bool]:
@@ -136,7 +141,10 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None`` is the autocast default
             of the models' device: bfloat16 on CPU, float16 on CUDA.
         **overrides: level properties ``cast_model_type``, ``keep_norms_fp32`` (apex:
-            ``keep_batchnorm_fp32``), ``master_weights``, ``loss_scale``, ``patch_ops``
+            ``keep_batchnorm_fp32``), ``master_weights`` (``True``, ``False``, or
+            ``"stochastic"``/``"kahan"`` for pure bfloat16 training, see
+            :mod:`ampkit.master_weights_pure`; ``rounding_seed`` seeds its
+            rounding), ``loss_scale``, ``patch_ops``
             (apex: ``patch_torch_functions``), ``cast_model_outputs``; conversion
             options ``keep_fp32_modules`` (module classes, qualified names or instances
             kept in fp32), ``policy``, ``custom_white_list``, ``custom_black_list``
@@ -170,12 +178,17 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     model_list, one_model = _as_list(models, nn.Module, "models")
     opt_list, one_opt = ([], True) if optimizers is None else _as_list(
         optimizers, torch.optim.Optimizer, "optimizers")
+    rounding_seed = overrides.pop("rounding_seed", None)
     level_args, conversion, scaling = _split_overrides(overrides)
     for i, model in enumerate(model_list):
         check_not_wrapped(model, "model" if one_model else f"models[{i}]")
     device_type = next((p.device.type for m in model_list for p in m.parameters()), None)
     props = level_properties(level, dtype, device_type=device_type, **level_args)
     config = ConversionConfig.from_properties(props, **conversion)
+    if rounding_seed is not None and not isinstance(props.master_weights, str):
+        raise ValueError("rounding_seed seeds the stochastic rounding of "
+                         "master_weights='stochastic' or 'kahan'; this call keeps "
+                         f"master_weights={props.master_weights!r}")
     # Check everything before changing anything: a refused call leaves all as it was.
     _check_optimizers(opt_list, model_list)
     plans = [prepare_conversion(model, config) for model in model_list]
@@ -184,7 +197,12 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     for model, plan in zip(model_list, plans):
         if plan is not None:
             apply_conversion(model, config, plan)
-    if props.master_weights:
+    if isinstance(props.master_weights, str):  # pure low precision: no fp32 copies
+        from ampkit.master_weights_pure import pure_low_precision
+
+        opt_list = [pure_low_precision(model_list, opt, props.master_weights,
+                                       seed=rounding_seed) for opt in opt_list]
+    elif props.master_weights:
         opt_list = [MasterWeightOptimizer(opt) for opt in opt_list]
     _configure_loss_scaling(props, scaling)
     out_models = model_list[0] if one_model else type(models)(model_list)

@@ -10,7 +10,10 @@ Paddle's ``level``, MindSpore's ``amp_level``). The properties:
   and output are low precision (a norm whose kernel computes in fp32 from a
   low-precision input gets it as it is; see ``ampkit.conversion``) (``None``: the
   level does not decide);
-* ``master_weights``: the optimizer updates fp32 copies of low-precision parameters;
+* ``master_weights``: ``True``: the optimizer updates fp32 copies of low-precision
+  parameters; ``"stochastic"`` or ``"kahan"``: pure low precision, no fp32 copies: bf16
+  parameters and optimizer state, each update rounded stochastically or
+  Kahan-compensated (:mod:`ampkit.master_weights_pure`; bfloat16 only);
 * ``loss_scale``: ``"dynamic"``, a static scale (a positive number) or ``None``;
 * ``patch_ops``: the model's forward runs inside :class:`ampkit.autocast`, so each op
   is cast by the policy's lists;
@@ -26,6 +29,9 @@ O1     None        None       False    dynamic [1]_  True       None
 O2     low dtype   True       True     dynamic [1]_  True       float32
 O3     low dtype   False      False    None          False      float32
 =====  ==========  =========  =======  ============  =========  ============
+
+Pure low precision is level O2 (or O3) with ``master_weights="stochastic"`` or
+``"kahan"`` and ``dtype=torch.bfloat16``; :func:`describe_levels` adds their rows.
 
 .. [1] ``"dynamic"`` for float16 only: bfloat16 has float32's range, so its default is
    ``None`` (no loss scaling). O3's ``None`` is the same numerics as a static scale of 1.
@@ -60,6 +66,7 @@ from ampkit.policy import as_dtype
 
 __all__ = [
     "LEVEL_PROPERTY_NAMES",
+    "PURE_MASTER_WEIGHTS",
     "Level",
     "LevelProperties",
     "default_dtype",
@@ -111,6 +118,9 @@ LEVEL_PROPERTY_NAMES: tuple[str, ...] = (
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+#: The pure low-precision values ``master_weights`` takes besides True/False/None.
+PURE_MASTER_WEIGHTS: tuple[str, ...] = ("stochastic", "kahan")
+
 
 def default_dtype(device_type: str | None = None) -> torch.dtype:
     """The low-precision dtype ``dtype=None`` means: the device's autocast default
@@ -154,6 +164,14 @@ def _loss_scale(value: Any) -> str | float | None:
                      f"scale) or None (no loss scaling), got {value!r}")
 
 
+def _master_weights(value: Any) -> bool | str | None:
+    if value is None or isinstance(value, bool) or value in PURE_MASTER_WEIGHTS:
+        return value
+    raise ValueError(f"master_weights must be True (fp32 master copies), False (none), "
+                     f"None (the level's default) or one of {list(PURE_MASTER_WEIGHTS)} "
+                     f"(pure bfloat16 training), got {value!r}")
+
+
 def _optional_bool(value: Any, argument: str) -> bool | None:
     if value is None or isinstance(value, bool):
         return value
@@ -184,7 +202,7 @@ class LevelProperties:
     dtype: torch.dtype
     cast_model_type: torch.dtype | None
     keep_norms_fp32: bool | None
-    master_weights: bool
+    master_weights: bool | str
     loss_scale: str | float | None
     patch_ops: bool
     cast_model_outputs: torch.dtype | None
@@ -260,6 +278,13 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
         raise ValueError(f"patch_ops=True casts each op by the policy lists, which level "
                          f"{level.value} does not do (O0: all fp32, O3: all low precision); "
                          f"use level {hint}")
+    if isinstance(props["master_weights"], str) and props["cast_model_type"] is not \
+            torch.bfloat16:
+        raise ValueError(f"master_weights={props['master_weights']!r} trains bfloat16 "
+                         f"parameters and optimizer state without fp32 copies, so the "
+                         f"parameters must be torch.bfloat16, got "
+                         f"{_name(props['cast_model_type'])}; float16 has too little range "
+                         f"for pure low-precision training: use master_weights=True")
     if props["master_weights"] and not low:
         raise ValueError(f"master_weights=True needs low-precision parameters (level O2 or "
                          f"O3 with cast_model_type float16/bfloat16); level {level.value} "
@@ -310,6 +335,8 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
             checked[name] = _float_dtype(value, name)
         elif name == "loss_scale":
             checked[name] = _loss_scale(value)
+        elif name == "master_weights":
+            checked[name] = _master_weights(value)
         else:
             checked[name] = _optional_bool(value, name)
     props = {**_defaults(lvl, low), **checked}
@@ -318,7 +345,9 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
 
 
 def describe_levels(dtype: torch.dtype | str | None = None) -> str:
-    """All four levels' default properties for ``dtype`` as a markdown table.
+    """All four levels' default properties for ``dtype`` as a markdown table, and for
+    bfloat16 the two pure low-precision rows (O2 with ``master_weights="stochastic"`` or
+    ``"kahan"``).
 
     Example:
         >>> import torch
@@ -333,4 +362,10 @@ def describe_levels(dtype: torch.dtype | str | None = None) -> str:
         props = level_properties(lvl, dtype, device_type="cpu")
         cells = [_name(getattr(props, n)) for n in LEVEL_PROPERTY_NAMES]
         rows.append(f"| {lvl.value} | " + " | ".join(cells) + " |")
+    if (as_dtype(dtype) or default_dtype("cpu")) is torch.bfloat16:
+        for mode in PURE_MASTER_WEIGHTS:  # pure low precision: bfloat16 only
+            props = level_properties(Level.O2, dtype, device_type="cpu",
+                                     master_weights=mode)
+            cells = [_name(getattr(props, n)) for n in LEVEL_PROPERTY_NAMES]
+            rows.append("| O2 | " + " | ".join(cells) + " |")
     return "\n".join(rows)

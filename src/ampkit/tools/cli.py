@@ -173,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="CPU threads for torch's ops; one suits the demo's tiny convolutions "
                            "best, and stays fast when other programs keep the cores busy "
                            "(default: 1)")
+    demo.add_argument("--pure-bf16-steps", type=_non_negative_int, default=100,
+                      help="steps of the pure-bf16 curves (fp32, round-to-nearest, "
+                           "stochastic rounding) of a tiny character GPT; 0 skips them "
+                           "(default: 100, a few seconds)")
     demo.add_argument("--quiet", action="store_true",
                       help="no progress bars and no code listing: only the final table")
     from ampkit.tools import cli_tune  # ``ampkit tune``: its options live there
@@ -275,6 +279,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     settings = DemoSettings(epochs=args.epochs, device=args.device, seed=args.seed,
+                            pure_bf16_steps=args.pure_bf16_steps,
                             configurations=demo_configurations(args.levels, args.dtypes))
     from rich.console import Console
 

@@ -250,12 +250,18 @@ class DemoSettings:
     seed: int = 0
     batch_size: int = 64
     learning_rate: float = 0.05
+    #: steps of the pure-bf16 curves (fp32, round-to-nearest, stochastic rounding) of a
+    #: tiny character GPT (:mod:`ampkit.tools.pure_curves`); 0 skips them
+    pure_bf16_steps: int = 0
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        steps = self.pure_bf16_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"pure_bf16_steps must be a non-negative int, got {steps!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {self.seed!r}")
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
@@ -430,6 +436,9 @@ class DemoResult:
     torch_version: str
     ampkit_version: str
     memory_measure: str
+    #: mode ("fp32", "nearest", "stochastic") -> training losses of the pure-bf16 curves
+    #: (empty when ``settings.pure_bf16_steps`` is 0)
+    pure_bf16_curves: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
 
     @property
     def example_config(self) -> RunConfig | None:
@@ -647,6 +656,13 @@ def run_demo(settings: DemoSettings | None = None,
     data = load_digits_data(settings.seed, device)
     runs = tuple(_run_one(config, settings, data, device, observer)
                  for config in settings.configurations)
+    curves: dict[str, tuple[float, ...]] = {}
+    if settings.pure_bf16_steps:  # small and on the CPU: a few seconds
+        from ampkit.tools.pure_curves import PURE_DEMO_CURVES, train_curves
+
+        curves = {mode: curve.losses for mode, curve in train_curves(
+            PURE_DEMO_CURVES, steps=settings.pure_bf16_steps, seed=settings.seed,
+            lr=3e-4, dim=32, layers=1, context=32, batch=8).items()}
     measure = ("torch.cuda.max_memory_allocated above the start of the run, from model "
                "creation to the end of the first training step" if device.type == "cuda"
                else "peak of torch's CPU allocations (torch.profiler, profile_memory=True) "
@@ -654,4 +670,4 @@ def run_demo(settings: DemoSettings | None = None,
     return DemoResult(settings=settings, device=str(device), device_name=_device_name(device),
                       runs=runs, wall_time_s=time.perf_counter() - started,
                       torch_version=torch.__version__, ampkit_version=ampkit.__version__,
-                      memory_measure=measure)
+                      memory_measure=measure, pure_bf16_curves=curves)

@@ -157,11 +157,12 @@ class ReportFiles:
     accuracy_png: Path
     html: Path
     json: Path
+    pure_bf16_png: Path | None = None  # when the demo trained the pure-bf16 curves
 
     def all(self) -> tuple[Path, ...]:
         """Every file written."""
         files = (self.loss_curves_png, self.loss_scale_png, self.accuracy_png,
-                 self.html, self.json)
+                 self.pure_bf16_png, self.html, self.json)
         return tuple(f for f in files if f is not None)
 
 
@@ -204,6 +205,8 @@ def report_data(result: DemoResult) -> dict[str, Any]:
         "memory_measure": result.memory_measure,
         "example_code": result.example_code(),
         "runs": runs,
+        "pure_bf16_curves": {mode: _finite_or_none(list(losses))
+                             for mode, losses in result.pure_bf16_curves.items()},
     }
 
 
@@ -297,6 +300,33 @@ def _plot_accuracy(result: DemoResult, path: Path) -> None:
     fig.savefig(path)
 
 
+_PURE_STYLES = {"fp32": ("#000000", "-", 3.0, "fp32"),
+                "nearest": ("#d62728", "--", 1.8, "pure bf16, round-to-nearest"),
+                "stochastic": ("#2ca02c", "-", 1.6, "pure bf16, stochastic rounding")}
+
+
+def _plot_pure_curves(result: DemoResult, path: Path) -> bool:
+    curves = result.pure_bf16_curves
+    if not curves:
+        return False
+    fig = _new_figure(8.0, 4.0)
+    ax = fig.add_subplot()
+    window = max(1, len(next(iter(curves.values()))) // 10)
+    for mode, losses in curves.items():
+        colour, style, width, label = _PURE_STYLES.get(mode, (None, "-", 1.2, mode))
+        ax.plot(range(1, len(losses) + 1), _moving_average(losses, window), color=colour,
+                linestyle=style, linewidth=width, label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss (cross-entropy)")
+    ax.set_title(f"Pure bf16 weights and AdamW state: a tiny character GPT on scikit-learn's "
+                 f"dataset descriptions\n(moving average over {window} steps; "
+                 f"master_weights=\"stochastic\" vs round-to-nearest)", fontsize="medium")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path)
+    return True
+
+
 def _data_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
@@ -330,7 +360,9 @@ def _html_page(result: DemoResult, files: ReportFiles) -> str:
             f"{result.wall_time_s:.0f} s in all; {e(when)}.")
     figures = [("loss-curves", files.loss_curves_png, "Training loss of every run"),
                ("loss-scale", files.loss_scale_png, "Loss scale of the float16 runs"),
-               ("accuracy", files.accuracy_png, "Test accuracy of every run")]
+               ("accuracy", files.accuracy_png, "Test accuracy of every run"),
+               ("pure-bf16", files.pure_bf16_png,
+                "Pure bf16 training: fp32, round-to-nearest, stochastic rounding")]
     images = "\n".join(
         f'<figure><img id="{name}" alt="{e(alt)}" src="{_data_uri(png)}"></figure>'
         for name, png, alt in figures if png is not None)
@@ -396,6 +428,11 @@ def write_report(result: DemoResult, out_dir: str | os.PathLike[str]) -> ReportF
         # A plot from an earlier report in the same folder would now be stale.
         loss_scale_png.unlink(missing_ok=True)
     _plot_accuracy(result, files.accuracy_png)
+    pure_png = folder / "pure_bf16.png"
+    if _plot_pure_curves(result, pure_png):
+        files = dataclasses.replace(files, pure_bf16_png=pure_png)
+    else:
+        pure_png.unlink(missing_ok=True)  # stale from an earlier report
     files.html.write_text(_html_page(result, files), encoding="utf-8")
     data = report_data(result)
     data["files"] = [path.name for path in files.all()]

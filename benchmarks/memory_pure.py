@@ -1,0 +1,108 @@
+"""Memory of pure bf16 training (master_weights="stochastic"/"kahan") vs fp32 and O2.
+
+The GPT-style decoder of ``memory_o2.py`` (tied head, 4 heads), trained with AdamW,
+measured the same way: two warm-up steps, then one measured step (forward, backward,
+``optimizer.step()``, ``zero_grad``). Reported per configuration:
+
+* bytes per parameter held between steps (parameters, masters, optimizer state and
+  buffers, after ``zero_grad(set_to_none=True)``; the AdamW ``step`` counters are
+  included, which is why fp32 shows a hair above 12);
+* the peak of one step (held + the highest point of the step's allocations, torch
+  profiler on CPU, the allocator's peak counter on CUDA), and its ratio to fp32.
+
+fp32 is run twice: with torch's CPU default (AdamW's for-loop implementation) and with
+``foreach=True`` (torch's default on CUDA), whose whole-model temporaries raise its
+peak. The pure modes chunk their step, so their inner optimizer's variant does not
+change their peak.
+
+Presets: ``light`` (d=256, 4 layers, vocab 512, batch 2 x 64: activation-light, the
+parameters and their state dominate) and the three of ``memory_o2.py``.
+
+Run: ``python benchmarks/memory_pure.py [--preset light|deep|wide|big-vocab|all]
+[--device cpu|cuda]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gpu_throughput import GPT, GPTConfig, _device_name, _storage_bytes, live_training_tensors
+from gpu_throughput import peak_memory as _peak_memory
+from memory_o2 import PRESETS as O2_PRESETS
+
+import ampkit
+
+PRESETS = {"light": (256, 4, 512, 2, 64), **O2_PRESETS}
+CONFIGS = {  # name: (initialize kwargs or None for fp32, AdamW kwargs)
+    "fp32": (None, {}),
+    "fp32 foreach": (None, {"foreach": True}),
+    "O2 (fp32 masters)": ({"level": "O2"}, {}),
+    "O2 stochastic": ({"level": "O2", "master_weights": "stochastic"}, {}),
+    "O2 kahan": ({"level": "O2", "master_weights": "kahan"}, {}),
+}
+
+
+def measure(config: str, base: torch.nn.Module, ids: torch.Tensor,
+            device: torch.device) -> tuple[int, int]:
+    """``(bytes held between steps, peak bytes of one step)``."""
+    init, adamw = CONFIGS[config]
+    model = copy.deepcopy(base).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **adamw)
+    if init is not None:
+        model, optimizer = ampkit.initialize(model, optimizer, dtype=torch.bfloat16, **init)
+
+    def step() -> None:
+        logits = model(ids[:, :-1])
+        F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(2):
+        step()
+    held = _storage_bytes(live_training_tensors(model, optimizer))
+    with _peak_memory(device, held) as memory:
+        step()
+    return held, memory["peak"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--preset", default="light", choices=["all", *PRESETS])
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("memory_pure: no CUDA device here; use --device cpu", file=sys.stderr)
+        return 1
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    print(f"device: {_device_name(device)}; torch {torch.__version__}; bfloat16; AdamW")
+    for preset in PRESETS if args.preset == "all" else [args.preset]:
+        dim, layers, vocab, batch, seq = PRESETS[preset]
+        torch.manual_seed(0)
+        base = GPT(GPTConfig(vocab=vocab, dim=dim, heads=4, layers=layers, max_len=seq))
+        ids = torch.randint(0, vocab, (batch, seq + 1), device=device)
+        params = sum(p.numel() for p in base.parameters())
+        print(f"\n{preset}: d={dim}, {layers} layers, vocab {vocab}, {params / 1e6:.2f}M "
+              f"parameters, batch {batch} x {seq} tokens")
+        print("| config | held between steps | bytes/param | peak of one step | vs fp32 |")
+        print("|---|---|---|---|---|")
+        baseline = None
+        for config in CONFIGS:
+            held, peak = measure(config, base, ids, device)
+            baseline = baseline or peak
+            print(f"| {config} | {held / 2 ** 20:.1f} MiB | {held / params:.2f} | "
+                  f"{peak / 2 ** 20:.1f} MiB | {peak / baseline:.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
