@@ -30,7 +30,7 @@ import ampkit
 from ampkit.front_door import INITIALIZE_OVERRIDES
 from ampkit.levels import LEVEL_PROPERTY_NAMES, LevelProperties
 
-__all__ = ["SCALER_OPTIONS", "AmpkitSettings", "missing_framework"]
+__all__ = ["OPTIONS", "SCALER_OPTIONS", "AmpkitSettings", "missing_framework"]
 
 #: ``ampkit.GradScaler`` options an integration accepts (all but ``device`` and
 #: ``enabled``, which the integration decides).
@@ -41,6 +41,8 @@ SCALER_OPTIONS: tuple[str, ...] = ("init_scale", "growth_factor", "backoff_facto
 _SCALE_LOSS_OPTIONS = {"num_losses": None, "min_loss_scale": "min_scale",
                        "max_loss_scale": "max_scale"}
 _ACCEPTED = tuple(k for k in INITIALIZE_OVERRIDES if k not in _SCALE_LOSS_OPTIONS)
+#: Every option an integration accepts besides ``level`` and ``dtype``.
+OPTIONS: tuple[str, ...] = _ACCEPTED + SCALER_OPTIONS
 
 
 def missing_framework(module: str, extra: str) -> str:
