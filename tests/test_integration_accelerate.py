@@ -71,7 +71,7 @@ def test_fp16_o2_matches_the_hand_written_ampkit_loop() -> None:
             ref_losses.append(loss.item())
             scaler.scale(loss).backward()
             scaler.unscale_(ref_opt)
-            torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+            ampkit.clip_master_grad_norm_(ref_opt, 0.5)
             scaler.step(ref_opt)
             scaler.update()
             ref_opt.zero_grad()
@@ -80,6 +80,25 @@ def test_fp16_o2_matches_the_hand_written_ampkit_loop() -> None:
     assert losses == ref_losses
     for a, b in zip(net.state_dict().values(), ref.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_fp16_clipping_sees_the_unscaled_fp32_gradient_norm() -> None:
+    """The norm clip_grad_norm_ returns is an fp32 model's, up to fp16 rounding."""
+    ref = _net()
+    x, y = BATCHES[0]
+    F.cross_entropy(ref(x), y).backward()
+    want = torch.nn.utils.get_total_norm([p.grad for p in ref.parameters()]).item()
+
+    accelerator = AmpkitAccelerator(cpu=True, level="O2", dtype=torch.float16,
+                                    init_scale=1024.0)
+    net = _net()
+    net, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    accelerator.backward(F.cross_entropy(net(x), y))
+    got = accelerator.clip_grad_norm_(net.parameters(), 1e-3).item()
+    assert got == pytest.approx(want, rel=2e-2)
+    master_norm = torch.nn.utils.get_total_norm([p.grad for g in opt.param_groups
+                                                 for p in g["params"]])
+    assert master_norm.item() == pytest.approx(1e-3, rel=1e-3)  # what the step will use
 
 
 @pytest.mark.parametrize("level,dtype", [("O1", torch.bfloat16), ("O2", torch.bfloat16),

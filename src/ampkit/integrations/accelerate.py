@@ -14,8 +14,9 @@ accelerate call                ampkit call
 ``prepare(model, ...)``        move to ``accelerator.device``, ``ampkit.initialize(model)``
 ``prepare(optimizer, ...)``    ``ampkit.initialize(models, optimizer)``: fp32 masters
 ``backward(loss)``             ``GradScaler.scale(loss).backward()`` (levels that scale)
-``clip_grad_norm_`` / ``unscale_gradients``  ``GradScaler.unscale_(optimizer)`` first
+``clip_grad_norm_``             ``GradScaler.unscale_``, ``ampkit.clip_master_grad_norm_``
 ``optimizer.step()``           ``GradScaler.step`` (skipped on inf/NaN) and ``update``
+``optimizer_step_was_skipped``  ``GradScaler.last_step_skipped`` (fused optimizers too)
 ``autocast()``                 ``ampkit.autocast`` with the level's policy and lists
 ``save_state`` / ``load_state``  the scaler's ``state_dict``; the model's holds the masters
 =============================  =============================================================
@@ -47,7 +48,9 @@ from typing import Any
 
 import torch
 
+import ampkit
 from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
+from ampkit.master_weights import model_params
 
 try:
     from accelerate import Accelerator
@@ -154,7 +157,20 @@ class AmpkitAccelerator(Accelerator):
 
     # -- prepare ----------------------------------------------------------------------
 
-    def _ampkit_model(self, model: torch.nn.Module, device_placement: bool | None) -> None:
+    def convert_model(self, model: torch.nn.Module, device_placement: bool | None = None
+                      ) -> None:
+        """Convert ``model`` with ``ampkit.initialize`` (moved to the accelerator's device
+        first, unless ``device_placement`` is ``False``), once; ``prepare`` does it too.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.integrations.accelerate import AmpkitAccelerator
+            >>> accelerator = AmpkitAccelerator(level="O3", dtype=torch.bfloat16, cpu=True)
+            >>> net = torch.nn.Linear(2, 2)
+            >>> accelerator.convert_model(net)
+            >>> net.weight.dtype
+            torch.bfloat16
+        """
         model = self.unwrap_model(model)
         if any(m is model for m in self._ampkit_models):
             return
@@ -178,7 +194,7 @@ class AmpkitAccelerator(Accelerator):
         places = device_placement or [None] * len(args)
         for obj, place in zip(args, places):
             if isinstance(obj, torch.nn.Module):
-                self._ampkit_model(obj, place)
+                self.convert_model(obj, place)
         for obj in args:
             if isinstance(obj, torch.optim.Optimizer):
                 self._ampkit_optimizer(obj)
@@ -188,7 +204,7 @@ class AmpkitAccelerator(Accelerator):
                       evaluation_mode: bool = False) -> Any:
         """Convert ``model`` (on the accelerator's device), then
         ``Accelerator.prepare_model``."""
-        self._ampkit_model(model, device_placement)
+        self.convert_model(model, device_placement)
         return super().prepare_model(model, device_placement=device_placement,
                                      evaluation_mode=evaluation_mode)
 
@@ -213,6 +229,34 @@ class AmpkitAccelerator(Accelerator):
             while isinstance(opt, AcceleratedOptimizer):
                 opt = opt.optimizer
             self.scaler.unscale_(opt)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped for an overflow (so the LR
+        scheduler should not move): the scaler's ``last_step_skipped``, which also
+        covers fused optimizers, whose ``step`` runs and skips on the device."""
+        return self.scaler is not None and bool(self.scaler.last_step_skipped)
+
+    def _optimizer_over(self, params: list[torch.Tensor]) -> torch.optim.Optimizer | None:
+        """The one prepared optimizer whose (model) parameters are ``params``."""
+        wanted = {id(p) for p in params if p.requires_grad}
+        for opt in self._optimizers:
+            while isinstance(opt, AcceleratedOptimizer):
+                opt = opt.optimizer
+            if wanted == {id(p) for p in model_params(opt) if p.requires_grad}:
+                return opt
+        return None
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        """Unscale, then clip. Given the parameters of a prepared optimizer (the usual
+        ``model.parameters()``), the clipping is ``ampkit.clip_master_grad_norm_``: the
+        norm is taken in fp32 over the gradients the step uses (the masters' at O2)."""
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        optimizer = self._optimizer_over(params)
+        if optimizer is None:
+            return super().clip_grad_norm_(params, max_norm, norm_type)
+        self.unscale_gradients()
+        return ampkit.clip_master_grad_norm_(optimizer, max_norm, norm_type)
 
     @contextlib.contextmanager
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
