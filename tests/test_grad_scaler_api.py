@@ -310,7 +310,8 @@ def test_fallback_unscale_path_matches_kernel(monkeypatch: pytest.MonkeyPatch) -
 def test_master_gradients_are_synced_before_unscaling(monkeypatch: pytest.MonkeyPatch
                                                       ) -> None:
     # The contract with ampkit.master_weights: sync_master_grads(optimizer) runs first,
-    # so the scaler unscales and checks whatever gradients it leaves on the optimizer.
+    # so the scaler unscales and checks whatever gradients it leaves on the optimizer,
+    # and publish_master_grads(optimizer) runs after unscaling.
     model_w = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
     master_w = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([master_w], lr=0.5)
@@ -325,12 +326,15 @@ def test_master_gradients_are_synced_before_unscaling(monkeypatch: pytest.Monkey
 
     fake = types.ModuleType("ampkit.master_weights")
     fake.sync_master_grads = sync_master_grads  # type: ignore[attr-defined]
+    published = []
+    fake.publish_master_grads = published.append  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ampkit.master_weights", fake)
     scaler = GradScaler("cpu", init_scale=2.0 ** 8)
     scaler.scale(model_w.float().sum() * 3).backward()
     scaler.step(opt)
     scaler.update()
     assert calls and all(c is opt for c in calls)
+    assert published == [opt]
     assert master_w.grad is not None and master_w.grad.tolist() == [3.0, 3.0]
     assert master_w.tolist() == [-0.5, -0.5]
 

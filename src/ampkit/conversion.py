@@ -55,6 +55,7 @@ import dataclasses
 import difflib
 import enum
 import functools
+import sys
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -447,6 +448,19 @@ def _load_errors(module: nn.Module, state_dict: dict[str, Any], prefix: str,
     return errors
 
 
+def _load_is_strict() -> bool:
+    """The ``strict`` argument of the ``Module.load_state_dict`` call in progress. torch
+    hands its pre-hooks ``strict=True`` whatever the caller asked and applies strictness
+    only once everything is copied, so the caller's frame is the one place to read it."""
+    code = nn.Module.load_state_dict.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            return bool(frame.f_locals.get("strict", True))
+        frame = frame.f_back
+    return False  # not inside load_state_dict (a direct _load_from_state_dict call)
+
+
 class _LoadGuard:
     """``load_state_dict`` pre-hook of every module of a model whose parameters were
     cast: the load is all or nothing, incoming values go into the master copies exactly
@@ -467,7 +481,7 @@ class _LoadGuard:
                     "that the fp32 masters and the optimizer update; load without assign "
                     "(the values go into the masters exactly and the parameters are "
                     "rounded from them)")
-            errors = _load_errors(module, state_dict, prefix, strict)
+            errors = _load_errors(module, state_dict, prefix, _load_is_strict())
             if errors:
                 raise RuntimeError(
                     f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"

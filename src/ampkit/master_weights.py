@@ -22,9 +22,12 @@ again before each step, so whatever reads or edits gradients between ``backward(
 ``step()`` works through either side: ``clip_grad_norm_(model.parameters(), ...)``,
 clipping the optimizer's parameters (Lightning does), norm logging, NaN checks. An edit
 made on the masters (clipping, a loss scaler's unscaling) is what the step uses as long
-as the model's gradient is not changed afterwards; a loss scaler's unscaling is copied
-back onto the model's gradients so both sides read the unscaled values. Changing the
-same gradient on both sides between two backward passes is a ``RuntimeError``.
+as the model's gradient is not changed afterwards (clearing or replacing the model's
+gradient discards it, as it would in fp32); a loss scaler's unscaling is copied back
+onto the model's gradients so both sides read the unscaled values. Editing one gradient
+in place on both sides before they next agree (clipping through both, or accumulating
+another backward pass into gradients clipped through the masters) has no right answer
+and is a ``RuntimeError`` at the next backward pass or step.
 
 The masters are the ones :func:`ampkit.conversion.convert_model` made from the original
 fp32 values when converting with master weights (so nothing was lost to rounding), or,
@@ -228,15 +231,22 @@ class _Masters:
         """Derive each master's gradient from its model parameter's, where that changed."""
         stale: list[_Pair] = []
         for pair in self.pairs:
-            if _unchanged(pair.model_mark, pair.model.grad):
+            grad = pair.model.grad
+            if _unchanged(pair.model_mark, grad):
                 continue
-            if not _unchanged(pair.master_mark, pair.master.grad):
+            # A model gradient cleared or replaced (zero_grad, p.grad = ...) discards
+            # whatever was there, edits on the master included. One edited in place on
+            # both sides (clipped twice, accumulated after clipping the masters) has no
+            # right answer.
+            edited_in_place = grad is not None and pair.model_mark[0] is not None and (
+                pair.model_mark[0]() is grad)
+            if edited_in_place and not _unchanged(pair.master_mark, pair.master.grad):
                 raise RuntimeError(
                     f"the gradient of a parameter of shape {tuple(pair.model.shape)} was "
-                    f"changed both on the model and on its fp32 master (the optimizer's "
-                    f"parameter) since they last agreed: edit gradients through "
-                    f"model.parameters() or through the optimizer's parameters "
-                    f"(ampkit.clip_master_grad_norm_), not both")
+                    f"changed in place both on the model and on its fp32 master (the "
+                    f"optimizer's parameter) since they last agreed (after a backward "
+                    f"pass, a step or an unscale): edit gradients through "
+                    f"model.parameters() or through the optimizer's parameters, not both")
             stale.append(pair)
         if stale:
             _copy_grads(stale, to_master=True)
@@ -278,6 +288,17 @@ class _Masters:
             register_master(model, master)
             copied._add(model, master)
         return copied
+
+
+def _remap_cached_params(optimizer: torch.optim.Optimizer, masters: _Masters) -> None:
+    """Optimizers that keep their own list of the parameters (LBFGS's ``_params``)
+    must update the masters too, not the model parameters behind them."""
+    master_of = {id(pair.model): pair.master for pair in masters.pairs}
+    for name, value in list(vars(optimizer).items()):
+        if (name not in ("param_groups", "state") and isinstance(value, list) and value
+                and all(isinstance(p, torch.Tensor) for p in value)
+                and any(id(p) in master_of for p in value)):
+            setattr(optimizer, name, [master_of.get(id(p), p) for p in value])
 
 
 _MANAGED_CLASSES: dict[type, type] = {}
@@ -368,6 +389,7 @@ class MasterWeightOptimizer:
         masters = _Masters()
         for group in optimizer.param_groups:
             group["params"] = masters.adopt(list(group["params"]))
+        _remap_cached_params(optimizer, masters)
         for model, master in zip(masters.models, masters.masters):
             if model in optimizer.state:  # it already stepped: keep its state, in fp32
                 optimizer.state[master] = {
@@ -381,6 +403,13 @@ class MasterWeightOptimizer:
     def __init__(self, *args: Any) -> None:
         # Everything happened in __new__, which returns the optimizer itself.
         pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch's Optimizer keeps only defaults, state and param_groups; copies of a
+        # managed optimizer need their masters' pairing too.
+        state = super().__getstate__()  # type: ignore[misc]
+        state["_ampkit_masters"] = self._ampkit_masters
+        return state
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Step the optimizer on the masters (with gradients derived from the model's),
@@ -523,7 +552,9 @@ def publish_master_grads(optimizer: torch.optim.Optimizer) -> bool:
     masters = _masters_of(optimizer)
     if masters is None:
         return False
-    masters.push()
+    # Every pair: torch's fused unscale kernel edits in place without bumping the
+    # gradients' version counters, so a change cannot be told from none.
+    masters.push(every_pair=True)
     return True
 
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 import warnings
 from collections.abc import Iterable
 from typing import Any, overload
@@ -96,12 +97,11 @@ def _master_weights() -> Any:
     """``ampkit.master_weights``, or ``None`` when it cannot be imported (then no
     optimizer can be managed by ampkit master weights)."""
     try:
-        from ampkit import master_weights
+        return importlib.import_module("ampkit.master_weights")
     except ModuleNotFoundError as error:
         if error.name != "ampkit.master_weights":
             raise
         return None
-    return master_weights
 
 
 def _sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
