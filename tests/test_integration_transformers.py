@@ -98,10 +98,6 @@ def test_o1_matches_trainers_own_bf16(tmp_path) -> None:
         assert torch.equal(a, b)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "ampkit.conversion refuses load_state_dict(strict=False) with missing keys on a "
-    "converted model (torch hands its pre-hooks strict=True); Trainer's resume loads the "
-    "checkpoint without the tied lm_head.weight that way"))
 def test_fp16_resume_from_checkpoint_continues_exactly(tmp_path) -> None:
     options = {"level": "O2", "dtype": torch.float16, "init_scale": 2.0 ** 20,
                "growth_interval": 2}
