@@ -113,6 +113,14 @@ class AmpkitPrecision(Precision):
 
         Raises:
             RuntimeError: a strategy other than single-device or DDP.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.integrations.lightning import AmpkitPrecision
+            >>> net = AmpkitPrecision("O2", torch.float16).convert_module(
+            ...     torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)))
+            >>> net[0].weight.dtype, net[1].weight.dtype
+            (torch.float16, torch.float32)
         """
         trainer = getattr(module, "_trainer", None)
         if trainer is not None:
@@ -141,7 +149,16 @@ class AmpkitPrecision(Precision):
     @contextlib.contextmanager
     def forward_context(self) -> Iterator[None]:
         """The level's autocast region around training, validation, test and predict
-        steps (none at O0/O3), so losses computed in the step follow the policy too."""
+        steps (none at O0/O3), so losses computed in the step follow the policy too.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.integrations.lightning import AmpkitPrecision
+            >>> plugin = AmpkitPrecision("O1", torch.bfloat16, custom_white_list={"add"})
+            >>> with plugin.forward_context():
+            ...     (torch.ones(2) + torch.ones(2)).dtype
+            torch.bfloat16
+        """
         with self._settings.autocast(self._device_type or "cpu"):
             yield
 
@@ -180,7 +197,17 @@ class AmpkitPrecision(Precision):
     # -- checkpoints ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The scaler's state (``{}`` without loss scaling)."""
+        """The scaler's state (``{}`` without loss scaling).
+
+        Example:
+            >>> import torch
+            >>> from ampkit.integrations.lightning import AmpkitPrecision
+            >>> AmpkitPrecision("O2", torch.bfloat16).state_dict()
+            {}
+            >>> AmpkitPrecision("O2", torch.float16, init_scale=8.0).convert_module(
+            ...     torch.nn.Linear(2, 2)) is not None
+            True
+        """
         return {} if self.scaler is None else self.scaler.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
