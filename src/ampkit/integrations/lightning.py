@@ -204,9 +204,10 @@ class AmpkitPrecision(Precision):
             >>> from ampkit.integrations.lightning import AmpkitPrecision
             >>> AmpkitPrecision("O2", torch.bfloat16).state_dict()
             {}
-            >>> AmpkitPrecision("O2", torch.float16, init_scale=8.0).convert_module(
-            ...     torch.nn.Linear(2, 2)) is not None
-            True
+            >>> plugin = AmpkitPrecision("O2", torch.float16, init_scale=8.0)
+            >>> _ = plugin.convert_module(torch.nn.Linear(2, 2))  # makes the scaler
+            >>> plugin.state_dict()["scale"]
+            8.0
         """
         return {} if self.scaler is None else self.scaler.state_dict()
 
