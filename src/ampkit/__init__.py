@@ -44,6 +44,8 @@ _LAZY = {
     "collect_op_stats": "ampkit.tools.op_stats",
     "NumericsChecker": "ampkit.tools.numerics_checker",
     "CheckMode": "ampkit.tools.numerics_checker",
+    "compare": "ampkit.tools.compare",
+    "tune": "ampkit.tools.tune",
 }
 
 
@@ -61,12 +63,14 @@ __all__ = [
     "StaticLossScale",
     "clip_master_grad_norm_",
     "collect_op_stats",
+    "compare",
     "configure_loss_scaling",
     "convert_model",
     "initialize",
     "level_properties",
     "master_params",
     "scale_loss",
+    "tune",
     "__version__",
     "amp_cast",
     "amp_multicast",

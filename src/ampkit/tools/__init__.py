@@ -1,5 +1,6 @@
 """ampkit's tools: operator statistics, the NaN/Inf checker with provenance, the
-``ampkit demo`` training report, the CLI.
+fp32-vs-low-precision comparison and policy tuning, the ``ampkit demo`` training
+report, the CLI.
 
 Names are imported on first use, so ``import ampkit.tools`` loads neither matplotlib
 nor scikit-learn.
@@ -36,6 +37,14 @@ _LAZY = {
     "ReportFiles": "ampkit.tools.report",
     "summary_table": "ampkit.tools.report",
     "write_report": "ampkit.tools.report",
+    # ``compare`` and ``tune`` are this package's modules of those names; the functions
+    # are ``ampkit.compare`` and ``ampkit.tune``.
+    "Comparison": "ampkit.tools.compare",
+    "write_comparison_report": "ampkit.tools.compare_report",
+    "Trial": "ampkit.tools.tune",
+    "TuneResult": "ampkit.tools.tune",
+    "TuneWarning": "ampkit.tools.tune",
+    "aggressive_policy": "ampkit.tools.tune",
 }
 
 __all__ = sorted(_LAZY)

@@ -3,6 +3,7 @@
 ``ampkit demo`` trains a small CNN on scikit-learn's digits in fp32 and at the AMP levels
 (see :mod:`ampkit.tools.demo`), shows a progress bar per run, prints a summary table and
 the ampkit lines of the O2 run, and writes a report folder (see :mod:`ampkit.tools.report`).
+``ampkit tune`` searches op lists for the same model (see :mod:`ampkit.tools.cli_tune`).
 
 Options of ``ampkit demo``:
 
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=_PROG, description="ampkit: Automatic Mixed Precision for PyTorch.")
     parser.add_argument("--version", action="version",
                         version=f"ampkit {ampkit.__version__} (torch {torch.__version__})")
-    commands = parser.add_subparsers(dest="command", metavar="{demo}", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="{demo,tune}", required=True)
     demo = commands.add_parser(
         "demo", help="train a small CNN on scikit-learn's digits in fp32 and at each AMP "
                      "level, and write a report",
@@ -152,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: 1)")
     demo.add_argument("--quiet", action="store_true",
                       help="no progress bars and no code listing: only the final table")
+    from ampkit.tools import cli_tune  # ``ampkit tune``: its options live there
+
+    cli_tune.add_parser(commands)
     return parser
 
 
@@ -275,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "tune":
+            from ampkit.tools import cli_tune
+
+            return cli_tune.run(args)
     except KeyboardInterrupt:
         print(f"{_PROG}: interrupted", file=sys.stderr)
         return 130

@@ -38,6 +38,8 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ampkit.tools._tracing import ModuleScope
+
 __all__ = ["CheckMode", "NonFiniteError", "NumericsChecker", "OpRecord"]
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)
@@ -188,16 +190,12 @@ class NumericsChecker:
         self.max_records = max_records
         self.records: list[OpRecord] = []
         self.ops_seen = 0
-        self._module_stack: list[str] = []
-        self._hooks: list[Any] = []
+        self._scope = ModuleScope(model)
         self._mode: _Watch | None = None
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> NumericsChecker:
-        if self.model is not None:
-            for name, module in self.model.named_modules():
-                self._hooks.append(module.register_forward_pre_hook(self._push(name)))
-                self._hooks.append(module.register_forward_hook(self._pop))
+        self._scope.__enter__()
         self._mode = _Watch(self)
         self._mode.__enter__()
         return self
@@ -206,19 +204,7 @@ class NumericsChecker:
         if self._mode is not None:
             self._mode.__exit__(*exc)
             self._mode = None
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
-        self._module_stack.clear()
-
-    def _push(self, name: str) -> Any:
-        def hook(module: nn.Module, args: Any) -> None:
-            self._module_stack.append(name)
-        return hook
-
-    def _pop(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._module_stack:
-            self._module_stack.pop()
+        self._scope.__exit__(*exc)
 
     # -- inspection ------------------------------------------------------------------------
     def _inspect(self, op: str, inputs: Any, out: Any) -> None:
@@ -227,7 +213,7 @@ class NumericsChecker:
         node = torch._C._current_autograd_node()
         phase = "backward" if node is not None else "forward"
         grad_fn = node.name() if node is not None else ""
-        module = self._module_stack[-1] if (self._module_stack and node is None) else ""
+        module = (self._scope.current or "") if node is None else ""
         for t in tree_leaves(out):
             if not (isinstance(t, torch.Tensor) and t.is_floating_point()) or t.numel() == 0:
                 continue

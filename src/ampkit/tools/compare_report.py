@@ -1,0 +1,149 @@
+"""The HTML report of :func:`ampkit.compare`: two plots and the tables, on one page.
+
+Written with the demo report's pieces (:mod:`ampkit.tools.report`: bare matplotlib
+figures, plots embedded as ``data:`` URIs, the same style sheet) and a jinja2 template
+(``templates/compare.html.j2``; jinja2 comes with torch). Files:
+
+* ``error_per_layer.png``: relative error of each leaf module's output (and inputs)
+  along the network, with the threshold and where divergence starts;
+* ``op_error_histogram.png``: a histogram of the error each op call added, per op;
+* ``compare.html`` (``<table id="ranked-ops">``, ``id="modules"``, ``id="grads"``);
+* ``compare.json``: :meth:`~ampkit.tools.compare.Comparison.to_json`.
+
+Example:
+    >>> import tempfile, torch
+    >>> import ampkit
+    >>> from ampkit.tools.compare_report import write_comparison_report
+    >>> c = ampkit.compare(torch.nn.Linear(2, 2), torch.ones(1, 2), precision="O3",
+    ...                    dtype="bfloat16")
+    >>> with tempfile.TemporaryDirectory() as out:
+    ...     page = write_comparison_report(c, out)
+    ...     sorted(p.name for p in page.parent.iterdir())
+    ['compare.html', 'compare.json', 'error_per_layer.png', 'op_error_histogram.png']
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+import ampkit
+from ampkit.tools.report import _STYLE, _data_uri, _new_figure, check_output_dir
+
+if TYPE_CHECKING:
+    from ampkit.tools.compare import Comparison, ModuleError
+
+__all__ = ["write_comparison_report"]
+
+_FLOOR = 1e-12  # errors below this (exact ops) are drawn at it on log axes
+_HISTOGRAM_OPS = 6  # ops named in the histogram; the others are pooled
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}" if math.isfinite(value) else str(value)
+
+
+def _leaf_modules(c: Comparison) -> list[ModuleError]:
+    names = {m.module for m in c.modules}
+    parents = {n.rsplit(".", 1)[0] if "." in n else "" for n in names if n}
+    return [m for m in c.modules if m.module not in parents]
+
+
+def _clip(value: float, floor: float = _FLOOR) -> float:
+    if math.isnan(value):
+        return math.nan
+    return max(value, floor)
+
+
+def _plot_layers(c: Comparison, path: Path) -> None:
+    leaves = _leaf_modules(c)
+    fig = _new_figure(8.0, 4.2)
+    ax = fig.add_subplot()
+    xs = range(len(leaves))
+    floor = c.threshold / 1e4  # exact values are drawn here, not at 1e-12
+
+    def clip(value: float) -> float:
+        return _clip(value, floor)
+
+    ax.plot(xs, [clip(m.error.max_rel) for m in leaves], marker="o", color="#d62728",
+            label="output")
+    ax.plot(xs, [clip(m.input_rel) for m in leaves], marker=".", linestyle="--",
+            color="#1f77b4", label=f"inputs (exact: drawn at {floor:.0e})")
+    ax.axhline(c.threshold, color="#777777", linewidth=0.8, linestyle=":",
+               label=f"threshold {_fmt(c.threshold)}")
+    div = c.divergence
+    for i, m in enumerate(leaves):
+        if div is not None and (m.module, m.call) == (div.module, div.call):
+            ax.annotate("divergence starts", (i, clip(m.error.max_rel)),
+                        xytext=(10, 10), textcoords="offset points",
+                        arrowprops={"arrowstyle": "->"})
+    labels = [(m.module or "(model)") + (f"#{m.call}" if m.call else "") + f"\n{m.kind}"
+              for m in leaves]
+    ax.set_xticks(list(xs), labels, rotation=45 if len(labels) > 6 else 0, ha="right"
+                  if len(labels) > 6 else "center", fontsize="small")
+    ax.set_yscale("log")
+    ax.set_ylabel("max relative error vs float32")
+    ax.set_xlabel("leaf modules, in the order they ran")
+    ax.set_title(f"Error along the network: {c.precision} ({c.dtype})")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path)
+
+
+def _plot_histogram(c: Comparison, path: Path) -> None:
+    ranked = [r.name for r in c.ranked_ops()[:_HISTOGRAM_OPS]]
+    groups: dict[str, list[float]] = {name: [] for name in ranked}
+    other: list[float] = []
+    for r in c.ops:
+        value = _clip(r.added)
+        if math.isnan(value):
+            continue
+        value = math.log10(min(value, 1e6))  # Inf drawn at 1e6
+        groups.get(r.op, other).append(value)
+    if other:
+        groups["other ops"] = other
+    fig = _new_figure(8.0, 4.0)
+    ax = fig.add_subplot()
+    if any(groups.values()):
+        ax.hist(list(groups.values()), bins=24, stacked=True,
+                label=[f"{name} ({len(values)} calls)" for name, values in groups.items()])
+        ax.legend(fontsize="small")
+    ax.set_xlabel(f"log10 of the relative error an op call added "
+                  f"(exact calls at {math.log10(_FLOOR):.0f})")
+    ax.set_ylabel("op calls")
+    ax.set_title("Error added per op call, by op (ops ranked worst first)")
+    fig.savefig(path)
+
+
+def write_comparison_report(c: Comparison, out_dir: str | os.PathLike[str]) -> Path:
+    """Write the plots, ``compare.html`` and ``compare.json`` into ``out_dir``
+    (created if needed); return the HTML page's path. See the module docstring."""
+    import jinja2
+
+    folder = check_output_dir(out_dir)
+    layers, histogram = folder / "error_per_layer.png", folder / "op_error_histogram.png"
+    _plot_layers(c, layers)
+    _plot_histogram(c, histogram)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+        autoescape=True, undefined=jinja2.StrictUndefined)
+    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    meta = (f"{len(c.ops)} op calls and {len(c.modules)} module calls compared; "
+            f"threshold {_fmt(c.threshold)}; torch {torch.__version__}, ampkit "
+            f"{ampkit.__version__}; {when}.")
+    figures = [
+        {"id": "error-per-layer", "alt": "Relative error per layer", "uri": _data_uri(layers)},
+        {"id": "op-histogram", "alt": "Error added per op call", "uri": _data_uri(histogram)},
+    ]
+    page = env.get_template("compare.html.j2").render(
+        c=c, div=c.divergence, first=c.first_divergent_op, ranked=c.ranked_ops(),
+        figures=figures, style=_STYLE, meta=meta, fmt=_fmt)
+    html_path = folder / "compare.html"
+    html_path.write_text(page, encoding="utf-8")
+    (folder / "compare.json").write_text(c.to_json() + "\n", encoding="utf-8")
+    return html_path
