@@ -184,3 +184,32 @@ def test_without_lightning_the_import_error_names_the_extra(monkeypatch) -> None
     monkeypatch.delitem(sys.modules, "ampkit.integrations.lightning")
     with pytest.raises(ImportError, match=r"pip install 'ampkit\[lightning\]'"):
         importlib.import_module("ampkit.integrations.lightning")
+
+
+class ManualClassifier(Classifier):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], _: int) -> None:
+        opt = self.optimizers()
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.losses.append(loss.item())
+        self.manual_backward(loss)  # scaled by the plugin
+        opt.step()                  # unscaled, skipped on overflow
+        opt.zero_grad()
+
+
+def test_manual_optimization_steps_like_automatic() -> None:
+    def plugin() -> AmpkitPrecision:
+        return AmpkitPrecision("O2", torch.float16, init_scale=2.0 ** 20, growth_interval=2)
+
+    auto, manual = Classifier(), ManualClassifier()
+    auto_plugin, manual_plugin = plugin(), plugin()
+    _trainer(3, plugins=[auto_plugin]).fit(auto, _loader())
+    _trainer(3, plugins=[manual_plugin]).fit(manual, _loader())
+    assert manual_plugin.scaler.skipped_steps == auto_plugin.scaler.skipped_steps > 0
+    assert manual.losses == auto.losses
+    for a, b in zip(manual.state_dict().values(), auto.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
