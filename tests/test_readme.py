@@ -21,6 +21,10 @@ from conftest import DEVICES
 
 README = Path(__file__).parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+# A block using ampkit.integrations.X runs where X's framework is installed (CI installs
+# them with the test extra).
+_FRAMEWORKS = {"lightning": ["lightning"], "transformers": ["transformers", "accelerate"],
+               "accelerate": ["accelerate"]}
 _VALUE_COMMENT = re.compile(r"^\s*print\(.*\)\s+#\s+((?:torch\.|\[)[^:]*)")
 
 
@@ -43,6 +47,9 @@ def test_readme_has_python_examples() -> None:
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_block_runs(code: str, device: str, tmp_path: Path,
                            monkeypatch: pytest.MonkeyPatch) -> None:
+    for integration in re.findall(r"ampkit\.integrations\.(\w+)", code):
+        for framework in _FRAMEWORKS.get(integration, []):
+            pytest.importorskip(framework)
     monkeypatch.chdir(tmp_path)  # blocks that write files write them here
     if device != "cpu":
         code = code.replace('"cpu"', f'"{device}"')

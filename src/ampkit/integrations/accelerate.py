@@ -1,0 +1,270 @@
+"""accelerate: ``AmpkitAccelerator(level="O2", dtype=torch.bfloat16)`` in place of
+``Accelerator(mixed_precision=...)``.
+
+ampkit replaces accelerate's ``mixed_precision="fp16"`` and ``"bf16"`` modes (its
+``torch.autocast`` around the model's forward and its ``torch.amp.GradScaler``); the
+accelerator itself runs with ``mixed_precision="no"``, and everything else (devices,
+DDP, data loaders, gradient accumulation, ``save_state``/``load_state``) is
+accelerate's own. :class:`AmpkitAccelerator` is an ``Accelerator`` whose hooks call the
+front door:
+
+=============================  =============================================================
+accelerate call                ampkit call
+=============================  =============================================================
+``prepare(model, ...)``        move to ``accelerator.device``, ``ampkit.initialize(model)``
+``prepare(optimizer, ...)``    ``ampkit.initialize(models, optimizer)``: fp32 masters
+``backward(loss)``             ``GradScaler.scale(loss).backward()`` (levels that scale)
+``clip_grad_norm_``             ``GradScaler.unscale_``, ``ampkit.clip_master_grad_norm_``
+``optimizer.step()``           ``GradScaler.step`` (skipped on inf/NaN) and ``update``
+``optimizer_step_was_skipped``  ``GradScaler.last_step_skipped`` (fused optimizers too)
+``autocast()``                 ``ampkit.autocast`` with the level's policy and lists
+``save_state`` / ``load_state``  the scaler's ``state_dict``; the model's holds the masters
+=============================  =============================================================
+
+Without the subclass, bf16 needs nothing but order: ``Accelerator(mixed_precision="no")``,
+``model.to(accelerator.device)``, ``ampkit.initialize(model, optimizer, level=...)``,
+then ``accelerator.prepare``. fp16 needs the subclass (or a loop of your own) because
+accelerate only unscales before clipping for its own fp16 mode.
+
+Requires ``accelerate`` (``pip install 'ampkit[accelerate]'``). Distributed types:
+none, multi-CPU and multi-GPU (DDP); FSDP, DeepSpeed, Megatron and XLA are refused.
+
+Example:
+    >>> import torch
+    >>> from ampkit.integrations.accelerate import AmpkitAccelerator
+    >>> accelerator = AmpkitAccelerator(level="O2", dtype=torch.bfloat16, cpu=True)
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    >>> model, opt = accelerator.prepare(model, opt)
+    >>> model[0].weight.dtype, accelerator.mixed_precision, accelerator.scaler is None
+    (torch.bfloat16, 'no', True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+import ampkit
+from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
+from ampkit.master_weights import model_params
+
+try:
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.utils import DistributedType
+except ImportError as error:  # pragma: no cover - exercised without the extra
+    raise ImportError(missing_framework("accelerate", "accelerate")) from error
+
+__all__ = ["AmpkitAccelerator"]
+
+_SUPPORTED = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+
+class AmpkitAccelerator(Accelerator):
+    """An ``Accelerator`` that trains at an ampkit level instead of its own
+    ``mixed_precision`` modes.
+
+    Args:
+        level: ``"O0"``-``"O3"``; ``"O2"`` by default.
+        dtype: ``torch.float16`` or ``torch.bfloat16``; ``None`` is the device's
+            autocast default (bfloat16 on CPU, float16 on CUDA).
+        **kwargs: ``ampkit.initialize`` overrides (``custom_white_list``,
+            ``custom_black_list``, ``policy``, ``keep_fp32_modules``, ``loss_scale``, ...)
+            and ``ampkit.GradScaler`` options (``init_scale``, ``hysteresis``,
+            ``min_scale``, ...); every other keyword goes to ``Accelerator``.
+
+    Prepare each model before, or together with, its optimizers.
+
+    Raises:
+        ValueError: ``mixed_precision`` other than ``"no"`` (ampkit's level replaces
+            it), a bad level, dtype or option value, or a distributed type ampkit does
+            not support.
+        TypeError: an unknown ampkit option (the accepted ones are listed).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.integrations.accelerate import AmpkitAccelerator
+        >>> AmpkitAccelerator(level="O2", mixed_precision="bf16")
+        Traceback (most recent call last):
+        ...
+        ValueError: AmpkitAccelerator replaces accelerate's mixed_precision='bf16' ...
+    """
+
+    _ampkit: AmpkitSettings
+    _ampkit_models: list[torch.nn.Module]
+
+    def __init__(self, *, level: str = "O2", dtype: torch.dtype | str | None = None,
+                 **kwargs: Any) -> None:
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTIONS}
+        settings = AmpkitSettings.build(level, dtype, options, owner="AmpkitAccelerator")
+        mixed = kwargs.pop("mixed_precision", None)
+        if mixed not in (None, "no"):
+            raise ValueError(f"AmpkitAccelerator replaces accelerate's mixed_precision="
+                             f"{mixed!r} (its autocast and GradScaler) with the ampkit level; "
+                             f"leave mixed_precision out and pass level= and dtype=")
+        super().__init__(mixed_precision="no", **kwargs)
+        self._ampkit_attach(settings)
+
+    @classmethod
+    def adopt(cls, accelerator: Accelerator, level: str = "O2",
+              dtype: torch.dtype | str | None = None, **options: Any) -> AmpkitAccelerator:
+        """Turn an existing ``Accelerator`` (made with ``mixed_precision="no"``) into an
+        ``AmpkitAccelerator``, in place: for frameworks that build their own, such as
+        Hugging Face ``Trainer``. Returns the same object.
+
+        Raises:
+            ValueError: the accelerator runs a ``mixed_precision`` mode of its own.
+
+        Example:
+            >>> from accelerate import Accelerator
+            >>> from ampkit.integrations.accelerate import AmpkitAccelerator
+            >>> plain = Accelerator(cpu=True)
+            >>> AmpkitAccelerator.adopt(plain, "O1", "bfloat16") is plain, type(plain).__name__
+            (True, 'AmpkitAccelerator')
+        """
+        settings = AmpkitSettings.build(level, dtype, options, owner=cls.__name__)
+        if not isinstance(accelerator, Accelerator):
+            raise TypeError(f"accelerator must be an accelerate.Accelerator, got "
+                            f"{type(accelerator).__name__}")
+        if isinstance(accelerator, cls):
+            return accelerator
+        accelerator.__class__ = cls
+        try:
+            accelerator._ampkit_attach(settings)
+        except BaseException:
+            accelerator.__class__ = Accelerator
+            raise
+        return accelerator  # type: ignore[return-value]
+
+    def _ampkit_attach(self, settings: AmpkitSettings) -> None:
+        if self.mixed_precision != "no":
+            raise ValueError(f"{type(self).__name__} replaces accelerate's mixed_precision="
+                             f"{self.mixed_precision!r}; make the Accelerator with "
+                             f"mixed_precision='no' (or no ACCELERATE_MIXED_PRECISION)")
+        if self.distributed_type not in _SUPPORTED:
+            raise ValueError(f"{type(self).__name__} supports distributed types "
+                             f"{[d.value for d in _SUPPORTED]}, got {self.distributed_type}")
+        self._ampkit = settings
+        self._ampkit_models = []
+        self.scaler = settings.make_scaler(self.device.type)
+
+    def __repr__(self) -> str:
+        return f"AmpkitAccelerator({self._ampkit.describe()}, device={self.device})"
+
+    # -- prepare ----------------------------------------------------------------------
+
+    def convert_model(self, model: torch.nn.Module, device_placement: bool | None = None
+                      ) -> None:
+        """Convert ``model`` with ``ampkit.initialize`` (moved to the accelerator's device
+        first, unless ``device_placement`` is ``False``), once; ``prepare`` does it too.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.integrations.accelerate import AmpkitAccelerator
+            >>> accelerator = AmpkitAccelerator(level="O3", dtype=torch.bfloat16, cpu=True)
+            >>> net = torch.nn.Linear(2, 2)
+            >>> accelerator.convert_model(net)
+            >>> net.weight.dtype
+            torch.bfloat16
+        """
+        model = self.unwrap_model(model)
+        if any(m is model for m in self._ampkit_models):
+            return
+        if self.device_placement if device_placement is None else device_placement:
+            model.to(self.device)  # first, so the fp32 masters are made on the device
+        self._ampkit.initialize(model)
+        self._ampkit_models.append(model)
+
+    def _ampkit_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        while isinstance(optimizer, AcceleratedOptimizer):
+            optimizer = optimizer.optimizer
+        if not self._ampkit_models:
+            raise RuntimeError("AmpkitAccelerator: prepare the model before, or together "
+                               "with, its optimizer (the optimizer's fp32 masters are the "
+                               "converted model's)")
+        self._ampkit.initialize(list(self._ampkit_models), [optimizer])
+
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Convert the models and give the optimizers fp32 masters, then
+        ``Accelerator.prepare`` (any order of arguments)."""
+        places = device_placement or [None] * len(args)
+        for obj, place in zip(args, places):
+            if isinstance(obj, torch.nn.Module):
+                self.convert_model(obj, place)
+        for obj in args:
+            if isinstance(obj, torch.optim.Optimizer):
+                self._ampkit_optimizer(obj)
+        return super().prepare(*args, device_placement=device_placement)
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> Any:
+        """Convert ``model`` (on the accelerator's device), then
+        ``Accelerator.prepare_model``."""
+        self.convert_model(model, device_placement)
+        return super().prepare_model(model, device_placement=device_placement,
+                                     evaluation_mode=evaluation_mode)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
+                          device_placement: bool | None = None) -> Any:
+        """Give ``optimizer`` fp32 masters, then ``Accelerator.prepare_optimizer``."""
+        self._ampkit_optimizer(optimizer)
+        return super().prepare_optimizer(optimizer, device_placement=device_placement)
+
+    # -- each step --------------------------------------------------------------------
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Unscale with the ampkit scaler (a no-op for levels that scale no loss);
+        ``clip_grad_norm_`` and ``clip_grad_value_`` call it before clipping."""
+        if self.scaler is None:
+            return
+        if optimizer is None:
+            optimizers = list(self._optimizers)
+        else:
+            optimizers = list(optimizer) if isinstance(optimizer, list | tuple) else [optimizer]
+        for opt in optimizers:
+            while isinstance(opt, AcceleratedOptimizer):
+                opt = opt.optimizer
+            self.scaler.unscale_(opt)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped for an overflow (so the LR
+        scheduler should not move): the scaler's ``last_step_skipped``, which also
+        covers fused optimizers, whose ``step`` runs and skips on the device."""
+        return self.scaler is not None and bool(self.scaler.last_step_skipped)
+
+    def _optimizer_over(self, params: list[torch.Tensor]) -> torch.optim.Optimizer | None:
+        """The one prepared optimizer whose (model) parameters are ``params``."""
+        wanted = {id(p) for p in params if p.requires_grad}
+        for opt in self._optimizers:
+            while isinstance(opt, AcceleratedOptimizer):
+                opt = opt.optimizer
+            if wanted == {id(p) for p in model_params(opt) if p.requires_grad}:
+                return opt
+        return None
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        """Unscale, then clip. Given the parameters of a prepared optimizer (the usual
+        ``model.parameters()``), the clipping is ``ampkit.clip_master_grad_norm_``: the
+        norm is taken in fp32 over the gradients the step uses (the masters' at O2)."""
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        optimizer = self._optimizer_over(params)
+        if optimizer is None:
+            return super().clip_grad_norm_(params, max_norm, norm_type)
+        self.unscale_gradients()
+        return ampkit.clip_master_grad_norm_(optimizer, max_norm, norm_type)
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
+        """The level's ``ampkit.autocast`` region (none at O0/O3), for code outside the
+        model's forward (which runs in it already)."""
+        if autocast_handler is not None:
+            raise TypeError("AmpkitAccelerator.autocast takes no autocast_handler: the "
+                            "region is the ampkit level's (use ampkit.autocast(enabled="
+                            "False) inside it to run a block in fp32)")
+        with self._ampkit.autocast(self.device.type):
+            yield
