@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -224,42 +222,21 @@ def test_report_files(tmp_path) -> None:
         assert len(np.unique(image.reshape(-1, image.shape[-1]), axis=0)) > 20
 
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync")
-
-
-def test_report_page_renders_in_headless_chromium(tmp_path) -> None:
-    # Same browser set-up as tests/test_demo_end_to_end.py.
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    if not browser or not driver:
-        pytest.skip("the compare report's browser test needs chromium and chromedriver: "
-                    "apt-get install -y chromium chromium-driver (.ci/run does this)")
+def test_report_page_renders_in_headless_chromium(tmp_path, headless_chromium) -> None:
     from PIL import Image
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
     page = _comparison().write_report(tmp_path / "report")
-    with tempfile.TemporaryDirectory() as profile:
-        options = webdriver.ChromeOptions()
-        options.binary_location = browser
-        for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1280,4000"):
-            options.add_argument(flag)
-        chrome = webdriver.Chrome(service=Service(executable_path=driver), options=options)
-        try:
-            chrome.get(page.resolve().as_uri())
-            images = chrome.execute_script(
-                "return Array.from(document.images).map(i => ({id: i.id, "
-                "complete: i.complete, width: i.naturalWidth, "
-                "box: i.getBoundingClientRect().toJSON()}))")
-            ranked = chrome.execute_script(
-                "return Array.from(document.querySelectorAll('#ranked-ops tbody tr'))"
-                ".map(r => r.cells[0].textContent)")
-            ratio = chrome.execute_script("return window.devicePixelRatio")
-            shot = Image.open(io.BytesIO(chrome.get_screenshot_as_png())).convert("RGB")
-        finally:
-            chrome.quit()
+    chrome = headless_chromium
+    chrome.get(page.resolve().as_uri())
+    images = chrome.execute_script(
+        "return Array.from(document.images).map(i => ({id: i.id, "
+        "complete: i.complete, width: i.naturalWidth, "
+        "box: i.getBoundingClientRect().toJSON()}))")
+    ranked = chrome.execute_script(
+        "return Array.from(document.querySelectorAll('#ranked-ops tbody tr'))"
+        ".map(r => r.cells[0].textContent)")
+    ratio = chrome.execute_script("return window.devicePixelRatio")
+    shot = Image.open(io.BytesIO(chrome.get_screenshot_as_png())).convert("RGB")
     assert ranked[0] == "layer_norm"
     assert [i["id"] for i in images] == ["error-per-layer", "op-histogram"]
     for image in images:

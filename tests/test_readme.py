@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from conftest import DEVICES
 
 README = Path(__file__).parents[1] / "README.md"
