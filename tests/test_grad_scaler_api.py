@@ -311,7 +311,8 @@ def test_master_gradients_are_synced_before_unscaling(monkeypatch: pytest.Monkey
                                                       ) -> None:
     # The contract with ampkit.master_weights: sync_master_grads(optimizer) runs first,
     # so the scaler unscales and checks whatever gradients it leaves on the optimizer,
-    # and publish_master_grads(optimizer) runs after unscaling.
+    # and the gradients agreed_model_grads(optimizer) returns are unscaled in the same
+    # pass (the model's own, behind its masters).
     model_w = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
     master_w = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([master_w], lr=0.5)
@@ -319,23 +320,26 @@ def test_master_gradients_are_synced_before_unscaling(monkeypatch: pytest.Monkey
 
     def sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
         calls.append(optimizer)
-        if model_w.grad is not None:  # moves, so a second call is a no-op (the contract)
+        if model_w.grad is not None and master_w.grad is None:
             master_w.grad = model_w.grad.float()
-            model_w.grad = None
         return True
+
+    def agreed_model_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        calls.append(optimizer)
+        return [model_w.grad]
 
     fake = types.ModuleType("ampkit.master_weights")
     fake.sync_master_grads = sync_master_grads  # type: ignore[attr-defined]
-    published = []
-    fake.publish_master_grads = published.append  # type: ignore[attr-defined]
+    fake.agreed_model_grads = agreed_model_grads  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ampkit.master_weights", fake)
     scaler = GradScaler("cpu", init_scale=2.0 ** 8)
     scaler.scale(model_w.float().sum() * 3).backward()
+    assert model_w.grad is not None and model_w.grad.tolist() == [768.0, 768.0]
     scaler.step(opt)
     scaler.update()
     assert calls and all(c is opt for c in calls)
-    assert published == [opt]
     assert master_w.grad is not None and master_w.grad.tolist() == [3.0, 3.0]
+    assert model_w.grad.tolist() == [3.0, 3.0]  # unscaled with the master's
     assert master_w.tolist() == [-0.5, -0.5]
 
 

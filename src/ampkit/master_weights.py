@@ -67,6 +67,7 @@ from ampkit.conversion import master_copy, register_master
 
 __all__ = [
     "MasterWeightOptimizer",
+    "agreed_model_grads",
     "clip_master_grad_norm_",
     "master_params",
     "model_params",
@@ -558,6 +559,37 @@ def publish_master_grads(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
+def agreed_model_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The gradients of the low-precision model parameters behind ``optimizer``'s fp32
+    masters, made to agree with the masters' first (empty without master weights).
+
+    A loss scaler unscales these in the same pass as the masters' own gradients, so that
+    ``model.parameters()`` shows the unscaled gradient too (for clipping or logging
+    through the model) without a copy of every master gradient back to low precision.
+    Scaling by the same factor in fp32 arithmetic and rounding once gives the model the
+    masters' values rounded to its dtype, as a copy would.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.master_weights import (MasterWeightOptimizer, agreed_model_grads,
+        ...                                    master_params)
+        >>> w = torch.nn.Parameter(torch.ones(1, dtype=torch.float16))
+        >>> opt = MasterWeightOptimizer(torch.optim.SGD([w], lr=0.1))
+        >>> w.grad = torch.full((1,), 1024.0, dtype=torch.float16)
+        >>> grads = agreed_model_grads(opt)
+        >>> grads[0] is w.grad, next(master_params(opt)).grad
+        (True, tensor([1024.]))
+        >>> agreed_model_grads(torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1))
+        []
+    """
+    masters = _masters_of(optimizer)
+    if masters is None:
+        return []
+    masters.pull()
+    masters.push()  # master gradients edited by hand since they agreed, if any
+    return [pair.model.grad for pair in masters.pairs if pair.model.grad is not None]
+
+
 def set_grads_aside(optimizer: torch.optim.Optimizer) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Take the gradients out of ``optimizer``'s parameters (and, with master weights,
     out of the model parameters behind them) so that the next backward pass starts from
@@ -628,7 +660,7 @@ def put_grads_back(optimizer: torch.optim.Optimizer,
             else:
                 p.grad = grad
     if masters is not None:
-        masters.push(every_pair=True)
+        masters.push()  # the gradients just added or put back
 
 
 def master_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:

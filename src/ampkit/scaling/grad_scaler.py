@@ -14,9 +14,9 @@ for the same gradients. Beyond torch:
   ``unscale_``, and bfloat16 on builds whose kernel lacks it, issue #127176);
 * fp32 master gradients: ``unscale_`` first brings the masters' gradients up to date
   (``ampkit.master_weights.sync_master_grads``), so an optimizer managed by ampkit's
-  master weights is unscaled and checked on its fp32 masters, and then copies the
-  unscaled values back onto the model's gradients, so clipping or logging through
-  ``model.parameters()`` reads them too;
+  master weights is unscaled and checked on its fp32 masters, and the model's own
+  gradients are unscaled in the same pass (``agreed_model_grads``), so clipping or
+  logging through ``model.parameters()`` reads unscaled values too;
 * distributed agreement: an overflow found on any rank skips the step on every rank
   (one all-reduce of ``found_inf``, see :mod:`ampkit.scaling.distributed`);
 * ``skipped_steps`` and ``last_step_skipped`` for reporting.
@@ -110,11 +110,11 @@ def _sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
     return module is not None and bool(module.sync_master_grads(optimizer))
 
 
-def _publish_master_grads(optimizer: torch.optim.Optimizer) -> None:
-    """Show the masters' unscaled gradients on the model parameters too, when managed."""
+def _agreed_model_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The model's gradients behind the fp32 masters, when managed (unscaled with
+    them)."""
     module = _master_weights()
-    if module is not None:
-        module.publish_master_grads(optimizer)
+    return [] if module is None else list(module.agreed_model_grads(optimizer))
 
 
 def _default_device() -> str:
@@ -312,9 +312,10 @@ class GradScaler:
         # The reciprocal in float64, rounded to float32: torch's, so unscaled values match.
         inv_scale = scale.double().reciprocal().float() if unscale else None
         found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
-        unscale_grads_((p.grad for p in self._params_of(optimizer)), inv_scale, found_inf)
-        if unscale:
-            _publish_master_grads(optimizer)
+        grads = [p.grad for p in self._params_of(optimizer)]
+        if unscale:  # the model's gradients behind fp32 masters show unscaled values too
+            grads += _agreed_model_grads(optimizer)
+        unscale_grads_(grads, inv_scale, found_inf)
         return agree_on_overflow_(found_inf, self._process_group)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:

@@ -76,7 +76,9 @@ def _check_and_unscale_by_ops(grads: list[torch.Tensor], found_inf: torch.Tensor
     found_inf.copy_(torch.maximum(found_inf, non_finite.to(found_inf.dtype)))
     if inv_scale is not None:
         for g in grads:
-            g.mul_(inv_scale.to(g.dtype))
+            # The float32 factor as it is: cast to float16, a small 1/scale would round
+            # (2**-25 to zero); torch multiplies in float32 and rounds once.
+            g.mul_(inv_scale)
 
 
 def unscale_grads_(grads: Iterable[torch.Tensor | None], inv_scale: torch.Tensor | None,
