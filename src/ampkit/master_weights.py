@@ -23,8 +23,9 @@ again before each step, so whatever reads or edits gradients between ``backward(
 clipping the optimizer's parameters (Lightning does), norm logging, NaN checks. An edit
 made on the masters (clipping, a loss scaler's unscaling) is what the step uses as long
 as the model's gradient is not changed afterwards (clearing or replacing the model's
-gradient discards it, as it would in fp32); a loss scaler's unscaling is copied back
-onto the model's gradients so both sides read the unscaled values. Editing one gradient
+gradient discards it, as it would in fp32); a loss scaler unscales the model's
+gradients in the same pass as the masters' (:func:`agreed_model_grads`), so both sides
+read the unscaled values. Editing one gradient
 in place on both sides before they next agree (clipping through both, or accumulating
 another backward pass into gradients clipped through the masters) has no right answer
 and is a ``RuntimeError`` at the next backward pass or step.
@@ -170,8 +171,8 @@ class _Masters:
     optimizer's parameters before ``step()`` sees the gradients), and again at
     ``step()``, at unscaling and at clipping through ampkit. A master gradient changed in
     place since (clipped, unscaled) is kept while its model gradient stays unchanged.
-    After a change made through the masters that the model must show (a loss scaler's
-    unscale), :meth:`push` copies the masters' gradients back.
+    After a change made through the masters that the model must show (clipping through
+    ampkit), :meth:`push` copies the masters' gradients back.
     """
 
     __slots__ = ("__weakref__", "_queued_for", "pairs")
@@ -534,7 +535,7 @@ def sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
 def publish_master_grads(optimizer: torch.optim.Optimizer) -> bool:
     """Copy the masters' gradients of ``optimizer`` back onto the model parameters
     (rounded to their dtype), after an edit made on the masters that the model's
-    gradients must show too; loss scalers call it after unscaling. Returns whether
+    gradients must show too (``clip_master_grad_norm_`` does). Returns whether
     ``optimizer`` keeps master weights.
 
     Example:
