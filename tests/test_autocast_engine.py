@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -107,6 +108,29 @@ def test_in_place_and_out_calls_not_autocast() -> None:
     for t in (out, c, a):
         assert t.dtype == F32
         assert torch.equal(t, expected)
+
+
+@pytest.mark.parametrize("op", ["mm", "addmm", "matmul", "bmm"])
+def test_listed_out_calls_match_native_autocast(op: str) -> None:
+    # out= is never cast under native autocast; torch.compile's generated code calls
+    # its matmuls that way on every step, inside the region (the engine's fast path).
+    shapes = {"mm": [(3, 4), (4, 5)], "addmm": [(3, 5), (3, 4), (4, 5)],
+              "matmul": [(3, 4), (4, 5)], "bmm": [(2, 3, 4), (2, 4, 5)]}[op]
+    args = [torch.rand(*s) for s in shapes]
+    fn = getattr(torch, op)
+
+    def run(region: contextlib.AbstractContextManager) -> torch.Tensor:
+        out = torch.empty(fn(*args).shape)
+        with region:
+            result = fn(*args, out=out)
+        assert result is out
+        return out
+
+    native = run(torch.autocast("cpu", BF16))
+    ours = run(ampkit.autocast("cpu", BF16, custom_white_list=[op]))
+    assert ours.dtype == native.dtype == F32
+    assert torch.equal(ours, native)
+    assert torch.equal(ours, fn(*args))  # computed in fp32, as outside any region
 
 
 def test_explicit_dtype_argument_wins() -> None:

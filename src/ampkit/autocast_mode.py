@@ -214,6 +214,10 @@ class _PolicyMode(TorchFunctionMode):
         rules = self.rules
         if func not in rules:
             return func(*args, **kwargs) if kwargs else func(*args)
+        if kwargs and "out" in kwargs and kwargs["out"] is not None:
+            # out= is never cast (native autocast's rule); it is also how the code
+            # torch.compile generates calls its matmuls, which run here on every step.
+            return func(*args, **kwargs)
         return self._apply(rules[func], func, args, kwargs or {})
 
     def _apply(self, rule: str, func: Any, args: tuple[Any, ...],
