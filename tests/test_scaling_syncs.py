@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampkit
+from ampkit.master_weights import master_params
 from ampkit.scaling.multi_loss import configure_loss_scaling
 
 
@@ -132,3 +133,24 @@ def test_cuda_fused_fp16_steps_make_no_host_sync(level):
                 _grad_scaler_step(scaler, scaler_model, scaler_opt, x)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_o2_fused_skip_on_the_device_leaves_masters_and_state_as_they_were():
+    # The ON_DEVICE path with fp32 masters: the fused step sees found_inf on the masters'
+    # optimizer, and a skipped step changes no model weight, master or moment.
+    configure_loss_scaling("dynamic", init_scale=2.0 ** 10)
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    model, optimizer = ampkit.initialize(model, optimizer, level="O2", dtype=torch.float16)
+    x = torch.rand(4, 8)
+    for poison in (False, False, True, False, True):
+        weights = [p.clone() for p in model.parameters()]
+        masters = [m.clone() for m in master_params(optimizer)]
+        state = copy.deepcopy(optimizer.state_dict()["state"])
+        _scale_loss_step(model, optimizer, x, poison=poison)
+        unchanged = [torch.equal(a, b) for a, b in zip(model.parameters(), weights)]
+        unchanged += [torch.equal(a, b) for a, b in zip(master_params(optimizer), masters)]
+        unchanged += [torch.equal(value, state[key][name]) for key, entry in
+                      optimizer.state_dict()["state"].items() for name, value in entry.items()
+                      if key in state]
+        assert all(unchanged) if poison else not any(unchanged[:len(weights)])
