@@ -164,29 +164,24 @@ def _torch_own_syncs(optimizer_name: str, overflow: bool) -> int:
     return counter.count
 
 
-def _torch_version() -> tuple[int, int]:
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
 @pytest.mark.parametrize("optimizer_name", FUSED)
 @pytest.mark.parametrize("overflow", [False, True])
 @pytest.mark.parametrize("unscale_first", [False, True])
 def test_fused_optimizers_step_without_host_sync(optimizer_name: str, overflow: bool,
                                                  unscale_first: bool) -> None:
-    # ampkit's part of the step reads nothing back: its count is the optimizer's own.
-    own = _torch_own_syncs(optimizer_name, overflow)
-    assert _syncs_during_step(optimizer_name, overflow, unscale_first=unscale_first) == own
-    # The version rule for torch's own part. Measured: fused Adam, AdamW and SGD read
-    # nothing back (torch 2.11.0 and 2.13.0); fused Adagrad cost one host read per step
-    # on torch 2.11.0 (CPU, with and without CUDA visible) and none on 2.13.0 (CPU).
-    # The read is torch's (the count above is taken without ampkit); which change
-    # between 2.11 and 2.13 removed it was not pinned down, and 2.12 was not measured,
-    # so below 2.13 at most one is allowed.
-    if optimizer_name != "adagrad_fused" or _torch_version() >= (2, 13):
-        assert own == 0
+    # An optimizer that declares it takes grad_scale/found_inf
+    # (``_step_supports_amp_scaling``: fused Adam, AdamW, SGD; fused Adagrad from torch
+    # 2.13 on, not on 2.11) skips on the device: ampkit's part of the step reads nothing
+    # back, so the count is the optimizer's own, which is none. One that does not
+    # declare it is decided on the host, as by torch's GradScaler: exactly one read.
+    declares = getattr(OPTIMIZERS[optimizer_name]([torch.nn.Parameter(torch.ones(1))]),
+                       "_step_supports_amp_scaling", False)
+    syncs = _syncs_during_step(optimizer_name, overflow, unscale_first=unscale_first)
+    if declares:
+        assert _torch_own_syncs(optimizer_name, overflow) == 0
+        assert syncs == 0
     else:
-        assert own <= 1
+        assert syncs == 1
 
 
 def test_fused_first_steps_are_decided_on_the_host() -> None:

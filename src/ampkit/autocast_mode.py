@@ -240,7 +240,12 @@ class _PolicyMode(TorchFunctionMode):
                 target = promote_dtype(args, kwargs, device)
                 if target is not None:
                     args, kwargs = cast_op_args(args, kwargs, target, device, None)
-        torch.set_autocast_enabled(device, False)
+        if torch.compiler.is_compiling():
+            # Dynamo traces the context manager on every supported torch; before 2.13
+            # it refuses torch.set_autocast_enabled (a graph break, fullgraph fails).
+            with torch.autocast(device, enabled=False):
+                return func(*args, **kwargs)
+        torch.set_autocast_enabled(device, False)  # eager: cheaper than the manager
         try:
             return func(*args, **kwargs)
         finally:

@@ -24,11 +24,11 @@ for the same gradients. Beyond torch:
 Skipping. A skipped step never calls ``optimizer.step()``, so parameters, master
 weights and optimizer state (moments, ``state["step"]``) stay exactly as they were.
 Optimizers that take ``grad_scale``/``found_inf`` (``_step_supports_amp_scaling``:
-torch's ``fused=True`` Adam, AdamW, SGD and Adagrad) are stepped with those tensors
-instead and skip on the device themselves, undoing their step-counter increment; that
-path reads nothing back to the host, overflow or not, once the optimizer has state
-(its first steps, until one succeeds, are decided on the host so that a skipped first
-step does not even create the zero moments). Every other optimizer costs one
+torch's ``fused=True`` Adam, AdamW, SGD, and Adagrad from torch 2.13 on) are stepped
+with those tensors instead and skip on the device themselves, undoing their
+step-counter increment; that path reads nothing back to the host, overflow or not, once
+the optimizer has state (its first steps, until one succeeds, are decided on the host
+so that a skipped first step does not even create the zero moments). Every other optimizer costs one
 host sync per ``step()`` (reading ``found_inf``), as in torch.
 
 LR schedulers are stepped by you. To leave a scheduler untouched on a skipped step::
@@ -360,9 +360,9 @@ class GradScaler:
         **kwargs)`` unless a gradient is inf/NaN on any rank; returns its result (or
         ``None`` when skipped).
 
-        Optimizers with ``_step_supports_amp_scaling`` (``fused=True`` Adam, AdamW, SGD,
-        Adagrad) receive ``grad_scale``/``found_inf`` and skip on the device: no host
-        sync. Others cost one host sync.
+        Optimizers with ``_step_supports_amp_scaling`` (``fused=True`` Adam, AdamW, SGD;
+        Adagrad from torch 2.13) receive ``grad_scale``/``found_inf`` and skip on the
+        device: no host sync. Others cost one host sync.
 
         Raises:
             RuntimeError: if called twice for this optimizer before ``update()``, or with

@@ -416,7 +416,7 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
 
 def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` can skip on the device (torch's fused Adam, AdamW,
-    SGD, Adagrad, which take ``found_inf``) without changing anything on a skip: only
-    once it has state, as a first step would create the zero moments."""
+    SGD, and Adagrad from torch 2.13, which take ``found_inf``) without changing anything
+    on a skip: only once it has state, as a first step would create the zero moments."""
     return (getattr(optimizer, "_step_supports_amp_scaling", False)
             and GradScaler._has_state(optimizer))
