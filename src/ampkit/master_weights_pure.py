@@ -41,6 +41,19 @@ Checkpoints: ``model.state_dict()`` reports fp32 values that load into an fp32 m
 with Kahan each value is the weight plus its compensation, so nothing the
 compensation kept is lost. Resuming from the model's and the optimizer's
 ``state_dict`` (compensation and generator states included) continues bit for bit.
+Loading a model ``state_dict`` sets each existing Kahan buffer to what rounding the
+loaded value to bf16 loses, so the model then reports the loaded value (ampkit's
+conversion guard has already made a failed load change nothing and refused
+``assign=True``). ``copy.deepcopy((model, optimizer))`` and pickling both keep the
+rounding, the buffers and the generator states: the copy trains bit for bit like the
+original. ``copy.deepcopy(model)`` alone does not copy the Kahan buffers (optimizer
+state): the copy's ``state_dict`` reports its bf16 weights.
+
+Closures: a closure handed to ``step`` is called once, before the update, at the
+current weights (as ``torch.optim.SGD``/``AdamW`` do). Optimizers whose step *requires*
+a closure, ``torch.optim.LBFGS``, evaluate it again at weights they try, which the
+chunked fp32 step cannot show the model: they are refused with a ``TypeError`` (use
+``master_weights=True``).
 
 Memory (AdamW): 6 bytes per parameter between steps with ``"stochastic"`` (bf16
 weight and two bf16 moments), 8 with ``"kahan"``, against 12 for fp32 and 14 for O2
