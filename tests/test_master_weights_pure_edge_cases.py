@@ -341,3 +341,29 @@ def test_bad_pure_arguments_are_refused_before_anything_changes():
                                          r"master_weights=True"):
         ampkit.initialize(*fresh(), level="O3", dtype=torch.float16,
                           master_weights="stochastic")
+
+
+# -- step hooks ---------------------------------------------------------------------------
+
+def test_step_hooks_run_once_per_step_and_see_every_parameter_like_fp32():
+    def run(make) -> list[tuple[str, int]]:
+        model = _net()
+        opt = make(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        calls = []
+
+        def hook(kind):
+            return lambda o, args, kwargs: calls.append(
+                (kind, sum(len(g["params"]) for g in o.param_groups)))
+
+        opt.register_step_pre_hook(hook("pre"))
+        opt.register_step_post_hook(hook("post"))
+        _train(model, opt, 2)
+        return calls
+
+    def pure(model, opt):
+        model = ampkit.initialize(model, level="O2", dtype=BF16)
+        return PureLowPrecisionOptimizer(opt, "kahan", chunk_bytes=1)  # a chunk each
+
+    expected = run(lambda model, opt: opt)
+    assert expected == [("pre", 6), ("post", 6)] * 2
+    assert run(pure) == expected

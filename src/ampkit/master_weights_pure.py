@@ -468,6 +468,7 @@ class PureLowPrecisionOptimizer:
             return loss  # an overflow: nothing may change, generators included
         groups = self.param_groups  # type: ignore[attr-defined]
         saved = [g["params"] for g in groups]
+        inner = _inner_step(type(self))
         try:
             budget = self._ampkit_pure.chunk_bytes
             if budget is None:
@@ -478,7 +479,7 @@ class PureLowPrecisionOptimizer:
                     for j, g in enumerate(groups):
                         g["params"] = chunk if j == i else []
                     with _working_copies(self, chunk):
-                        super().step(**kwargs)  # type: ignore[misc]
+                        inner(self, **kwargs)
         finally:
             for g, params in zip(groups, saved):
                 g["params"] = params
@@ -622,9 +623,21 @@ def _round_state(pure: _Pure, value: torch.Tensor) -> torch.Tensor:
     return stochastic_round(value, pure.generators.get(value.device))
 
 
-# torch's Optimizer.__setstate__ (run by copy.deepcopy and unpickling) wraps a class's
-# step with its profiling and step hooks unless the step says it is hooked; this step
-# runs the inner optimizer's step, which already runs them.
+def _inner_step(cls: type) -> Callable[..., Any]:
+    """The step of the optimizer class a pure class was made from, without torch's
+    wrapper that runs the step hooks: the pure step runs them once around all chunks,
+    with every parameter group whole, instead of once per chunk."""
+    step = cls.__bases__[1].step
+    if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
+        step = step.__wrapped__
+    return step
+
+
+# The step hooks (and the profiler's record) run once around the whole pure step, as
+# torch's wrapper runs them around any optimizer's step; marked hooked so that
+# Optimizer.__setstate__ (copy.deepcopy, unpickling) does not wrap it again.
+PureLowPrecisionOptimizer.step = torch.optim.Optimizer.profile_hook_step(  # type: ignore[method-assign]
+    PureLowPrecisionOptimizer.step)
 PureLowPrecisionOptimizer.step.hooked = True  # type: ignore[attr-defined]
 
 
