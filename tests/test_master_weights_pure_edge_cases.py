@@ -367,3 +367,36 @@ def test_step_hooks_run_once_per_step_and_see_every_parameter_like_fp32():
     expected = run(lambda model, opt: opt)
     assert expected == [("pre", 6), ("post", 6)] * 2
     assert run(pure) == expected
+
+
+# -- checkpoints across modes -------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["stochastic", "nearest"])
+def test_a_kahan_buffer_in_a_loaded_state_is_ignored_without_kahan(mode):
+    # A Kahan checkpoint resumed in fp32 carries "kahan_compensation" in the fp32
+    # optimizer's state (AdamW ignores it); loaded into a pure optimizer without Kahan
+    # it must change nothing: that optimizer never updates such a buffer.
+    kahan, kahan_opt = _pure("kahan")
+    _train(kahan, kahan_opt, 2)
+    fp32 = _net()
+    fp32_opt = torch.optim.AdamW(fp32.parameters(), lr=1e-2)
+    fp32.load_state_dict(kahan.state_dict())
+    fp32_opt.load_state_dict(kahan_opt.state_dict())
+    carried = fp32_opt.state_dict()
+    assert any("kahan_compensation" in s for s in carried["state"].values())
+    clean = copy.deepcopy(carried)
+    for state in clean["state"].values():
+        state.pop("kahan_compensation", None)
+    runs = []
+    for saved in (carried, clean):
+        model = _net()
+        opt = PureLowPrecisionOptimizer(torch.optim.AdamW(
+            ampkit.initialize(model, level="O2", dtype=BF16,
+                              master_weights=False).parameters(), lr=1e-2), mode, seed=2)
+        model.load_state_dict(fp32.state_dict())
+        opt.load_state_dict(saved)
+        _train(model, opt, 3)
+        runs.append(([p.detach().clone() for p in model.parameters()],
+                     _snapshot(model, opt)))
+    assert _same(runs[0][0], runs[1][0])  # the weights
+    assert _same(runs[0][1], runs[1][1])  # and no stale buffer left in the state

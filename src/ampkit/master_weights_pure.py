@@ -529,6 +529,12 @@ class PureLowPrecisionOptimizer:
             raise ValueError(f"the checkpoint was saved with rounding="
                              f"{extra['rounding']!r}; this optimizer uses "
                              f"rounding={pure.rounding!r}")
+        if pure.rounding != "kahan" and any(
+                _COMP in s for s in state_dict.get("state", {}).values()):
+            # A Kahan buffer carried over (a Kahan run resumed in fp32, then here): this
+            # rounding never updates one, so it must not stay in the state.
+            state_dict["state"] = {k: {n: v for n, v in s.items() if n != _COMP}
+                                   for k, s in state_dict["state"].items()}
         super().load_state_dict(state_dict)  # type: ignore[misc]
         if extra is not None:
             pure.generators.load_state_dict(extra)
@@ -555,7 +561,7 @@ def _working_copies(opt: Any, chunk: list[torch.Tensor]) -> Iterator[None]:
                 continue
             low, grad = p.data, p.grad
             work = low.float()
-            comp = state[p].get(_COMP) if p in state else None
+            comp = state[p].get(_COMP) if p in state and pure.rounding == "kahan" else None
             if comp is not None:
                 work.add_(comp)
             p.grad = None
