@@ -506,7 +506,8 @@ class PureLowPrecisionOptimizer:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load torch's ``state_dict`` (state stored in bf16) and, when present, this
-        mode's generator states, so a resumed run continues bit for bit.
+        mode's generator states, so a resumed run continues bit for bit. Kahan buffers
+        count only from a pure Kahan optimizer's own ``state_dict``; others are dropped.
 
         Raises:
             ValueError: the checkpoint was saved with another rounding.
@@ -529,10 +530,11 @@ class PureLowPrecisionOptimizer:
             raise ValueError(f"the checkpoint was saved with rounding="
                              f"{extra['rounding']!r}; this optimizer uses "
                              f"rounding={pure.rounding!r}")
-        if pure.rounding != "kahan" and any(
+        if (pure.rounding != "kahan" or extra is None) and any(
                 _COMP in s for s in state_dict.get("state", {}).values()):
-            # A Kahan buffer carried over (a Kahan run resumed in fp32, then here): this
-            # rounding never updates one, so it must not stay in the state.
+            # A Kahan buffer carried over by another optimizer (a Kahan run resumed in
+            # fp32, then here) belongs to weights that run has since moved, and without
+            # Kahan it would never be updated: only a pure Kahan checkpoint's counts.
             state_dict["state"] = {k: {n: v for n, v in s.items() if n != _COMP}
                                    for k, s in state_dict["state"].items()}
         super().load_state_dict(state_dict)  # type: ignore[misc]
