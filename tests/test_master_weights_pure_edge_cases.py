@@ -402,3 +402,40 @@ def test_a_kahan_buffer_carried_through_an_fp32_optimizer_is_ignored(mode):
                      _snapshot(model, opt)))
     assert _same(runs[0][0], runs[1][0])  # the weights
     assert _same(runs[0][1], runs[1][1])  # and no stale buffer left in the state
+
+
+# -- scalar optimizer state -----------------------------------------------------------------
+
+@pytest.mark.parametrize("make,keys", [
+    (lambda p: torch.optim.NAdam(p, lr=1e-2), ["mu_product"]),
+    (lambda p: torch.optim.ASGD(p, lr=1e-2), ["eta", "mu"]),
+])
+def test_scalar_state_stays_float32_and_exact_like_fp32(make, keys):
+    # NAdam's mu_product and ASGD's eta and mu follow from the step count and the
+    # hyper-parameters only: the pure optimizer must hold fp32's very values.
+    fp32 = _net()
+    fp32_opt = make(fp32.parameters())
+    _train(fp32, fp32_opt, 2)
+    _train(fp32, fp32_opt, 2, seed=6)
+    for mode in MODES:
+        model = _net()
+        model, opt = ampkit.initialize(model, make(model.parameters()), level="O2",
+                                       dtype=BF16, master_weights=mode, rounding_seed=0)
+        _train(model, opt, 2)
+        resumed = _net()  # ... also through a checkpoint (torch would store it in bf16)
+        resumed, resumed_opt = ampkit.initialize(
+            resumed, make(resumed.parameters()), level="O2", dtype=BF16,
+            master_weights=mode)
+        saved = copy.deepcopy((model.state_dict(), opt.state_dict()))
+        resumed.load_state_dict(saved[0])
+        resumed_opt.load_state_dict(saved[1])
+        _train(resumed, resumed_opt, 2, seed=6)
+        _train(model, opt, 2, seed=6)
+        for key in keys:
+            expected = fp32_opt.state[fp32[0].weight][key]
+            for got in (opt.state[model[0].weight][key],
+                        resumed_opt.state[resumed[0].weight][key]):
+                assert got.dtype is torch.float32 and torch.equal(got, expected), (mode, key)
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), resumed.parameters()))
+        assert opt.state[model[0].weight]["exp_avg" if "mu" not in keys else "ax"
+                                          ].dtype is BF16

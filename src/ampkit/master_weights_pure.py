@@ -371,8 +371,7 @@ class PureLowPrecisionOptimizer:
             for p, state in optimizer.state.items():
                 if p.dtype is torch.bfloat16:
                     for k, v in state.items():
-                        if isinstance(v, torch.Tensor) and v.is_floating_point() \
-                                and k != "step" and v.dtype is torch.float32:
+                        if _stored_low(k, v) and v.dtype is torch.float32:
                             state[k] = v.to(torch.bfloat16)
         optimizer.__class__ = _pure_class(type(optimizer))
         _own(optimizer)
@@ -538,8 +537,28 @@ class PureLowPrecisionOptimizer:
             state_dict["state"] = {k: {n: v for n, v in s.items() if n != _COMP}
                                    for k, s in state_dict["state"].items()}
         super().load_state_dict(state_dict)  # type: ignore[misc]
+        # torch stores every floating state entry in the parameter's dtype; scalar
+        # state stays fp32 here (see _stored_low): take it from the checkpoint again.
+        saved = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]  # type: ignore[attr-defined]
+        for index, p in zip(saved, params):
+            for k, v in state_dict["state"].get(index, {}).items():
+                if (k not in ("step", _COMP) and isinstance(v, torch.Tensor)
+                        and v.is_floating_point() and v.dim() == 0
+                        and p in self.state):  # type: ignore[attr-defined]
+                    self.state[p][k] = v.to(device=p.device, dtype=torch.float32,  # type: ignore[attr-defined]
+                                            copy=True)  # never the checkpoint's own
         if extra is not None:
             pure.generators.load_state_dict(extra)
+
+
+def _stored_low(key: str, value: Any) -> bool:
+    """Whether an optimizer state entry is stored in bf16: per-element state (moments,
+    momentum). The step count and scalar state that follows from it and the
+    hyper-parameters (NAdam's ``mu_product``, ASGD's ``eta``) stay fp32 and exact;
+    the Kahan buffer is rounded its own way."""
+    return (key not in ("step", _COMP) and isinstance(value, torch.Tensor)
+            and value.is_floating_point() and value.dim() > 0)
 
 
 def _rebuild_pure(base: type) -> Any:
@@ -591,8 +610,7 @@ def _working_copies(opt: Any, chunk: list[torch.Tensor]) -> Iterator[None]:
                 p.grad = grad
                 del work
                 for k, v in list(state[p].items()):
-                    if k not in ("step", _COMP) and isinstance(v, torch.Tensor) \
-                            and v.dtype is torch.float32:
+                    if _stored_low(k, v) and v.dtype is torch.float32:
                         original = originals.get((id(p), k))
                         if not ok and original is not None:
                             state[p][k] = original  # the step failed: as it was
