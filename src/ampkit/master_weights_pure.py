@@ -29,7 +29,10 @@ the chosen rounding, the optimizer state stochastically (``"stochastic"`` and
 with Kahan because round-to-nearest stalls moments too: AdamW's
 ``v = 0.999 v + 0.001 g**2`` rounds back to ``v`` unless ``g**2`` differs from ``v`` by
 about twice ``v``. Parameters that are not bf16 (norms kept in fp32 at O2) are
-stepped as they are.
+stepped as they are. Scalar state (the step count, NAdam's ``mu_product``, ASGD's
+``eta``/``mu``: functions of the step count and hyper-parameters) stays fp32 and
+exact. Step hooks (``register_step_pre_hook``/``post_hook``) run once per step, seeing
+whole parameter groups, as with any torch optimizer; the chunks are invisible to them.
 
 A step that is not taken (a loss scaler skipped it, or ``found_inf`` != 0 was handed
 to the step) leaves the parameters, the state and the generators exactly as they were.
