@@ -191,6 +191,12 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
                          f"master_weights={props.master_weights!r}")
     # Check everything before changing anything: a refused call leaves all as it was.
     _check_optimizers(opt_list, model_list)
+    if isinstance(props.master_weights, str):
+        from ampkit.master_weights_pure import check_pure_optimizer
+
+        for opt in opt_list:  # (its parameters are checked once converted, in bf16)
+            check_pure_optimizer(opt, props.master_weights, seed=rounding_seed,
+                                 seed_name="rounding_seed")
     plans = [prepare_conversion(model, config) for model in model_list]
     if len({id(m) for m in model_list}) != len(model_list):
         raise ValueError("models: the same model is given twice")

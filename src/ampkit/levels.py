@@ -278,6 +278,11 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
         raise ValueError(f"patch_ops=True casts each op by the policy lists, which level "
                          f"{level.value} does not do (O0: all fp32, O3: all low precision); "
                          f"use level {hint}")
+    if isinstance(props["master_weights"], str) and not low:
+        raise ValueError(f"master_weights={props['master_weights']!r} trains bfloat16 "
+                         f"parameters without fp32 copies, so it needs level O2 or O3 "
+                         f"with dtype torch.bfloat16; level {level.value} stores them as "
+                         f"{_name(props['cast_model_type'])}")
     if isinstance(props["master_weights"], str) and props["cast_model_type"] is not \
             torch.bfloat16:
         raise ValueError(f"master_weights={props['master_weights']!r} trains bfloat16 "

@@ -29,7 +29,10 @@ the chosen rounding, the optimizer state stochastically (``"stochastic"`` and
 with Kahan because round-to-nearest stalls moments too: AdamW's
 ``v = 0.999 v + 0.001 g**2`` rounds back to ``v`` unless ``g**2`` differs from ``v`` by
 about twice ``v``. Parameters that are not bf16 (norms kept in fp32 at O2) are
-stepped as they are.
+stepped as they are. Scalar state (the step count, NAdam's ``mu_product``, ASGD's
+``eta``/``mu``: functions of the step count and hyper-parameters) stays fp32 and
+exact. Step hooks (``register_step_pre_hook``/``post_hook``) run once per step, seeing
+whole parameter groups, as with any torch optimizer; the chunks are invisible to them.
 
 A step that is not taken (a loss scaler skipped it, or ``found_inf`` != 0 was handed
 to the step) leaves the parameters, the state and the generators exactly as they were.
@@ -41,6 +44,19 @@ Checkpoints: ``model.state_dict()`` reports fp32 values that load into an fp32 m
 with Kahan each value is the weight plus its compensation, so nothing the
 compensation kept is lost. Resuming from the model's and the optimizer's
 ``state_dict`` (compensation and generator states included) continues bit for bit.
+Loading a model ``state_dict`` sets each existing Kahan buffer to what rounding the
+loaded value to bf16 loses, so the model then reports the loaded value (ampkit's
+conversion guard has already made a failed load change nothing and refused
+``assign=True``). ``copy.deepcopy((model, optimizer))`` and pickling both keep the
+rounding, the buffers and the generator states: the copy trains bit for bit like the
+original. ``copy.deepcopy(model)`` alone does not copy the Kahan buffers (optimizer
+state): the copy's ``state_dict`` reports its bf16 weights.
+
+Closures: a closure handed to ``step`` is called once, before the update, at the
+current weights (as ``torch.optim.SGD``/``AdamW`` do). Optimizers whose step *requires*
+a closure, ``torch.optim.LBFGS``, evaluate it again at weights they try, which the
+chunked fp32 step cannot show the model: they are refused with a ``TypeError`` (use
+``master_weights=True``).
 
 Memory (AdamW): 6 bytes per parameter between steps with ``"stochastic"`` (bf16
 weight and two bf16 moments), 8 with ``"kahan"``, against 12 for fp32 and 14 for O2
@@ -69,16 +85,19 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
     "PURE_ROUNDINGS",
     "PureLowPrecisionOptimizer",
+    "check_pure_optimizer",
     "pure_low_precision",
     "pure_rounding",
     "register_pure_state_dict_hook",
@@ -93,6 +112,10 @@ _COMP = "kahan_compensation"  # the optimizer-state key of the Kahan buffer
 _SD_KEY = "ampkit_pure_low_precision"  # the optimizer state_dict entry of this mode
 _LOW_MANTISSA = 1 << 16  # the fp32 bits below bf16's mantissa
 _HIGH_MASK = -_LOW_MANTISSA  # 0xFFFF0000 as an int32
+# parameter -> weakref of the pure optimizer that steps it (weakly keyed by identity), so
+# the model's state_dict and load hooks find the Kahan buffer without holding the
+# optimizer, and a deep copy of (model, optimizer) finds the copy's own buffers.
+_OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def stochastic_round(value: torch.Tensor, generator: torch.Generator | None = None
@@ -133,6 +156,75 @@ def _check_rounding(rounding: Any) -> str:
     if not isinstance(rounding, str) or rounding not in PURE_ROUNDINGS:
         raise ValueError(f"rounding must be one of {list(PURE_ROUNDINGS)}, got {rounding!r}")
     return rounding
+
+
+def _check_no_float16(params: Any) -> None:
+    for p in params:
+        if isinstance(p, torch.Tensor) and p.dtype is torch.float16:
+            raise ValueError("pure low-precision training takes bfloat16 "
+                             "parameters; float16 has too little range for "
+                             "optimizer state and updates: use fp32 master "
+                             "weights (master_weights=True) for float16")
+
+
+def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's step requires a closure (LBFGS): such a step evaluates
+    the closure again at weights it tries, which the chunked fp32 step cannot show the
+    model."""
+    try:
+        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    except (TypeError, ValueError):  # no signature to read: assume the common case
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
+                         seed: Any = None, seed_name: str = "seed") -> None:
+    """Raise the error :class:`PureLowPrecisionOptimizer` would raise for these
+    arguments, without changing anything (``ampkit.initialize`` checks every optimizer
+    before converting the models; ``seed_name`` is the argument's name there).
+
+    Raises:
+        TypeError: ``optimizer`` is not an optimizer, keeps fp32 master weights, or its
+            step requires a closure (``torch.optim.LBFGS``); ``seed`` not an int.
+        ValueError: an unknown ``rounding``, a float16 parameter, or an optimizer
+            already pure with another rounding.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.master_weights_pure import check_pure_optimizer
+        >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+        >>> check_pure_optimizer(torch.optim.SGD([w], lr=0.1), "kahan")  # fine: None
+        >>> check_pure_optimizer(torch.optim.SGD([w], lr=0.1), "kahan", seed=0.5)
+        Traceback (most recent call last):
+        ...
+        TypeError: seed must be an int or None, got 0.5
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    rounding = _check_rounding(rounding)
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise TypeError(f"{seed_name} must be an int or None, got {seed!r}")
+    existing = pure_rounding(optimizer)
+    if existing is not None:
+        if existing != rounding:
+            raise ValueError(f"this optimizer already trains in pure low precision with "
+                             f"rounding={existing!r}, not {rounding!r}")
+        return
+    if optimizer.__dict__.get("_ampkit_masters") is not None:
+        raise TypeError("this optimizer keeps fp32 master weights "
+                        "(MasterWeightOptimizer); pure low precision has none: make "
+                        "it pure instead of, not on top of, fp32 masters")
+    if _needs_closure(optimizer):
+        raise TypeError(f"{type(optimizer).__name__}.step requires a closure, which it "
+                        f"evaluates again at the weights it tries; pure low-precision "
+                        f"training steps in fp32 working copies chunk by chunk and "
+                        f"cannot show the model those weights, so such optimizers are not "
+                        f"supported: use fp32 master weights (master_weights=True) for "
+                        f"{type(optimizer).__name__}")
+    for group in optimizer.param_groups:
+        _check_no_float16(group["params"])
 
 
 class _Generators:
@@ -230,9 +322,17 @@ class PureLowPrecisionOptimizer:
             budget is a chunk of its own: its working copies (16 bytes per element,
             plus 9 while rounding) are the floor of the step's extra memory.
 
+    ``add_param_group`` refuses float16 parameters too. ``copy.deepcopy`` of the
+    optimizer (with its model: ``copy.deepcopy((model, opt))``) copies the rounding
+    generators, so the copy's next steps are bit for bit the original's. Optimizers
+    whose step requires a closure (``torch.optim.LBFGS``: it evaluates the closure
+    again at the weights it tries) are refused; a closure handed to any other
+    optimizer's step is called once, before the update, at the current weights.
+
     Raises:
         TypeError: ``optimizer`` is not an optimizer, ``seed`` or ``chunk_bytes`` not
-            an int, or the optimizer already keeps fp32 master weights.
+            an int, the optimizer already keeps fp32 master weights, or its step
+            requires a closure (LBFGS).
         ValueError: an unknown ``rounding`` (the accepted ones are listed), a float16
             parameter, or an optimizer already made pure with another rounding.
 
@@ -252,33 +352,13 @@ class PureLowPrecisionOptimizer:
 
     def __new__(cls, optimizer: torch.optim.Optimizer, rounding: str = "stochastic", *,
                 seed: int | None = None, chunk_bytes: int | None = None) -> Any:
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
-                            f"{type(optimizer).__name__}")
-        rounding = _check_rounding(rounding)
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        check_pure_optimizer(optimizer, rounding, seed=seed)
         if chunk_bytes is not None and (not isinstance(chunk_bytes, int)
                                         or isinstance(chunk_bytes, bool) or chunk_bytes <= 0):
             raise TypeError(f"chunk_bytes must be a positive int or None, got "
                             f"{chunk_bytes!r}")
-        existing = pure_rounding(optimizer)
-        if existing is not None:
-            if existing != rounding:
-                raise ValueError(f"this optimizer already trains in pure low precision with "
-                                 f"rounding={existing!r}, not {rounding!r}")
+        if pure_rounding(optimizer) is not None:  # already pure, with this rounding
             return optimizer
-        if optimizer.__dict__.get("_ampkit_masters") is not None:
-            raise TypeError("this optimizer keeps fp32 master weights "
-                            "(MasterWeightOptimizer); pure low precision has none: make "
-                            "it pure instead of, not on top of, fp32 masters")
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.dtype is torch.float16:
-                    raise ValueError("pure low-precision training takes bfloat16 "
-                                     "parameters; float16 has too little range for "
-                                     "optimizer state and updates: use fp32 master "
-                                     "weights (master_weights=True) for float16")
         patched = optimizer.__dict__.get("step")
         if patched is not None and not getattr(patched, "_wrapped_by_lr_sched", False):
             raise RuntimeError("optimizer.step was replaced on this optimizer instance; "
@@ -294,10 +374,10 @@ class PureLowPrecisionOptimizer:
             for p, state in optimizer.state.items():
                 if p.dtype is torch.bfloat16:
                     for k, v in state.items():
-                        if isinstance(v, torch.Tensor) and v.is_floating_point() \
-                                and k != "step" and v.dtype is torch.float32:
+                        if _stored_low(k, v) and v.dtype is torch.float32:
                             state[k] = v.to(torch.bfloat16)
         optimizer.__class__ = _pure_class(type(optimizer))
+        _own(optimizer)
         if patched is not None:  # an LR scheduler's wrapper bound to the old class
             ref = weakref.ref(optimizer)
 
@@ -315,6 +395,49 @@ class PureLowPrecisionOptimizer:
                  seed: int | None = None, chunk_bytes: int | None = None) -> None:
         # Everything happened in __new__, which returns the optimizer itself.
         pass
+
+    # -- parameter groups and copies ---------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``, refusing float16 parameters (see the class).
+
+        Example:
+            >>> import torch
+            >>> from ampkit.master_weights_pure import PureLowPrecisionOptimizer
+            >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+            >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), "kahan")
+            >>> opt.add_param_group({"params": [torch.nn.Parameter(
+            ...     torch.ones(2, dtype=torch.bfloat16))], "lr": 0.01})
+            >>> len(opt.param_groups)
+            2
+        """
+        if isinstance(param_group, dict):
+            params = param_group.get("params")
+            if params is not None and not isinstance(params, torch.Tensor | set):
+                params = list(params)  # a generator is read once: hand torch the list
+                param_group = {**param_group, "params": params}
+            _check_no_float16([params] if isinstance(params, torch.Tensor)
+                              else params or [])
+        super().add_param_group(param_group)  # type: ignore[misc]
+        _own(self)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # copy.deepcopy and pickle: rebuild through the optimizer's own class (the pure
+        # subclass is made at run time, so pickle cannot look it up by name).
+        base = type(self).__bases__[1]
+        return _rebuild_pure, (base,), self.__getstate__()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch's optimizer pickles only defaults, state and param_groups; a copy must
+        # also round like the original (same rounding, seed and generator states).
+        state = super().__getstate__()  # type: ignore[misc]
+        state["_ampkit_pure"] = self._ampkit_pure
+        state["_step_supports_amp_scaling"] = False
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        _own(self)
 
     # -- one step ---------------------------------------------------------------------
 
@@ -347,6 +470,7 @@ class PureLowPrecisionOptimizer:
             return loss  # an overflow: nothing may change, generators included
         groups = self.param_groups  # type: ignore[attr-defined]
         saved = [g["params"] for g in groups]
+        inner = _inner_step(type(self))
         try:
             budget = self._ampkit_pure.chunk_bytes
             if budget is None:
@@ -357,7 +481,7 @@ class PureLowPrecisionOptimizer:
                     for j, g in enumerate(groups):
                         g["params"] = chunk if j == i else []
                     with _working_copies(self, chunk):
-                        super().step(**kwargs)  # type: ignore[misc]
+                        inner(self, **kwargs)
         finally:
             for g, params in zip(groups, saved):
                 g["params"] = params
@@ -384,7 +508,8 @@ class PureLowPrecisionOptimizer:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load torch's ``state_dict`` (state stored in bf16) and, when present, this
-        mode's generator states, so a resumed run continues bit for bit.
+        mode's generator states, so a resumed run continues bit for bit. Kahan buffers
+        count only from a pure Kahan optimizer's own ``state_dict``; others are dropped.
 
         Raises:
             ValueError: the checkpoint was saved with another rounding.
@@ -407,9 +532,41 @@ class PureLowPrecisionOptimizer:
             raise ValueError(f"the checkpoint was saved with rounding="
                              f"{extra['rounding']!r}; this optimizer uses "
                              f"rounding={pure.rounding!r}")
+        if (pure.rounding != "kahan" or extra is None) and any(
+                _COMP in s for s in state_dict.get("state", {}).values()):
+            # A Kahan buffer carried over by another optimizer (a Kahan run resumed in
+            # fp32, then here) belongs to weights that run has since moved, and without
+            # Kahan it would never be updated: only a pure Kahan checkpoint's counts.
+            state_dict["state"] = {k: {n: v for n, v in s.items() if n != _COMP}
+                                   for k, s in state_dict["state"].items()}
         super().load_state_dict(state_dict)  # type: ignore[misc]
+        # torch stores every floating state entry in the parameter's dtype; scalar
+        # state stays fp32 here (see _stored_low): take it from the checkpoint again.
+        saved = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]  # type: ignore[attr-defined]
+        for index, p in zip(saved, params):
+            for k, v in state_dict["state"].get(index, {}).items():
+                if (k not in ("step", _COMP) and isinstance(v, torch.Tensor)
+                        and v.is_floating_point() and v.dim() == 0
+                        and p in self.state):  # type: ignore[attr-defined]
+                    self.state[p][k] = v.to(device=p.device, dtype=torch.float32,  # type: ignore[attr-defined]
+                                            copy=True)  # never the checkpoint's own
         if extra is not None:
             pure.generators.load_state_dict(extra)
+
+
+def _stored_low(key: str, value: Any) -> bool:
+    """Whether an optimizer state entry is stored in bf16: per-element state (moments,
+    momentum). The step count and scalar state that follows from it and the
+    hyper-parameters (NAdam's ``mu_product``, ASGD's ``eta``) stay fp32 and exact;
+    the Kahan buffer is rounded its own way."""
+    return (key not in ("step", _COMP) and isinstance(value, torch.Tensor)
+            and value.is_floating_point() and value.dim() > 0)
+
+
+def _rebuild_pure(base: type) -> Any:
+    """An empty pure ``base`` optimizer; copy/pickle then calls ``__setstate__``."""
+    return object.__new__(_pure_class(base))
 
 
 @contextlib.contextmanager
@@ -428,7 +585,7 @@ def _working_copies(opt: Any, chunk: list[torch.Tensor]) -> Iterator[None]:
                 continue
             low, grad = p.data, p.grad
             work = low.float()
-            comp = state[p].get(_COMP) if p in state else None
+            comp = state[p].get(_COMP) if p in state and pure.rounding == "kahan" else None
             if comp is not None:
                 work.add_(comp)
             p.grad = None
@@ -456,8 +613,7 @@ def _working_copies(opt: Any, chunk: list[torch.Tensor]) -> Iterator[None]:
                 p.grad = grad
                 del work
                 for k, v in list(state[p].items()):
-                    if k not in ("step", _COMP) and isinstance(v, torch.Tensor) \
-                            and v.dtype is torch.float32:
+                    if _stored_low(k, v) and v.dtype is torch.float32:
                         original = originals.get((id(p), k))
                         if not ok and original is not None:
                             state[p][k] = original  # the step failed: as it was
@@ -496,6 +652,24 @@ def _round_state(pure: _Pure, value: torch.Tensor) -> torch.Tensor:
     return stochastic_round(value, pure.generators.get(value.device))
 
 
+def _inner_step(cls: type) -> Callable[..., Any]:
+    """The step of the optimizer class a pure class was made from, without torch's
+    wrapper that runs the step hooks: the pure step runs them once around all chunks,
+    with every parameter group whole, instead of once per chunk."""
+    step = cls.__bases__[1].step
+    if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
+        step = step.__wrapped__
+    return step
+
+
+# The step hooks (and the profiler's record) run once around the whole pure step, as
+# torch's wrapper runs them around any optimizer's step; marked hooked so that
+# Optimizer.__setstate__ (copy.deepcopy, unpickling) does not wrap it again.
+PureLowPrecisionOptimizer.step = torch.optim.Optimizer.profile_hook_step(  # type: ignore[method-assign]
+    PureLowPrecisionOptimizer.step)
+PureLowPrecisionOptimizer.step.hooked = True  # type: ignore[attr-defined]
+
+
 def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:
     """The rounding ``optimizer`` applies updates with, or ``None`` when it is not a
     :class:`PureLowPrecisionOptimizer`.
@@ -515,33 +689,70 @@ def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:
     return None if pure is None else pure.rounding
 
 
+def _own(optimizer: Any) -> None:
+    """Record ``optimizer`` as the one stepping each of its parameters (see _OWNERS)."""
+    ref = weakref.ref(optimizer)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            _OWNERS[p] = ref
+
+
+def _compensation(param: torch.Tensor) -> torch.Tensor | None:
+    """The Kahan buffer of ``param`` in the pure optimizer that steps it, if any."""
+    ref = _OWNERS.get(param)
+    opt = None if ref is None else ref()
+    if opt is None or param not in opt.state:
+        return None
+    return opt.state[param].get(_COMP)
+
+
 class _ReportCompensated:
     """``state_dict`` post-hook: each parameter with a Kahan buffer is reported as the
-    weight plus its compensation, in fp32 (what an fp32 model should load)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizer = weakref.ref(optimizer)
+    weight plus its compensation, in fp32 (what an fp32 model should load). Holds
+    nothing: the buffer is found through the parameter, so the hook of a deep-copied
+    model reports the copied optimizer's buffers. (No ``__slots__``: torch tags hooks
+    with an attribute.)"""
 
     def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str,
                  local_metadata: Any) -> None:
-        opt = self.optimizer()
-        if opt is None:
-            return
         for name, param in module._parameters.items():
             key = prefix + name
             value = state_dict.get(key)
             if param is None or value is None or value is param:  # keep_vars=True
                 continue
-            comp = opt.state.get(param, {}).get(_COMP)
+            comp = _compensation(param)
             if comp is not None:
                 state_dict[key] = param.detach().float() + comp.float()
+
+
+class _LoadCompensated:
+    """``load_state_dict`` pre-hook: a parameter with a Kahan buffer gets the buffer of
+    the value it loads (what rounding that value to nearest loses, truncated to bf16),
+    so the model then holds and reports the loaded value, not the loaded value plus the
+    compensation of the weight it replaced. Runs after ampkit's conversion guard, which
+    has refused a load that would fail, so a failed load changes no buffer either."""
+
+    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                 *unused: Any) -> None:
+        with torch.no_grad():
+            for name, param in module._parameters.items():
+                value = state_dict.get(prefix + name)
+                comp = None if param is None else _compensation(param)
+                if (comp is None or not isinstance(value, torch.Tensor)
+                        or value.shape != param.shape):
+                    continue
+                exact = value.detach().to(device=comp.device, dtype=torch.float32)
+                lost = (exact - exact.to(torch.bfloat16).float()).view(torch.int32)
+                comp.copy_(lost.bitwise_and_(_HIGH_MASK).view(torch.float32))
 
 
 def register_pure_state_dict_hook(model: nn.Module, optimizer: torch.optim.Optimizer
                                   ) -> None:
     """Make ``model.state_dict()`` report each parameter that has a Kahan buffer in
     ``optimizer`` as the weight plus its compensation, in fp32 (so an fp32 model loads
-    what the compensation kept). :func:`pure_low_precision` calls it.
+    what the compensation kept), and ``model.load_state_dict`` set each such buffer to
+    what rounding the loaded value loses (so the model then holds the loaded value, not
+    it plus the replaced weight's compensation). :func:`pure_low_precision` calls it.
 
     Example:
         >>> import torch
@@ -561,15 +772,17 @@ def register_pure_state_dict_hook(model: nn.Module, optimizer: torch.optim.Optim
     """
     if pure_rounding(optimizer) is None:
         raise TypeError("optimizer must be a PureLowPrecisionOptimizer")
-    hook = _ReportCompensated(optimizer)
+    _own(optimizer)
+    report, load = _ReportCompensated(), _LoadCompensated()
     params = {id(p) for g in optimizer.param_groups for p in g["params"]}
     for module in model.modules():
         if any(p is not None and id(p) in params for p in module._parameters.values()):
-            public = getattr(module, "register_state_dict_post_hook", None)
-            if public is not None:
-                public(hook)
+            if hasattr(module, "register_state_dict_post_hook"):
+                module.register_state_dict_post_hook(report)
+                module.register_load_state_dict_pre_hook(load)
             else:  # torch < 2.5
-                module._register_state_dict_hook(hook)
+                module._register_state_dict_hook(report)
+                module._register_load_state_dict_pre_hook(load, with_module=True)
 
 
 def pure_low_precision(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
