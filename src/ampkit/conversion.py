@@ -764,7 +764,8 @@ def _low_contiguous(args: Any, dtype: torch.dtype) -> bool:
     """Every floating input is contiguous and already in ``dtype``, the kept output
     dtype. Another low dtype would be rounded twice (in the kernel, then by the output
     cast). Channels-last and strided inputs take other CPU kernels, whose mixed-dtype
-    backward sums in low precision (BatchNorm's bias gradient 1e-3 off in bfloat16)."""
+    backward sums in low precision (BatchNorm's bias gradient 1e-3 off in bfloat16);
+    on CUDA too, where no other layout has been checked."""
     return all(t.dtype is dtype and t.is_contiguous()
                for t in _iter_tensors(args) if t.is_floating_point())
 
