@@ -187,13 +187,20 @@ def test_kept_norms_with_fp32_outputs_still_compute_from_an_fp32_copy():
     assert model(torch.rand(4, 3)).dtype is FP32 and seen == [FP32]
 
 
-def test_layer_norm_has_no_double_backward_but_says_so():
+def test_layer_norm_double_backward_matches_the_fp32_copy():
+    # create_graph=True differentiates an fp32 copy (the old path), so it matches it.
     norm = nn.LayerNorm(4)
+    reference = copy.deepcopy(norm)
     convert_model(nn.Sequential(norm), "O2", BF16, patch_ops=False)
-    x = torch.rand(3, 4, dtype=BF16, requires_grad=True)
-    (gx,) = torch.autograd.grad(norm(x).float().pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
+    x = torch.rand(3, 4, dtype=BF16)
+    grads = []
+    for module, xi in ((norm, x.clone()), (reference, x.float())):
+        xi.requires_grad_()
+        (gx,) = torch.autograd.grad(module(xi).float().pow(2).sum(), xi, create_graph=True)
         gx.float().sum().backward()
+        grads.append((xi.grad.float(), module.weight.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0].to(BF16).float())
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -650,7 +650,14 @@ def _mixed_input_norms() -> dict[str, tuple[type[nn.Module], ...]]:
       InstanceNorm (not checked on a GPU).
 
     CUDA BatchNorm (native and cuDNN kernels) takes mixed input: measured on an H100
-    with torch 2.11 (issue 10), and the way apex's O2 has always run it."""
+    with torch 2.11 (issue 10), and the way apex's O2 has always run it.
+
+    Even for these classes the input is still cast (see :func:`_takes_low_input` and
+    :func:`_low_contiguous`) when the norm has no weight or bias (``affine=False``: torch
+    then runs its all-low-precision kernel, several ulps off), when the input is not
+    contiguous (channels-last and strided inputs take CPU kernels whose mixed backward
+    sums the bias gradient in low precision) and when it is in the other low dtype
+    (it would be rounded twice)."""
     from torch.nn.modules import batchnorm, instancenorm
 
     batch = (batchnorm.BatchNorm1d, batchnorm.BatchNorm2d, batchnorm.BatchNorm3d)
@@ -677,7 +684,9 @@ class _LowInputLayerNorm(torch.autograd.Function):
     CPU, to normalising an fp32 copy and rounding). Weight and bias gradients: torch's
     fp32 kernel on fp32 copies of the input and the incoming gradient, made only in the
     backward and only when those gradients are needed, because the mixed kernel sums
-    them in the input's dtype. No double backward (``once_differentiable``)."""
+    them in the input's dtype. A backward with ``create_graph=True`` (double backward,
+    gradient penalties) differentiates ``F.layer_norm`` of an fp32 copy instead, so it
+    can be differentiated again."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, normalized_shape: Any, weight: Any, bias: Any,
@@ -685,13 +694,26 @@ class _LowInputLayerNorm(torch.autograd.Function):
         out, mean, rstd = torch.native_layer_norm(x, normalized_shape, weight, bias, eps)
         ctx.save_for_backward(x, mean, rstd, weight, bias)
         ctx.normalized_shape = normalized_shape
+        ctx.eps = eps
         return out
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         x, mean, rstd, weight, bias = ctx.saved_tensors
         needs_x, _, needs_w, needs_b, _ = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # create_graph=True: a backward autograd can follow
+            x32 = x.float()
+            wanted = [(i, t) for i, t in ((0, x32), (2, weight), (3, bias))
+                      if ctx.needs_input_grad[i]]
+            out = F.layer_norm(x32, ctx.normalized_shape, weight, bias, ctx.eps)
+            grads = torch.autograd.grad(out, [t for _, t in wanted], grad.float(),
+                                        create_graph=True)
+            result: list[Any] = [None] * 5
+            for (i, _), g in zip(wanted, grads):
+                result[i] = g
+            if result[0] is not None:
+                result[0] = result[0].to(x.dtype)
+            return tuple(result)
         backward = torch.ops.aten.native_layer_norm_backward
         shape = ctx.normalized_shape
         grad_x = grad_w = grad_b = None
@@ -729,8 +751,23 @@ _LOW_INPUT_LAYER_NORM = _LayerNormFromLowInput()
 
 
 def _takes_low_input(module: nn.Module, device_type: str) -> bool:
-    return type(module) in MIXED_INPUT_NORMS.get(device_type, ()) or (
-        type(module) is nn.LayerNorm and device_type in LOW_INPUT_LAYER_NORM_DEVICES)
+    # Only with an fp32 weight or bias: without one (affine=False, the InstanceNorm
+    # default) torch runs its all-low-precision kernels (running statistics alone do not
+    # always switch InstanceNorm to the mixed one), several ulps off in output and
+    # input gradient.
+    return (type(module) in MIXED_INPUT_NORMS.get(device_type, ()) or (
+        type(module) is nn.LayerNorm and device_type in LOW_INPUT_LAYER_NORM_DEVICES)) and any(
+        p is not None and p.dtype is torch.float32 for p in module._parameters.values())
+
+
+def _low_contiguous(args: Any, dtype: torch.dtype) -> bool:
+    """Every floating input is contiguous and already in ``dtype``, the kept output
+    dtype. Another low dtype would be rounded twice (in the kernel, then by the output
+    cast). Channels-last and strided inputs take other CPU kernels, whose mixed-dtype
+    backward sums in low precision (BatchNorm's bias gradient 1e-3 off in bfloat16);
+    on CUDA too, where no other layout has been checked."""
+    return all(t.dtype is dtype and t.is_contiguous()
+               for t in _iter_tensors(args) if t.is_floating_point())
 
 
 class _Boundary:
@@ -774,8 +811,7 @@ class _Boundary:
             return None
         if (self.region is _Region.FP32 and self.output_dtype in _LOW
                 and _takes_low_input(module, device_type)
-                and all(t.dtype in _LOW for t in _iter_tensors((args, kwargs))
-                        if t.is_floating_point())):
+                and _low_contiguous((args, kwargs), self.output_dtype)):
             if type(module) is nn.LayerNorm:
                 _LOW_INPUT_LAYER_NORM.__enter__()
                 entered.append(_LOW_INPUT_LAYER_NORM)
