@@ -57,6 +57,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -303,16 +304,12 @@ def _remap_cached_params(optimizer: torch.optim.Optimizer, masters: _Masters) ->
             setattr(optimizer, name, [master_of.get(id(p), p) for p in value])
 
 
-_MANAGED_CLASSES: dict[type, type] = {}
-
-
-def _managed_class(cls: type) -> type:
-    managed = _MANAGED_CLASSES.get(cls)
-    if managed is None:
-        managed = type(f"MasterWeight{cls.__name__}", (MasterWeightOptimizer, cls),
-                       {"__module__": __name__})
-        _MANAGED_CLASSES[cls] = managed
-    return managed
+@functools.cache
+def _wrapped_optimizer_class(wrapper: type, cls: type) -> type:
+    """``cls`` with ``wrapper``'s methods in front (``MasterWeightAdamW``, ...), made
+    once per pair so that every wrapped optimizer of a class shares one class."""
+    prefix = wrapper.__name__.removesuffix("Optimizer")
+    return type(f"{prefix}{cls.__name__}", (wrapper, cls), {"__module__": wrapper.__module__})
 
 
 def _check_step_attribute(optimizer: torch.optim.Optimizer) -> None:
@@ -398,7 +395,7 @@ class MasterWeightOptimizer:
                     k: v.float() if isinstance(v, torch.Tensor) and v.dtype in _LOW else v
                     for k, v in optimizer.state.pop(model).items()}
         object.__setattr__(optimizer, "_ampkit_masters", masters)
-        optimizer.__class__ = _managed_class(type(optimizer))
+        optimizer.__class__ = _wrapped_optimizer_class(MasterWeightOptimizer, type(optimizer))
         _rewrap_scheduler_step(optimizer)
         return optimizer
 

@@ -94,6 +94,8 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit.master_weights import _wrapped_optimizer_class
+
 __all__ = [
     "PURE_ROUNDINGS",
     "PureLowPrecisionOptimizer",
@@ -268,16 +270,8 @@ class _Pure:
         self.chunk_bytes = chunk_bytes
 
 
-_PURE_CLASSES: dict[type, type] = {}
-
-
 def _pure_class(cls: type) -> type:
-    pure = _PURE_CLASSES.get(cls)
-    if pure is None:
-        pure = type(f"PureLowPrecision{cls.__name__}", (PureLowPrecisionOptimizer, cls),
-                    {"__module__": __name__})
-        _PURE_CLASSES[cls] = pure
-    return pure
+    return _wrapped_optimizer_class(PureLowPrecisionOptimizer, cls)
 
 
 def _chunks(params: list[torch.Tensor], budget: int) -> Iterator[list[torch.Tensor]]:

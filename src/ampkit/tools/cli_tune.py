@@ -29,6 +29,8 @@ import importlib.util
 import sys
 from typing import Any
 
+from ampkit.tools.cli import _positive_int
+
 __all__ = ["add_parser", "run"]
 
 _NOT_WITHIN = 3
@@ -54,16 +56,6 @@ def _number(text: str) -> float:
     return value
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``tune`` subcommand to an argparse subparsers object; return it."""
     import torch
@@ -75,17 +67,17 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                     "the float32 test accuracy; print each trial and write the policy.")
     tune.add_argument("--dtype", type=_dtype, default=torch.bfloat16,
                       help="bf16 or fp16 (default: bf16)")
-    tune.add_argument("--epochs", type=_positive, default=1,
+    tune.add_argument("--epochs", type=_positive_int, default=1,
                       help="float32 training epochs before tuning (default: 1)")
     tune.add_argument("--tolerance", type=_number, default=0.005,
                       help="largest accuracy drop allowed, absolute on a 0-1 scale "
                            "(default: 0.005, half a point)")
-    tune.add_argument("--budget", type=_positive, default=5,
+    tune.add_argument("--budget", type=_positive_int, default=5,
                       help="most trials (default: 5)")
     tune.add_argument("--seed", type=int, default=0, help="data split and weights (default: 0)")
     tune.add_argument("--out", default="tuned-policy.json",
                       help="where the policy is written (default: tuned-policy.json)")
-    tune.add_argument("--threads", type=_positive, default=1,
+    tune.add_argument("--threads", type=_positive_int, default=1,
                       help="torch CPU threads (default: 1)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
     return tune
