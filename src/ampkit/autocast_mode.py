@@ -227,8 +227,9 @@ class _PolicyMode(TorchFunctionMode):
             # An inner torch.autocast(enabled=False), or an in-place call: it keeps its
             # effect on the input, in the input's dtype, as under native autocast.
             return func(*args, **kwargs)
-        # Native eligibility: out= and an explicit dtype= are honoured as given.
-        if kwargs.get("out") is None and kwargs.get("dtype") is None:
+        # Native eligibility: an explicit dtype= is honoured as given (out= calls never
+        # get here: __torch_function__ passes them through).
+        if kwargs.get("dtype") is None:
             if rule == "lower":
                 # A traced graph casts weights itself (and the cache's id() bookkeeping
                 # cannot be traced); eager regions share casts across calls.
