@@ -15,10 +15,16 @@ and ``ampkit.scale_loss`` where the level scales the loss). AdamW, one warm-up s
 before the counted one. Casts are counted, not timed: the counts do not depend on the
 machine, and the bytes they move are what a memory-bound accelerator pays for.
 
+``--accumulate K`` splits the batch into K micro-batches, each with its own forward and
+backward pass, before the one optimizer step (gradient accumulation; ``delay_unscale``
+for every micro-batch but the last under ``ampkit.scale_loss``). Native autocast casts
+every weight in each forward and its gradient in each backward; O2 casts each weight
+once per step (the masters into the model) and each gradient once per backward pass.
+
 ``--by-op`` adds, per mode, the bytes by (source dtype -> destination dtype) and by op.
 
 Run: ``python benchmarks/cast_traffic.py [--dtype bfloat16 float16] [--models cnn
-transformer] [--by-op]``
+transformer] [--accumulate K] [--by-op]``
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from gpu_throughput import GPT, GPTConfig, ResNet
 
 import ampkit
 from ampkit.tools.cast_traffic import CastTraffic, count_casts
+from ampkit.tools.cli import _positive_int
 
 MODES = ("fp32", "native", "O1", "O2", "O3")
 
@@ -62,8 +69,10 @@ def make_workload(name: str) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tenso
     return model, (ids[:, :-1], ids[:, 1:]), lm_loss
 
 
-def training_step(mode: str, model: nn.Module, dtype: torch.dtype) -> Callable[..., Any]:
-    """A function ``step(inputs, targets, loss_fn)`` training ``model`` in ``mode``."""
+def training_step(mode: str, model: nn.Module, dtype: torch.dtype,
+                  accumulate: int = 1) -> Callable[..., Any]:
+    """A function ``step(inputs, targets, loss_fn)`` training ``model`` in ``mode``: one
+    optimizer step over ``accumulate`` micro-batches (the batch split along dim 0)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     region: Callable[[], Any] = contextlib.nullcontext
     scaler = None
@@ -78,29 +87,33 @@ def training_step(mode: str, model: nn.Module, dtype: torch.dtype) -> Callable[.
 
     def step(inputs: torch.Tensor, targets: torch.Tensor,
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        with region():
-            out = model(inputs)
-        loss = loss_fn(out, targets)
+        micro_batches = list(zip(inputs.chunk(accumulate), targets.chunk(accumulate)))
+        for i, (x, y) in enumerate(micro_batches):
+            with region():
+                out = model(x)
+            loss = loss_fn(out, y) / len(micro_batches)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            elif scale_loss:
+                last = i == len(micro_batches) - 1
+                with ampkit.scale_loss(loss, optimizer, delay_unscale=not last) as scaled:
+                    scaled.backward()
+            else:
+                loss.backward()
         if scaler is not None:
-            scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
-        elif scale_loss:
-            with ampkit.scale_loss(loss, optimizer) as scaled:
-                scaled.backward()
-            optimizer.step()
         else:
-            loss.backward()
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return step
 
 
-def measure(name: str, mode: str, dtype: torch.dtype) -> CastTraffic:
+def measure(name: str, mode: str, dtype: torch.dtype, accumulate: int = 1) -> CastTraffic:
     """The cast traffic of one training step (after one warm-up step)."""
     model, (inputs, targets), loss_fn = make_workload(name)
-    step = training_step(mode, copy.deepcopy(model), dtype)
+    step = training_step(mode, copy.deepcopy(model), dtype, accumulate)
     step(inputs, targets, loss_fn)
     with count_casts() as traffic:
         step(inputs, targets, loss_fn)
@@ -119,19 +132,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["cnn", "transformer"],
                         choices=["cnn", "transformer"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--accumulate", type=_positive_int, default=1,
+                        help="micro-batches per optimizer step (default 1)")
     parser.add_argument("--by-op", action="store_true", help="break the bytes down")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}; one AdamW training step after one warm-up step; "
-          f"bytes = read + written")
+    print(f"torch {torch.__version__}; one AdamW training step "
+          f"({args.accumulate} micro-batch{'es' if args.accumulate > 1 else ''}) after one "
+          f"warm-up step; bytes = read + written")
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
         for name in args.models:
             print(f"\n{name}, {dtype_name}")
             print("| mode | casts | MiB | vs native (bytes) |")
             print("|---|---|---|---|")
-            results = {mode: measure(name, mode, dtype) for mode in args.modes}
+            results = {mode: measure(name, mode, dtype, args.accumulate)
+                       for mode in args.modes}
             native = results.get("native")
             for mode, traffic in results.items():
                 ratio = (f"{traffic.bytes / native.bytes:.2f}x" if native and native.bytes

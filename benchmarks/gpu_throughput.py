@@ -289,8 +289,25 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, region: Calla
     return loss.detach()
 
 
+def profile_step(step: Callable[[], Any], device: torch.device, top: int) -> str:
+    """The ``top`` ops of one training step by self time on ``device`` (CUDA kernels'
+    time on a GPU, CPU time otherwise), as the profiler's table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=sort_by, row_limit=top)
+
+
 def run_mode(work: Workload, mode: str, base: nn.Module, dtype: torch.dtype,
-             device: torch.device, warmup: int, steps: int) -> Result:
+             device: torch.device, warmup: int, steps: int, profile_top: int = 0
+             ) -> Result:
     torch.manual_seed(0)
     model = copy.deepcopy(base).to(device)
     model, optimizer, region, scaler = _setup(mode, model, dtype, device)
@@ -316,6 +333,10 @@ def run_mode(work: Workload, mode: str, base: nn.Module, dtype: torch.dtype,
         allocated = _storage_bytes(live_training_tensors(model, optimizer))
         with peak_memory(device, allocated) as memory:
             train_step(model, optimizer, region, scaler, mode, dtype, work, batches[-1])
+    if profile_top:
+        table = profile_step(lambda: train_step(model, optimizer, region, scaler, mode, dtype,
+                                                work, batches[-1]), device, profile_top)
+        print(f"\n{work.name} {mode}, one step profiled:\n{table}", flush=True)
     final = loss.item()
     if not math.isfinite(final):
         raise RuntimeError(f"{work.name} {mode}: the loss is {final}")
@@ -346,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="default 10 (tiny: 3)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--profile", type=int, default=0, metavar="TOP",
+                        help="after each mode's timed steps, profile one more step and "
+                             "print its TOP ops by self time (default: no profile)")
     args = parser.parse_args(argv)
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -375,15 +399,21 @@ def main(argv: list[str] | None = None) -> int:
         params = sum(p.numel() for p in base.parameters())
         print(f"\n{name}: {params / 1e6:.1f}M parameters, {work.items_per_batch} {work.unit} "
               f"per step")
-        print(f"| mode | {work.unit}/s | vs fp32 | peak memory | vs fp32 | final loss |")
-        print("|---|---|---|---|---|---|")
+        print(f"| mode | {work.unit}/s | vs {args.modes[0]} | vs native | peak memory | "
+              f"vs {args.modes[0]} | final loss |")
+        print("|---|---|---|---|---|---|---|")
         first: Result | None = None
+        native: Result | None = None
         for mode in args.modes:
-            result = run_mode(work, mode, base, dtype, device, args.warmup, args.steps)
+            result = run_mode(work, mode, base, dtype, device, args.warmup, args.steps,
+                              args.profile)
             results.append(result)
             first = first or result
+            native = result if mode == "native" else native
+            vs_native = (f"{result.items_per_s / native.items_per_s:.2f}x" if native
+                         else "-")
             print(f"| {mode} | {result.items_per_s:,.0f} | "
-                  f"{result.items_per_s / first.items_per_s:.2f}x | "
+                  f"{result.items_per_s / first.items_per_s:.2f}x | {vs_native} | "
                   f"{result.peak_bytes / 2 ** 20:,.1f} MiB | "
                   f"{result.peak_bytes / first.peak_bytes:.2f}x | {result.final_loss:.4f} |",
                   flush=True)

@@ -29,16 +29,17 @@ def _batch(model):
                                                     ids[:, 1:].flatten())
 
 
-def _step_traffic(make, mode, dtype):
-    """(cast traffic of the forward alone, of one whole training step) after a warm-up
-    step: forward, backward (scaled for float16), AdamW step, zero_grad."""
+def _step_traffic(make, mode, dtype, accumulate=1):
+    """(cast traffic of the forwards alone, of one whole training step) after a warm-up
+    step: ``accumulate`` micro-batches, each a forward and a backward (scaled for
+    float16), then one AdamW step and zero_grad."""
     torch.manual_seed(0)
     model = make()
     x, loss_fn = _batch(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = None
     if mode == "native":
-        def forward():
+        def forward(x):
             with torch.autocast("cpu", dtype):
                 return model(x)
         if dtype is FP16:
@@ -46,23 +47,26 @@ def _step_traffic(make, mode, dtype):
     else:
         model, optimizer = ampkit.initialize(model, optimizer, level="O2", dtype=dtype)
 
-        def forward():
+        def forward(x):
             return model(x)
 
     def step():
         with count_casts() as fwd:
-            out = forward()
-        loss = loss_fn(out)
+            outs = [forward(x) for _ in range(accumulate)]
+        for i, out in enumerate(outs):
+            loss = loss_fn(out) / accumulate
+            if scaler is not None:
+                scaler.scale(loss).backward()
+            elif dtype is FP16:
+                with ampkit.scale_loss(loss, optimizer,
+                                       delay_unscale=i < accumulate - 1) as scaled:
+                    scaled.backward()
+            else:
+                loss.backward()
         if scaler is not None:
-            scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
-        elif dtype is FP16:
-            with ampkit.scale_loss(loss, optimizer) as scaled:
-                scaled.backward()
-            optimizer.step()
         else:
-            loss.backward()
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return fwd
@@ -97,6 +101,20 @@ def test_o2_moves_no_more_cast_bytes_than_native_autocast(make, dtype):
         # way (native: weight down, gradient up; O2: gradient up, master down).
         assert _tensor_bytes(o2) <= _tensor_bytes(native)
     assert o2.bytes > 0 and native.bytes > 0  # both really were counted
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("make", [DigitsCNN, TinyTransformer])
+def test_o2_moves_fewer_cast_bytes_than_native_when_accumulating(make, dtype):
+    # Two micro-batches per step: native autocast casts every weight in each forward and
+    # each weight gradient in each backward; O2 casts each gradient once per backward
+    # and each master into the model once per step.
+    _, native = _step_traffic(make, "native", dtype, accumulate=2)
+    _, o2 = _step_traffic(make, "O2", dtype, accumulate=2)
+    _, o2_single = _step_traffic(make, "O2", dtype, accumulate=1)
+    assert _tensor_bytes(o2) < _tensor_bytes(native)
+    # The second backward adds one gradient cast per parameter, not a weight cast too.
+    assert _tensor_bytes(o2) < 2 * _tensor_bytes(o2_single)
 
 
 NORM_CASES = [
