@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import math
 import platform
@@ -334,8 +335,9 @@ def run_mode(work: Workload, mode: str, base: nn.Module, dtype: torch.dtype,
         with peak_memory(device, allocated) as memory:
             train_step(model, optimizer, region, scaler, mode, dtype, work, batches[-1])
     if profile_top:
-        table = profile_step(lambda: train_step(model, optimizer, region, scaler, mode, dtype,
-                                                work, batches[-1]), device, profile_top)
+        one_step = functools.partial(train_step, model, optimizer, region, scaler, mode, dtype,
+                                     work, batches[-1])
+        table = profile_step(one_step, device, profile_top)
         print(f"\n{work.name} {mode}, one step profiled:\n{table}", flush=True)
     final = loss.item()
     if not math.isfinite(final):
