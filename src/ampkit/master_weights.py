@@ -119,10 +119,15 @@ class _Pair:
         self.model_mark = _mark(self.model.grad)
         self.master_mark = _mark(self.master.grad)
 
+    def agree_on_master(self) -> None:
+        """Take the master's gradient as it is now (the model's is known unchanged)."""
+        self.master_mark = _mark(self.master.grad)
+
 
 def _copy_grads(pairs: list[_Pair], *, to_master: bool) -> None:
     """Make one side's ``.grad`` a copy of the other's (rounded to the destination's dtype):
-    into the existing gradient where it fits, with one multi-tensor copy per device."""
+    into the existing gradient where it fits, else into a new one, with one multi-tensor
+    copy per device either way."""
     by_device: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
     with torch.no_grad():
         for pair in pairs:
@@ -131,19 +136,23 @@ def _copy_grads(pairs: list[_Pair], *, to_master: bool) -> None:
             src, dst = src_param.grad, dst_param.grad
             if src is None:
                 dst_param.grad = None
-            elif (dst is not None and dst.shape == src.shape and dst.device == src.device
-                  and not dst.is_sparse and not src.is_sparse
-                  and dst.stride() == src.stride()):
-                dsts, srcs = by_device.setdefault(dst.device, ([], []))
-                dsts.append(dst)
-                srcs.append(src)
-            else:
-                if src.device != dst_param.device:
-                    raise RuntimeError(
-                        f"a model parameter is on {pair.model.device} but its fp32 master "
-                        f"is on {pair.master.device}: move the model to its device before "
-                        f"ampkit.initialize / MasterWeightOptimizer")
+                continue
+            if src.device != dst_param.device:
+                raise RuntimeError(
+                    f"a model parameter is on {pair.model.device} but its fp32 master "
+                    f"is on {pair.master.device}: move the model to its device before "
+                    f"ampkit.initialize / MasterWeightOptimizer")
+            if src.is_sparse:
                 dst_param.grad = src.to(dst_param.dtype, copy=True)
+                continue
+            if (dst is None or dst.is_sparse or dst.shape != src.shape
+                    or dst.device != src.device or dst.stride() != src.stride()):
+                # A new gradient, laid out as the source (a step after zero_grad()).
+                dst = torch.empty_like(src, dtype=dst_param.dtype)
+                dst_param.grad = dst
+            dsts, srcs = by_device.setdefault(dst.device, ([], []))
+            dsts.append(dst)
+            srcs.append(src)
         for dsts, srcs in by_device.values():
             torch._foreach_copy_(dsts, srcs)
 
@@ -233,9 +242,11 @@ class _Masters:
     def pull(self) -> None:
         """Derive each master's gradient from its model parameter's, where that changed."""
         stale: list[_Pair] = []
-        for pair in self.pairs:
+        for pair in self.pairs:  # runs after every backward pass: kept lean
             grad = pair.model.grad
-            if _unchanged(pair.model_mark, grad):
+            ref, version = pair.model_mark
+            if grad is None if ref is None else (
+                    grad is not None and ref() is grad and grad._version == version):
                 continue
             # A model gradient cleared or replaced (zero_grad, p.grad = ...) discards
             # whatever was there, edits on the master included. One edited in place on
@@ -443,7 +454,10 @@ class MasterWeightOptimizer:
 
             loss = super().step(closure_on_current_weights, **kwargs)  # type: ignore[misc]
         masters.refresh_models()
-        masters.agree_all()  # a fused step may rewrite the masters' gradients in place
+        # The step leaves the model's gradients alone, but a fused one may rewrite the
+        # masters' in place (unscaling them): those are the agreed values now.
+        for pair in masters.pairs:
+            pair.agree_on_master()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -460,17 +474,15 @@ class MasterWeightOptimizer:
             True
         """
         super().zero_grad(set_to_none=set_to_none)  # type: ignore[misc]
-        masters = self._ampkit_masters
-        for pair in masters.pairs:
+        for pair in self._ampkit_masters.pairs:
             grad = pair.model.grad
-            if grad is None:
-                continue
-            if set_to_none:
-                pair.model.grad = None
-            else:
-                grad.detach_().requires_grad_(False)
-                grad.zero_()
-        masters.agree_all()
+            if grad is not None:
+                if set_to_none:
+                    pair.model.grad = None
+                else:
+                    grad.detach_().requires_grad_(False)
+                    grad.zero_()
+            pair.agree()
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group of model parameters; low-precision ones get fp32 masters.
