@@ -1,0 +1,92 @@
+"""The benchmark scripts of issue 10 run, on tiny settings, and print what they promise.
+
+They are the tools a GPU session runs in its few minutes on the machine: a script that
+broke on the CPU would waste that time. Speeds are not checked here (they mean nothing
+on this CPU); what is checked is that each configuration was measured and reported, and
+the cast counts, which do not depend on the machine."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _script(name: str) -> ModuleType:
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))  # the scripts import their neighbours
+    return importlib.import_module(name)
+
+
+def _table_rows(text: str) -> dict[str, list[str]]:
+    """``{first cell: cells}`` of every markdown table row printed."""
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("| ") and not line.startswith("|---"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_cast_traffic_reports_each_mode_and_o2_below_native_when_accumulating(capsys):
+    cast_traffic = _script("cast_traffic")
+    status = cast_traffic.main(["--models", "cnn", "--dtype", "bfloat16", "--modes",
+                                "native", "O2", "--accumulate", "2", "--by-op"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "(2 micro-batches)" in out
+    rows = _table_rows(out)
+    assert rows["native"][3] == "1.00x"
+    ratio = float(rows["O2"][3].rstrip("x"))
+    assert 0 < ratio < 1, out
+    assert re.search(r"O2: .*_foreach_copy_ \d+", out), out  # the --by-op breakdown
+
+
+def test_cast_traffic_refuses_a_non_positive_accumulate(capsys):
+    cast_traffic = _script("cast_traffic")
+    with pytest.raises(SystemExit):
+        cast_traffic.main(["--accumulate", "0"])
+    assert "--accumulate" in capsys.readouterr().err
+
+
+def test_gpu_throughput_smoke_run_reports_every_mode_against_native(capsys):
+    gpu_throughput = _script("gpu_throughput")
+    status = gpu_throughput.main(["--device", "cpu", "--tiny", "--models", "resnet",
+                                  "--threads", "1", "--steps", "1", "--profile", "3"])
+    out = capsys.readouterr().out
+    assert status == 0
+    rows = _table_rows(out)
+    for mode in gpu_throughput.MODES:
+        assert float(rows[mode][1].replace(",", "")) > 0, out
+    assert rows["native"][3] == "1.00x"
+    assert rows["fp32"][2] == "1.00x"
+    assert "resnet ampkit-O2, one step profiled" in out
+    assert "Self CPU" in out  # the profiler's table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_gpu_throughput_says_it_needs_cuda(capsys):
+    gpu_throughput = _script("gpu_throughput")
+    assert gpu_throughput.main([]) == 1
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_o2_step_overhead_reports_each_configuration(capsys):
+    o2_step_overhead = _script("o2_step_overhead")
+    status = o2_step_overhead.main(["--layers", "3", "--rounds", "1", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert status == 0
+    rows = _table_rows(out)
+    for config in o2_step_overhead.CONFIGS:
+        backward, step, both = (float(cell) for cell in rows[config][1:4])
+        assert backward > 0 and step > 0
+        assert both == pytest.approx(backward + step, abs=0.002)
+    assert "6 parameters" in out
+    assert "O2 over bf16, per parameter" in out
