@@ -21,6 +21,12 @@ if ! "$py" -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
     echo "gpu_checks.sh: no CUDA device here; these checks need a GPU" >&2
     exit 1
 fi
+missing=$("$py" -c "import importlib.util as u; print(' '.join(m for m in ('pytest', \
+'xdist', 'hypothesis', 'expecttest') if u.find_spec(m) is None))")
+if [ -n "$missing" ]; then
+    echo "gpu_checks.sh: missing Python packages: $missing (install or carry them first)" >&2
+    exit 1
+fi
 "$py" -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 header=$("$py" -c "import torch; print(torch.cuda.get_device_name(), 'torch', \
 torch.__version__, 'CUDA', torch.version.cuda)") || exit 1
