@@ -4,7 +4,7 @@
 #   suite-hidden.log   the whole test suite with CUDA_VISIBLE_DEVICES= (CPU only)
 #   throughput.txt     gpu_throughput.py, bf16 then fp16 (fp32, native, O1, O2)
 #   profile.txt        one O2 and one native step of each model, top ops by CUDA time
-#   memory.txt         memory_o2.py on CUDA (fused AdamW)
+#   memory.txt         memory_o2.py on CUDA (fused AdamW), its presets and gpt-1024
 #   cast-traffic.txt   cast_traffic.py (device-independent counts, for the record)
 # The first line of each file names the device and the torch version.
 #
@@ -50,5 +50,10 @@ run suite-hidden.log env CUDA_VISIBLE_DEVICES= "$py" -m pytest -q -n "$workers" 
 tail -n 14 "$out/throughput.txt"
 run profile.txt "$py" benchmarks/gpu_throughput.py --dtype bfloat16 --modes native \
     ampkit-O2 --steps 3 --profile 25
-run memory.txt "$py" benchmarks/memory_o2.py --device cuda
+{
+    echo "# $header"
+    "$py" benchmarks/memory_o2.py --device cuda
+    "$py" benchmarks/memory_o2.py --device cuda --preset gpt-1024 --heads 16
+} > "$out/memory.txt" 2>&1
+tail -n 8 "$out/memory.txt"
 run cast-traffic.txt "$py" benchmarks/cast_traffic.py --by-op

@@ -187,10 +187,11 @@ def workloads(tiny: bool, batch: int | None, seq: int | None) -> dict[str, Workl
 
 # -- peak memory ----------------------------------------------------------------------------
 
-def _storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
+def _storage_bytes(tensors: Iterator[torch.Tensor], device_type: str = "cpu") -> int:
+    """Bytes of the distinct storages behind ``tensors`` on devices of ``device_type``."""
     seen: dict[int, int] = {}
     for t in tensors:
-        if t.device.type == "cpu" and t.numel():
+        if t.device.type == device_type and t.numel():
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())

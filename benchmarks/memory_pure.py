@@ -67,7 +67,7 @@ def measure(config: str, base: torch.nn.Module, ids: torch.Tensor,
 
     for _ in range(2):
         step()
-    held = _storage_bytes(live_training_tensors(model, optimizer))
+    held = _storage_bytes(live_training_tensors(model, optimizer), device.type)
     with _peak_memory(device, held) as memory:
         step()
     return held, memory["peak"]
