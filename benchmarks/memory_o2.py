@@ -34,28 +34,26 @@ Run: ``python benchmarks/memory_o2.py [--preset all|deep|wide|big-vocab|gpt-1024
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_throughput import (
     GPT,
     GPTConfig,
+    Workload,
     _device_name,
+    _lm_loss,
+    _setup,
     _storage_bytes,
     live_training_tensors,
     peak_memory,
+    train_step,
 )
-
-import ampkit
 
 CONFIGS = ("fp32", "native", "O1", "O2", "O3")
 PRESETS = {  # name: (dim, layers, vocab, batch, seq)
@@ -71,35 +69,17 @@ ALL = ("deep", "wide", "big-vocab")  # --preset all: the ones a CPU runs in minu
 def measure(config: str, base: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype,
             device: torch.device) -> tuple[int, int]:
     """``(bytes held between steps, peak bytes of one step)``."""
-    model = copy.deepcopy(base).to(device)
-    # Fused AdamW on CUDA, as a GPU training run would use (the CPU keeps foreach).
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    region: Callable[[], Any] = contextlib.nullcontext
-    scaler = None
-    if config == "native":
-        region = lambda: torch.autocast(device.type, dtype)  # noqa: E731
-        if dtype is torch.float16:
-            scaler = torch.amp.GradScaler(device.type)
-    elif config != "fp32":
-        model, optimizer = ampkit.initialize(model, optimizer, level=config, dtype=dtype)
-    scale = dtype is torch.float16 and config in ("O1", "O2")
+    # The training step of gpu_throughput.py: fused AdamW on CUDA (foreach on the CPU),
+    # GradScaler for native fp16, ampkit.scale_loss for O1/O2 fp16.
+    mode = config if config in ("fp32", "native") else f"ampkit-{config}"
+    model, optimizer, region, scaler = _setup(mode, copy.deepcopy(base).to(device), dtype,
+                                              device)
+    work = Workload("gpt", "tokens", lambda: base, lambda _: (ids[:, :-1], ids[:, 1:]),
+                    ids[:, 1:].numel(), _lm_loss)
+    batch = (ids[:, :-1], ids[:, 1:])
 
     def step() -> None:
-        with region():
-            logits = model(ids[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        elif scale:
-            with ampkit.scale_loss(loss, optimizer) as scaled:
-                scaled.backward()
-            optimizer.step()
-        else:
-            loss.backward()
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, region, scaler, mode, dtype, work, batch)
 
     for _ in range(2):
         step()
