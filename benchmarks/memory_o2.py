@@ -70,13 +70,13 @@ def measure(config: str, base: torch.nn.Module, ids: torch.Tensor, dtype: torch.
             device: torch.device) -> tuple[int, int]:
     """``(bytes held between steps, peak bytes of one step)``."""
     # The training step of gpu_throughput.py: fused AdamW on CUDA (foreach on the CPU),
-    # GradScaler for native fp16, ampkit.scale_loss for O1/O2 fp16.
+    # GradScaler for native fp16, ampkit.scale_loss for the ampkit levels in fp16.
     mode = config if config in ("fp32", "native") else f"ampkit-{config}"
     model, optimizer, region, scaler = _setup(mode, copy.deepcopy(base).to(device), dtype,
                                               device)
     work = Workload("gpt", "tokens", lambda: base, lambda _: (ids[:, :-1], ids[:, 1:]),
                     ids[:, 1:].numel(), _lm_loss)
-    batch = (ids[:, :-1], ids[:, 1:])
+    batch = work.make_batch(device)
 
     def step() -> None:
         train_step(model, optimizer, region, scaler, mode, dtype, work, batch)

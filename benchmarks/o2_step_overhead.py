@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import time
@@ -35,8 +34,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ampkit
 from ampkit.tools.cli import _positive_int
@@ -72,7 +69,7 @@ def make_step(config: str, layers: int) -> tuple[Callable[[], tuple[float, float
         optimizer.zero_grad(set_to_none=True)
         return backward_done - start, step_done - backward_done
 
-    return step, sum(p.numel() > 0 for p in model.parameters())
+    return step, len(list(model.parameters()))
 
 
 def main(argv: list[str] | None = None) -> int:

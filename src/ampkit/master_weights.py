@@ -242,11 +242,9 @@ class _Masters:
     def pull(self) -> None:
         """Derive each master's gradient from its model parameter's, where that changed."""
         stale: list[_Pair] = []
-        for pair in self.pairs:  # runs after every backward pass: kept lean
+        for pair in self.pairs:
             grad = pair.model.grad
-            ref, version = pair.model_mark
-            if grad is None if ref is None else (
-                    grad is not None and ref() is grad and grad._version == version):
+            if _unchanged(pair.model_mark, grad):
                 continue
             # A model gradient cleared or replaced (zero_grad, p.grad = ...) discards
             # whatever was there, edits on the master included. One edited in place on
