@@ -18,7 +18,6 @@ from ampkit.conversion import (
     ConversionConfig,
     convert_model,
     get_conversion,
-    master_copy,
 )
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32

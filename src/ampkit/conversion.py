@@ -29,13 +29,13 @@ dtype changes, so every module receives inputs in the dtype its parameters have:
 Casts happen in forward hooks, one pre- and one post-hook per boundary module: there is
 no Python work per op beyond what ``ampkit.autocast`` itself does.
 
-With ``master_weights=True`` every parameter cast to low precision gets an fp32 master
-copy made from its original fp32 value before the cast; ``ampkit.master_weights`` hands
-these to the optimizer, ``model.state_dict()`` reports them (so an O2 checkpoint holds
-the exact fp32 values and loads into an fp32 model) and ``load_state_dict`` fills them
-exactly (so an fp32 checkpoint loads into an O2 model without losing bits). A master
-the parameter no longer matches (the model was changed without it) is never reported:
-the parameter is.
+With ``param_compute_dtype`` set (O2) the parameters are not cast at all: they stay the
+fp32 truth, the module's own ``nn.Parameter`` objects that the optimizer steps, and each
+module outside the kept ones runs its forward with low-precision copies of its own
+parameters, made on use and cached for one optimizer step
+(:mod:`ampkit.parameter_casts`). Gradients reach the fp32 ``.grad`` through autograd.
+Floating buffers are never cast at O2: an op that mixes one with low-precision
+activations follows torch's type promotion, and the policy's region decides the rest.
 
 Converting is done once: calling :func:`convert_model` again on the same model with the
 same settings returns it unchanged; different settings, or converting a module inside
@@ -47,15 +47,14 @@ Example:
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
     ...                             torch.nn.Linear(8, 2))
     >>> model = ampkit.convert_model(model, "O2", torch.bfloat16)
-    >>> [p.dtype for p in model[0].parameters()] + [model[1].weight.dtype]
-    [torch.bfloat16, torch.bfloat16, torch.float32]
+    >>> [p.dtype for p in model.parameters()] == [torch.float32] * 6  # the truth: fp32
+    True
     >>> model(torch.rand(3, 4)).dtype
     torch.float32
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import enum
@@ -68,11 +67,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit.autocast_mode import autocast
 from ampkit.casting import cast_tree
 from ampkit.levels import LevelProperties, level_properties
+from ampkit.parameter_casts import CastParametersOnUse, new_forward_pass
 from ampkit.policy import Policy, as_dtype
 from ampkit.presets import get_policy
 from ampkit.registry import OpEntry
@@ -88,7 +87,6 @@ __all__ = [
     "check_not_wrapped",
     "convert_model",
     "get_conversion",
-    "master_copy",
     "prepare_conversion",
 ]
 
@@ -179,17 +177,19 @@ class ConversionConfig:
         input_dtype: the model's floating inputs are cast to it (``None``: as given).
         output_dtype: the model's floating outputs are cast to it (``None``: as computed).
         cast_buffers: floating buffers follow their module's parameter dtype.
-        master_weights: keep an fp32 master copy of every parameter cast to low
-            precision (the optimizer's, see ``ampkit.master_weights``).
+        param_compute_dtype: the parameters stay as stored (fp32, the truth) and every
+            module outside the kept ones computes with copies of its own parameters
+            in this low-precision dtype, made on use (O2; ``None``: off). See
+            :mod:`ampkit.parameter_casts`.
         state_dict_dtype: ``model.state_dict()`` reports floating values in this dtype
-            (``None``: as stored; master copies are reported either way).
+            (``None``: as stored).
 
     Example:
         >>> import torch
         >>> from ampkit.conversion import ConversionConfig
         >>> cfg = ConversionConfig.for_level("O2", torch.bfloat16)
-        >>> cfg.param_dtype, cfg.kept_output_dtype, cfg.output_dtype, cfg.policy.name
-        (torch.bfloat16, torch.bfloat16, torch.float32, 'torch')
+        >>> cfg.param_dtype, cfg.param_compute_dtype, cfg.output_dtype, cfg.policy.name
+        (None, torch.bfloat16, torch.float32, 'torch')
     """
 
     param_dtype: torch.dtype | None = None
@@ -202,7 +202,7 @@ class ConversionConfig:
     input_dtype: torch.dtype | None = None
     output_dtype: torch.dtype | None = None
     cast_buffers: bool = True
-    master_weights: bool = False
+    param_compute_dtype: torch.dtype | None = None
     state_dict_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
@@ -211,15 +211,16 @@ class ConversionConfig:
                      "input_dtype", "output_dtype", "state_dict_dtype"):
             put(name, _dtype_field(getattr(self, name), name, _FLOATS))
         put("compute_dtype", _dtype_field(self.compute_dtype, "compute_dtype", _LOW))
+        put("param_compute_dtype", _dtype_field(self.param_compute_dtype,
+                                                "param_compute_dtype", _LOW))
         put("keep_fp32_modules", _selectors(self.keep_fp32_modules, "keep_fp32_modules")
             or ())
         put("low_precision_modules", _selectors(self.low_precision_modules,
                                                 "low_precision_modules"))
         if self.policy is not None:
             put("policy", get_policy(self.policy))
-        for name in ("cast_buffers", "master_weights"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.cast_buffers, bool):
+            raise TypeError(f"cast_buffers must be a bool, got {self.cast_buffers!r}")
         needs_compute = [n for n, v in (("policy", self.policy),
                                         ("low_precision_modules", self.low_precision_modules))
                          if v is not None]
@@ -230,10 +231,14 @@ class ConversionConfig:
             raise ValueError("low_precision_modules computes the listed modules in low "
                              "precision from fp32 parameters, so param_dtype must be None "
                              f"or torch.float32, got {self.param_dtype}")
-        if self.master_weights and self.param_dtype not in _LOW:
-            raise ValueError(f"master_weights=True copies parameters cast to low precision, "
-                             f"so param_dtype must be torch.float16 or torch.bfloat16, got "
-                             f"{self.param_dtype}")
+        if self.param_compute_dtype is not None and self.param_dtype in _LOW:
+            raise ValueError(f"param_compute_dtype casts fp32 parameters on use, so "
+                             f"param_dtype must be None or torch.float32, got "
+                             f"{self.param_dtype}; store them in low precision "
+                             f"(param_dtype) or cast them on use, not both")
+        if self.param_compute_dtype is not None and self.low_precision_modules is not None:
+            raise ValueError("param_compute_dtype and low_precision_modules both decide "
+                             "which modules compute in low precision; pass one")
 
     @property
     def casts_parameters(self) -> bool:
@@ -242,6 +247,8 @@ class ConversionConfig:
         Example:
             >>> from ampkit.conversion import ConversionConfig
             >>> ConversionConfig.for_level("O1").casts_parameters
+            False
+            >>> ConversionConfig.for_level("O2").casts_parameters  # cast on use instead
             False
         """
         return self.param_dtype in _LOW
@@ -275,8 +282,12 @@ class ConversionConfig:
         keep = _selectors(keep_fp32_modules, "keep_fp32_modules") or ()
         norms = NORM_MODULES if props.keep_norms_fp32 else ()
         low = props.casts_parameters
+        # master_weights=True: the fp32 parameters are the truth and modules compute
+        # with low-precision copies made on use (no second copy of anything).
+        fp32_truth = low and props.master_weights is True
         return cls(
-            param_dtype=props.cast_model_type,
+            param_dtype=None if fp32_truth else props.cast_model_type,
+            param_compute_dtype=props.cast_model_type if fp32_truth else None,
             keep_fp32_modules=tuple(norms) + keep,
             kept_output_dtype=props.cast_model_type if low else None,
             compute_dtype=props.dtype,
@@ -284,8 +295,6 @@ class ConversionConfig:
                     if props.patch_ops else None),
             input_dtype=props.cast_model_type if low else None,
             output_dtype=props.cast_model_outputs,
-            master_weights=props.master_weights is True,  # pure modes: no fp32 copies
-            state_dict_dtype=torch.float32 if props.master_weights else None,
         )
 
     @classmethod
@@ -313,100 +322,13 @@ class ConversionConfig:
                                    custom_black_list=custom_black_list)
 
 
-# -- master copies ----------------------------------------------------------------------
+# -- reported dtype -----------------------------------------------------------------------
 
-# model parameter -> its fp32 master copy (weakly keyed by identity: a parameter that is
-# gone takes its master with it)
-_MASTERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+class _ReportDtype:
+    """``state_dict`` post-hook of a module: every floating entry in ``dtype`` (apex
+    reports fp32 at O3). (No ``__slots__``: torch tags hooks with an attribute.)"""
 
-
-def master_copy(param: torch.Tensor, *, create: bool = False) -> nn.Parameter | None:
-    """The fp32 master copy of a low-precision model parameter, or ``None``.
-
-    With ``create=True`` (what an optimizer taking over the parameter asks for) the
-    master is made ready for use: a parameter without one gets one, made from its
-    current value (:func:`convert_model` with master weights makes it from the original
-    fp32 value instead, before casting), and a master the parameter no longer matches
-    (the parameter was changed without it, say by ``param.copy_(...)``) is refreshed
-    from the parameter, so the optimizer never reverts such a change. fp32 parameters
-    are their own masters and never get a copy.
-
-    Example:
-        >>> import torch
-        >>> from ampkit.conversion import master_copy
-        >>> p = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
-        >>> master_copy(p) is None, master_copy(p, create=True).dtype
-        (True, torch.float32)
-    """
-    master = _MASTERS.get(param)
-    if create and param.dtype in _LOW:
-        if master is None:
-            master = _new_master(param, param.detach().float())
-        elif master.device == param.device and not _in_sync(param, master):
-            # (On another device the model moved after its masters were made: the
-            # optimizer's step reports that.)
-            with torch.no_grad():
-                master.copy_(param)
-    return master
-
-
-def _in_sync(param: torch.Tensor, master: torch.Tensor) -> bool:
-    """True when ``param`` is its master rounded: nothing changed one without the other."""
-    return (param.shape == master.shape and param.device == master.device
-            and torch.equal(master.detach().to(param.dtype), param.detach()))
-
-
-def _new_master(param: torch.Tensor, value: torch.Tensor) -> nn.Parameter:
-    master = nn.Parameter(value.detach().clone(memory_format=torch.preserve_format),
-                          requires_grad=param.requires_grad)
-    _MASTERS[param] = master
-    return master
-
-
-def register_master(param: torch.Tensor, master: nn.Parameter) -> None:
-    """Make ``master`` the fp32 master copy of ``param`` (copies of a model and its
-    optimizer pair up through this).
-
-    Example:
-        >>> import torch
-        >>> from ampkit.conversion import master_copy, register_master
-        >>> p = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
-        >>> m = torch.nn.Parameter(torch.ones(2))
-        >>> register_master(p, m)
-        >>> master_copy(p) is m
-        True
-    """
-    _MASTERS[param] = master
-
-
-class _MasterLink:
-    """Kept in the ``__dict__`` of the module that owns a parameter with a master, so
-    ``copy.deepcopy`` of the model copies the master too and registers the copy for the
-    copied parameter (the registry itself is keyed by identity and copies nothing)."""
-
-    __slots__ = ("master", "param")
-
-    def __init__(self, param: torch.Tensor, master: nn.Parameter) -> None:
-        self.param = param
-        self.master = master
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _MasterLink:
-        # The live master (the optimizer may have replaced nothing, but be exact).
-        current = _MASTERS.get(self.param, self.master)
-        link = _MasterLink(copy.deepcopy(self.param, memo), copy.deepcopy(current, memo))
-        _MASTERS[link.param] = link.master
-        return link
-
-
-_LINKS = "_ampkit_master_links"
-
-
-class _ReportMasters:
-    """``state_dict`` post-hook of a module: its parameters' master values, and every
-    floating entry in ``dtype`` when one is set. (No ``__slots__``: torch tags hooks
-    with an attribute.)"""
-
-    def __init__(self, dtype: torch.dtype | None) -> None:
+    def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
     def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str,
@@ -417,92 +339,8 @@ class _ReportMasters:
                 value = state_dict.get(key)
                 if tensor is None or value is None or value is tensor:  # keep_vars=True
                     continue
-                master = _MASTERS.get(tensor)
-                # A master that no longer matches its parameter is stale (the model was
-                # trained or edited without it): the parameter is then the truth.
-                if master is not None and _in_sync(tensor, master):
-                    value = master.detach()
-                if (self.dtype is not None and value.is_floating_point()
-                        and value.dtype is not self.dtype):
-                    value = value.to(self.dtype)
-                state_dict[key] = value
-
-
-def _load_errors(module: nn.Module, state_dict: dict[str, Any], prefix: str,
-                 strict: bool) -> list[str]:
-    """What torch's ``load_state_dict`` would report for this subtree, found before it
-    copies anything (torch copies every matching tensor before raising)."""
-    expected = module.state_dict(prefix=prefix, keep_vars=True)
-    errors = []
-    for key, current in expected.items():
-        value = state_dict.get(key)
-        if (isinstance(current, torch.Tensor) and isinstance(value, torch.Tensor)
-                and not isinstance(current, nn.parameter.UninitializedTensorMixin)
-                and value.shape != current.shape
-                and not (current.dim() == 0 and value.shape == (1,))):  # torch's BC rule
-            errors.append(f"size mismatch for {key}: copying a param with shape "
-                          f"{value.shape} from checkpoint, the shape in current model is "
-                          f"{current.shape}.")
-    if strict:
-        missing = [k for k in expected if k not in state_dict
-                   and not k.endswith("num_batches_tracked")]  # BatchNorm fills it in
-        unexpected = [k for k in state_dict if k.startswith(prefix) and k not in expected]
-        if unexpected:
-            errors.insert(0, "Unexpected key(s) in state_dict: "
-                          + ", ".join(f'"{k}"' for k in unexpected) + ". ")
-        if missing:
-            errors.insert(0, "Missing key(s) in state_dict: "
-                          + ", ".join(f'"{k}"' for k in missing) + ". ")
-    return errors
-
-
-def _load_is_strict() -> bool:
-    """The ``strict`` argument of the ``Module.load_state_dict`` call in progress. torch
-    hands its pre-hooks ``strict=True`` whatever the caller asked and applies strictness
-    only once everything is copied, so the caller's frame is the one place to read it."""
-    code = nn.Module.load_state_dict.__code__
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is code:
-            return bool(frame.f_locals.get("strict", True))
-        frame = frame.f_back
-    return False  # not inside load_state_dict (a direct _load_from_state_dict call)
-
-
-class _LoadGuard:
-    """``load_state_dict`` pre-hook of every module of a model whose parameters were
-    cast: the load is all or nothing, incoming values go into the master copies exactly
-    (torch's own loading then rounds them into the low-precision parameters), and
-    ``assign=True``, which would swap in parameters that neither the masters nor the
-    optimizer know, is refused. (No ``__slots__``: torch tags hooks with an attribute.)"""
-
-    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str,
-                 local_metadata: Any, strict: bool, *unused: Any) -> None:
-        record = module.__dict__.get(_MARK)
-        top = prefix == "" or (record is not None and record.name == "")
-        if top:  # the first converted module this load reaches checks the whole subtree
-            if isinstance(local_metadata, dict) and local_metadata.get(
-                    "assign_to_params_buffers", False):
-                raise RuntimeError(
-                    "load_state_dict(..., assign=True) is not supported on a model "
-                    "converted by ampkit: it would replace the low-precision parameters "
-                    "that the fp32 masters and the optimizer update; load without assign "
-                    "(the values go into the masters exactly and the parameters are "
-                    "rounded from them)")
-            errors = _load_errors(module, state_dict, prefix, _load_is_strict())
-            if errors:
-                raise RuntimeError(
-                    f"Error(s) in loading state_dict for {type(module).__name__}:\n\t"
-                    + "\n\t".join(errors)
-                    + "\n\tNothing was loaded: the model and its fp32 masters are as "
-                      "they were.")
-        with torch.no_grad():
-            for name, param in module._parameters.items():
-                master = None if param is None else _MASTERS.get(param)
-                value = state_dict.get(prefix + name)
-                if (master is not None and isinstance(value, torch.Tensor)
-                        and value.shape == master.shape):
-                    master.copy_(value)
+                if value.is_floating_point() and value.dtype is not self.dtype:
+                    state_dict[key] = value.to(self.dtype)
 
 
 # -- boundaries -----------------------------------------------------------------------------
@@ -780,11 +618,12 @@ class _Boundary:
     returns the input's dtype): no activation-sized cast on the way in, none on the way
     out, none in the backward pass."""
 
-    __slots__ = ("compute_dtype", "input_dtype", "output_dtype", "policy", "region")
+    __slots__ = ("compute_dtype", "input_dtype", "output_dtype", "policy", "region", "root")
 
     def __init__(self, region: _Region, input_dtype: torch.dtype | None,
                  output_dtype: torch.dtype | None, compute_dtype: torch.dtype | None = None,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, *, root: bool = False) -> None:
+        self.root = root  # the converted model's own boundary: a forward pass starts
         self.region = region
         self.input_dtype = input_dtype
         self.output_dtype = output_dtype
@@ -795,6 +634,8 @@ class _Boundary:
                kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         entered: list[Any] = []
         device_type = "cpu"
+        if self.root:
+            new_forward_pass()
         if self.region is not _Region.UNCHANGED:
             _regions.entries.append((module, entered))
             device_type = _device_type(module, (args, kwargs))
@@ -936,6 +777,7 @@ class _Plan:
     boundaries: dict[int, tuple[nn.Module, _Boundary]] = dataclasses.field(
         default_factory=dict)
     owners: list[nn.Module] = dataclasses.field(default_factory=list)
+    cast_on_use: list[nn.Module] = dataclasses.field(default_factory=list)
 
 
 def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
@@ -984,6 +826,9 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             plan.boundaries[id(module)] = (module, boundary)
         if module._parameters or module._buffers:
             plan.owners.append(module)
+        if config.param_compute_dtype is not None and not kept and any(
+                p is not None and p.is_floating_point() for p in module._parameters.values()):
+            plan.cast_on_use.append(module)
         for child_name, child in module.named_children():
             walk(child, f"{name}.{child_name}" if name else child_name, kept, whitelisted)
 
@@ -1004,10 +849,11 @@ def _merge_root(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None
         region = _Region.POLICY if config.policy is not None else _Region.UNCHANGED
         compute, input_dtype, output_dtype = (config.compute_dtype, config.input_dtype,
                                               config.output_dtype)
-    if region is _Region.UNCHANGED and input_dtype is None and output_dtype is None:
+    if (region is _Region.UNCHANGED and input_dtype is None and output_dtype is None
+            and config.param_compute_dtype is None):
         return
     plan.boundaries[id(model)] = (model, _Boundary(region, input_dtype, output_dtype,
-                                                   compute, config.policy))
+                                                   compute, config.policy, root=True))
 
 
 def _check_tensors(model: nn.Module, config: ConversionConfig) -> None:
@@ -1033,9 +879,6 @@ def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> No
                 target = None if param is None else plan.tensor_dtype.get(id(param))
                 if target is None or id(param) in done or param.dtype is target[0]:
                     continue
-                if config.master_weights and target[0] in _LOW:
-                    master = _new_master(param, param.detach())
-                    module.__dict__.setdefault(_LINKS, []).append(_MasterLink(param, master))
                 # In place, so the Parameter object stays the same: tied modules and
                 # optimizers built before the conversion keep pointing at it.
                 param.data = param.data.to(target[0])
@@ -1064,25 +907,17 @@ def _register_state_dict_hook(module: nn.Module, hook: Any) -> None:
         module._register_state_dict_hook(hook)
 
 
-def _register_load_hook(module: nn.Module, hook: Any) -> None:
-    public = getattr(module, "register_load_state_dict_pre_hook", None)  # torch >= 2.5
-    if public is not None:
-        public(hook)
-    else:
-        module._register_load_state_dict_pre_hook(hook, with_module=True)
-
-
 def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
+    if config.param_compute_dtype is not None:
+        cast = CastParametersOnUse(config.param_compute_dtype)
+        for module in plan.cast_on_use:
+            cast.install(module)
     for module, boundary in plan.boundaries.values():
         boundary.install(module)
-    if config.master_weights or config.state_dict_dtype is not None:
-        report = _ReportMasters(config.state_dict_dtype)
+    if config.state_dict_dtype is not None:
+        report = _ReportDtype(config.state_dict_dtype)
         for module in plan.owners:
             _register_state_dict_hook(module, report)
-    if config.casts_parameters or config.master_weights:
-        guard = _LoadGuard()
-        for module in model.modules():
-            _register_load_hook(module, guard)
     for name, module in model.named_modules():
         object.__setattr__(module, _MARK, _Record(config, name))
 

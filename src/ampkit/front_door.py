@@ -8,18 +8,20 @@ One call applies a precision level to one or several models and their optimizers
    every optimizer's parameters are checked to belong to the models, all before
    anything is changed;
 3. the models are converted (:func:`ampkit.conversion.convert_model`);
-4. with master weights, each optimizer is made to keep fp32 masters, in place
-   (:class:`ampkit.master_weights.MasterWeightOptimizer`), or with
-   ``master_weights="stochastic"``/``"kahan"`` to train bf16 weights and state purely
+4. optimizers are returned as they are: at O1 and O2 the fp32 parameters are the truth
+   and the user's optimizer steps them directly (O2's modules compute with
+   low-precision copies made on use, :mod:`ampkit.parameter_casts`); only with
+   ``master_weights="stochastic"``/``"kahan"`` is an optimizer made to train bf16
+   weights and state purely
    (:class:`ampkit.master_weights_pure.PureLowPrecisionOptimizer`, seeded by
    ``rounding_seed``);
 5. loss scaling is configured for :func:`ampkit.scale_loss` when the level scales the
    loss (float16 at O1/O2 by default).
 
 Models and optimizers come back in the shape they were given (one, or a list/tuple).
-Call it once per model, before wrapping the model in DistributedDataParallel or FSDP
-and before making LR schedulers; calling it again with the same settings changes
-nothing.
+Call it once per model, before wrapping the model in DistributedDataParallel or FSDP2
+(``fully_shard``); calling it again with the same settings changes nothing. An optimizer
+may be made before or after the call.
 
 Example:
     >>> import torch
@@ -27,8 +29,8 @@ Example:
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     >>> model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16)
-    >>> model[0].weight.dtype, model[1].weight.dtype, model(torch.rand(2, 4)).dtype
-    (torch.bfloat16, torch.float32, torch.float32)
+    >>> model[0].weight.dtype, model(torch.rand(2, 4)).dtype  # fp32 truth, cast on use
+    (torch.float32, torch.float32)
     >>> {p.dtype for g in opt.param_groups for p in g["params"]}
     {torch.float32}
 """
@@ -45,11 +47,9 @@ from ampkit.conversion import (
     ConversionConfig,
     apply_conversion,
     check_not_wrapped,
-    master_copy,
     prepare_conversion,
 )
 from ampkit.levels import LEVEL_PROPERTY_NAMES, LevelProperties, level_properties
-from ampkit.master_weights import MasterWeightOptimizer
 
 __all__ = ["INITIALIZE_OVERRIDES", "initialize"]
 
@@ -103,9 +103,6 @@ def _check_optimizers(optimizers: list[torch.optim.Optimizer], models: list[nn.M
     for model in models:
         for p in model.parameters():
             known.add(id(p))
-            master = master_copy(p)
-            if master is not None:  # initialize called again on a managed optimizer
-                known.add(id(master))
     for i, opt in enumerate(optimizers):
         for g, group in enumerate(opt.param_groups):
             for p in group["params"]:
@@ -208,8 +205,6 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
 
         opt_list = [pure_low_precision(model_list, opt, props.master_weights,
                                        seed=rounding_seed) for opt in opt_list]
-    elif props.master_weights:
-        opt_list = [MasterWeightOptimizer(opt) for opt in opt_list]
     _configure_loss_scaling(props, scaling)
     out_models = model_list[0] if one_model else type(models)(model_list)
     if optimizers is None:

@@ -85,6 +85,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import weakref
 from collections.abc import Callable, Iterator
@@ -94,7 +95,6 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ampkit.master_weights import _wrapped_optimizer_class
 
 __all__ = [
     "PURE_ROUNDINGS",
@@ -271,7 +271,15 @@ class _Pure:
 
 
 def _pure_class(cls: type) -> type:
-    return _wrapped_optimizer_class(PureLowPrecisionOptimizer, cls)
+    return _wrapped_optimizer_class(cls)
+
+
+@functools.cache
+def _wrapped_optimizer_class(cls: type) -> type:
+    """``cls`` with the pure optimizer's methods in front (``PureLowPrecisionAdamW``),
+    made once per class so that every pure optimizer of a class shares one class."""
+    return type(f"PureLowPrecision{cls.__name__}", (PureLowPrecisionOptimizer, cls),
+                {"__module__": PureLowPrecisionOptimizer.__module__})
 
 
 def _chunks(params: list[torch.Tensor], budget: int) -> Iterator[list[torch.Tensor]]:

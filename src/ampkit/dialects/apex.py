@@ -76,7 +76,6 @@ import torch.nn as nn
 from ampkit.autocast_mode import autocast
 from ampkit.front_door import initialize as _initialize
 from ampkit.function_patching import CastRule, cast_function, register_function
-from ampkit.master_weights import master_params as _master_params
 from ampkit.scaling.multi_loss import (
     load_loss_scaling_state_dict,
     loss_scaling_state_dict,
@@ -407,8 +406,9 @@ def scale_loss(loss: torch.Tensor,
 
 
 def master_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-    """The parameters the optimizer updates: its fp32 masters with master weights
-    (O2), else its own parameters. Clip gradients on these.
+    """The parameters the optimizer updates: at O2 these are the fp32 parameters
+    themselves (the truth; modules compute with fp16 copies made on use), so apex's
+    master parameters and the model's are the same tensors. Clip gradients on these.
 
     Example:
         >>> import torch
@@ -417,7 +417,11 @@ def master_params(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
         >>> list(amp.master_params(torch.optim.SGD([w], lr=0.1)))[0] is w
         True
     """
-    return _master_params(optimizer)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    for group in optimizer.param_groups:
+        yield from group["params"]
 
 
 # -- checkpoints -----------------------------------------------------------------------------

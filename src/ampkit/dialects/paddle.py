@@ -65,7 +65,6 @@ import torch.nn as nn
 from ampkit import conversion
 from ampkit.autocast_mode import autocast
 from ampkit.conversion import ConversionConfig
-from ampkit.master_weights import MasterWeightOptimizer
 from ampkit.policy import Policy
 from ampkit.presets import PADDLE_O1, PADDLE_O2, PADDLE_O2_NO_PROMOTE, PADDLE_OD
 from ampkit.registry import OpEntry
@@ -243,17 +242,19 @@ def decorate(models: nn.Module | list[nn.Module],
 
         kept: tuple[Any, ...] = (_BatchNorm,) + ((nn.LayerNorm,) if low is torch.float16
                                                  else ()) + excluded
+        # master_weight (the default): the fp32 parameters stay the truth and the
+        # layers compute with low-precision copies made on use; False: the
+        # parameters themselves are stored in low precision (Paddle's pure fp16).
         masters = master_weight is not False
-        config = ConversionConfig(param_dtype=low, keep_fp32_modules=kept,
-                                  kept_output_dtype=low, master_weights=masters,
+        config = ConversionConfig(param_dtype=None if masters else low,
+                                  param_compute_dtype=low if masters else None,
+                                  keep_fp32_modules=kept, kept_output_dtype=low,
                                   state_dict_dtype=saved)
         # Check every model before changing any, so a refused call changes nothing.
         plans = [conversion.prepare_conversion(m, config) for m in model_list]
         for model, plan in zip(model_list, plans):
             if plan is not None:
                 conversion.apply_conversion(model, config, plan)
-        if masters:
-            opt_list = [MasterWeightOptimizer(opt) for opt in opt_list]
     out_models = model_list[0] if one_model else type(models)(model_list)
     if optimizers is None:
         return out_models

@@ -50,7 +50,6 @@ import torch
 
 import ampkit
 from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
-from ampkit.master_weights import model_params
 
 try:
     from accelerate import Accelerator
@@ -243,7 +242,7 @@ class AmpkitAccelerator(Accelerator):
         for opt in self._optimizers:
             while isinstance(opt, AcceleratedOptimizer):
                 opt = opt.optimizer
-            if wanted == {id(p) for p in model_params(opt) if p.requires_grad}:
+            if wanted == {id(p) for g in opt.param_groups for p in g["params"] if p.requires_grad}:
                 return opt
         return None
 
@@ -256,7 +255,8 @@ class AmpkitAccelerator(Accelerator):
         if optimizer is None:
             return super().clip_grad_norm_(params, max_norm, norm_type)
         self.unscale_gradients()
-        return ampkit.clip_master_grad_norm_(optimizer, max_norm, norm_type)
+        return torch.nn.utils.clip_grad_norm_(
+            [p for g in optimizer.param_groups for p in g["params"]], max_norm, norm_type)
 
     @contextlib.contextmanager
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:

@@ -192,7 +192,8 @@ class AmpkitPrecision(Precision):
 
     def clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
         """Clip the gradients the step uses (the fp32 masters' at O2)."""
-        ampkit.clip_master_grad_norm_(optimizer, clip_val)
+        torch.nn.utils.clip_grad_norm_(
+            [p for g in optimizer.param_groups for p in g["params"]], clip_val)
 
     # -- checkpoints ------------------------------------------------------------------
 

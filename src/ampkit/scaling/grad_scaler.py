@@ -12,17 +12,12 @@ for the same gradients. Beyond torch:
   writes inf/NaN into weights), the scale stays put;
 * float16 *and* bfloat16 gradients are unscaled (torch refuses float16 gradients in
   ``unscale_``, and bfloat16 on builds whose kernel lacks it, issue #127176);
-* fp32 master gradients: ``unscale_`` first brings the masters' gradients up to date
-  (``ampkit.master_weights.sync_master_grads``), so an optimizer managed by ampkit's
-  master weights is unscaled and checked on its fp32 masters, and the model's own
-  gradients are unscaled in the same pass (``agreed_model_grads``), so clipping or
-  logging through ``model.parameters()`` reads unscaled values too;
 * distributed agreement: an overflow found on any rank skips the step on every rank
   (one all-reduce of ``found_inf``, see :mod:`ampkit.scaling.distributed`);
 * ``skipped_steps`` and ``last_step_skipped`` for reporting.
 
-Skipping. A skipped step never calls ``optimizer.step()``, so parameters, master
-weights and optimizer state (moments, ``state["step"]``) stay exactly as they were.
+Skipping. A skipped step never calls ``optimizer.step()``, so parameters and
+optimizer state (moments, ``state["step"]``) stay exactly as they were.
 Optimizers that take ``grad_scale``/``found_inf`` (``_step_supports_amp_scaling``:
 torch's ``fused=True`` Adam, AdamW, SGD, and Adagrad from torch 2.13 on) are stepped
 with those tensors instead and skip on the device themselves, undoing their
@@ -58,7 +53,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib
 import warnings
 from collections.abc import Iterable
 from typing import Any, overload
@@ -91,30 +85,6 @@ class _OptimizerRecord:
 _TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 _EXTRA_KEYS = ("hysteresis", "min_scale", "max_scale", "dynamic", "_overflow_tracker",
                "skipped_steps")
-
-
-def _master_weights() -> Any:
-    """``ampkit.master_weights``, or ``None`` when it cannot be imported (then no
-    optimizer can be managed by ampkit master weights)."""
-    try:
-        return importlib.import_module("ampkit.master_weights")
-    except ModuleNotFoundError as error:
-        if error.name != "ampkit.master_weights":
-            raise
-        return None
-
-
-def _sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
-    """Bring the fp32 masters' gradients up to date with the model's, when managed."""
-    module = _master_weights()
-    return module is not None and bool(module.sync_master_grads(optimizer))
-
-
-def _agreed_model_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The model's gradients behind the fp32 masters, when managed (unscaled with
-    them)."""
-    module = _master_weights()
-    return [] if module is None else list(module.agreed_model_grads(optimizer))
 
 
 def _default_device() -> str:
@@ -308,13 +278,10 @@ class GradScaler:
         """found_inf for the optimizer's gradients (agreed across ranks), unscaling them
         on the way when ``unscale``."""
         scale = self._require_scale("unscale_" if unscale else "step")
-        _sync_master_grads(optimizer)
         # The reciprocal in float64, rounded to float32: torch's, so unscaled values match.
         inv_scale = scale.double().reciprocal().float() if unscale else None
         found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
         grads = [p.grad for p in self._params_of(optimizer)]
-        if unscale:  # the model's gradients behind fp32 masters show unscaled values too
-            grads += _agreed_model_grads(optimizer)
         unscale_grads_(grads, inv_scale, found_inf)
         return agree_on_overflow_(found_inf, self._process_group)
 
@@ -390,8 +357,6 @@ class GradScaler:
             raise RuntimeError("step() has already been called for this optimizer in this "
                                "iteration; call scaler.update() before stepping again")
         self._require_scale("step")
-        # Masters first: whether the optimizer has state is a question about them.
-        _sync_master_grads(optimizer)
         if (getattr(optimizer, "_step_supports_amp_scaling", False)
                 and self._has_state(optimizer)):
             return self._step_on_device(optimizer, record, *args, **kwargs)

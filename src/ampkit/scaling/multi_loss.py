@@ -61,7 +61,6 @@ from typing import Any
 
 import torch
 
-from ampkit.master_weights import put_grads_back, set_grads_aside
 from ampkit.scaling.distributed import agree_on_overflow_
 from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.overflow import unscale_grads_
@@ -368,13 +367,13 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     stashed_here: list[torch.optim.Optimizer] = []
     for opt in opts:
         if opt not in _pending:  # put unscaled gradients aside; keep still-scaled ones
-            _pending[opt] = _PendingGrads(int(loss_id), set_grads_aside(opt))
+            _pending[opt] = _PendingGrads(int(loss_id), _set_grads_aside(opt))
             stashed_here.append(opt)
     try:
         yield scaler.scale(loss.float())
     except BaseException:
         for opt in stashed_here:  # the gradients as they were on entry
-            put_grads_back(opt, _pending.pop(opt).stash, add=False)
+            _put_grads_back(opt, _pending.pop(opt).stash, add=False)
         raise
     if delay_unscale:
         for opt in opts:
@@ -396,7 +395,7 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
         unscale_grads_(stashed, None, earlier_inf)
         skip = found_inf + agree_on_overflow_(earlier_inf, scaler._process_group)
     for opt in opts:
-        put_grads_back(opt, _pending.pop(opt).stash, add=True)
+        _put_grads_back(opt, _pending.pop(opt).stash, add=True)
     scaler.update()
     on_device = {id(opt) for opt in opts if _skips_on_device(opt)}
     # apex's semantics: after scale_loss, a plain optimizer.step() must already know
@@ -420,3 +419,35 @@ def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     on a skip: only once it has state, as a first step would create the zero moments."""
     return (getattr(optimizer, "_step_supports_amp_scaling", False)
             and GradScaler._has_state(optimizer))
+
+
+def _set_grads_aside(optimizer: torch.optim.Optimizer
+                     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Take the gradients out of ``optimizer``'s parameters, so that the next backward
+    pass starts from none; returns ``(parameter, gradient)`` for :func:`_put_grads_back`.
+    Keeps gradients already unscaled apart from a new loss's scaled ones."""
+    aside = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                aside.append((p, p.grad))
+                p.grad = None
+    return aside
+
+
+def _put_grads_back(optimizer: torch.optim.Optimizer,
+                    aside: list[tuple[torch.Tensor, torch.Tensor]], *, add: bool) -> None:
+    """Undo :func:`_set_grads_aside`: add the gradients set aside to those there now
+    (``add=True``), or put them back in place of those (``add=False``)."""
+    returned = {id(p) for p, _ in aside}
+    with torch.no_grad():
+        if not add:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if id(p) not in returned:
+                        p.grad = None
+        for p, grad in aside:
+            if add and p.grad is not None:
+                p.grad.add_(grad)
+            else:
+                p.grad = grad

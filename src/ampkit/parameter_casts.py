@@ -1,0 +1,273 @@
+"""Parameters cast on use: the low-precision copies O2 computes with.
+
+At O2 the fp32 parameters are the truth. They stay the module's own ``nn.Parameter``
+objects, which the user's optimizer steps, DDP and FSDP2 reduce and shard, and
+``state_dict`` saves. While a module runs its forward, each of its floating fp32
+parameters is replaced by a low-precision copy (``param.to(dtype)``, differentiable,
+so the gradient reaches the fp32 ``.grad`` through autograd and accumulates there in
+fp32); the forward's end puts the parameter back. This is what FSDP2's
+``MixedPrecisionPolicy(param_dtype=...)`` and MindSpore's O2 do ("parameters are
+converted to low precision on use, results converted back").
+
+Casting every forward would recast every weight for every micro-batch of gradient
+accumulation. So a copy is kept, per parameter, and reused while it is sure to be the
+parameter's value rounded:
+
+* within one forward pass of the converted model (a weight used twice is cast once
+  and both uses share one autograd node), and
+* across the micro-batches of one optimizer step, for a parameter that a
+  ``torch.optim.Optimizer`` has stepped before: until that optimizer's next step, as
+  long as the parameter is unchanged in place (its version counter) and keeps its
+  storage (``param.data = ...`` replaces it).
+
+A copy is dropped when any ``torch.optim.Optimizer`` steps the parameter (a global
+step post-hook), so nothing is held between steps. A parameter no torch optimizer steps
+(a hand-written update loop, a frozen or inference-only model) is cast once per forward
+pass, as native autocast does: only an optimizer's step is a sure sign of its change. A copy made under ``no_grad`` has
+no autograd history and is never used by a forward that builds a graph; under
+``inference_mode`` nothing is cached. Under ``torch.compile`` nothing is cached either:
+the graph casts the weights itself.
+
+Limit: an in-place edit through ``param.data`` between two micro-batches of the same
+optimizer step is not seen (``.data`` has its own version counter) until the next step;
+edit parameters under ``torch.no_grad()`` instead, which bumps the version.
+
+Example:
+    >>> import torch
+    >>> from ampkit.parameter_casts import CastParametersOnUse
+    >>> lin = torch.nn.Linear(3, 2)
+    >>> CastParametersOnUse(torch.bfloat16).install(lin)
+    >>> lin(torch.ones(1, 3, dtype=torch.bfloat16)).dtype
+    torch.bfloat16
+    >>> lin.weight.dtype                      # the parameter itself is untouched
+    torch.float32
+    >>> lin(torch.ones(1, 3, dtype=torch.bfloat16)).sum().backward()
+    >>> lin.weight.grad.dtype
+    torch.float32
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+__all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter", "forget_casts",
+           "new_forward_pass", "restore_until", "swap_depth"]
+
+
+class _Entry:
+    """A cached low-precision copy and what it was made from."""
+
+    __slots__ = ("dtype", "forward", "has_graph", "low", "ptr", "version")
+
+    def __init__(self, low: torch.Tensor, param: torch.Tensor, forward: int) -> None:
+        self.low = low
+        self.dtype = low.dtype
+        self.version = param._version
+        self.ptr = param.data_ptr()
+        self.forward = forward
+        self.has_graph = low.requires_grad
+
+
+# parameter -> _Entry (weakly keyed by identity: a parameter that is gone takes its copy
+# with it)
+_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# parameters some torch.optim.Optimizer has stepped: their changes are announced by the
+# step post-hook, so their copies may outlive one forward pass
+_STEPPED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_LOCK = threading.Lock()
+_forwards = itertools.count(1)
+_current_forward = 0
+_hook_handle: Any = None
+
+
+def new_forward_pass() -> None:
+    """Start a new forward pass of a converted model: copies made in earlier passes are
+    reused only where a gradient is being accumulated (see the module doc).
+
+    Example:
+        >>> from ampkit.parameter_casts import new_forward_pass
+        >>> new_forward_pass()
+    """
+    global _current_forward
+    _current_forward = next(_forwards)
+
+
+def forget_casts(params: Any = None) -> None:
+    """Drop the cached copies of ``params`` (an iterable of tensors), or of every
+    parameter when ``None``.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import cached_casts, forget_casts
+        >>> forget_casts()
+        >>> cached_casts()
+        0
+    """
+    with _LOCK:
+        if params is None:
+            _CACHE.clear()
+            return
+        for p in params:
+            _CACHE.pop(p, None)
+
+
+def cached_casts() -> int:
+    """How many parameters have a cached low-precision copy right now.
+
+    Example:
+        >>> from ampkit.parameter_casts import cached_casts
+        >>> cached_casts() >= 0
+        True
+    """
+    return len(_CACHE)
+
+
+def _forget_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    # A global optimizer step post-hook: the stepped parameters changed, and holding
+    # their copies until the next forward would cost memory between steps.
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    with _LOCK:
+        for p in params:
+            _STEPPED[p] = True
+            _CACHE.pop(p, None)
+
+
+def _ensure_step_hook() -> None:
+    global _hook_handle
+    if _hook_handle is None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        _hook_handle = register_optimizer_step_post_hook(_forget_stepped)
+
+
+def _valid(entry: _Entry, param: torch.Tensor, dtype: torch.dtype, grad_mode: bool) -> bool:
+    if (entry.dtype is not dtype or entry.version != param._version
+            or entry.ptr != param.data_ptr()):
+        return False
+    if grad_mode and param.requires_grad and not entry.has_graph:
+        return False  # made under no_grad: no history for this graph's backward
+    # Across forward passes only for parameters a torch optimizer steps: its step (the
+    # hook) or an in-place change (the version) ends the copy's life.
+    return entry.forward == _current_forward or param in _STEPPED
+
+
+def cast_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``param.to(dtype)``, shared with earlier uses while it is still the parameter's
+    value rounded (see the module doc).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import cast_parameter, new_forward_pass
+        >>> w = torch.nn.Parameter(torch.ones(2))
+        >>> new_forward_pass()
+        >>> cast_parameter(w, torch.float16) is cast_parameter(w, torch.float16)
+        True
+    """
+    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+        return param.to(dtype)
+    grad_mode = torch.is_grad_enabled()
+    entry = _CACHE.get(param)
+    if entry is not None and _valid(entry, param, dtype, grad_mode):
+        return entry.low
+    low = param.to(dtype)
+    _CACHE[param] = _Entry(low, param, _current_forward)
+    return low
+
+
+class CastParametersOnUse:
+    """Forward hooks that run a module with low-precision copies of its own floating
+    fp32 parameters (those in ``module._parameters``; children get hooks of their own).
+    Holds no reference to the module, so ``copy.deepcopy`` and ``torch.save`` of the
+    model carry working hooks.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import CastParametersOnUse
+        >>> emb = torch.nn.Embedding(4, 2)
+        >>> CastParametersOnUse(torch.float16).install(emb)
+        >>> emb(torch.tensor([1])).dtype, emb.weight.dtype
+        (torch.float16, torch.float32)
+    """
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"dtype": self.dtype}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.dtype = state["dtype"]
+
+    def before(self, module: nn.Module, args: Any) -> None:
+        params = module._parameters
+        swapped = []
+        for name, p in params.items():
+            if p is not None and p.dtype is torch.float32:
+                # Straight into the dict: the copy is not an nn.Parameter, and
+                # Module.__setattr__ would refuse it.
+                params[name] = cast_parameter(p, self.dtype)
+                swapped.append((name, p))
+        _swaps.stack.append((module, swapped))
+
+    def after(self, module: nn.Module, args: Any, output: Any) -> None:
+        # always_call: runs when the forward raised too, so parameters always come back.
+        restore_until(module)
+
+    def install(self, module: nn.Module) -> None:
+        _ensure_step_hook()
+        module.register_forward_pre_hook(self.before, prepend=True)
+        module.register_forward_hook(self.after, always_call=True)
+
+
+class _Swaps(threading.local):
+    def __init__(self) -> None:
+        # (module, [(name, fp32 parameter)]) for every module whose forward is running
+        self.stack: list[tuple[nn.Module, list[tuple[str, torch.Tensor]]]] = []
+
+
+_swaps = _Swaps()
+
+
+def _restore(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
+    params = module._parameters
+    for name, p in swapped:
+        params[name] = p
+
+
+def restore_until(module: nn.Module | None) -> None:
+    """Put the fp32 parameters back in every module swapped since ``module``'s forward
+    began, ``module``'s own included (``None``: every module of this thread). Forward
+    post-hooks do not run on a ``KeyboardInterrupt``; the model's boundary calls this
+    on its way out, whatever ended the forward.
+
+    Example:
+        >>> from ampkit.parameter_casts import restore_until
+        >>> restore_until(None)
+    """
+    stack = _swaps.stack
+    if module is not None and not any(m is module for m, _ in stack):
+        return
+    while stack:
+        owner, swapped = stack.pop()
+        _restore(owner, swapped)
+        if owner is module:
+            return
+
+
+def swap_depth() -> int:
+    """How many module forwards of this thread run with swapped parameters right now.
+
+    Example:
+        >>> from ampkit.parameter_casts import swap_depth
+        >>> swap_depth()
+        0
+    """
+    return len(_swaps.stack)
