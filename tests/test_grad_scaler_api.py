@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 import pickle
-import sys
-import types
 import warnings
 
 import pytest
@@ -305,42 +303,6 @@ def test_fallback_unscale_path_matches_kernel(monkeypatch: pytest.MonkeyPatch) -
         assert torch.equal(found_a, found_b) and found_a.item() == (poison is not None)
         assert all(torch.equal(x, y) or (x.isnan().any() and torch.equal(
             x.nan_to_num(), y.nan_to_num())) for x, y in zip(a, b))
-
-
-def test_master_gradients_are_synced_before_unscaling(monkeypatch: pytest.MonkeyPatch
-                                                      ) -> None:
-    # The contract with ampkit.master_weights: sync_master_grads(optimizer) runs first,
-    # so the scaler unscales and checks whatever gradients it leaves on the optimizer,
-    # and the gradients agreed_model_grads(optimizer) returns are unscaled in the same
-    # pass (the model's own, behind its masters).
-    model_w = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
-    master_w = torch.nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([master_w], lr=0.5)
-    calls = []
-
-    def sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
-        calls.append(optimizer)
-        if model_w.grad is not None and master_w.grad is None:
-            master_w.grad = model_w.grad.float()
-        return True
-
-    def agreed_model_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-        calls.append(optimizer)
-        return [model_w.grad]
-
-    fake = types.ModuleType("ampkit.master_weights")
-    fake.sync_master_grads = sync_master_grads  # type: ignore[attr-defined]
-    fake.agreed_model_grads = agreed_model_grads  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ampkit.master_weights", fake)
-    scaler = GradScaler("cpu", init_scale=2.0 ** 8)
-    scaler.scale(model_w.float().sum() * 3).backward()
-    assert model_w.grad is not None and model_w.grad.tolist() == [768.0, 768.0]
-    scaler.step(opt)
-    scaler.update()
-    assert calls and all(c is opt for c in calls)
-    assert master_w.grad is not None and master_w.grad.tolist() == [3.0, 3.0]
-    assert model_w.grad.tolist() == [3.0, 3.0]  # unscaled with the master's
-    assert master_w.tolist() == [-0.5, -0.5]
 
 
 def test_reporting_attributes() -> None:

@@ -806,7 +806,7 @@ def pure_low_precision(models: nn.Module | list[nn.Module] | tuple[nn.Module, ..
         (torch.bfloat16, 'PureLowPrecisionAdamW')
         >>> model(torch.rand(2, 4)).sum().backward(); opt.step()
         >>> opt.state[model[0].weight]["exp_avg"].dtype, model.state_dict()["0.weight"].dtype
-        (torch.bfloat16, torch.float32)
+        (torch.bfloat16, torch.bfloat16)
     """
     rounding = _check_rounding(rounding)
     if pure_rounding(optimizer) == rounding:

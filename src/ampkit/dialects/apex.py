@@ -57,7 +57,7 @@ Example:
     ...     scaled_loss.backward()
     >>> optimizer.step()
     >>> model.weight.dtype, [p.dtype for p in amp.master_params(optimizer)]
-    (torch.bfloat16, [torch.float32, torch.float32])
+    (torch.float32, [torch.float32, torch.float32])
 """
 
 from __future__ import annotations
