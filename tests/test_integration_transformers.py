@@ -19,8 +19,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from ampkit.integrations.transformers import AmpkitTrainer  # noqa: E402
 from ampkit.conversion import get_conversion  # noqa: E402
+from ampkit.integrations.transformers import AmpkitTrainer  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
                                         "ignore::FutureWarning")

@@ -148,7 +148,8 @@ def test_o2_fused_skip_on_the_device_leaves_masters_and_state_as_they_were():
         state = copy.deepcopy(optimizer.state_dict()["state"])
         _scale_loss_step(model, optimizer, x, poison=poison)
         unchanged = [torch.equal(a, b) for a, b in zip(model.parameters(), weights)]
-        unchanged += [torch.equal(a, b) for a, b in zip((p for g in optimizer.param_groups for p in g["params"]), masters)]
+        stepped = (p for g in optimizer.param_groups for p in g["params"])
+        unchanged += [torch.equal(a, b) for a, b in zip(stepped, masters)]
         unchanged += [torch.equal(value, state[key][name]) for key, entry in
                       optimizer.state_dict()["state"].items() for name, value in entry.items()
                       if key in state]

@@ -59,7 +59,6 @@ import dataclasses
 import difflib
 import enum
 import functools
-import sys
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any

@@ -95,7 +95,6 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-
 __all__ = [
     "PURE_ROUNDINGS",
     "PureLowPrecisionOptimizer",

@@ -23,8 +23,8 @@ parameter's value rounded:
 A copy is dropped when any ``torch.optim.Optimizer`` steps the parameter (a global
 step post-hook), so nothing is held between steps. A parameter no torch optimizer steps
 (a hand-written update loop, a frozen or inference-only model) is cast once per forward
-pass, as native autocast does: only an optimizer's step is a sure sign of its change. A copy made under ``no_grad`` has
-no autograd history and is never used by a forward that builds a graph; under
+pass, as native autocast does: only an optimizer's step is a sure sign of its change.
+A copy made under ``no_grad`` has no autograd history and is never used by a forward that builds a graph; under
 ``inference_mode`` nothing is cached. Under ``torch.compile`` nothing is cached either:
 the graph casts the weights itself.
 
@@ -57,7 +57,7 @@ import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter", "forget_casts",
-           "new_forward_pass", "restore_until", "swap_depth"]
+           "is_cached", "new_forward_pass", "restore_until", "swap_depth"]
 
 
 class _Entry:
@@ -126,6 +126,18 @@ def cached_casts() -> int:
         True
     """
     return len(_CACHE)
+
+
+def is_cached(param: torch.Tensor) -> bool:
+    """True when ``param`` has a cached low-precision copy right now.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import is_cached
+        >>> is_cached(torch.nn.Parameter(torch.ones(1)))
+        False
+    """
+    return param in _CACHE
 
 
 def _forget_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -48,7 +48,6 @@ from typing import Any
 
 import torch
 
-import ampkit
 from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
 
 try:

@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 
-import ampkit
 from ampkit.integrations._settings import AmpkitSettings, missing_framework
 
 try:
