@@ -25,8 +25,8 @@ step post-hook), so nothing is held between steps. A parameter no torch optimize
 (a hand-written update loop, a frozen or inference-only model) is cast once per forward
 pass, as native autocast does: only an optimizer's step is a sure sign of its change.
 A copy made under ``no_grad`` has no autograd history and is never used by a forward
-that builds a graph; under ``inference_mode`` nothing is cached. Under ``torch.compile`` nothing is cached either:
-the graph casts the weights itself.
+that builds a graph; under ``inference_mode`` nothing is cached. Under
+``torch.compile`` nothing is cached either: the graph casts the weights itself.
 
 Limit: an in-place edit through ``param.data`` between two micro-batches of the same
 optimizer step is not seen (``.data`` has its own version counter) until the next step;
