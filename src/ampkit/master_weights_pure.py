@@ -62,10 +62,12 @@ continues bit for bit.
 
 **Checkpoints.** The model's ``state_dict`` holds its bf16 parameters, the truth. The
 Kahan compensation is ordinary optimizer state: it saves, loads and (under FSDP2)
-shards with the optimizer. A weight changed in place by anything but this optimizer's
-step (``model.load_state_dict``, ``p.copy_``: anything that bumps the parameter's
-version counter) gets its compensation dropped at the next step, because the
-compensation belongs to the weight the step left. Loading the optimizer's
+shards with the optimizer. The compensation belongs to the weight the step left. So a
+weight changed by anything but this optimizer's step gets its compensation dropped at
+the next step. That covers ``model.load_state_dict``, ``p.copy_`` and anything else
+that bumps the parameter's version counter, and ``p.data = ...``. In-place edits
+*through* ``p.data`` bypass the version counter: after one, the old compensation (less
+than half a bf16 ulp of the old weight) is added once. Loading the optimizer's
 ``state_dict`` takes the saved compensations as they are. ``torch.save``, pickle and
 ``copy.deepcopy`` of the optimizer (alone or with its model) keep the rounding, the
 state and the counts, so the copy trains bit for bit like the original.
@@ -365,8 +367,7 @@ def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
     before converting the models; ``seed_name`` is the argument's name there).
 
     Raises:
-        TypeError: ``optimizer`` is not an optimizer or keeps fp32 master weights;
-            ``seed`` not an int.
+        TypeError: ``optimizer`` is not an optimizer; ``seed`` not an int.
         ValueError: an unknown ``rounding``, a float16 parameter, or an optimizer
             already pure with another rounding.
 
@@ -391,11 +392,6 @@ def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
             raise ValueError(f"this optimizer already trains in pure low precision with "
                              f"rounding={existing!r}, not {rounding!r}")
         return
-    # (ampkit.MasterWeightOptimizer marks its optimizers so; pure has no fp32 copies)
-    if optimizer.__dict__.get("_ampkit_masters") is not None:
-        raise TypeError("this optimizer keeps fp32 master weights "
-                        "(MasterWeightOptimizer); pure low precision has none: make "
-                        "it pure instead of, not on top of, fp32 masters")
     for group in optimizer.param_groups:
         _check_no_float16(group["params"])
 
@@ -403,8 +399,8 @@ def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
 class _Pure:
     """What a pure optimizer keeps besides torch's own ``param_groups`` and ``state``:
     its rounding and chunk budget (pickled with it), and, with Kahan, each parameter's
-    version counter as the last step left it (not pickled: a copy's parameters are new
-    tensors, and a compensation without a record is taken as it is)."""
+    :func:`_fingerprint` as the last step left it (not pickled: a copy's parameters are
+    new tensors, and a compensation without a record is taken as it is)."""
 
     __slots__ = ("chunk_bytes", "rounding", "versions")
 
@@ -470,9 +466,9 @@ def _stand_in(opt: Any, p: torch.Tensor) -> nn.Parameter:
     comp = own.get(_COMP)
     if comp is not None:
         seen = pure.versions.get(p)
-        if pure.rounding != "kahan" or (seen is not None and seen != p._version):
-            # Changed in place since the last step (a load, an edit): the compensation
-            # belonged to the weight that step left.
+        if pure.rounding != "kahan" or (seen is not None and seen != _fingerprint(p)):
+            # Changed since the last step (a load, an edit): the compensation belonged
+            # to the weight that step left.
             del own[_COMP]
         else:
             work.add_(comp)
@@ -527,7 +523,14 @@ def _round_back(opt: Any, p: torch.Tensor, w: nn.Parameter, seed: int, index: in
             del own[k]
     own[_COUNT] = count + 1
     if pure.rounding == "kahan":
-        pure.versions[p] = p._version
+        pure.versions[p] = _fingerprint(p)
+
+
+def _fingerprint(p: torch.Tensor) -> tuple[int, int]:
+    """What changes when ``p`` is changed by anything but the step: its version counter
+    (bumped by in-place ops such as ``load_state_dict``'s ``copy_``) and its storage
+    (``p.data = ...``). In-place edits through ``p.data`` change neither."""
+    return p._version, _local(p.detach()).data_ptr()
 
 
 @functools.cache
@@ -575,8 +578,8 @@ class PureLowPrecisionOptimizer:
     ``add_param_group`` refuses float16 parameters too.
 
     Raises:
-        TypeError: ``optimizer`` is not an optimizer, ``seed`` or ``chunk_bytes`` not
-            an int, or the optimizer already keeps fp32 master weights.
+        TypeError: ``optimizer`` is not an optimizer, or ``seed`` or ``chunk_bytes``
+            not an int.
         ValueError: an unknown ``rounding`` (the accepted ones are listed), a float16
             parameter, or an optimizer already made pure with another rounding.
         RuntimeError: ``optimizer.step`` was replaced on the instance by something
