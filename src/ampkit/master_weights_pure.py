@@ -433,13 +433,28 @@ def _chunks(params: list[torch.Tensor], budget: int) -> Iterator[list[torch.Tens
         yield chunk
 
 
-def _stored_low(key: str, value: Any) -> bool:
+def _stored_low(key: str, value: Any, param: torch.Tensor) -> bool:
     """Whether an optimizer state entry of a bf16 parameter is stored in bf16:
-    per-element state (moments, momentum). The step count and scalar state that follows
-    from it and the hyper-parameters (NAdam's ``mu_product``, ASGD's ``eta``) stay fp32
-    and exact; this mode's own entries are kept their own way."""
+    per-element state (moments, momentum: the parameter's shape). The step count and
+    scalar state that follows from it and the hyper-parameters (NAdam's ``mu_product``,
+    ASGD's ``eta``) stay fp32 and exact. State of other shapes (LBFGS's flat direction
+    and gradient over all parameters) stays as the optimizer made it: LBFGS's curvature
+    pairs are differences of such vectors, which bf16 would swamp. This mode's own
+    entries are kept their own way."""
     return (key != "step" and key not in _OWN_STATE and isinstance(value, torch.Tensor)
-            and value.is_floating_point() and value.dim() > 0)
+            and value.is_floating_point() and value.dim() > 0
+            and value.shape == param.shape)
+
+
+def _as_saved(value: Any, device: torch.device) -> Any:
+    """A checkpoint's state entry as it was saved (tensors copied onto ``device``, in
+    their saved dtype; also inside lists), where torch would cast it to the parameter's
+    dtype."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, copy=True)
+    if isinstance(value, list | tuple):
+        return type(value)(_as_saved(v, device) for v in value)
+    return value
 
 
 def _working_copy(value: Any) -> Any:
@@ -506,7 +521,7 @@ def _round_back(opt: Any, p: torch.Tensor, w: nn.Parameter, seed: int, index: in
         target.copy_(new)
     if results is not None:
         for k, v in results.items():
-            if _stored_low(k, v) and v.dtype is torch.float32:
+            if _stored_low(k, v, p) and v.dtype is torch.float32:
                 old = own.get(k)
                 if (not isinstance(old, torch.Tensor) or old.dtype is not torch.bfloat16
                         or old.shape != v.shape or type(old) is not type(v)):
@@ -626,7 +641,7 @@ torch.bfloat16)
             for p, state in optimizer.state.items():
                 if p.dtype is torch.bfloat16:
                     for k, v in state.items():
-                        if _stored_low(k, v) and v.dtype is torch.float32:
+                        if _stored_low(k, v, p) and v.dtype is torch.float32:
                             state[k] = v.to(torch.bfloat16)
         optimizer.__class__ = _pure_class(type(optimizer))
         if patched is not None:  # an LR scheduler's wrapper bound to the old class
@@ -776,17 +791,28 @@ torch.bfloat16)
                   lists: list[list[Any]], saved: list[list[Any]],
                   where: dict[int, tuple[int, int]], kwargs: dict[str, Any]) -> Any:
         """A step that evaluates ``closure`` at weights it tries (LBFGS): every
-        parameter at once; before each evaluation the working weights are rounded to
-        nearest into the model's parameters, after it the model's gradients are handed
-        to the working parameters."""
+        parameter at once. Before each evaluation the working weights are rounded to
+        nearest into the model's parameters, and the groups hold the model's parameters
+        while the closure runs (its ``zero_grad`` must clear their gradients); after it
+        the model's gradients are handed to the working parameters."""
         pairs = self._stand_ins([p for ps in saved for p in ps])
         low = [(p, w) for p, w in pairs if w is not p]
+        working = iter(w for _, w in pairs)
+        stand_ins = [[next(working) for _ in original] for original in saved]
+
+        def swap(to: list[list[Any]]) -> None:
+            for ps, new in zip(lists, to):
+                ps[:] = new
 
         def evaluate() -> Any:
             with torch.no_grad():
                 for p, w in low:
                     _local(p.detach()).copy_(_local(w.detach()))
-            loss = closure()
+            swap(saved)  # the closure's zero_grad() must reach the model's gradients
+            try:
+                loss = closure()
+            finally:
+                swap(stand_ins)
             with torch.no_grad():
                 for p, w in low:
                     w.grad = None if p.grad is None else p.grad.to(torch.float32,
@@ -794,9 +820,7 @@ torch.bfloat16)
             return loss
 
         try:
-            working = iter(w for _, w in pairs)
-            for ps, original in zip(lists, saved):
-                ps[:] = [next(working) for _ in original]
+            swap(stand_ins)
             loss = inner(self, evaluate, **kwargs)
             self._round_all(pairs, where)
         finally:
@@ -861,17 +885,17 @@ torch.bfloat16)
         seed = self.defaults.get(_SEED, 0)  # type: ignore[attr-defined]
         for group in self.param_groups:  # type: ignore[attr-defined]
             group.setdefault(_SEED, seed)  # a checkpoint of a plain optimizer has none
-        # torch stores every floating state entry in the parameter's dtype; scalar
-        # state stays fp32 here (see _stored_low): take it from the checkpoint again.
+        # torch casts every floating state entry to the parameter's dtype; here only
+        # per-element state is bf16 (see _stored_low): take the rest from the
+        # checkpoint again, as saved (copied: never the checkpoint's own tensors).
         saved = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]  # type: ignore[attr-defined]
         for key, p in zip(saved, params):
+            if p.dtype is not torch.bfloat16 or p not in self.state:  # type: ignore[attr-defined]
+                continue
             for k, v in state_dict["state"].get(key, {}).items():
-                if (k not in ("step", *_OWN_STATE) and isinstance(v, torch.Tensor)
-                        and v.is_floating_point() and v.dim() == 0
-                        and p in self.state):  # type: ignore[attr-defined]
-                    self.state[p][k] = v.to(device=p.device, dtype=torch.float32,  # type: ignore[attr-defined]
-                                            copy=True)  # never the checkpoint's own
+                if k not in ("step", *_OWN_STATE) and not _stored_low(k, v, p):
+                    self.state[p][k] = _as_saved(v, p.device)  # type: ignore[attr-defined]
 
 
 # The step hooks (and the profiler's record) run once around the whole pure step, as
