@@ -388,30 +388,48 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     # Gradients put aside were checked when their own loss unscaled them, unless they
     # came from elsewhere (a backward outside scale_loss, a skipped iteration never
     # zeroed). Checking them again keeps an inf among them from reaching the weights;
-    # it arms the skip but is not this loss's overflow, so its scale is left alone.
-    stashed = [grad for opt in opts for _, grad in _pending[opt].stash]
-    skip = found_inf
-    if stashed:
-        earlier_inf = torch.zeros((), dtype=torch.float32, device=found_inf.device)
-        unscale_grads_(stashed, None, earlier_inf)
-        skip = found_inf + agree_on_overflow_(earlier_inf, scaler._process_group)
+    # it arms the skip of the optimizer that holds them, and of no other (apex skips
+    # only the optimizer whose gradients overflowed), and it is not this loss's
+    # overflow, so the loss's scale is left alone.
+    skips = _per_optimizer_skips(opts, found_inf, scaler._process_group)
     for opt in opts:
         put_grads_back(opt, _pending.pop(opt).stash, add=True)
     scaler.update()
     on_device = {id(opt) for opt in opts if _skips_on_device(opt)}
     # apex's semantics: after scale_loss, a plain optimizer.step() must already know
-    # whether to skip. Fused optimizers with state are told on the device; any other
-    # optimizer needs this one host sync.
-    overflow = (bool(skip.item()) if len(on_device) < len(opts) else False)
-    for opt in opts:
-        if _skip_armed(opt) or (overflow and id(opt) not in on_device):
+    # whether to skip. Fused optimizers with state are told on the device; the others
+    # need this one host sync (for all of them at once).
+    on_host = [i for i, opt in enumerate(opts) if id(opt) not in on_device]
+    overflows = (torch.stack([skips[i] for i in on_host]).tolist() if on_host else [])
+    overflow = dict(zip(on_host, overflows))
+    for i, opt in enumerate(opts):
+        if _skip_armed(opt) or overflow.get(i, 0.0):
             _guard(opt, _StepGuard.SKIP_ONCE)
         elif id(opt) in on_device:
             earlier = _guards.get(opt)  # an earlier iteration's, never stepped: keep it
-            _guard(opt, _StepGuard.ON_DEVICE, skip if earlier is None or earlier[2] is None
-                   else skip + earlier[2])
+            _guard(opt, _StepGuard.ON_DEVICE, skips[i] if earlier is None
+                   or earlier[2] is None else skips[i] + earlier[2])
         else:
             _unguard(opt)
+
+
+def _per_optimizer_skips(opts: list[torch.optim.Optimizer], found_inf: torch.Tensor,
+                         process_group: Any) -> list[torch.Tensor]:
+    """Per optimizer (in ``opts``' order), nonzero when its step must be skipped: this
+    loss overflowed (every optimizer named in the block), or the gradients it put aside
+    on entry hold an inf/NaN (that optimizer only). One all-reduce for all of them."""
+    stashes = [[grad for _, grad in _pending[opt].stash] for opt in opts]
+    holding = [i for i, stash in enumerate(stashes) if stash]
+    if not holding:
+        return [found_inf] * len(opts)
+    earlier = torch.zeros(len(holding), dtype=torch.float32, device=found_inf.device)
+    for row, i in enumerate(holding):
+        unscale_grads_(stashes[i], None, earlier[row])
+    agree_on_overflow_(earlier, process_group)
+    skips = [found_inf] * len(opts)
+    for row, i in enumerate(holding):
+        skips[i] = found_inf + earlier[row]
+    return skips
 
 
 def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
