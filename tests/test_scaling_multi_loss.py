@@ -326,3 +326,23 @@ def test_skip_guard_restores_a_schedulers_step_wrapper() -> None:
     opt.step()
     sched.step()
     assert sched.last_epoch == 1
+
+
+def test_scale_loss_with_a_scaler_of_its_own_leaves_the_configured_ones_alone() -> None:
+    configure_loss_scaling("dynamic", init_scale=1024.0)
+    own = multi_loss.build_loss_scaler("dynamic", init_scale=8.0)
+    model, opt = _model_and_opt()
+    loss = model(X).sum()
+    with scale_loss(loss, opt, scaler=own) as scaled:
+        assert scaled.item() == loss.item() * 8.0
+        scaled.backward()
+    opt.zero_grad()
+    with scale_loss(model(X).sum() * math.inf, opt, scaler=own) as scaled:
+        scaled.backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step()  # skipped
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert (own.get_scale(), loss_scaler(0).get_scale()) == (4.0, 1024.0)
+    with (pytest.raises(TypeError, match="scaler must be None or an ampkit GradScaler"),
+          scale_loss(model(X).sum(), opt, scaler=torch.amp.GradScaler("cpu"))):
+        pass

@@ -67,6 +67,7 @@ from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.overflow import unscale_grads_
 
 __all__ = [
+    "build_loss_scaler",
     "configure_loss_scaling",
     "load_loss_scaling_state_dict",
     "loss_scaler",
@@ -109,6 +110,26 @@ def _build_scaler(config: LossScalingConfig) -> GradScaler:
     # Static: bounds and growth are meaningless, the scale is the number given.
     return GradScaler(init_scale=config.loss_scale, hysteresis=config.hysteresis,
                       dynamic=False)
+
+
+def build_loss_scaler(loss_scale: str | float | None = "dynamic", *,
+                      init_scale: float = 2.0 ** 16, min_loss_scale: float | None = None,
+                      max_loss_scale: float | None = 2.0 ** 24, growth_interval: int = 2000,
+                      hysteresis: int = 1) -> GradScaler:
+    """One scaler as :func:`configure_loss_scaling` builds it for each loss id, for a
+    caller that keeps its own (apex's legacy optimizer wrapper has one per loss); pass
+    it to :func:`scale_loss` as ``scaler``.
+
+    Example:
+        >>> from ampkit.scaling.multi_loss import build_loss_scaler
+        >>> scaler = build_loss_scaler("dynamic")
+        >>> scaler.get_scale(), scaler.schedule.max_scale
+        (65536.0, 16777216.0)
+    """
+    return _build_scaler(LossScalingConfig(
+        loss_scale=_check_loss_scale(loss_scale), init_scale=init_scale,
+        min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
+        growth_interval=growth_interval, hysteresis=hysteresis))
 
 
 class _StepGuard(enum.Enum):
@@ -322,14 +343,17 @@ def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
 @contextlib.contextmanager
 def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
                | Sequence[torch.optim.Optimizer], loss_id: int = 0, *,
-               delay_unscale: bool = False) -> Iterator[torch.Tensor]:
+               delay_unscale: bool = False,
+               scaler: GradScaler | None = None) -> Iterator[torch.Tensor]:
     """Yield ``loss`` (as float32) times the scale of ``loss_id``; on exit unscale the
     optimizers' new gradients, and on overflow make each optimizer's next ``step()`` a
     no-op and lower that loss's scale.
 
     Uses a dynamic scaler with the defaults when :func:`configure_loss_scaling` was
-    never called. See the module docstring for gradients accumulated across losses and
-    for ``delay_unscale``.
+    never called. ``scaler`` (from :func:`build_loss_scaler`) replaces ``loss_id``'s
+    configured one; ``loss_id`` then only tells apart the scaled gradients of
+    ``delay_unscale``. See the module docstring for gradients accumulated across losses
+    and for ``delay_unscale``.
 
     Raises:
         TypeError: ``optimizers`` is not an optimizer or a list/tuple of them.
@@ -354,7 +378,11 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"loss must be a tensor, got {type(loss).__name__}")
     opts = list({id(o): o for o in _as_optimizers(optimizers)}.values())
-    scaler = loss_scaler(loss_id)
+    if scaler is None:
+        scaler = loss_scaler(loss_id)
+    elif not isinstance(scaler, GradScaler):
+        raise TypeError(f"scaler must be None or an ampkit GradScaler (see "
+                        f"build_loss_scaler), got {type(scaler).__name__}")
     if not scaler.is_enabled():
         yield loss
         return
