@@ -395,8 +395,8 @@ def test_an_out_under_a_file_is_a_one_line_error(
     (["compare", "m:f", "--inputs", "m:g", "--precision", "O5"],
      "argument --precision: invalid choice: 'O5' (choose from a level, O1, O2, O3; a preset, "
      "torch, conservative, torch-cpu-legacy, paddle-O1, paddle-OD, paddle-O2, "
-     "paddle-O2-no-promote, mxnet-float16, mxnet-bfloat16, apex-O1; or a policy file such as ampkit "
-     "tune writes)"),
+     "paddle-O2-no-promote, mxnet-float16, mxnet-bfloat16, apex-O1; or a policy file such as "
+     "ampkit tune writes)"),
     (["compare", "m:f"], "the following arguments are required: --inputs"),
 ])
 def test_a_bad_option_is_a_one_line_error_listing_the_choices(
