@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import re
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,8 +13,16 @@ import torch.nn.functional as F
 
 import ampkit.paddle as amp
 from ampkit.apex import master_params
+from ampkit.dialects import paddle as paddle_module
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+
+@pytest.fixture(autouse=True)
+def _fresh_global_amp_dtype(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # Paddle's global AMP dtype outlives each auto_cast; every test starts from float16.
+    monkeypatch.setattr(paddle_module, "_amp_dtype", "float16", raising=False)
+    yield
 
 
 # -- the seed's example (004), translated to torch ------------------------------------------
@@ -102,7 +111,7 @@ def _op_dtypes(**kwargs: object) -> dict[str, torch.dtype]:
     ids = torch.tensor([1, 2])
     with amp.auto_cast(**kwargs):
         return {
-            "white fp32 in": F.linear(x32, torch.rand(3, 8)).dtype,      # matmul_v2/mul
+            "white fp32 in": torch.matmul(x32, torch.rand(8, 3)).dtype,  # matmul_v2
             "black fp16 in": torch.softmax(x16, -1).dtype,                # softmax
             "extra black": emb(ids).dtype,                                # lookup_table_v2
             "gray fp32 in": torch.relu(x32).dtype,
@@ -156,11 +165,11 @@ def test_custom_white_entry_leaves_the_default_black_list() -> None:
 
 
 def test_bfloat16_and_values_equal_an_explicit_cast() -> None:
-    w, x = torch.rand(5, 8), torch.rand(4, 8)
+    w, x = torch.rand(8, 5), torch.rand(4, 8)
     with amp.auto_cast(dtype="bfloat16"):
-        got = F.linear(x, w)
+        got = torch.matmul(x, w)
     assert got.dtype == BF16
-    assert torch.equal(got, F.linear(x.to(BF16), w.to(BF16)))
+    assert torch.equal(got, torch.matmul(x.to(BF16), w.to(BF16)))
 
 
 # -- decorate -------------------------------------------------------------------------------
@@ -368,3 +377,84 @@ def test_auto_cast_follows_the_default_device(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(torch, "get_default_device", lambda: torch.device("cuda", 0))
     assert amp.auto_cast().device_type == "cuda"
     assert amp.auto_cast(device_type="cpu").device_type == "cpu"  # an explicit one wins
+
+
+# -- behaviours Paddle's own tests check ------------------------------------------------------
+
+def test_grad_scaler_turns_itself_off_after_a_bfloat16_auto_cast() -> None:
+    model = nn.Conv2d(3, 2, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = amp.GradScaler()
+    with amp.auto_cast(custom_black_list=["conv2d"], dtype="bfloat16"):
+        loss = model(torch.rand(1, 3, 8, 8)).mean()
+    with pytest.warns(UserWarning, match="bfloat16"):
+        scaled = scaler.scale(loss)
+    assert scaled is loss  # no scaling at all
+    assert (scaler.is_enable(), scaler.is_use_dynamic_loss_scaling()) == (False, False)
+    scaled.backward()
+    grads = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.minimize(opt, scaled)
+    for p, b, g in zip(model.parameters(), before, grads):  # the unscaled gradients
+        torch.testing.assert_close(p.detach(), b - 0.01 * g, rtol=0, atol=1e-7)
+    # a float16 auto_cast leaves a new scaler on
+    with amp.auto_cast():
+        loss = model(torch.rand(1, 3, 8, 8)).float().mean()
+    assert amp.GradScaler(init_loss_scaling=4.0).scale(loss).item() == 4.0 * loss.item()
+
+
+def test_linear_runs_paddles_own_linear_op_on_no_list() -> None:
+    conv = nn.Conv2d(1, 6, 3, bias=False)
+    linear = nn.Linear(4, 4)
+    with amp.auto_cast(level="OD"):
+        out1 = conv(torch.rand(1, 1, 6, 6))
+        out2 = out1 + torch.rand(out1.shape, dtype=FP16)
+        out3 = linear(out2)
+    assert (out1.dtype, out2.dtype, out3.dtype) == (FP16, FP32, FP32)
+    with amp.auto_cast(level="O2"):  # use_promote: an fp32 weight makes it fp32
+        assert linear(torch.rand(2, 4, dtype=FP16)).dtype == FP32
+    with amp.auto_cast(level="O2", use_promote=False):
+        assert linear(torch.rand(2, 4, dtype=FP16)).dtype == FP16
+    with amp.auto_cast(custom_white_list={"matmul_v2"}, level="OD"):
+        assert linear(torch.rand(2, 4)).dtype == FP32  # matmul_v2 is not linear
+
+
+def test_load_state_dict_makes_the_loaded_scale_the_initial_one() -> None:
+    saved = amp.GradScaler(init_loss_scaling=14, incr_ratio=233.0, decr_ratio=0.523,
+                           incr_every_n_steps=1090, decr_every_n_nan_or_inf=20).state_dict()
+    scaler = amp.GradScaler()
+    scaler.load_state_dict(saved)
+    assert scaler.get_init_loss_scaling() == 14.0
+    assert (scaler.get_incr_ratio(), scaler.get_decr_ratio(), scaler.get_incr_every_n_steps(),
+            scaler.get_decr_every_n_nan_or_inf()) == (233.0, 0.523, 1090, 20)
+
+
+def test_minimize_returns_optimize_ops_and_params_grads() -> None:
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = amp.GradScaler(init_loss_scaling=1024)
+    scaled = scaler.scale(model(torch.rand(4, 3)).sum())
+    scaled.backward()
+    ops, params_grads = scaler.minimize(opt, scaled)
+    assert ops == []
+    assert [p for p, _ in params_grads] == list(model.parameters())
+    assert all(g is p.grad for p, g in params_grads)
+    assert params_grads[1][1].tolist() == [4.0, 4.0]  # the bias gradient, unscaled
+    opt.zero_grad()
+    scaled = scaler.scale(model(torch.rand(4, 3)).sum() * float("nan"))
+    scaled.backward()
+    assert scaler.minimize(opt, scaled) == (None, None)  # skipped
+
+
+def test_white_list_and_black_list_are_paddles_defaults() -> None:
+    white, black = amp.white_list(), amp.black_list()
+    assert set(white) == set(black) == {"float16", "bfloat16"}
+    assert set(white["float16"]) == set(black["float16"]) == {"OD", "O1", "O2"}
+    assert {"conv2d", "matmul_v2", "mul", "einsum"} <= white["float16"]["O1"]
+    assert black["float16"]["OD"] == set()
+    assert {"softmax", "layer_norm", "exp", "linear_interp_v2"} <= black["float16"]["O1"]
+    assert "softmax" not in black["float16"]["O2"]
+    assert "lookup_table_v2" in black["float16"]["O2"]
+    white["float16"]["O1"].add("log")  # a copy: the lists stay as they were
+    assert "log" not in amp.white_list()["float16"]["O1"]
+    assert amp.is_float16_supported("cpu") and amp.is_bfloat16_supported("cpu")

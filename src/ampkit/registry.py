@@ -118,9 +118,11 @@ FRAMEWORK_ALIASES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyTyp
         "elementwise_mul": ("mul",), "elementwise_div": ("div",),
         "elementwise_pow": ("pow",), "elementwise_max": ("maximum",),
         "elementwise_min": ("minimum",), "elementwise_mod": ("remainder",),
-        "matmul_v2": ("matmul", "mm", "bmm", "linear", "addmm", "baddbmm"),
+        # Matrix products only: Paddle's dygraph nn.Linear / F.linear run Paddle's own
+        # ``linear`` op (torch's ``linear``), which is on none of Paddle's AMP lists.
+        "matmul_v2": ("matmul", "mm", "bmm", "addmm", "baddbmm"),
         # Paddle's legacy ``mul`` op is the fully-connected matrix product.
-        "mul": ("mm", "linear", "addmm"),
+        "mul": ("mm", "addmm"),
         "fc": ("linear",), "depthwise_conv2d": ("conv2d",),
         "conv2d_transpose": ("conv_transpose2d",), "conv3d_transpose": ("conv_transpose3d",),
         "max_pool2d_with_index": ("max_pool2d",), "pool2d": ("avg_pool2d", "max_pool2d"),
@@ -146,7 +148,7 @@ FRAMEWORK_ALIASES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyTyp
         "flash_attn": ("scaled_dot_product_attention",),
         "sigmoid": ("sigmoid",), "tanh": ("tanh",),
         # names on Paddle's default AMP lists (python/paddle/amp/amp_lists.py)
-        "fused_gemm_epilogue": ("linear",), "tanh_shrink": ("tanhshrink",),
+        "fused_gemm_epilogue": ("addmm",), "tanh_shrink": ("tanhshrink",),
         "pnorm": ("norm",), "frobenius_norm": ("norm",), "cos_sim": ("cosine_similarity",),
         "log_loss": ("binary_cross_entropy",),
     }),

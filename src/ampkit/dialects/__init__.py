@@ -18,6 +18,13 @@ import                 replaces                                    dialect modul
 The table from each framework's call to the dialect call and the core call it maps to
 is ``docs/migration.md``.
 
+Errors: a dialect never checks again what the core checks. It calls the core inside
+:func:`ampkit.dialects._errors.framework_errors`, which re-raises the core's
+``ValueError``/``TypeError`` with the framework's argument names (and, where the
+framework raises another type for the same refusal, as that type: apex's
+``RuntimeError``). What a dialect checks itself is what only its framework refuses
+(apex's opt_level spelling, Paddle's levels ``O0``/``OD``).
+
 Devices, on a machine with CUDA as on one without:
 
 * ``ampkit.torch``: ``autocast`` takes ``device_type`` (required, as in torch);
@@ -25,7 +32,8 @@ Devices, on a machine with CUDA as on one without:
   the device of the first loss it scales, so CPU training works either way.
 * ``ampkit.apex`` and ``ampkit.mindspore``: conversion and O1 regions follow the
   device of the model's parameters (and of the forward's inputs); ``disable_casts``
-  covers every device present.
+  covers every device present. apex's legacy ``amp.init()`` (no model) casts on CUDA
+  when available, else the CPU (``device_type=`` picks).
 * ``ampkit.paddle`` (``auto_cast``) and ``ampkit.mxnet`` (``init``): their frameworks
   cast on a global place or context, so ``device_type=None`` is torch's default device
   (``torch.get_default_device()``: the CPU unless ``torch.set_default_device`` changed

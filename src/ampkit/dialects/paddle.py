@@ -16,9 +16,9 @@ Paddle                         ampkit core
                                only the extra black list in float32) or
                                ``"paddle-O2-no-promote"`` (everything low precision
                                except the extra black list)
-``decorate(level='O2')``       :func:`ampkit.convert_model` (parameters low precision,
-                               BatchNorm and, for float16, LayerNorm kept fp32) and
-                               :class:`ampkit.MasterWeightOptimizer`
+``decorate(level='O2')``       :func:`ampkit.convert_model`: fp32 parameters (the
+                               truth), layers compute with low-precision copies
+                               made on use; BatchNorm and, for float16, LayerNorm fp32
 ``GradScaler``                 :class:`ampkit.GradScaler` with Paddle's names, a scale
                                floor of 1 and ``decr_every_n_nan_or_inf`` as hysteresis
 =============================  ===========================================================
@@ -33,10 +33,16 @@ tensors are created too. torch's counterpart is the default device, so
 ``torch.set_default_device`` says otherwise), whether or not CUDA is present; a model
 moved with ``.cuda()`` needs ``auto_cast(device_type="cuda")``.
 
+As in Paddle, ``nn.Linear``/``F.linear`` run Paddle's own ``linear`` op, on none of the
+lists (not ``matmul_v2``): float32 at OD, and at O1/O2 promoted to the widest input
+(float32 with float32 weights). ``GradScaler.scale`` after a bfloat16 ``auto_cast``
+turns a dynamic scaler off (Paddle's global AMP dtype, recorded by each ``auto_cast``
+region on entry). ``white_list()``/``black_list()`` are Paddle's default lists.
+
 What differs from Paddle, on purpose: ``auto_cast`` and ``GradScaler`` work on CPU too
 (Paddle's scaler disables itself off the GPU); ``decorate``'s ``state_dict`` holds the
-exact fp32 master values (cast to ``save_dtype`` when given); ``GradScaler.minimize``
-returns ``None``.
+exact fp32 master values (cast to ``save_dtype`` when given); bfloat16 uses float16's
+lists.
 
 Example:
     >>> import torch
@@ -55,7 +61,8 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
+import threading
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -65,12 +72,22 @@ import torch.nn as nn
 from ampkit import conversion
 from ampkit.autocast_mode import autocast
 from ampkit.conversion import ConversionConfig
+from ampkit.dialects._errors import framework_errors
 from ampkit.policy import Policy
-from ampkit.presets import PADDLE_O1, PADDLE_O2, PADDLE_O2_NO_PROMOTE, PADDLE_OD
+from ampkit.presets import (
+    PADDLE_BLACK_LIST,
+    PADDLE_EXTRA_BLACK_LIST,
+    PADDLE_O1,
+    PADDLE_O2,
+    PADDLE_O2_NO_PROMOTE,
+    PADDLE_OD,
+    PADDLE_WHITE_LIST,
+)
 from ampkit.registry import OpEntry
 from ampkit.scaling.grad_scaler import GradScaler as _CoreGradScaler
 
-__all__ = ["GradScaler", "auto_cast", "decorate"]
+__all__ = ["GradScaler", "auto_cast", "black_list", "decorate", "is_bfloat16_supported",
+           "is_float16_supported", "white_list"]
 
 _DTYPES: dict[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 _SAVE_DTYPES: dict[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -149,7 +166,98 @@ def auto_cast(enable: bool = True, custom_white_list: Iterable[OpEntry] | None =
     policy = _level_policy(level, use_promote).with_lists(
         custom_white_list, custom_black_list, framework="paddle")
     device = device_type or torch.get_default_device().type
-    return autocast(device, low, enabled=enable and level != "O0", policy=policy)
+    return _Region(device, low, enabled=enable and level != "O0", policy=policy)
+
+
+# Paddle's global AMP state: the dtype of the auto_cast entered last (enabled or not),
+# which GradScaler.scale reads.
+_amp_lock = threading.Lock()
+_amp_dtype = "float16"
+
+
+def _last_amp_dtype() -> str:
+    with _amp_lock:
+        return _amp_dtype
+
+
+class _Region(autocast):
+    """``auto_cast``'s region: ``ampkit.autocast`` that, like Paddle's ``amp_guard``,
+    records its dtype as the global AMP dtype on entry."""
+
+    def __enter__(self) -> autocast:
+        global _amp_dtype
+        with _amp_lock:
+            _amp_dtype = str(self.dtype).removeprefix("torch.")
+        return super().__enter__()
+
+
+def white_list() -> dict[str, dict[str, set[str]]]:
+    """Paddle's default white lists, ``{dtype: {level: set of op names}}`` (copies):
+    the ops ``auto_cast`` runs in low precision at each level, in Paddle's names. The
+    names without a torch counterpart are left out (``docs/migration.md``); bfloat16
+    uses float16's lists.
+
+    Example:
+        >>> import ampkit.paddle as amp
+        >>> "matmul_v2" in amp.white_list()["float16"]["OD"]
+        True
+    """
+    return {dtype: {level: set(PADDLE_WHITE_LIST) for level in ("OD", "O1", "O2")}
+            for dtype in ("float16", "bfloat16")}
+
+
+def black_list() -> dict[str, dict[str, set[str]]]:
+    """Paddle's default black lists, ``{dtype: {level: set of op names}}`` (copies):
+    the ops ``auto_cast`` keeps in float32 (none at OD, where every op off the white
+    list is float32; only the extra black list at O2).
+
+    Example:
+        >>> import ampkit.paddle as amp
+        >>> sorted(amp.black_list()["float16"]["O2"])[:2]
+        ['bicubic_interp_v2', 'bilinear_interp_v2']
+    """
+    levels = {"OD": set(), "O1": {*PADDLE_BLACK_LIST, *PADDLE_EXTRA_BLACK_LIST},
+              "O2": set(PADDLE_EXTRA_BLACK_LIST)}
+    return {dtype: {level: set(ops) for level, ops in levels.items()}
+            for dtype in ("float16", "bfloat16")}
+
+
+def _supported(dtype: torch.dtype, device: str | None) -> bool:
+    device_type = device or torch.get_default_device().type
+    if not isinstance(device_type, str):
+        raise TypeError(f"device must be None or a device name such as 'cpu' or 'gpu', "
+                        f"got {device!r}")
+    device_type = {"gpu": "cuda"}.get(device_type.split(":")[0], device_type.split(":")[0])
+    try:
+        return bool(torch.amp.is_autocast_available(device_type)) and (
+            device_type != "cuda" or dtype is torch.float16
+            or torch.cuda.is_bf16_supported())
+    except RuntimeError:  # not a device type torch knows
+        return False
+
+
+def is_float16_supported(device: str | None = None) -> bool:
+    """Whether ``auto_cast`` can run float16 on ``device`` (``None``: torch's default
+    device; Paddle's ``'gpu'`` is torch's ``'cuda'``).
+
+    Example:
+        >>> import ampkit.paddle as amp
+        >>> amp.is_float16_supported("cpu")
+        True
+    """
+    return _supported(torch.float16, device)
+
+
+def is_bfloat16_supported(device: str | None = None) -> bool:
+    """Whether ``auto_cast`` can run bfloat16 on ``device`` (see
+    :func:`is_float16_supported`).
+
+    Example:
+        >>> import ampkit.paddle as amp
+        >>> amp.is_bfloat16_supported("cpu")
+        True
+    """
+    return _supported(torch.bfloat16, device)
 
 
 # -- decorate ------------------------------------------------------------------------------
@@ -268,16 +376,10 @@ def decorate(models: nn.Module | list[nn.Module],
 _RENAMES = {"init_scale": "init_loss_scaling", "growth_factor": "incr_ratio",
             "backoff_factor": "decr_ratio", "growth_interval": "incr_every_n_steps",
             "hysteresis": "decr_every_n_nan_or_inf"}
-_RENAME_PATTERN = re.compile(r"\b(" + "|".join(_RENAMES) + r")\b")
 
 _STATE_KEYS = ("scale", "incr_ratio", "decr_ratio", "incr_every_n_steps",
                "decr_every_n_nan_or_inf", "incr_count", "decr_count",
                "use_dynamic_loss_scaling")
-
-
-def _in_paddle_words(error: Exception) -> Exception:
-    message = _RENAME_PATTERN.sub(lambda m: _RENAMES[m.group(1)], str(error))
-    return type(error)(message)
 
 
 def _as_float(value: Any, argument: str) -> float:
@@ -320,7 +422,7 @@ class GradScaler:
         ...     loss = model(torch.rand(4, 2)).float().mean()
         >>> scaled = scaler.scale(loss)
         >>> scaled.backward()
-        >>> scaler.minimize(opt, scaled)
+        >>> _ = scaler.minimize(opt, scaled)
         >>> opt.zero_grad()
         >>> scaler.state_dict()["scale"]
         1024.0
@@ -332,14 +434,12 @@ class GradScaler:
                  use_dynamic_loss_scaling: bool = True) -> None:
         _check_bool(enable, "enable")
         _check_bool(use_dynamic_loss_scaling, "use_dynamic_loss_scaling")
-        try:
+        with framework_errors(names=_RENAMES):
             self._scaler = _CoreGradScaler(
                 None, init_scale=init_loss_scaling, growth_factor=incr_ratio,
                 backoff_factor=decr_ratio, growth_interval=incr_every_n_steps,
                 enabled=enable, hysteresis=decr_every_n_nan_or_inf, min_scale=1.0,
                 dynamic=use_dynamic_loss_scaling)
-        except (ValueError, TypeError) as error:
-            raise _in_paddle_words(error) from None
         self._init_loss_scaling = float(init_loss_scaling)
 
     # -- the training step ---------------------------------------------------------------
@@ -355,6 +455,15 @@ class GradScaler:
         """
         if not isinstance(var, torch.Tensor):
             raise TypeError(f"var must be a torch.Tensor, got {type(var).__name__}")
+        dtype = _last_amp_dtype()
+        if self._scaler.is_enabled() and self._scaler.schedule.dynamic and (
+                dtype != "float16"):
+            # Paddle's rule: dynamic loss scaling is for float16 only; after a bfloat16
+            # auto_cast the scaler turns itself off for good (a pass-through).
+            warnings.warn(f"GradScaler: dynamic loss scaling is not used with {dtype} "
+                          f"(the last auto_cast's dtype), so the scaler disables itself, "
+                          f"as Paddle's does", UserWarning, stacklevel=2)
+            self._scaler = _CoreGradScaler(None, enabled=False, dynamic=False)
         return self._scaler.scale(var)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
@@ -415,11 +524,16 @@ class GradScaler:
         """
         self._scaler.update()
 
-    def minimize(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        """:meth:`step` then :meth:`update`. Paddle passes the remaining arguments (the
-        scaled loss) to ``optimizer.minimize``, which in dynamic graph mode only applies
-        the gradients already computed; torch's ``step()`` does the same, so they are
-        not used.
+    def minimize(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any
+                 ) -> tuple[list[Any], list[tuple[torch.Tensor, torch.Tensor]]] | tuple[
+                     None, None]:
+        """:meth:`step` then :meth:`update`, returning what Paddle's ``minimize``
+        returns in dynamic graph mode: ``(optimize_ops, params_grads)``, that is ``[]``
+        and the ``(parameter, gradient)`` pairs the step applied (unscaled), or
+        ``(None, None)`` when an overflow skipped the step. Paddle passes the remaining
+        arguments (the scaled loss) to ``optimizer.minimize``, which in dynamic graph
+        mode only applies the gradients already computed; torch's ``step()`` does the
+        same, so they are not used.
 
         Example:
             >>> import torch
@@ -429,12 +543,16 @@ class GradScaler:
             >>> scaler = amp.GradScaler()
             >>> scaled = scaler.scale(w.sum())
             >>> scaled.backward()
-            >>> scaler.minimize(opt, scaled)
-            >>> w.item()
-            0.5
+            >>> ops, params_grads = scaler.minimize(opt, scaled)
+            >>> ops, params_grads[0][0] is w, params_grads[0][1].item(), w.item()
+            ([], True, 1.0, 0.5)
         """
         self._scaler.step(optimizer)
         self._scaler.update()
+        if self._scaler.last_step_skipped:
+            return None, None
+        return [], [(p, p.grad) for group in optimizer.param_groups for p in group["params"]
+                    if p.grad is not None]
 
     # -- settings ------------------------------------------------------------------------
 
@@ -574,10 +692,8 @@ class GradScaler:
         if not self._scaler.is_enabled():
             return  # a disabled scaler has no state to change, as in Paddle
         state = {**self._scaler.state_dict(), **changes}
-        try:
+        with framework_errors(names=_RENAMES):
             self._scaler.load_state_dict(state)
-        except (ValueError, TypeError) as error:
-            raise _in_paddle_words(error) from None
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -633,6 +749,7 @@ class GradScaler:
         if not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"state_dict['scale'] must be a positive finite number, got "
                              f"{scale}")
+        self._init_loss_scaling = scale  # Paddle: the loaded scale is the initial one
         self._replace(
             scale=scale, growth_factor=state_dict["incr_ratio"],
             backoff_factor=state_dict["decr_ratio"],
