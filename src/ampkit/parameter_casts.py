@@ -26,7 +26,9 @@ step post-hook), so nothing is held between steps. A parameter no torch optimize
 pass, as native autocast does: only an optimizer's step is a sure sign of its change. A copy made under ``no_grad`` has
 no autograd history and is never used by a forward that builds a graph; under
 ``inference_mode`` nothing is cached. Under ``torch.compile`` nothing is cached either:
-the graph casts the weights itself.
+the graph casts the weights itself. Nor in modules FSDP2 manages: their parameters in a
+forward are the unsharded ones FSDP frees after it (and with :mod:`ampkit.fsdp`'s
+policy they arrive in low precision already, leaving nothing to cast).
 
 Limit: an in-place edit through ``param.data`` between two micro-batches of the same
 optimizer step is not seen (``.data`` has its own version counter) until the next step;
@@ -157,9 +159,10 @@ def _valid(entry: _Entry, param: torch.Tensor, dtype: torch.dtype, grad_mode: bo
     return entry.forward == _current_forward or param in _STEPPED
 
 
-def cast_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = True
+                   ) -> torch.Tensor:
     """``param.to(dtype)``, shared with earlier uses while it is still the parameter's
-    value rounded (see the module doc).
+    value rounded (see the module doc); ``cache=False``: a fresh copy, not kept.
 
     Example:
         >>> import torch
@@ -169,7 +172,7 @@ def cast_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         >>> cast_parameter(w, torch.float16) is cast_parameter(w, torch.float16)
         True
     """
-    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+    if not cache or torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
         return param.to(dtype)
     grad_mode = torch.is_grad_enabled()
     entry = _CACHE.get(param)
@@ -209,11 +212,16 @@ class CastParametersOnUse:
     def before(self, module: nn.Module, args: Any) -> None:
         params = module._parameters
         swapped = []
+        # A module FSDP2 manages holds, during its forward, the unsharded parameters
+        # FSDP all-gathered (fp32 when its policy has no param_dtype) and frees after
+        # it: a copy kept past this forward would keep alive a whole layer FSDP has
+        # just freed, and its optimizer steps the shards, never these tensors.
+        cache = not getattr(module, "_is_fsdp_managed_module", False)
         for name, p in params.items():
             if p is not None and p.dtype is torch.float32:
                 # Straight into the dict: the copy is not an nn.Parameter, and
                 # Module.__setattr__ would refuse it.
-                params[name] = cast_parameter(p, self.dtype)
+                params[name] = cast_parameter(p, self.dtype, cache=cache)
                 swapped.append((name, p))
         _swaps.stack.append((module, swapped))
 
