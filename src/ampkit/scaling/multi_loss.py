@@ -393,7 +393,7 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     if stashed:
         earlier_inf = torch.zeros((), dtype=torch.float32, device=found_inf.device)
         unscale_grads_(stashed, None, earlier_inf)
-        skip = found_inf + agree_on_overflow_(earlier_inf, scaler._process_group)
+        skip = found_inf + agree_on_overflow_(earlier_inf, scaler._process_group, stashed)
     for opt in opts:
         _put_grads_back(opt, _pending.pop(opt).stash, add=True)
     scaler.update()
