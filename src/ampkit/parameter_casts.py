@@ -23,12 +23,13 @@ parameter's value rounded:
 A copy is dropped when any ``torch.optim.Optimizer`` steps the parameter (a global
 step post-hook), so nothing is held between steps. A parameter no torch optimizer steps
 (a hand-written update loop, a frozen or inference-only model) is cast once per forward
-pass, as native autocast does: only an optimizer's step is a sure sign of its change. A copy made under ``no_grad`` has
-no autograd history and is never used by a forward that builds a graph; under
-``inference_mode`` nothing is cached. Under ``torch.compile`` nothing is cached either:
-the graph casts the weights itself. Nor in modules FSDP2 manages: their parameters in a
-forward are the unsharded ones FSDP frees after it (and with :mod:`ampkit.fsdp`'s
-policy they arrive in low precision already, leaving nothing to cast).
+pass, as native autocast does: only an optimizer's step is a sure sign of its change.
+A copy made under ``no_grad`` has no autograd history and is never used by a forward
+that builds a graph; under ``inference_mode`` nothing is cached. Under
+``torch.compile`` nothing is cached either: the graph casts the weights itself. Nor in
+modules FSDP2 manages: their parameters in a forward are the unsharded ones FSDP frees
+after it (and with :mod:`ampkit.fsdp`'s policy they arrive in low precision already,
+leaving nothing to cast).
 
 Limit: an in-place edit through ``param.data`` between two micro-batches of the same
 optimizer step is not seen (``.data`` has its own version counter) until the next step;
