@@ -262,3 +262,9 @@ def test_control_torch_scaler_lets_ranks_drift(rank_results: list[dict[str, Any]
     assert rank1[grad_step]["skipped"] and not rank0[grad_step]["skipped"]
     assert not all(torch.equal(x, y) for x, y in zip(rank0[-1]["params"],
                                                      rank1[-1]["params"]))
+
+
+def test_process_group_must_be_a_process_group() -> None:
+    with pytest.raises(TypeError, match=r"process_group must be None .* or a "
+                                        r"torch\.distributed\.ProcessGroup, got str"):
+        GradScaler("cpu", process_group="world")

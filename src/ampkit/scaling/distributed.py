@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["agree_on_overflow_", "is_distributed", "overflow_groups"]
+__all__ = ["agree_on_overflow_", "check_process_group", "is_distributed", "overflow_groups"]
 
 
 def is_distributed(process_group: Any = None) -> bool:
@@ -54,6 +54,26 @@ def is_distributed(process_group: Any = None) -> bool:
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return False
     return torch.distributed.get_world_size(process_group) > 1
+
+
+def check_process_group(value: Any, argument: str = "process_group") -> Any:
+    """``value`` when it is ``None`` or a ``torch.distributed.ProcessGroup``; a
+    ``TypeError`` naming ``argument`` otherwise.
+
+    Example:
+        >>> from ampkit.scaling.distributed import check_process_group
+        >>> check_process_group(None) is None
+        True
+        >>> check_process_group("world")
+        Traceback (most recent call last):
+        ...
+        TypeError: process_group must be None (the ranks that share the parameters) or a ...
+    """
+    if value is None or (torch.distributed.is_available()
+                         and isinstance(value, torch.distributed.ProcessGroup)):
+        return value
+    raise TypeError(f"{argument} must be None (the ranks that share the parameters) or a "
+                    f"torch.distributed.ProcessGroup, got {type(value).__name__}")
 
 
 def overflow_groups(grads: Iterable[torch.Tensor | None]) -> list[Any]:

@@ -61,7 +61,7 @@ from typing import Any, overload
 
 import torch
 
-from ampkit.scaling.distributed import agree_on_overflow_
+from ampkit.scaling.distributed import agree_on_overflow_, check_process_group
 from ampkit.scaling.overflow import unscale_grads_
 from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
 
@@ -178,7 +178,7 @@ class GradScaler:
                           "available; disabling it. Pass device='cpu' (or None) to scale "
                           "on CPU.", stacklevel=2)
             self._enabled = False
-        self._process_group = process_group
+        self._process_group = check_process_group(process_group)
         # Counters as plain ints until the scale tensor exists (lazily, on the loss's device).
         self._init_growth_tracker = 0
         self._init_overflow_tracker = 0
