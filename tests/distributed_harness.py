@@ -59,7 +59,7 @@ def _entry(rank: int, worker: Callable[..., Any], out_dir: str, collective_timeo
 
 
 def run_ranks(out_dir: Path, worker: Callable[..., Any], *args: Any, timeout: float = 120.0,
-              collective_timeout: float = 20.0) -> list[Any]:
+              collective_timeout: float = 30.0) -> list[Any]:
     """Run ``worker(rank, *args)`` on ``WORLD`` gloo ranks; return each rank's result
     (anything ``torch.save`` takes). ``worker`` must be a module-level function of a
     test module (the children import it)."""

@@ -201,8 +201,8 @@ def _worker(rank: int, out_dir: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("gloo")
-    # A collective that another rank never joins fails after 10 s, not 30 minutes.
-    return run_ranks(out, _worker, str(out), collective_timeout=10.0)
+    # A collective that another rank never joins fails after 15 s, not 30 minutes.
+    return run_ranks(out, _worker, str(out), collective_timeout=15.0)
 
 
 def _assert_ranks_agree(runs: list[list[dict[str, Any]]], plan: list[str | None]) -> None:
@@ -244,7 +244,7 @@ def test_a_side_model_on_one_rank_does_not_wait_for_the_others(
     assert "error" not in side, side.get("error")  # e.g. a timed-out all-reduce
     assert [s["skipped"] for s in side["history"]] == [p is not None for p in SIDE_PLAN]
     assert side["collectives"] == 0
-    assert side["seconds"] < 5.0  # the collective timeout is 10 s
+    assert side["seconds"] < 5.0  # the collective timeout is 15 s
 
 
 def test_fsdp2_shards_are_unscaled_in_place(rank_results: list[dict[str, Any]]) -> None:
