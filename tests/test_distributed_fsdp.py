@@ -269,19 +269,27 @@ def test_recipe_refuses_what_it_cannot_shard(one_rank: Any) -> None:
         ampkit.fsdp.fully_shard(model, mesh=one_rank)
 
 
-def test_recipe_puts_kept_norms_in_fp32_groups(one_rank: Any) -> None:
+@pytest.mark.parametrize(("level", "low", "norm"), [
+    ("O2", BF16, torch.float32),  # norms kept fp32: groups of their own
+    ("O3", BF16, BF16),  # nothing kept
+    ("O1", torch.float32, torch.float32)])  # fp32 all-gathers; autocast casts per op
+def test_recipe_puts_kept_norms_in_fp32_groups(one_rank: Any, level: str,
+                                               low: torch.dtype, norm: torch.dtype) -> None:
     import ampkit.fsdp
 
     block = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 4), nn.LayerNorm(4))
     model = nn.Sequential(block, nn.LayerNorm(4), nn.Linear(4, 2))
-    model = ampkit.initialize(model, level="O2", dtype=BF16)
+    model = ampkit.initialize(model, level=level, dtype=BF16)
+    stored = {n: p.dtype for n, p in model.named_parameters()}
     ampkit.fsdp.fully_shard(model, blocks=["0"], mesh=one_rank)
+    assert {n: p.dtype for n, p in model.named_parameters()} == stored  # shards keep them
     gathered: dict[str, torch.dtype] = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear | nn.LayerNorm):
             module.register_forward_pre_hook(
                 lambda m, a, name=name: gathered.__setitem__(name, m.weight.dtype))
     model(torch.rand(3, 4)).sum().backward()
-    assert gathered == {"0.0": BF16, "0.1": torch.float32, "0.2": BF16,
-                        "0.3": torch.float32, "1": torch.float32, "2": BF16}
-    assert all(p.grad.dtype is torch.float32 for p in model.parameters())
+    assert gathered == {"0.0": low, "0.1": norm, "0.2": low, "0.3": norm, "1": norm,
+                        "2": low}
+    # gradients land in the shards' own dtype: fp32 at O1/O2, the stored one at O3
+    assert all(p.grad.dtype is p.dtype for p in model.parameters())
