@@ -201,7 +201,7 @@ def live_training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
                           ) -> Iterator[torch.Tensor]:
     """Every tensor a training run keeps between steps: parameters, their gradients,
     buffers, the optimizer's parameters (fp32 masters) and state."""
-    for p in [*model.parameters(), *ampkit.master_params(optimizer)]:
+    for p in model.parameters():
         yield p
         if p.grad is not None:
             yield p.grad

@@ -124,9 +124,9 @@ def test_mirror_policy_really_intercepts() -> None:
 
     original = autocast_mode._PolicyMode._apply
 
-    def spy(self: Any, rule: str, func: Any, args: Any, kwargs: Any) -> Any:
-        calls.append(rule)
-        return original(self, rule, func, args, kwargs)
+    def spy(self: Any, spec: Any, func: Any, args: Any, kwargs: Any) -> Any:
+        calls.append(spec[0])  # (rule, dtype positions, inplace position)
+        return original(self, spec, func, args, kwargs)
 
     autocast_mode._PolicyMode._apply = spy  # type: ignore[method-assign]
     try:

@@ -46,7 +46,7 @@ def test_cast_traffic_reports_each_mode_and_o2_below_native_when_accumulating(ca
     assert rows["native"][3] == "1.00x"
     ratio = float(rows["O2"][3].rstrip("x"))
     assert 0 < ratio < 1, out
-    assert re.search(r"O2: .*_foreach_copy_ \d+", out), out  # the --by-op breakdown
+    assert re.search(r"O2: .*_to_copy \d+", out), out  # the --by-op breakdown
 
 
 def test_cast_traffic_refuses_a_non_positive_accumulate(capsys):

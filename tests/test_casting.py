@@ -98,7 +98,9 @@ def test_weight_cache_only_caches_leaf_fp32_weights() -> None:
     act = torch.ones(2)  # no grad: an activation, never cached
     assert cache.cast(act, BF16) is not cache.cast(act, BF16)
     assert cache.cast(w, BF16) is cache.cast(w, BF16)
-    assert cache.cast(w, F16).dtype == F16  # another dtype: another cast
-    assert len(cache) == 1
+    half = cache.cast(w, F16)
+    assert half.dtype == F16  # another dtype: another cast, kept beside the first
+    assert cache.cast(w, BF16).dtype == BF16 and cache.cast(w, F16) is half
+    assert len(cache) == 2
     cache.clear()
     assert len(cache) == 0

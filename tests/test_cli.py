@@ -1,61 +1,437 @@
-"""The ``ampkit`` command line: parsing, and every bad-input error of ``ampkit demo``.
+"""The ``ampkit`` command line: ``compare`` and ``tune`` on a user's package, parsing,
+and every bad input (one line on stderr, exit status 2, no traceback).
 
-Errors are checked in a real subprocess (``python -m ampkit`` and the ``ampkit``
-console script), because "no traceback" only means something there.
+Most cases run ``main`` in this process, where an exception that escaped would fail
+the test as surely as a traceback would show in a shell; a few run the ``ampkit``
+console script and ``python -m ampkit`` in a real subprocess.
 """
 
+from __future__ import annotations
+
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from helpers_models import console_script
 
 import ampkit
+from ampkit.policy import Policy
 from ampkit.tools.cli import build_parser, main
 
+# A user's own package, as it would sit next to the command: a model factory, its
+# inputs, a metric and a loss; and references of every wrong kind.
+_MODELS = '''
+import torch
 
-def _run(*args: str, env: dict[str, str] | None = None,
-         script: bool = False) -> subprocess.CompletedProcess[str]:
-    command = [console_script() or "ampkit"] if script else [
-        sys.executable, "-m", "ampkit"]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120,
-                          env=full_env)
+# raw features with a large offset: LayerNorm cancels it, and loses it in bf16
+X = 100 + torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("option,value,choices", [
-    ("--levels", "O4", "fp32, O0, O1, O2, O3; case does not matter"),
-    ("--levels", "fp32,O2,fast", "fp32, O0, O1, O2, O3; case does not matter"),
-    ("--dtypes", "fp8", "bf16|bfloat16, fp16|float16|half; case does not matter"),
-    ("--dtypes", "bf16,fp32", "bf16|bfloat16, fp16|float16|half; case does not matter"),
-    ("--device", "tpu", "auto, cpu, cuda, cuda:<index>"),
+def build():
+    return torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+
+
+built = build()
+
+
+def batch():
+    return (X,)
+
+
+def one_tensor():
+    return X
+
+
+def score(model):
+    with torch.no_grad():
+        return model(X).float().pow(2).mean()
+
+
+def loss(output):
+    return output.float().pow(2).mean()
+
+
+def not_a_model():
+    return "a string"
+
+
+def no_floats():
+    return torch.nn.ReLU()
+
+
+class Nested:
+    build = staticmethod(build)
+
+
+NUMBER = 3
+'''
+
+
+@pytest.fixture(scope="module")
+def user_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("user")
+    package = root / "userpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(textwrap.dedent(_MODELS))
+    (package / "broken.py").write_text("import a_dependency_that_is_not_installed\n")
+    return root
+
+
+@pytest.fixture
+def in_user_dir(user_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The current folder is the user's; sys.path is restored afterwards."""
+    monkeypatch.chdir(user_dir)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    return user_dir
+
+
+def _status(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exit_info:
+        return int(exit_info.code or 0)
+
+
+def _bad_input(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``ampkit argv``; check it is a one-line error with status 2; return it."""
+    status = _status(argv)
+    out, err = capsys.readouterr()
+    assert status == 2, (out, err)
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"ampkit {argv[0]}: error: ")
+    return lines[0]
+
+
+def _subprocess(*args: str, cwd: Path | None = None,
+                script: bool = False) -> subprocess.CompletedProcess[str]:
+    command = [console_script() or "ampkit"] if script else [sys.executable, "-m", "ampkit"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+# -- compare and tune on the user's model -------------------------------------------------
+
+def test_tune_writes_a_policy_that_loads_and_compare_reads_it_back(
+        user_dir: Path, tmp_path: Path) -> None:
+    # The console script (not python -m): the user's package is found only because the
+    # CLI puts the current folder on sys.path.
+    policy_path = tmp_path / "tuned.json"
+    tuned = _subprocess("tune", "userpkg.models:build", "--eval", "userpkg.models:score",
+                        "--relative", "--tolerance", "0.005", "--out", str(policy_path),
+                        cwd=user_dir, script=True)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "Traceback" not in tuned.stderr
+    trials = [line for line in tuned.stdout.splitlines() if line.startswith("trial ")]
+    assert len(trials) == 2, tuned.stdout
+    assert trials[0].endswith("; moving layer_norm to float32")
+    assert "float32 ops: layer_norm" in trials[1]
+    # progress bar: the trials, on stderr
+    assert "trial 1: metric" in tuned.stderr
+    # the written policy, loaded by path (ampkit.autocast(policy=PATH) is issue 25's)
+    policy = Policy.load(policy_path)
+    assert sorted(policy.fp32_ops) == ["layer_norm"]
+    assert policy.dtype == torch.bfloat16 and policy.unlisted == "lower"
+    net = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    with ampkit.autocast("cpu", policy=policy):
+        normed = net[0](100 + torch.randn(2, 32))
+        assert normed.dtype == torch.float32
+        assert net[1](normed).dtype == torch.bfloat16
+
+    out = tmp_path / "report"
+    compared = _subprocess("compare", "userpkg.models:build", "--inputs",
+                           "userpkg.models:batch", "--precision", str(policy_path),
+                           "--loss-fn", "userpkg.models:loss", "--out", str(out),
+                           cwd=user_dir, script=True)
+    assert compared.returncode == 0, compared.stderr
+    assert compared.stdout.startswith(
+        "ampkit.compare: policy 'tuned' (torch.bfloat16) against float32\n")
+    data = json.loads((out / "compare.json").read_text())
+    # layer_norm ran in float32 under the tuned policy: it added no error
+    layer_norm = [r for r in data["ops"] if r["op"] == "layer_norm"]
+    assert [r["dtype"] for r in layer_norm] == ["torch.float32"]
+    assert layer_norm[0]["added"] == 0.0
+    assert data["ranked_ops"][0]["name"] == "linear"
+    assert [g["parameter"] for g in data["grads"]] == ["0.weight", "0.bias", "1.weight",
+                                                       "1.bias"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "compare.html", "compare.json", "error_per_layer.png", "op_error_histogram.png"]
+
+
+def test_compare_prints_the_table_and_writes_the_report(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cmp"
+    status = _status(["compare", "userpkg.models:Nested.build", "--inputs",
+                      "userpkg.models:one_tensor", "--precision", "o1", "--dtype", "BF16",
+                      "--custom-white-list", "layer_norm", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0
+    lines = printed.splitlines()
+    assert lines[0] == "ampkit.compare: O1 (torch.bfloat16) against float32"
+    assert lines[1].startswith("divergence starts: module '0' (LayerNorm)")
+    ranked = lines[lines.index("ops ranked by error added") + 2].split()
+    assert ranked[0] == "layer_norm"
+    assert f"Report: {out / 'compare.html'}" in printed
+    page = (out / "compare.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 2
+    assert json.loads((out / "compare.json").read_text())["divergence"]["module"] == "0"
+
+
+def test_compare_refuses_an_out_holding_its_files_and_keeps_other_files(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "compare.html").write_text("mine")
+    (out / "notes.txt").write_text("mine too")
+    argv = ["compare", "userpkg.models:built", "--inputs", "userpkg.models:batch",
+            "--out", str(out)]
+    line = _bad_input(argv, capsys)
+    assert line == (f"ampkit compare: error: cannot write the report to '{out}': it already "
+                    f"holds compare.html; pass --overwrite to replace it, or choose another "
+                    f"--out")
+    assert (out / "compare.html").read_text() == "mine"
+    assert _status([*argv, "--overwrite"]) == 0
+    assert (out / "compare.html").read_text().startswith("<!doctype html>")
+    assert (out / "notes.txt").read_text() == "mine too"
+
+
+def test_tune_without_target_keeps_the_demo_behaviour(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "policy.json"
+    status = _status(["tune", "--budget", "1", "--tolerance", "1", "--quiet",
+                      "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0
+    assert printed.startswith("float32 test accuracy ")
+    assert "(450 held-out digits, 1 epoch(s) of training); tolerance: a drop of at most " \
+           "100.00 points" in printed
+    assert Policy.load(out).unlisted == "lower"
+
+
+def test_tune_outside_the_tolerance_exits_3_and_still_writes(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "policy.json"
+    status = _status(["tune", "userpkg.models:build", "--eval", "userpkg.models:score",
+                      "--tolerance", "0", "--budget", "1", "--quiet", "--out", str(out)])
+    assert status == 3
+    assert "NOT within tolerance (budget exhausted)" in capsys.readouterr().out
+    assert Policy.load(out).name == "tuned"
+
+
+def test_tune_refuses_to_replace_a_file_without_overwrite(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "policy.json"
+    out.write_text("my notes")
+    argv = ["tune", "userpkg.models:build", "--eval", "userpkg.models:score", "--quiet",
+            "--out", str(out)]
+    assert _bad_input(argv, capsys) == (
+        f"ampkit tune: error: cannot write the policy to '{out}': it already exists: "
+        f"pass --overwrite to replace it")
+    assert out.read_text() == "my notes"
+    assert _status([*argv, "--overwrite"]) == 0
+    assert Policy.load(out).name == "tuned"
+
+
+# -- bad input: one line, status 2 ----------------------------------------------------------
+
+_TARGET_ERRORS = [
+    (["userpkg.nowhere:build"],
+     "TARGET 'userpkg.nowhere:build': cannot import 'userpkg.nowhere' (from {cwd} or "
+     "sys.path): ModuleNotFoundError: No module named 'userpkg.nowhere'"),
+    (["userpkg.broken:build"],
+     "TARGET 'userpkg.broken:build': cannot import 'userpkg.broken' (from {cwd} or "
+     "sys.path): ModuleNotFoundError: No module named 'a_dependency_that_is_not_installed'"),
+    (["userpkg.models:buildd"],
+     "TARGET 'userpkg.models:buildd': 'userpkg.models' has no attribute 'buildd'"),
+    (["userpkg.models:Nested.missing"],
+     "TARGET 'userpkg.models:Nested.missing': 'userpkg.models.Nested' has no attribute "
+     "'missing'"),
+    (["userpkg.models"],
+     "TARGET must be package.module:attribute (e.g. mypkg.models:build_model), got "
+     "'userpkg.models'"),
+    (["userpkg.models:NUMBER"],
+     "TARGET 'userpkg.models:NUMBER' is an int: it must be an nn.Module or a callable "
+     "returning one"),
+    (["userpkg.models:not_a_model"],
+     "TARGET 'userpkg.models:not_a_model' returned a str: it must return an nn.Module"),
+    (["userpkg.models:no_floats"],
+     "TARGET 'userpkg.models:no_floats': the model has no floating-point parameters: "
+     "there is nothing to run in low precision"),
+]
+
+
+@pytest.mark.parametrize("target,message", _TARGET_ERRORS,
+                         ids=[t[0][0].split(":")[-1] for t in _TARGET_ERRORS])
+@pytest.mark.parametrize("command", ["compare", "tune"])
+def test_a_bad_target_is_a_one_line_error(
+        command: str, target: list[str], message: str, in_user_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    extra = (["--inputs", "userpkg.models:batch"] if command == "compare"
+             else ["--eval", "userpkg.models:score"])
+    out = tmp_path / "out"
+    line = _bad_input([command, *target, *extra, "--out", str(out)], capsys)
+    assert line == f"ampkit {command}: error: " + message.format(cwd=in_user_dir)
+    assert not out.exists() or not any(out.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["compare", "userpkg.models:build", "--inputs", "userpkg.models:NUMBER"],
+     "--inputs 'userpkg.models:NUMBER' is an int, not a callable"),
+    (["compare", "userpkg.models:build", "--inputs", "userpkg.models:batch", "--loss-fn",
+      "userpkg.models:X"], "--loss-fn 'userpkg.models:X' is a Tensor, not a callable"),
+    (["tune", "userpkg.models:build", "--eval", "userpkg.models:NUMBER"],
+     "--eval 'userpkg.models:NUMBER' is an int, not a callable"),
+    (["tune", "userpkg.models:build", "--eval", "nowhere_at_all:f"],
+     "--eval 'nowhere_at_all:f': cannot import 'nowhere_at_all' (from {cwd} or sys.path): "
+     "ModuleNotFoundError: No module named 'nowhere_at_all'"),
+    (["tune", "userpkg.models:build"],
+     "TARGET 'userpkg.models:build' needs --eval FN: eval_fn(model) -> number, as "
+     "package.module:attribute"),
+    (["tune", "--eval", "userpkg.models:score"],
+     "--eval needs a TARGET (the model it evaluates)"),
+    (["tune", "userpkg.models:build", "--eval", "userpkg.models:score", "--epochs", "2"],
+     "--epochs trains the demo's CNN, and applies only without TARGET (train your model "
+     "before tune sees it)"),
 ])
-def test_unknown_choice_is_an_argparse_error_listing_the_choices(
-        option: str, value: str, choices: str, tmp_path: Path) -> None:
-    result = _run("demo", option, value, "--out", str(tmp_path / "r"))
+def test_a_bad_function_or_combination_is_a_one_line_error(
+        argv: list[str], message: str, in_user_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / ("out.json" if argv[0] == "tune" else "out")
+    line = _bad_input([*argv, "--out", str(out)], capsys)
+    assert line == f"ampkit {argv[0]}: error: " + message.format(cwd=in_user_dir)
+    assert not out.exists()
+
+
+_USER = ["userpkg.models:build", "--eval", "userpkg.models:score"]
+_COMPARE = ["userpkg.models:build", "--inputs", "userpkg.models:batch"]
+
+
+@pytest.mark.parametrize("command,args", [
+    ("demo", []), ("tune", []), ("tune", _USER), ("compare", _COMPARE)])
+@pytest.mark.parametrize("seed", ["4294967296", "-5", "1.5"])
+def test_a_seed_outside_32_bits_is_a_one_line_error(
+        command: str, args: list[str], seed: str, in_user_dir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    line = _bad_input([command, *args, "--seed", seed], capsys)
+    assert line == (f"ampkit {command}: error: argument --seed: must be an integer from 0 to "
+                    f"4294967295 (2**32 - 1), got '{seed}' (see: ampkit {command} --help)")
+
+
+@pytest.mark.parametrize("command,args", [
+    ("demo", []), ("tune", []), ("tune", _USER), ("compare", _COMPARE)])
+@pytest.mark.parametrize("out", ["", "  "])
+def test_an_empty_out_is_a_one_line_error(
+        command: str, args: list[str], out: str, in_user_dir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = sorted(os.listdir(in_user_dir))
+    line = _bad_input([command, *args, "--out", out], capsys)
+    assert line == (f"ampkit {command}: error: argument --out: must name a file or folder; "
+                    f"an empty name would write into the current folder (see: ampkit "
+                    f"{command} --help)")
+    assert sorted(os.listdir(in_user_dir)) == before
+
+
+@pytest.mark.parametrize("command,args,out,what", [
+    ("demo", [], "/proc/ampkit-report", "report"),
+    ("compare", _COMPARE, "/proc/ampkit-report", "report"),
+    ("tune", [], "/proc/tuned.json", "policy"),
+    ("tune", _USER, "/proc/tuned.json", "policy"),
+])
+def test_an_unwritable_out_is_a_one_line_error(
+        command: str, args: list[str], out: str, what: str, in_user_dir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # /proc refuses new files to everyone, root included (a chmod-ed folder would not
+    # stop root, who runs CI here).
+    line = _bad_input([command, *args, "--out", out], capsys)
+    assert line.startswith(f"ampkit {command}: error: cannot write the {what} to '{out}': ")
+
+
+def test_an_out_under_a_file_is_a_one_line_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    line = _bad_input(["demo", "--out", str(blocker / "report")], capsys)
+    assert line == (f"ampkit demo: error: cannot write the report to "
+                    f"'{blocker / 'report'}': Not a directory")
+    assert blocker.read_text() == "not a folder"
+    line = _bad_input(["demo", "--out", str(blocker)], capsys)
+    assert line == (f"ampkit demo: error: cannot write the report to '{blocker}': a file "
+                    f"of that name exists, and the report needs a folder")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["demo", "--levels", "O4"],
+     "argument --levels: invalid choice: 'O4' (choose from fp32, O0, O1, O2, O3; case does "
+     "not matter)"),
+    (["demo", "--levels", "fp32,O2,fast"],
+     "argument --levels: invalid choice: 'fast' (choose from fp32, O0, O1, O2, O3; case "
+     "does not matter)"),
+    (["demo", "--dtypes", "bf16,fp32"],
+     "argument --dtypes: invalid choice: 'fp32' (choose from bf16|bfloat16, "
+     "fp16|float16|half; case does not matter)"),
+    (["demo", "--device", "tpu"],
+     "argument --device: invalid choice: 'tpu' (choose from auto, cpu, cuda, cuda:<index>)"),
+    (["demo", "--epochs", "0"], "argument --epochs: must be a positive integer, got '0'"),
+    (["demo", "--threads", "two"], "argument --threads: must be a positive integer, got 'two'"),
+    (["tune", "--dtype", "fp32"],
+     "argument --dtype: invalid choice: 'fp32' (choose from bf16|bfloat16, fp16|float16|half;"
+     " case does not matter)"),
+    (["tune", "--tolerance", "nan"],
+     "argument --tolerance: must be a finite number >= 0, got 'nan'"),
+    (["tune", "--start", "fast"],
+     "argument --start: invalid choice: 'fast' (choose from torch, conservative, "
+     "torch-cpu-legacy, paddle-O1, paddle-OD, paddle-O2, paddle-O2-no-promote, "
+     "mxnet-float16, mxnet-bfloat16, apex-O1)"),
+    (["compare", "m:f", "--inputs", "m:g", "--custom-black-list", "softmx"],
+     "argument --custom-black-list: unknown op name 'softmx': not a canonical PyTorch op "
+     "name; did you mean 'softmax', 'softmin', 'log_softmax'?"),
+    (["compare", "m:f", "--inputs", "m:g", "--precision", "O5"],
+     "argument --precision: invalid choice: 'O5' (choose from a level, O1, O2, O3; a preset, "
+     "torch, conservative, torch-cpu-legacy, paddle-O1, paddle-OD, paddle-O2, "
+     "paddle-O2-no-promote, mxnet-float16, mxnet-bfloat16, apex-O1; or a policy file such as ampkit "
+     "tune writes)"),
+    (["compare", "m:f"], "the following arguments are required: --inputs"),
+])
+def test_a_bad_option_is_a_one_line_error_listing_the_choices(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _bad_input(argv, capsys)
+    assert line == f"ampkit {argv[0]}: error: {message} (see: ampkit {argv[0]} --help)"
+
+
+def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _status([]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "ampkit: error: the following arguments are required: {demo,compare,tune} "
+        "(see: ampkit --help)"]
+
+
+@pytest.mark.parametrize("argv", [["demo", "--seed", "4294967296"], ["tune", "--seed", "-5"],
+                                  ["compare", "nowhere:f", "--inputs", "nowhere:g"]])
+def test_a_real_process_reports_bad_input_without_a_traceback(
+        argv: list[str], tmp_path: Path) -> None:
+    result = _subprocess(*argv, cwd=tmp_path)
     assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    bad = value.split(",")[-1]
-    assert (f"ampkit demo: error: argument {option}: invalid choice: {bad!r} "
-            f"(choose from {choices})") in result.stderr
-    assert result.stderr.startswith("usage: ampkit demo")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"ampkit {argv[0]}: error: ")
     assert result.stdout == ""
-    assert not (tmp_path / "r").exists()
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_console_script_reports_a_bad_level_the_same_way() -> None:
-    result = _run("demo", "--levels", "O9", script=True)
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert "invalid choice: 'O9' (choose from fp32, O0, O1, O2, O3" in result.stderr
-
+# -- the machine: status 1 --------------------------------------------------------------------
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
 def test_cuda_without_a_gpu_is_a_one_line_error(device: str, tmp_path: Path) -> None:
-    result = _run("demo", "--device", device, "--out", str(tmp_path / "r"),
-                  env={"CUDA_VISIBLE_DEVICES": ""})
+    result = _subprocess("demo", "--device", device, "--out", str(tmp_path / "r"),
+                         script=True) if not torch.cuda.is_available() else None
+    if result is None:
+        pytest.skip("this machine has a CUDA GPU")
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
@@ -64,77 +440,33 @@ def test_cuda_without_a_gpu_is_a_one_line_error(device: str, tmp_path: Path) -> 
     assert result.stdout == ""
 
 
-def test_output_under_a_file_is_a_one_line_error_before_training(tmp_path: Path) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
-    result = _run("demo", "--out", str(blocker / "report"))
-    assert result.returncode == 1
-    assert result.stderr.splitlines() == [
-        f"ampkit demo: error: cannot write the report to '{blocker / 'report'}': "
-        f"Not a directory"]
-    assert result.stdout == ""  # no table: nothing was trained
-    assert blocker.read_text() == "not a folder"
+# -- parsing --------------------------------------------------------------------------------
 
-
-def test_output_that_is_a_file_is_a_one_line_error(tmp_path: Path) -> None:
-    target = tmp_path / "report.html"
-    target.write_text("x")
-    result = _run("demo", "--out", str(target))
-    assert result.returncode == 1
-    assert result.stderr.splitlines() == [
-        f"ampkit demo: error: cannot write the report to '{target}': a file of that name "
-        f"exists, and the report needs a folder"]
-
-
-def test_unwritable_output_folder_is_a_one_line_error() -> None:
-    # /proc refuses new folders to everyone, root included (a chmod-ed folder would not
-    # stop root, who runs CI here).
-    result = _run("demo", "--out", "/proc/ampkit-report")
-    assert result.returncode == 1
-    assert len(result.stderr.splitlines()) == 1
-    assert "cannot write the report to '/proc/ampkit-report'" in result.stderr
-
-
-@pytest.mark.parametrize("option,value,message", [
-    ("--epochs", "0", "argument --epochs: must be a positive integer, got '0'"),
-    ("--epochs", "two", "argument --epochs: must be a positive integer, got 'two'"),
-    ("--seed", "-1", "argument --seed: must be a non-negative integer, got '-1'"),
-    ("--threads", "0", "argument --threads: must be a positive integer, got '0'"),
-])
-def test_bad_numbers_are_argparse_errors(option: str, value: str, message: str,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main(["demo", f"{option}={value}"])
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
-
-
-def test_version_names_ampkit_and_torch() -> None:
-    import torch
-
-    result = _run("--version")
-    assert result.returncode == 0
-    assert result.stdout.strip() == f"ampkit {ampkit.__version__} (torch {torch.__version__})"
-
-
-def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        main([])
-    assert exit_info.value.code == 2
-    assert "demo" in capsys.readouterr().err
+def test_version_names_ampkit_and_torch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _status(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == (f"ampkit {ampkit.__version__} "
+                                               f"(torch {torch.__version__})")
 
 
 def test_defaults_and_list_parsing() -> None:
     parser = build_parser()
     args = parser.parse_args(["demo"])
     assert (args.epochs, args.device, args.levels, args.dtypes, args.seed, args.out,
-            args.threads, args.quiet) == (5, "auto", None, None, 0, "ampkit-report", 1, False)
+            args.threads, args.quiet, args.overwrite) == (
+        5, "auto", None, None, 0, "ampkit-report", 1, False, False)
     args = parser.parse_args(["demo", "--levels", "o1,FP32", "--levels", "O3",
-                              "--dtypes", "BF16", "--quiet", "--device", "cuda:1"])
+                              "--dtypes", "BF16", "--quiet", "--device", "cuda:1",
+                              "--seed", "4294967295"])
     assert args.levels == ["O1", "fp32", "O3"]
     assert args.dtypes == ["bf16"]
     assert args.quiet is True
     assert args.device == "cuda:1"  # a valid name; whether it exists is checked later
+    assert args.seed == 2**32 - 1
+    tune = parser.parse_args(["tune"])
+    assert (tune.target, tune.eval, tune.tolerance, tune.higher_is_better, tune.epochs,
+            tune.out) == (None, None, None, None, None, "tuned-policy.json")
+    tune = parser.parse_args(["tune", "a:b", "--eval", "a:c", "--lower-is-better"])
+    assert tune.higher_is_better is False
 
 
 @pytest.mark.parametrize("spelling,dtype", [
@@ -143,7 +475,12 @@ def test_defaults_and_list_parsing() -> None:
     ("FLOAT16", "fp16"),
 ])
 def test_dtypes_accept_torchs_names_in_any_case(spelling: str, dtype: str) -> None:
-    assert build_parser().parse_args(["demo", "--dtypes", spelling]).dtypes == [dtype]
+    parser = build_parser()
+    assert parser.parse_args(["demo", "--dtypes", spelling]).dtypes == [dtype]
+    expected = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    assert parser.parse_args(["tune", "--dtype", spelling]).dtype == expected
+    assert parser.parse_args(["compare", "a:b", "--inputs", "a:c", "--dtype",
+                              spelling]).dtype == expected
 
 
 @pytest.mark.parametrize("spelling,level", [

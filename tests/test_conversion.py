@@ -23,12 +23,13 @@ from ampkit.conversion import (
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 NORMS = (nn.BatchNorm2d, nn.LayerNorm)
 
-# What the level table says, per kind of tensor: (norm modules, other modules, output).
-# O1's output is "as computed": the last op is a Linear, which autocast runs in bf16.
+# What the level table says is *stored*, per kind of tensor: (norm modules, other
+# modules, output). O1's output is "as computed": the last op is a Linear, which
+# autocast runs in bf16. O2 stores the fp32 truth and computes with copies made on use.
 EXPECTED = {
     "O0": (FP32, FP32, FP32),
     "O1": (FP32, FP32, BF16),
-    "O2": (FP32, BF16, FP32),
+    "O2": (FP32, FP32, FP32),
     "O3": (BF16, BF16, FP32),
 }
 
@@ -54,9 +55,12 @@ def test_every_parameter_buffer_and_output_dtype_matches_the_level_table(level, 
     assert model(_inputs(model)).dtype is out_dtype
 
 
-@pytest.mark.parametrize("make", [DigitsCNN, TinyTransformer])
-@pytest.mark.parametrize("level", ["O2", "O3"])
+@pytest.mark.parametrize(("level", "make"), [("O2", DigitsCNN), ("O3", DigitsCNN),
+                                             ("O3", TinyTransformer)])
 def test_every_module_receives_inputs_in_its_parameters_dtype(level, make):
+    # (At O2 TinyTransformer adds its fp32 position buffer to the embeddings, which
+    # promotes the residual stream to fp32: buffers keep their dtype. Its Linears then
+    # get fp32 inputs that autocast casts, as under native autocast.)
     model = convert_model(make(), level, BF16)
     seen = []
 
@@ -74,8 +78,11 @@ def test_every_module_receives_inputs_in_its_parameters_dtype(level, make):
     # as it is, with fp32 parameters (their kernels compute in fp32 inside; issue 10).
     low_input = {"BatchNorm2d", "LayerNorm"} if level == "O2" else set()
     assert all(got is (BF16 if name in low_input else want) for name, got, want in seen), seen
-    # gradients come back in each parameter's own dtype
+    # gradients come back in each parameter's own (stored) dtype
     assert all(p.grad.dtype is p.dtype for p in model.parameters() if p.grad is not None)
+    if level == "O2":  # the other modules computed with bf16 copies of fp32 parameters
+        assert {want for name, _, want in seen if name not in low_input} == {BF16}
+        assert {p.dtype for p in model.parameters()} == {FP32}
 
 
 def test_o1_is_native_autocast_bit_for_bit():
@@ -145,9 +152,15 @@ def test_keep_fp32_modules_by_type_name_or_instance(selector):
     model.add_module("head", nn.Linear(2, 2))
     if selector == "lambda":
         selector = model.head
+    seen = {}
+    for name in ("body", "head"):
+        getattr(model, name).register_forward_pre_hook(
+            lambda m, a, name=name: seen.__setitem__(name, m.weight.dtype))
     convert_model(model, "O2", BF16, keep_fp32_modules=[selector])
-    assert model.body.weight.dtype is BF16
-    assert model.head.weight.dtype is FP32
+    model.body(torch.rand(3, 2, 1, dtype=BF16))
+    model.head(torch.rand(3, 2))
+    assert seen == {"body": BF16, "head": FP32}  # what each computed with
+    assert model.body.weight.dtype is FP32 and model.head.weight.dtype is FP32
 
 
 def test_kept_container_keeps_everything_inside_it():
@@ -159,8 +172,16 @@ def test_kept_container_keeps_everything_inside_it():
 
 
 def test_keep_norms_off_at_o2():
-    model = convert_model(DigitsCNN(), "O2", BF16, keep_norms_fp32=False)
-    assert model.features[1].weight.dtype is BF16
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.BatchNorm1d(4))
+    convert_model(model, "O2", BF16, keep_norms_fp32=False)
+    seen = []
+    for norm in model[1:]:
+        norm.register_forward_pre_hook(lambda m, a: seen.append(m.weight.dtype))
+    assert model(torch.rand(3, 4)).dtype is FP32
+    # LayerNorm computes with bf16 copies; BatchNorm updates fp32 running statistics in
+    # place, which a bf16 copy could not hold, so it keeps its fp32 parameters.
+    assert seen == [BF16, FP32]
+    assert {p.dtype for p in model.parameters()} == {FP32}
 
 
 def test_unknown_module_name_suggests_close_ones():
@@ -236,25 +257,41 @@ def test_token_ids_are_left_alone():
 
 # -- tied weights ---------------------------------------------------------------------------
 
-def test_tied_weights_stay_one_parameter_cast_once():
+def test_tied_weights_stay_one_parameter_cast_once_per_forward():
     model = TinyTransformer()
     tied = model.embed.weight
-    before = tied.detach().clone()
+    used = []
+    for name in ("embed", "head"):
+        getattr(model, name).register_forward_pre_hook(
+            lambda m, a: used.append(m._parameters["weight"]))
+    convert_model(model, "O3", BF16)
+    assert model.head.weight is model.embed.weight is tied and tied.dtype is BF16
+    model = TinyTransformer()
+    tied, before = model.embed.weight, model.embed.weight.detach().clone()
+    for name in ("embed", "head"):
+        getattr(model, name).register_forward_pre_hook(
+            lambda m, a: used.append(m._parameters["weight"]))
+    used.clear()
     convert_model(model, "O2", BF16)
-    assert model.head.weight is model.embed.weight is tied
-    assert tied.dtype is BF16
-    assert torch.equal(tied, before.to(BF16))  # cast once from fp32, not twice
+    model(torch.randint(0, 64, (2, 5))).sum().backward()
+    assert model.head.weight is model.embed.weight is tied and tied.dtype is FP32
+    assert len(used) == 2 and used[0] is used[1]  # one bf16 copy, one autograd node
+    assert torch.equal(used[0], before.to(BF16))
     names = [n for n, _ in model.named_parameters()]
     assert names.count("embed.weight") == 1 and "head.weight" not in names
-    assert torch.equal(master_copy(tied), before)
 
 
 def test_tied_weight_asked_to_be_in_two_dtypes_is_an_error():
     model = TinyTransformer()
     with pytest.raises(ValueError, match=r"head.weight and embed.weight are one shared "
                                          r"tensor.*keep both modules in fp32"):
-        convert_model(model, "O2", BF16, keep_fp32_modules=["head"])
+        convert_model(model, "O3", BF16, keep_fp32_modules=["head"])
     assert model.embed.weight.dtype is FP32  # nothing changed
+    # At O2 nothing is stored twice: the kept head uses the fp32 truth, the embedding a
+    # bf16 copy of it.
+    convert_model(model, "O2", BF16, keep_fp32_modules=["head"])
+    assert model.embed.weight.dtype is FP32 and model(torch.randint(0, 64, (1, 3))).dtype \
+        is FP32
 
 
 def test_parameters_keep_their_identity():
@@ -339,7 +376,7 @@ def test_o2_state_dict_holds_the_exact_fp32_values_and_loads_into_fp32():
     assert state.keys() == original.keys()
     for key, value in original.items():
         assert state[key].dtype is value.dtype, key
-        assert torch.equal(state[key], value), key  # masters: no rounding lost
+        assert torch.equal(state[key], value), key  # the fp32 truth: nothing rounded
     fresh = DigitsCNN()
     fresh.load_state_dict(state)
     for key, value in original.items():
@@ -353,9 +390,7 @@ def test_fp32_state_dict_loads_into_an_o2_model_exactly():
     model.load_state_dict(source.state_dict())
     for name, p in source.named_parameters():
         target = model.get_parameter(name)
-        assert torch.equal(target, p.detach().to(target.dtype)), name
-        if target.dtype is BF16:
-            assert torch.equal(master_copy(target), p.detach()), name
+        assert target.dtype is FP32 and torch.equal(target, p.detach()), name
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                 source.state_dict().values()))
 
@@ -377,7 +412,7 @@ def test_state_dict_round_trips_through_torch_save():
     buffer.seek(0)
     loaded = torch.load(buffer)
     assert loaded["embed.weight"].dtype is FP32
-    assert torch.equal(loaded["embed.weight"], master_copy(model.embed.weight))
+    assert torch.equal(loaded["embed.weight"], model.embed.weight)
 
 
 def test_keep_vars_state_dict_gives_the_parameters_themselves():
@@ -503,8 +538,10 @@ def test_config_and_overrides_together_are_refused():
 def test_config_field_checks():
     with pytest.raises(ValueError, match="param_dtype must be None or one of"):
         ConversionConfig(param_dtype=torch.int32)
-    with pytest.raises(ValueError, match="master_weights=True copies parameters"):
-        ConversionConfig(master_weights=True)
+    with pytest.raises(ValueError, match="param_compute_dtype casts fp32 parameters"):
+        ConversionConfig(param_dtype=BF16, param_compute_dtype=BF16)
+    with pytest.raises(ValueError, match="param_compute_dtype must be None or one of"):
+        ConversionConfig(param_compute_dtype=FP32)
     with pytest.raises(TypeError, match="cast_buffers must be a bool"):
         ConversionConfig(cast_buffers=1)
     with pytest.raises(ValueError, match="policy needs compute_dtype"):

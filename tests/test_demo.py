@@ -273,6 +273,37 @@ def test_quiet_prints_only_the_table(tmp_path: Path,
     assert (tmp_path / "report.html").is_file()
 
 
+def test_the_demo_keeps_files_it_did_not_write(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report"
+    out.mkdir()
+    # a user's files, two of them of names the demo writes when it makes those plots
+    foreign = {"loss_scale.png": b"a user's plot", "pure_bf16.png": b"another one",
+               "notes.txt": b"notes"}
+    for name, data in foreign.items():
+        (out / name).write_bytes(data)
+    argv = ["demo", "--epochs", "1", "--levels", "fp32", "--pure-bf16-steps", "0",
+            "--quiet", "--out", str(out)]
+    assert main(argv) == 0
+    for name, data in foreign.items():
+        assert (out / name).read_bytes() == data, name
+    ours = ["accuracy.png", "loss_curves.png", "report.html", "results.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted([*foreign, *ours])
+    capsys.readouterr()
+    # a second run would replace files this one did not write: refused, nothing touched
+    before = {name: (out / name).read_bytes() for name in ours}
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"ampkit demo: error: cannot write the report to '{out}': it already holds "
+        f"loss_curves.png, accuracy.png, report.html, results.json; pass --overwrite to "
+        f"replace them, or choose another --out\n")
+    assert {name: (out / name).read_bytes() for name in ours} == before
+    assert main([*argv, "--overwrite"]) == 0  # replaces its own names only
+    for name, data in foreign.items():
+        assert (out / name).read_bytes() == data, name
+    assert (out / "results.json").read_bytes() != before["results.json"]  # a new run
+
+
 @pytest.mark.slow
 def test_default_epochs_give_real_accuracies_in_the_json(tmp_path: Path) -> None:
     assert main(["demo", "--quiet", "--out", str(tmp_path)]) == 0

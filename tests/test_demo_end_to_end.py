@@ -6,6 +6,7 @@ browser (Debian's chromium; ``.ci/run`` installs it; skipped without it, see the
 import io
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,8 @@ def test_writes_pngs_html_and_json_with_real_numbers(demo_run: tuple[Path, str, 
     data = json.loads((out / "results.json").read_text())
     assert data["schema_version"] == 1
     assert data["device"] == "cpu" and data["epochs"] == 1
-    assert data["device_name"].endswith("1 torch thread)")  # --threads defaults to 1
+    assert "cores, 1 torch thread; torch CPU capability " in data["device_name"]  # --threads 1
+    assert re.search(r"; native bf16: [\w, ]+; native fp16: [\w, ]+\)$", data["device_name"])
     assert sorted(data["files"]) == ["accuracy.png", "loss_curves.png", "loss_scale.png",
                                      "pure_bf16.png", "report.html", "results.json"]
     assert sorted(data["pure_bf16_curves"]) == ["fp32", "nearest", "stochastic"]

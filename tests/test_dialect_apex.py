@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import ampkit
 import ampkit.apex as amp
 from ampkit.dialects import apex as apex_module
-from ampkit.function_patching import unregister_function
+from ampkit.function_patching import CastRule, register_function, unregister_function
 from ampkit.scaling.multi_loss import configure_loss_scaling
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -24,6 +24,8 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 def _fresh_loss_scaling() -> Iterator[None]:
     yield
     configure_loss_scaling("dynamic")  # undo what amp.initialize configured
+    for handle in list(getattr(apex_module, "_active_handles", [])):  # apex's refusals
+        handle._deactivate()
 
 
 # -- the seed's example (002), on CPU -------------------------------------------------------
@@ -56,11 +58,14 @@ def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.LayerNorm(6), nn.Linear(6, 3))
 
 
-# level: first Linear, BatchNorm, LayerNorm, optimizer params, output, loss scale
+# level: first Linear, BatchNorm, LayerNorm, optimizer params, output, loss scale.
+# These are the *stored* dtypes: at O2 ampkit keeps the fp32 parameters as the truth
+# and each layer computes with fp16 copies made on use (apex showed the fp16 copies as
+# the model's parameters; docs/migration.md), see test_o2_computes_with_fp16_weights.
 OPT_LEVEL_TABLE = {
     "O0": (FP32, FP32, FP32, {FP32}, FP32, 1.0),
     "O1": (FP32, FP32, FP32, {FP32}, FP16, 65536.0),
-    "O2": (FP16, FP32, FP16, {FP32}, FP32, 65536.0),
+    "O2": (FP32, FP32, FP32, {FP32}, FP32, 65536.0),
     "O3": (FP16, FP16, FP16, {FP16}, FP32, 1.0),
 }
 
@@ -75,6 +80,19 @@ def test_opt_level_table(opt_level: str) -> None:
            {p.dtype for g in opt.param_groups for p in g["params"]}, out.dtype,
            amp.state_dict()["loss_scaler0"]["loss_scale"])
     assert got == OPT_LEVEL_TABLE[opt_level]
+
+
+def test_o2_computes_with_fp16_weights() -> None:
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt = amp.initialize(net, opt, opt_level="O2", verbosity=0)
+    seen = {}
+    for i in range(4):
+        net[i].register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(i, m.weight.dtype))
+    net(torch.rand(4, 6))
+    # apex O2: fp16 weights, BatchNorm fp32 (keep_batchnorm_fp32); LayerNorm is not a
+    # batch norm, so apex casts it to fp16 too
+    assert seen == {0: FP16, 1: FP32, 2: FP16, 3: FP16}
 
 
 def test_properties_table_is_apexs() -> None:
@@ -105,7 +123,7 @@ def test_bfloat16_on_cpu() -> None:
     net = _net()
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
     net, opt = amp.initialize(net, opt, opt_level="O2", cast_model_type=BF16, verbosity=0)
-    assert net[0].weight.dtype == BF16 and net[1].weight.dtype == FP32
+    assert net[0].weight.dtype == FP32 and net[1].weight.dtype == FP32
     with amp.scale_loss(net(torch.rand(4, 6)).sum(), opt) as scaled:
         scaled.backward()
     opt.step()
@@ -129,14 +147,17 @@ def test_overrides_and_verbosity(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"opt_level": "O4"}, "unexpected opt_level 'O4'"),
     ({"opt_level": "00"}, "the letter O, not the digit zero"),
-    ({"opt_level": "O1", "cast_model_type": FP16}, "cast_model_type must be None or"),
-    ({"opt_level": "O2", "patch_torch_functions": True}, "only meaningful with opt_level"),
+    # the core's refusals, in apex's names and exception type
+    ({"opt_level": "O1", "cast_model_type": FP16}, "opt_level O1 .* cast_model_type must"),
+    ({"opt_level": "O3", "patch_torch_functions": True},
+     "patch_torch_functions=True casts each op .* opt_level O3"),
     ({"opt_level": "O1", "keep_batchnorm_fp32": True}, "keep_batchnorm_fp32 must be None"),
-    ({"opt_level": "O1", "master_weights": True}, "master_weights make no sense"),
+    ({"opt_level": "O1", "master_weights": True}, "opt_level O1 .* master_weights"),
 ])
 def test_nonsensical_overrides_are_runtime_errors(kwargs: dict, match: str) -> None:
-    with pytest.raises(RuntimeError, match=match):
+    with pytest.raises(RuntimeError, match=match) as raised:
         amp.initialize(_net(), verbosity=0, **kwargs)
+    assert "keep_norms_fp32" not in str(raised.value) and "patch_ops" not in str(raised.value)
 
 
 def test_wrapped_model_is_a_runtime_error() -> None:
@@ -206,7 +227,7 @@ def test_master_params_are_the_fp32_masters_at_o2() -> None:
     masters = list(amp.master_params(opt))
     assert len(masters) == len(list(net.parameters()))
     assert {p.dtype for p in masters} == {FP32}
-    assert torch.equal(masters[0].to(FP16), net[0].weight)
+    assert masters[0] is net[0].weight  # the fp32 parameters are apex's masters
 
 
 # -- user functions and disable_casts -------------------------------------------------------
@@ -315,7 +336,7 @@ def test_training_on_digits_o2_with_an_injected_overflow() -> None:
         if step != 6:
             losses.append(loss.item())
     assert amp.state_dict()["loss_scaler0"] == {"loss_scale": 32768.0, "unskipped": 23}
-    assert model[0].weight.dtype == FP16
+    assert model[0].weight.dtype == FP32  # the truth; fp16 copies are made on use
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5
 
 
@@ -328,3 +349,200 @@ def test_o1_follows_the_models_device_when_cuda_is_visible(
     model.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     model(torch.rand(2, 4))
     assert seen == [torch.float16]
+
+
+# -- apex's own O1 lists, on every device ----------------------------------------------------
+
+def _o1_probe(fn: object) -> nn.Module:
+    class Probe(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return fn(x)  # type: ignore[operator]
+    return amp.initialize(Probe(), opt_level="O1", verbosity=0)
+
+
+@pytest.mark.parametrize(("fn", "expected"), [
+    (lambda x: torch.softmax(x, -1), FP32),
+    (lambda x: F.group_norm(x[None], 2), FP32),
+    (lambda x: x ** 2.0, FP32),
+    (lambda x: x.sum(), FP32),
+    (lambda x: F.layer_norm(x, (4,)), FP32),
+    (lambda x: x.cpu(), FP32),             # apex: to float32 before a move to the CPU
+])
+def test_o1_casts_by_apexs_lists(fn: object, expected: torch.dtype) -> None:
+    # apex's lists hold on the CPU too: softmax, norms, pow and reductions in float32,
+    # where torch's own CPU autocast list leaves a float16 input as it is.
+    assert _o1_probe(fn)(torch.rand(4, 4, dtype=FP16)).dtype == expected
+
+
+def test_o1_casts_rnn_cells_to_half() -> None:
+    cell = nn.LSTMCell(4, 4)
+    model = amp.initialize(cell, opt_level="O1", verbosity=0)
+    h, c = model(torch.rand(3, 4), (torch.zeros(3, 4), torch.zeros(3, 4)))
+    assert (h.dtype, c.dtype) == (FP16, FP16)
+    gru = amp.initialize(nn.GRUCell(4, 4), opt_level="O1", verbosity=0)
+    assert gru(torch.rand(3, 4, dtype=FP16), torch.zeros(3, 4)).dtype == FP16
+
+
+def test_binary_cross_entropy_is_banned_on_half_inputs() -> None:
+    target = torch.rand(3, 4)
+    model = _o1_probe(lambda x: F.binary_cross_entropy(x, target))
+    with pytest.raises(NotImplementedError, match="BCEWithLogitsLoss"):
+        model(torch.rand(3, 4, dtype=FP16))
+    assert model(torch.rand(3, 4)).dtype == FP32  # a float32 input is fine
+    # allowed through the legacy API (with no other apex handle active): float32
+    amp._amp_state.handle._deactivate()
+    handle = amp.init(allow_banned=True, device_type="cpu")
+    assert nn.BCELoss()(torch.rand(3, 4, dtype=FP16), target).dtype == FP32
+    handle._deactivate()
+
+
+def test_in_place_float32_list_ops_refuse_half_tensors_under_o1() -> None:
+    model = _o1_probe(lambda x: x.clone().exp_())
+    with pytest.raises(NotImplementedError, match="in-place exp_"):
+        model(torch.rand(4, dtype=FP16))
+    assert model(torch.rand(4)).dtype == FP32
+    # outside apex's O1 regions in-place ops are torch's own
+    with ampkit.autocast("cpu", FP16):
+        assert torch.ones(2, dtype=FP16).exp_().dtype == FP16
+    assert torch.ones(2, dtype=FP16).exp_().dtype == FP16
+
+
+# -- the pre-1.0 API: amp.init and its handle ------------------------------------------------
+
+def test_init_opens_o1_until_the_handle_is_deactivated() -> None:
+    x = torch.rand(4, 4)
+    handle = amp.init(device_type="cpu")
+    assert handle.is_active()
+    assert ((x @ x).dtype, torch.softmax(x.half(), 0).dtype) == (FP16, FP32)
+    with handle._disable_casts():
+        assert (x @ x).dtype == FP32
+    handle._deactivate()
+    handle._deactivate()  # a second call changes nothing
+    assert not handle.is_active() and (x @ x).dtype == FP32
+    assert amp.init(enabled=False).is_active() is False
+
+
+def test_legacy_handle_scale_loss_skips_on_overflow() -> None:
+    w = nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.5)
+    handle = amp.init(loss_scale=8.0, device_type="cpu")
+    with handle.scale_loss(w.sum(), opt) as scaled:
+        assert scaled.item() == 16.0
+        scaled.backward()
+    assert w.grad is not None and w.grad.tolist() == [1.0, 1.0]
+    opt.step()
+    assert w.tolist() == [0.5, 0.5]
+    opt.zero_grad()
+    with handle.scale_loss(w.sum() * float("inf"), opt) as scaled:
+        scaled.backward()
+    opt.step()  # skipped
+    assert w.tolist() == [0.5, 0.5]
+
+
+def test_wrap_optimizer_scales_each_loss_and_skips_when_any_overflowed() -> None:
+    w = nn.Parameter(torch.ones(2))
+    handle = amp.init(device_type="cpu")
+    opt = handle.wrap_optimizer(torch.optim.SGD([w], lr=0.5), num_loss=2)
+    with opt.scale_loss(w.sum()) as scaled:
+        scaled.backward()
+    with opt.scale_loss(2 * w.sum()) as scaled:
+        scaled.backward()
+    assert w.grad is not None and w.grad.tolist() == [3.0, 3.0]
+    opt.step()
+    assert w.tolist() == [-0.5, -0.5]
+    opt.zero_grad()
+    with opt.scale_loss(w.sum()) as scaled:
+        scaled.backward()
+    with opt.scale_loss(w.sum() * float("inf")) as scaled:
+        scaled.backward()
+    opt.step()  # the second loss overflowed
+    assert w.tolist() == [-0.5, -0.5]
+    assert opt.param_groups[0]["lr"] == 0.5  # everything else is the optimizer's
+    with pytest.raises(RuntimeError, match="wrap_optimizer"), handle.scale_loss(
+            w.sum(), opt._optimizer):
+        pass
+
+
+# -- arguments apex accepts ------------------------------------------------------------------
+
+class _Larc:
+    """apex.parallel.LARC's shape: a wrapper keeping the optimizer as ``.optim``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optim = optimizer
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optim.param_groups
+
+    def zero_grad(self) -> None:
+        self.optim.zero_grad()
+
+    def step(self) -> None:
+        self.optim.step()
+
+
+@pytest.mark.parametrize("opt_level", ["O0", "O1", "O2", "O3"])
+def test_larc_wrapped_optimizers_are_accepted(opt_level: str) -> None:
+    net = nn.Linear(2, 1)
+    larc = _Larc(torch.optim.SGD(net.parameters(), lr=0.25, momentum=0.125))
+    net, opt = amp.initialize(net, larc, opt_level=opt_level, verbosity=0)
+    assert opt is larc
+    before = [p.detach().clone() for p in amp.master_params(opt)]
+    with amp.scale_loss(net(torch.ones(1, 2)).float().sum() * float("inf"), opt) as scaled:
+        scaled.backward()
+    opt.step()  # an overflow skips the step of the optimizer inside
+    if opt_level in ("O1", "O2"):  # dynamic scaling
+        assert all(torch.equal(p, b) for p, b in zip(amp.master_params(opt), before))
+    opt.zero_grad()
+    with amp.scale_loss(net(torch.ones(1, 2)).float().sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert not all(torch.equal(p, b) for p, b in zip(amp.master_params(opt), before))
+
+
+@pytest.mark.parametrize("opt_level", ["O0", "O1", "O3"])
+def test_cast_model_type_false_leaves_the_model_as_it_is(opt_level: str) -> None:
+    net = _net()
+    net = amp.initialize(net, opt_level=opt_level, cast_model_type=False, verbosity=0)
+    assert {p.dtype for p in net.parameters()} == {FP32}
+    assert amp._amp_state.opt_properties.cast_model_type is False
+
+
+# -- amp._amp_state ---------------------------------------------------------------------------
+
+def test_amp_state_shows_the_loss_scalers_under_apexs_names() -> None:
+    net = nn.Linear(2, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt = amp.initialize(net, opt, opt_level="O1", num_losses=2, verbosity=0)
+    scalers = amp._amp_state.loss_scalers
+    assert [s.loss_scale() for s in scalers] == [65536.0, 65536.0]
+    scalers[1]._loss_scale = 16.0  # apex's own tests set it this way
+    assert amp.state_dict()["loss_scaler1"]["loss_scale"] == 16.0
+    assert amp._amp_state.opt_properties.loss_scale == "dynamic"
+    assert isinstance(amp._amp_state.handle, amp.AmpHandle)
+    amp._amp_state.handle._deactivate()
+    assert amp._amp_state.handle is None
+
+
+# -- the core pieces apex's refusals use -----------------------------------------------------
+
+def test_refuse_low_rule_holds_only_under_its_policy() -> None:
+    ns = types.SimpleNamespace(f=lambda x: x * 2)
+    register_function(ns, "f", CastRule.REFUSE_LOW, message="no half here",
+                      policy="apex-O1")
+    try:
+        half = torch.ones(2, dtype=FP16)
+        with ampkit.autocast("cpu", FP16, policy="apex-O1"):
+            with pytest.raises(NotImplementedError, match="no half here"):
+                ns.f(half)
+            assert ns.f(torch.ones(2)).dtype == FP32  # nothing is cast
+        with (ampkit.autocast("cpu", FP16, policy="apex-O1", custom_black_list={"mm"}),
+              pytest.raises(NotImplementedError)):
+            ns.f(half)
+        with ampkit.autocast("cpu", FP16):  # another policy
+            assert ns.f(half).dtype == FP16
+    finally:
+        unregister_function(ns, "f")
+    with pytest.raises(ValueError, match="message is the error text of"):
+        register_function(ns, "f", CastRule.FP32, message="why")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 import pickle
-import sys
-import types
 import warnings
 
 import pytest
@@ -307,42 +305,6 @@ def test_fallback_unscale_path_matches_kernel(monkeypatch: pytest.MonkeyPatch) -
             x.nan_to_num(), y.nan_to_num())) for x, y in zip(a, b))
 
 
-def test_master_gradients_are_synced_before_unscaling(monkeypatch: pytest.MonkeyPatch
-                                                      ) -> None:
-    # The contract with ampkit.master_weights: sync_master_grads(optimizer) runs first,
-    # so the scaler unscales and checks whatever gradients it leaves on the optimizer,
-    # and the gradients agreed_model_grads(optimizer) returns are unscaled in the same
-    # pass (the model's own, behind its masters).
-    model_w = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
-    master_w = torch.nn.Parameter(torch.ones(2))
-    opt = torch.optim.SGD([master_w], lr=0.5)
-    calls = []
-
-    def sync_master_grads(optimizer: torch.optim.Optimizer) -> bool:
-        calls.append(optimizer)
-        if model_w.grad is not None and master_w.grad is None:
-            master_w.grad = model_w.grad.float()
-        return True
-
-    def agreed_model_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-        calls.append(optimizer)
-        return [model_w.grad]
-
-    fake = types.ModuleType("ampkit.master_weights")
-    fake.sync_master_grads = sync_master_grads  # type: ignore[attr-defined]
-    fake.agreed_model_grads = agreed_model_grads  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ampkit.master_weights", fake)
-    scaler = GradScaler("cpu", init_scale=2.0 ** 8)
-    scaler.scale(model_w.float().sum() * 3).backward()
-    assert model_w.grad is not None and model_w.grad.tolist() == [768.0, 768.0]
-    scaler.step(opt)
-    scaler.update()
-    assert calls and all(c is opt for c in calls)
-    assert master_w.grad is not None and master_w.grad.tolist() == [3.0, 3.0]
-    assert model_w.grad.tolist() == [3.0, 3.0]  # unscaled with the master's
-    assert master_w.tolist() == [-0.5, -0.5]
-
-
 def test_reporting_attributes() -> None:
     w, opt = _param_and_opt()
     scaler = GradScaler("cpu")
@@ -371,3 +333,63 @@ def test_pickle_between_iterations() -> None:
     scaler.unscale_(opt)
     with pytest.raises(RuntimeError, match="pickled"):
         pickle.dumps(scaler)
+
+
+# -- torch's contract with optimizers that scale themselves ---------------------------------
+
+class _SelfScalingSGD(torch.optim.Optimizer):
+    """A fused-style SGD of the user's own: it declares ``_step_supports_amp_scaling``,
+    so the scaler leaves unscaling and skipping to it (torch's custom-optimizer
+    contract)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+        self._step_supports_amp_scaling = True
+        self.seen: list[tuple[float, float, list[float]]] = []
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        grad_scale, found_inf = self.grad_scale, self.found_inf  # set by the scaler
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.seen.append((float(grad_scale), float(found_inf), p.grad.tolist()))
+                self.state[p]["steps"] = self.state[p].get("steps", 0) + 1
+                if not found_inf:
+                    p.add_(p.grad / grad_scale, alpha=-group["lr"])
+
+
+def test_an_optimizer_that_scales_itself_gets_grad_scale_and_found_inf_from_its_first_step(
+) -> None:
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    opt = _SelfScalingSGD([w], lr=0.5)
+    scaler = GradScaler("cpu", init_scale=8.0)
+    scaler.scale((3 * w).sum()).backward()
+    scaler.step(opt)      # no state yet: the first step
+    scaler.update()
+    # The gradients reach it still scaled (3 * 8), with the scale to divide them by.
+    assert opt.seen == [(8.0, 0.0, [24.0, 24.0])]
+    assert w.tolist() == [1.0 - 0.5 * 3, 2.0 - 0.5 * 3]
+    assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+
+
+def test_an_optimizer_whose_step_takes_grad_scaler_is_passed_the_scaler() -> None:
+    calls: list[tuple[object, bool, bool]] = []
+
+    class TakesScaler(torch.optim.Optimizer):
+        def __init__(self, params: list[torch.nn.Parameter]) -> None:
+            super().__init__(params, {})
+            self._step_supports_amp_scaling = True
+
+        def step(self, closure: None = None, *,  # type: ignore[override]
+                 grad_scaler: GradScaler | None = None) -> None:
+            calls.append((grad_scaler, hasattr(self, "grad_scale"),
+                           hasattr(self, "found_inf")))
+
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = TakesScaler([w])
+    scaler = GradScaler("cpu", init_scale=2.0)
+    scaler.scale(w.sum()).backward()
+    with pytest.warns(FutureWarning, match="grad_scaler"):
+        scaler.step(opt)
+    assert calls == [(scaler, False, False)]
+    assert w.grad is not None and w.grad.tolist() == [2.0, 2.0]  # left to the optimizer

@@ -19,6 +19,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from ampkit.conversion import get_conversion  # noqa: E402
 from ampkit.integrations.transformers import AmpkitTrainer  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
@@ -55,7 +56,8 @@ def test_o2_bf16_trains_evaluates_and_round_trips(tmp_path) -> None:
                             train_dataset=DATA, eval_dataset=DATA[:16], level="O2",
                             dtype=torch.bfloat16, custom_black_list={"softmax"})
     attn = model.transformer.h[0].attn.c_attn
-    assert attn.weight.dtype == torch.bfloat16  # converted when the trainer was made
+    assert attn.weight.dtype == torch.float32  # O2: the fp32 truth, bf16 copies on use
+    assert get_conversion(model).param_compute_dtype is torch.bfloat16  # converted
     assert model.transformer.h[0].ln_1.weight.dtype == torch.float32
     before = trainer.evaluate()["eval_loss"]
     seen = {}

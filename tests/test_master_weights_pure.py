@@ -4,6 +4,8 @@ checkpoints, skipped steps, memory and convergence against plain fp32 training."
 from __future__ import annotations
 
 import copy
+import io
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ import torch.nn.functional as F
 import ampkit
 from ampkit.master_weights_pure import (
     PureLowPrecisionOptimizer,
+    pure_low_precision,
     pure_rounding,
     stochastic_round,
 )
@@ -124,15 +127,20 @@ def test_one_step_matches_fp32_adamw_up_to_the_final_rounding(variant):
 
 # -- skipped steps and checkpoints ----------------------------------------------------
 
-def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    out = [p.detach().clone() for p in model.parameters()]
+def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[Any]:
+    """The parameters and every state entry (tensors cloned; the rounding counts as
+    they are)."""
+    out: list[Any] = [p.detach().clone() for p in model.parameters()]
     for state in opt.state.values():
-        out += [v.clone() for v in state.values() if isinstance(v, torch.Tensor)]
+        out += [v.clone() if isinstance(v, torch.Tensor) else v
+                for _, v in sorted(state.items())]
     return out
 
 
-def _generator_states(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return list(opt.state_dict()["ampkit_pure_low_precision"]["generators"].values())
+def _same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(x, y) and x.dtype == y.dtype if isinstance(x, torch.Tensor) else x == y
+        for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -145,14 +153,12 @@ def test_a_step_skipped_by_the_loss_scaler_changes_nothing(fused):
     for poison in (False, True, False):
         loss = model(torch.ones(2, 8, dtype=BF16)).sum()
         scaler.scale(loss * (float("inf") if poison else 1.0)).backward()
-        before = _snapshot(model, opt) + _generator_states(opt)
+        before = _snapshot(model, opt)
         scaler.step(opt)
         scaler.update()
         opt.zero_grad()
-        after = _snapshot(model, opt) + _generator_states(opt)
-        same = len(before) == len(after) and all(
-            torch.equal(a, b) for a, b in zip(before, after))
-        assert same is poison and scaler.last_step_skipped is poison
+        assert _same(before, _snapshot(model, opt)) is poison
+        assert scaler.last_step_skipped is poison
 
 
 def test_found_inf_handed_to_the_step_skips_it():
@@ -187,41 +193,161 @@ def _train(model, opt, steps: int, start: int) -> None:
     ("kahan", lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9)),
 ])
 def test_resume_from_a_checkpoint_continues_bit_for_bit(mode, make_opt):
-    def setup():
+    def setup(rounding_seed):
         model = _char_gpt()
         return ampkit.initialize(model, make_opt(model.parameters()), level="O2",
-                                 dtype=BF16, master_weights=mode, rounding_seed=3)
+                                 dtype=BF16, master_weights=mode,
+                                 rounding_seed=rounding_seed)
 
-    model, opt = setup()
+    model, opt = setup(3)
     _train(model, opt, 3, 0)
     saved = copy.deepcopy((model.state_dict(), opt.state_dict()))
-    assert all(v.dtype is torch.float32 for v in saved[0].values() if v.is_floating_point())
+    for name, p in model.named_parameters():  # the model saves its weights: the truth
+        assert torch.equal(saved[0][name].float(), p.detach().float()), name
     _train(model, opt, 3, 3)
 
-    resumed, resumed_opt = setup()
+    resumed, resumed_opt = setup(11)  # the checkpoint's rounding seed wins
     resumed.load_state_dict(saved[0])
     resumed_opt.load_state_dict(saved[1])
+    assert [g["rounding_seed"] for g in resumed_opt.param_groups] == [3]
     _train(resumed, resumed_opt, 3, 3)
     for a, b in zip(model.parameters(), resumed.parameters()):
         assert a.dtype == b.dtype and torch.equal(a, b)
-    assert all(torch.equal(a, b) for a, b in zip(_snapshot(model, opt),
-                                                  _snapshot(resumed, resumed_opt)))
+    assert _same(_snapshot(model, opt), _snapshot(resumed, resumed_opt))
 
 
-def test_a_kahan_model_saves_weights_plus_compensation_and_loads_into_fp32():
-    model = _char_gpt()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    model, opt = ampkit.initialize(model, opt, level="O2", dtype=BF16,
-                                   master_weights="kahan")
+def test_kahan_compensation_is_optimizer_state_and_the_model_saves_its_weights():
+    def setup(rounding_seed):
+        model = _char_gpt()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)  # updates below half an ulp
+        return ampkit.initialize(model, opt, level="O2", dtype=BF16,
+                                 master_weights="kahan", rounding_seed=rounding_seed)
+
+    model, opt = setup(0)
     _train(model, opt, 2, 0)
-    state = model.state_dict()
     w = model.blocks[0].qkv.weight
-    expected = w.detach().float() + opt.state[w]["kahan_compensation"].float()
-    assert torch.equal(state["blocks.0.qkv.weight"], expected)
-    assert not torch.equal(expected, w.detach().float())  # the compensation counts
-    fp32 = _char_gpt()
-    fp32.load_state_dict(state)
-    assert torch.equal(fp32.blocks[0].qkv.weight.detach(), expected)
+    comp = opt.state[w]["kahan_compensation"]
+    assert comp.dtype is BF16 and bool(comp.ne(0).any())  # the compensation holds a lot
+    # The model's state_dict holds the weights themselves, not weight + compensation.
+    assert torch.equal(model.state_dict()["blocks.0.qkv.weight"].float(), w.detach().float())
+    # The compensation travels in the optimizer's state_dict, through torch.save and
+    # torch.load(weights_only=True), and with no ampkit entry at the top (Distributed
+    # Checkpoint keeps only "state" and "param_groups").
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    on_disk = torch.load(buffer, weights_only=True)
+    bare = copy.deepcopy({k: v for k, v in opt.state_dict().items()  # (torch would share
+                          if k in ("state", "param_groups")})       # a live one's tensors)
+    twins = []
+    for saved in (on_disk, bare):
+        twin, twin_opt = setup(5)
+        twin.load_state_dict(model.state_dict())
+        twin_opt.load_state_dict(saved)
+        assert torch.equal(twin_opt.state[twin.blocks[0].qkv.weight]["kahan_compensation"],
+                           comp)
+        twins.append((twin, twin_opt))
+    _train(model, opt, 2, 2)
+    for twin, twin_opt in twins:
+        _train(twin, twin_opt, 2, 2)
+        assert _same(_snapshot(model, opt), _snapshot(twin, twin_opt))
+
+
+# -- replicas, the global RNG and the parameters' identity ----------------------------
+
+@pytest.mark.parametrize("mode", ["stochastic", "kahan"])
+def test_replicas_round_alike_whatever_the_global_rng_does_and_it_is_untouched(mode):
+    # Two "replicas" of one model (as DDP ranks hold them), each process's global RNG
+    # seeded differently and drawn from between steps. No rounding_seed is given.
+    runs = []
+    for global_seed in (1, 2):
+        model = _char_gpt()
+        torch.manual_seed(global_seed)
+        rng = torch.get_rng_state()
+        model, opt = ampkit.initialize(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                                       level="O2", dtype=BF16, master_weights=mode)
+        assert torch.equal(torch.get_rng_state(), rng)
+        for s in range(3):
+            torch.rand(global_seed)  # the replicas' global RNGs drift apart
+            ids = torch.randint(0, 16, (4, 9), generator=torch.Generator().manual_seed(s))
+            F.cross_entropy(model(ids[:, :-1]).float().flatten(0, 1),
+                            ids[:, 1:].flatten()).backward()
+            rng = torch.get_rng_state()
+            opt.step()
+            assert torch.equal(torch.get_rng_state(), rng)  # never read nor advanced
+            opt.zero_grad()
+        runs.append(_snapshot(model, opt))
+    assert _same(runs[0], runs[1])
+
+
+def test_a_step_rounds_unbiased_over_elements_and_steps():
+    # SGD with lr 1/3 from zero: the fp32 update -g/3 is rarely a bf16 number. Each of
+    # 64 values of g fills 4096 elements; the share rounded up must be the fp32
+    # result's distance from the bf16 number below, in units of the gap.
+    torch.manual_seed(0)
+    g = (torch.randn(64) * 10.0 ** torch.randint(-4, 3, (64,))).to(BF16)
+    grad = g.repeat_interleave(4096)
+    exact = torch.zeros(grad.numel()).add_(grad.float(), alpha=-1 / 3)  # SGD's own math
+    lo, hi = _neighbours(exact)
+    w = torch.nn.Parameter(torch.zeros(grad.numel(), dtype=BF16))
+    opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=1 / 3), "stochastic", seed=0)
+    draws = []
+    for _ in range(4):
+        with torch.no_grad():
+            w.zero_()
+        w.grad = grad.clone()
+        opt.step()
+        draws.append(w.detach().float())
+    for out in draws:
+        assert bool(((out == lo) | (out == hi)).all())
+    assert not torch.equal(draws[0], draws[1])  # each step draws new bits
+    up = torch.stack([(d == hi) & (hi != lo) for d in draws]).double()
+    share = up.view(4, 64, 4096).mean(dim=(0, 2))
+    gap = (hi - lo).view(64, 4096)[:, 0]
+    expected = torch.where(gap > 0, (exact.view(64, 4096)[:, 0] - lo.view(64, 4096)[:, 0])
+                           / gap.clamp_min(torch.finfo(torch.float32).tiny), 0.0).double()
+    assert (share - expected).abs().max().item() < 0.02  # ~5 sigma at n = 16384
+
+
+def test_a_parameters_bits_do_not_depend_on_which_other_parameters_step():
+    # A parameter's rounding is keyed by its own index, count and elements: one that
+    # steps before it (or does not, when it got no gradient) changes nothing for it.
+    results = []
+    for other_steps in (False, True):
+        other = torch.nn.Parameter(torch.ones(4096, dtype=BF16))
+        w = torch.nn.Parameter(torch.ones(4096, dtype=BF16))
+        opt = PureLowPrecisionOptimizer(torch.optim.SGD([other, w], lr=1e-3),
+                                        "stochastic", seed=0)
+        for _ in range(3):
+            other.grad = torch.ones_like(other) if other_steps else None
+            w.grad = torch.full_like(w, 0.5)
+            opt.step()
+        assert torch.equal(other, torch.ones_like(other)) is not other_steps
+        results.append(w.detach().clone())
+    assert torch.equal(results[0], results[1])
+    assert 0.998 < results[0].float().mean().item() < 0.999  # 1 - 3 * 5e-4, unbiased
+
+
+@pytest.mark.parametrize("mode", ["stochastic", "kahan"])
+def test_a_step_keeps_each_parameter_its_storage_and_its_autograd_node(mode):
+    # DDP hooks each parameter's AccumulateGrad node once, at construction: a step that
+    # replaced the node (reassigning .data to another dtype does) silences the hooks.
+    w = torch.nn.Parameter(torch.linspace(-1, 1, 8).to(BF16))
+    view = w[2:4]
+    node = w.view_as(w).grad_fn.next_functions[0][0]
+    fired = []
+    node.register_hook(lambda *args: fired.append(1))
+    storage = w.data_ptr()
+    opt = PureLowPrecisionOptimizer(torch.optim.AdamW([w], lr=1e-2), mode, seed=0)
+    for _ in range(3):
+        (w.float() * torch.arange(8.0)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert fired == [1, 1, 1]
+    assert w.view_as(w).grad_fn.next_functions[0][0] is node
+    assert w.data_ptr() == storage and w.dtype is BF16
+    assert torch.equal(view, w.detach()[2:4])  # views see the update
+    assert not torch.equal(w.detach(), torch.linspace(-1, 1, 8).to(BF16))
 
 
 # -- errors ---------------------------------------------------------------------------
@@ -250,9 +376,11 @@ def test_bad_names_and_float16_are_refused_clearly():
     assert PureLowPrecisionOptimizer(opt, "kahan") is opt and pure_rounding(opt) == "kahan"
     with pytest.raises(ValueError, match="already"):
         PureLowPrecisionOptimizer(opt, "stochastic")
-    with pytest.raises(TypeError, match="fp32 master weights"):
-        PureLowPrecisionOptimizer(ampkit.MasterWeightOptimizer(
-            torch.optim.SGD([torch.nn.Parameter(torch.ones(2, dtype=BF16))], lr=0.1)))
+    with pytest.raises(TypeError, match=r"rounding_seed must be an int or None, got 'x'"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2, dtype=BF16))],
+                             "rounding_seed": "x"})
+    with pytest.raises(TypeError, match=r"models must be an nn.Module or a list/tuple"):
+        pure_low_precision("model", torch.optim.SGD([w], lr=0.1), "kahan")
 
 
 # -- memory ---------------------------------------------------------------------------

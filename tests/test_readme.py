@@ -63,3 +63,40 @@ def test_readme_block_runs(code: str, device: str, tmp_path: Path,
     for got, want in zip(printed, expected, strict=True):
         if want is not None:
             assert got == want
+
+
+_DOCS = [README, *sorted((README.parent / "docs").glob("*.md"))]
+_IMPORT_LINE = re.compile(r"^\s*(?:from|import)\s+ampkit[\w.]*.*$", re.M)
+
+
+def _dotted_names() -> list[str]:
+    """Every ``ampkit.x.y`` the README and docs name outside import statements."""
+    names: set[str] = set()
+    for path in _DOCS:
+        text = _IMPORT_LINE.sub("", path.read_text())
+        names.update(re.findall(r"\bampkit(?:\.[A-Za-z_]\w*)+", text))
+    return sorted(names)
+
+
+def test_every_documented_name_resolves_after_a_plain_import() -> None:
+    import json
+    import subprocess
+    import sys
+
+    from ampkit.integrations import EXTRAS
+
+    # A framework integration is imported by name, never reached as an attribute.
+    names = [n for n in _dotted_names()
+             if not any(n.startswith(f"ampkit.integrations.{x}") for x in EXTRAS)]
+    assert "ampkit.tools.count_casts" in names and "ampkit.levels.describe_levels" in names
+    code = ("import functools, json, sys, ampkit\n"
+            "bad = []\n"
+            "for name in json.loads(sys.argv[1]):\n"
+            "    try:\n"
+            "        functools.reduce(getattr, name.split('.')[1:], ampkit)\n"
+            "    except AttributeError as e:\n"
+            "        bad.append(f'{name}: {e}')\n"
+            "print(json.dumps(bad))\n")
+    result = subprocess.run([sys.executable, "-c", code, json.dumps(names)],
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(result.stdout) == []

@@ -129,6 +129,30 @@ def test_several_optimizers_in_one_context() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
+@pytest.mark.parametrize("num_losses", [1, 2])
+def test_an_earlier_overflow_skips_only_the_optimizer_that_holds_it(num_losses: int) -> None:
+    # apex's per-optimizer skip: the first block overflows in A's gradients only; the
+    # second, clean block names A and B. A skips its step, B steps as usual.
+    configure_loss_scaling(num_losses=num_losses)
+    model_a, opt_a = _model_and_opt()
+    model_b, opt_b = _model_and_opt()
+    with scale_loss(model_a(X).sum() * math.inf, opt_a, loss_id=0) as scaled:
+        scaled.backward()
+    with scale_loss(model_a(X).sum() + model_b(X).sum(), [opt_a, opt_b],
+                    loss_id=num_losses - 1) as scaled:
+        scaled.backward()
+    a_before = [p.detach().clone() for p in model_a.parameters()]
+    b_before = [p.detach().clone() for p in model_b.parameters()]
+    b_grads = _grads(model_b)
+    opt_a.step()
+    opt_b.step()
+    assert all(torch.equal(x, y) for x, y in zip(a_before, model_a.parameters()))
+    # SGD with momentum, first step: p - lr * grad
+    assert all(torch.equal(p, before - 0.5 * g)
+               for p, before, g in zip(model_b.parameters(), b_before, b_grads))
+    assert loss_scaler(num_losses - 1).get_scale() == 2.0 ** (15 if num_losses == 1 else 16)
+
+
 def test_delay_unscale_accumulates_and_refuses_a_step_on_scaled_grads() -> None:
     model, opt = _model_and_opt()
     reference, _ = _model_and_opt()
@@ -302,3 +326,23 @@ def test_skip_guard_restores_a_schedulers_step_wrapper() -> None:
     opt.step()
     sched.step()
     assert sched.last_epoch == 1
+
+
+def test_scale_loss_with_a_scaler_of_its_own_leaves_the_configured_ones_alone() -> None:
+    configure_loss_scaling("dynamic", init_scale=1024.0)
+    own = multi_loss.build_loss_scaler("dynamic", init_scale=8.0)
+    model, opt = _model_and_opt()
+    loss = model(X).sum()
+    with scale_loss(loss, opt, scaler=own) as scaled:
+        assert scaled.item() == loss.item() * 8.0
+        scaled.backward()
+    opt.zero_grad()
+    with scale_loss(model(X).sum() * math.inf, opt, scaler=own) as scaled:
+        scaled.backward()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.step()  # skipped
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert (own.get_scale(), loss_scaler(0).get_scale()) == (4.0, 1024.0)
+    with (pytest.raises(TypeError, match="scaler must be None or an ampkit GradScaler"),
+          scale_loss(model(X).sum(), opt, scaler=torch.amp.GradScaler("cpu"))):
+        pass

@@ -47,7 +47,18 @@ _LAZY = {
 }
 
 
-__getattr__, __dir__ = lazy_exports("ampkit", _LAZY, globals())
+# Modules and subpackages reachable as attributes after a plain ``import ampkit``
+# (``ampkit.tools.count_casts()``, ``ampkit.levels.describe_levels()``), as the README
+# and docs use them; each is imported on first use.
+_SUBMODULES = (
+    "tools", "levels", "integrations", "dialects", "scaling", "conversion", "front_door",
+    "master_weights", "master_weights_pure", "policy", "presets", "registry", "casting",
+    "autocast_mode", "function_patching",
+    # the dialects' import names
+    "apex", "paddle", "mindspore", "mxnet", "torch",
+)
+
+__getattr__, __dir__ = lazy_exports("ampkit", _LAZY, globals(), _SUBMODULES)
 
 __all__ = [
     "CheckMode",

@@ -11,24 +11,41 @@ Example:
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
-def lazy_exports(package: str, table: Mapping[str, str], namespace: dict[str, Any]
+def lazy_exports(package: str, table: Mapping[str, str], namespace: dict[str, Any],
+                 submodules: Iterable[str] = ()
                  ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """Module-level ``__getattr__`` and ``__dir__`` serving ``table`` (name -> module);
-    a value found is stored in ``namespace`` (the package's globals) for next time."""
+    """Module-level ``__getattr__`` and ``__dir__`` serving ``table`` (name -> module
+    holding it) and ``submodules`` (names of ``package``'s own modules, imported as
+    ``package.name``); a value found is stored in ``namespace`` (the package's globals)
+    for next time.
+
+    Without the submodules, ``import package`` followed by ``package.sub.f()`` fails
+    until something happens to import ``package.sub``.
+
+    Example:
+        >>> from ampkit._lazy import lazy_exports
+        >>> getattr_, dir_ = lazy_exports("json", {}, {}, submodules=["decoder"])
+        >>> getattr_("decoder").__name__, "decoder" in dir_()
+        ('json.decoder', True)
+    """
+    own = frozenset(submodules)
 
     def module_getattr(name: str) -> Any:
-        module = table.get(name)
-        if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        if name in own:
+            value = importlib.import_module(f"{package}.{name}")
+        else:
+            module = table.get(name)
+            if module is None:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            value = getattr(importlib.import_module(module), name)
         namespace[name] = value
         return value
 
     def module_dir() -> list[str]:
-        return sorted(set(namespace) | set(table))
+        return sorted(set(namespace) | set(table) | own)
 
     return module_getattr, module_dir

@@ -2,4 +2,7 @@
 :mod:`ampkit.dialects.apex`."""
 
 from ampkit.dialects.apex import *  # noqa: F403
-from ampkit.dialects.apex import __all__  # noqa: F401
+from ampkit.dialects.apex import (  # noqa: F401  (apex scripts read _amp_state)
+    __all__,
+    _amp_state,
+)

@@ -12,6 +12,13 @@ parameter's gradient comes back in that parameter's own dtype. The mode stack is
 thread-local, so two threads can run different policies; an inner region (including
 ``enabled=False``) overrides the outer one until it exits.
 
+What the engine knows about an op it reads from the op's schema, not from name lists:
+which ops return a view of their input (an unlisted rule never casts those, so a view
+stays a view), where an explicit ``dtype`` argument sits (given by keyword or by
+position, it wins), and which ops native autocast covers on the device (the
+dispatcher's Autocast registrations). Custom ops (``torch.library``) are listed like any
+other op.
+
 Python-level composite functions (``F.multi_head_attention_forward``,
 ``F.interpolate``) are one op to the engine: their own rule (if any) applies to their
 inputs, and the ops they call inside are left to native autocast.
@@ -32,13 +39,17 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
+import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import torch
+from torch.amp.autocast_mode import autocast as _native_autocast
 from torch.overrides import TorchFunctionMode
 
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
@@ -46,40 +57,160 @@ from ampkit.policy import Policy, as_dtype
 from ampkit.presets import get_policy
 from ampkit.registry import OpEntry, all_op_names, entry_points
 
-__all__ = ["autocast", "current_policy", "native_op_names"]
+__all__ = ["UnsupportedDeviceError", "autocast", "current_policy", "native_op_names"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Ops that move, view or describe data rather than compute on it. A policy's rule for
-# unlisted ops never touches them: casting the input of ``x.view(...)`` would turn a
-# view into a copy.
-_NOT_COMPUTE = frozenset({
-    "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "short",
-    "bool", "byte", "char", "cpu", "cuda", "size", "dim", "numel", "nelement", "element_size",
-    "stride", "storage_offset", "data_ptr", "is_contiguous", "is_floating_point",
-    "is_complex", "is_same_size", "view", "view_as", "reshape", "reshape_as", "expand",
-    "expand_as", "permute", "transpose", "swapaxes", "swapdims", "moveaxis", "movedim", "t",
-    "contiguous", "clone", "detach", "squeeze", "unsqueeze", "flatten", "unflatten",
-    "narrow", "select", "chunk", "split", "tensor_split", "unbind", "item", "tolist",
-    "numpy", "requires_grad", "retain_grad", "backward", "register_hook", "get_device",
-    "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "empty_like",
-    "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like",
-    "pin_memory", "share_memory", "record_stream", "untyped_storage", "storage",
-    "as_strided", "diagonal", "unfold", "roll", "flip", "fliplr", "flipud", "rot90", "tile",
-    "repeat", "repeat_interleave", "index_select", "gather", "take", "masked_select",
-    "nonzero", "argmax", "argmin", "argsort", "sort", "topk", "max", "min", "eq", "ne",
-    "lt", "le", "gt", "ge", "equal", "allclose", "isclose", "isfinite", "isinf", "isnan",
-    "is_nonzero", "sign", "any", "all", "count_nonzero", "where", "broadcast_to",
-    "broadcast_tensors", "atleast_1d", "atleast_2d", "atleast_3d", "pad", "dropout",
+
+# -- keeping torch.compile out of the bookkeeping, without importing it ---------------------
+
+def _skip_recursively(code: Any) -> bool:
+    """Tell dynamo's frame evaluator, without importing ``torch._dynamo``, to run frames of
+    ``code`` and everything they call as plain Python: what ``torch.compiler.disable``
+    arranges at call time. False where this torch build lacks the hook."""
+    try:
+        ef = torch._C._dynamo.eval_frame
+        skip = ef._FrameAction.SKIP
+        ef.set_code_exec_strategy(code, ef._FrameExecStrategy(skip, skip))
+    except (AttributeError, RuntimeError, TypeError):
+        return False
+    return True
+
+
+def _not_traced(fn: F) -> F:
+    """``torch.compiler.disable(fn)`` without importing ``torch._dynamo``.
+
+    Dynamo must not trace ampkit's own bookkeeping (thread-local state, rule tables).
+    ``torch.compiler.disable`` at class definition imports ``torch._dynamo`` (and sympy,
+    onnx, ...) with ``import ampkit``: over a second. The same effect, import-free: the
+    wrapper carries the marker dynamo reads when it meets a call (it does not inline a
+    disabled function: a graph break) and its code is registered with the frame
+    evaluator as skipped, it and what it calls (so the call, run eagerly, is not
+    compiled as a frame of its own). Where this torch lacks that hook, the real
+    ``torch.compiler.disable`` is applied on first use once ``torch._dynamo`` is loaded
+    (until then nothing can be compiling).
+    """
+    disabled: Callable[..., Any] | None = None
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        nonlocal disabled
+        if skipped or "torch._dynamo" not in sys.modules:
+            return fn(*args, **kwargs)
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    skipped = _skip_recursively(wrapper.__code__)
+    if skipped:
+        wrapper._torchdynamo_disable = True  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+# -- what the schema says about an op -------------------------------------------------------
+
+@functools.cache
+def _op_schemas(name: str) -> tuple[Any, ...]:
+    """The schemas of op ``name``'s functional overloads (no ``out=``, no in-place), or
+    ``()`` for a Python-level op with no dispatcher op of its own (``F.interpolate``)."""
+    if "::" in name:
+        namespace, _, op = name.partition("::")
+        holder: Any = getattr(torch.ops, namespace)
+    else:
+        holder, op = torch.ops.aten, name
+    try:
+        packet = getattr(holder, op)
+    except (AttributeError, RuntimeError):
+        return ()
+    schemas = []
+    for overload in packet.overloads():
+        schema = getattr(packet, overload)._schema
+        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            continue  # out= / in-place overloads: never autocast
+        schemas.append(schema)
+    return tuple(schemas)
+
+
+def _returns_view(schemas: tuple[Any, ...]) -> bool:
+    # ``Tensor(a) self -> Tensor(a)``: the result aliases the input (a view, or the input
+    # itself). Casting such an op's input would hand back a copy instead.
+    return any(r.alias_info is not None and not r.alias_info.is_write
+               for s in schemas for r in s.returns)
+
+
+def _returns_tensor(schemas: tuple[Any, ...]) -> bool:
+    return any("Tensor" in str(r.type) for s in schemas for r in s.returns)
+
+
+# Ops that are neither views nor queries by their schema, but move, convert, compare or
+# index data rather than compute on its values, and Python-level conversions with no
+# dispatcher op of their own (``x.float()``). A policy's rule for unlisted ops leaves
+# them alone; listing one applies its list's rule.
+_MOVES_OR_COMPARES = frozenset({
+    # conversions, copies, creation from another tensor's metadata
+    "float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char",
+    "cpu", "cuda", "type", "type_as", "clone", "numpy", "tolist", "new_tensor",
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+    "randint_like",
+    # data movement
+    "flip", "fliplr", "flipud", "rot90", "roll", "tile", "repeat", "repeat_interleave",
+    "index_select", "gather", "take", "masked_select", "pad", "broadcast_tensors",
+    "atleast_1d", "atleast_2d", "atleast_3d", "dropout",
+    # comparisons and index results: a cast would only change which values tie
+    "eq", "ne", "lt", "le", "gt", "ge", "isclose", "isfinite", "isinf", "isnan", "sign",
+    "any", "all", "count_nonzero", "nonzero", "where", "argmax", "argmin", "argsort",
+    "sort", "topk", "max", "min",
+    # Python-level tensor plumbing with no dispatcher op
+    "data_ptr", "dim_order", "nelement", "record_stream", "register_hook", "retain_grad",
+    "storage", "untyped_storage", "is_shared", "to_dlpack",
 })
+# Name prefixes of state and layout helpers (torch.get_default_dtype(), x.new_zeros(..),
+# x.to_dense(), torch.set_rng_state(..)): never compute, never cast by an unlisted rule.
+_NOT_COMPUTE_PREFIXES = ("is_", "has_", "get_", "set_", "new_", "to_")
 
-# Name prefixes of queries and layout/metadata helpers (x.is_pinned(), x.new_empty(...),
-# x.to_dense(), torch.get_default_dtype()): never compute, never cast by an unlisted rule.
-_NOT_COMPUTE_PREFIXES = ("is_", "has_", "get_", "set_", "new_", "to_", "dim_")
 
-
+@functools.cache
 def _is_compute(name: str) -> bool:
-    return name not in _NOT_COMPUTE and not name.startswith(_NOT_COMPUTE_PREFIXES)
+    """Whether an unlisted rule may cast op ``name``'s inputs: not a view or an alias of
+    its input (by the schema), not a query returning no tensor (by the schema), not a
+    conversion, move or comparison."""
+    if name in _MOVES_OR_COMPARES or name.startswith(_NOT_COMPUTE_PREFIXES):
+        return False
+    schemas = _op_schemas(name)
+    if not schemas:
+        return True  # a Python-level composite (F.interpolate, F.softmin): it computes
+    return not _returns_view(schemas) and _returns_tensor(schemas)
+
+
+def _dtype_positions(fn: Any, name: str) -> tuple[int, ...]:
+    """Where ``fn`` takes an explicit ``dtype`` positionally: from its signature for a
+    Python function (``F.softmax(x, 1, 3, torch.float32)``), else from the op's schemas
+    (``torch.log_softmax(x, -1, torch.float32)``; a Tensor method's ``self`` is the
+    schema's first argument too)."""
+    if inspect.isfunction(fn):
+        try:
+            params = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
+        except (TypeError, ValueError):
+            return ()
+        return tuple(i for i, p in enumerate(params) if p.name == "dtype" and p.kind in (
+            p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    if isinstance(fn, torch._ops.OpOverload):
+        schemas: tuple[Any, ...] = (fn._schema,)
+    else:
+        schemas = _op_schemas(name)
+    return tuple(sorted({i for s in schemas for i, a in enumerate(s.arguments)
+                         if a.name == "dtype" and not a.kwarg_only}))
+
+
+def _inplace_position(fn: Any) -> int:
+    """Position of an ``inplace`` parameter (``F.relu(x, inplace=True)``), or -1."""
+    if not inspect.isfunction(fn):
+        return -1
+    try:
+        params = list(inspect.signature(fn, follow_wrapped=False).parameters)
+    except (TypeError, ValueError):  # a builtin behind a Python wrapper
+        return -1
+    return params.index("inplace") if "inplace" in params else -1
 
 
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "xpu": "AutocastXPU",
@@ -92,7 +223,8 @@ def native_op_names(device_type: str) -> frozenset[str]:
     """Canonical names of the ops native autocast changes on ``device_type``.
 
     Read from the dispatcher's registrations for the device's autocast key, so it is
-    exact for the running torch build.
+    exact for the running torch build. Custom ops with an autocast kernel
+    (``torch.library.register_autocast``) appear as ``"ns::name"``.
 
     Example:
         >>> from ampkit.autocast_mode import native_op_names
@@ -104,70 +236,50 @@ def native_op_names(device_type: str) -> frozenset[str]:
         regs = torch._C._dispatch_get_registrations_for_dispatch_key(key)
     except RuntimeError:
         return frozenset()
-    return frozenset(r.split("::", 1)[-1].split(".", 1)[0] for r in regs)
+    names = set()
+    for reg in regs:
+        namespace, _, op = reg.partition("::")
+        op = op.split(".", 1)[0]
+        names.add(op if namespace == "aten" else f"{namespace}::{op}")
+    return frozenset(names)
 
 
-# ``entry point -> position of its inplace parameter`` (F.relu(x, inplace=True), ...).
-# Such a call writes into its input: no rule applies to it, as to F.relu_ itself.
-_INPLACE_ARG: dict[Any, int] = {}
+# -- rule tables --------------------------------------------------------------------------
 
-
-def _fill_inplace_table() -> None:
-    """Fill ``_INPLACE_ARG`` for every registry entry point, once: a table that never
-    changes afterwards keeps compiled code's guard on it valid."""
-    if _INPLACE_ARG:
-        return
-    for name in all_op_names():
-        for fn in entry_points(name):
-            if not inspect.isfunction(fn):
-                continue
-            try:
-                params = list(inspect.signature(fn, follow_wrapped=False).parameters)
-            except (TypeError, ValueError):  # a builtin behind a Python wrapper
-                continue
-            if "inplace" in params:
-                _INPLACE_ARG[fn] = params.index("inplace")
-
-
-def _is_inplace_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    if func not in _INPLACE_ARG:
-        return False
-    pos = _INPLACE_ARG[func]
-    if len(args) > pos:
-        return bool(args[pos])
-    return bool(kwargs["inplace"]) if "inplace" in kwargs else False
+#: ``entry point -> (rule, positions of a positional dtype, position of inplace or -1)``.
+Spec = tuple[str, tuple[int, ...], int]
 
 
 @functools.lru_cache(maxsize=64)
-def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, str]:
-    """``entry point -> rule`` for the ops this policy decides differently from native
+def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, Spec]:
+    """``entry point -> spec`` for the ops this policy decides differently from native
     autocast. Empty for a native-equal policy: then nothing is intercepted."""
     if policy.is_native:
         return {}
-    _fill_inplace_table()
-    native = native_op_names(device_type) & all_op_names()
+    native = native_op_names(device_type)
     listed = policy.lower_precision_ops | policy.fp32_ops | policy.promote_ops
     if policy.unlisted == "native":
         names: Iterable[str] = listed
     elif policy.unlisted == "keep":
-        names = listed | native  # native's own casts must be switched off for these
+        names = listed | (native & all_op_names())  # native's own casts switched off
     else:
-        names = listed | native | {n for n in all_op_names() if _is_compute(n)}
-    rules: dict[Any, str] = {}
+        names = listed | (native & all_op_names()) | {
+            n for n in all_op_names() if _is_compute(n)}
+    rules: dict[Any, Spec] = {}
     for name in names:
         rule = policy.rule_for(name)
         if name not in listed and not _is_compute(name):
-            rule = "keep"  # an unlisted rule never casts data-movement ops or queries
+            rule = "keep"  # an unlisted rule never casts views, queries, moves
         if rule == "native" or (rule == "keep" and name not in native):
             continue
         for fn in entry_points(name):
-            rules[fn] = rule
+            rules[fn] = (rule, _dtype_positions(fn, name), _inplace_position(fn))
     # A plain dict (not a MappingProxyType): torch.compile can guard on a dict whose
     # keys are functions, and nobody outside this module mutates it.
     return rules
 
 
-_NO_RULES: Mapping[Any, str] = {}
+_NO_RULES: Mapping[Any, Spec] = {}
 
 _LIST_TYPES = (list, tuple, set, frozenset)
 
@@ -193,6 +305,15 @@ def _region_policy(base: Policy, white: Any, black: Any) -> Policy:
     return base.with_lists(white, black)
 
 
+def _explicit_dtype(args: tuple[Any, ...], kwargs: dict[str, Any],
+                    positions: tuple[int, ...]) -> bool:
+    if kwargs.get("dtype") is not None:
+        return True
+    # Most ops take no dtype: skip building the generator for them (the hot path).
+    return bool(positions) and any(
+        p < len(args) and isinstance(args[p], torch.dtype) for p in positions)
+
+
 class _PolicyMode(TorchFunctionMode):
     """The one interception point of a thread; regions swap its rules."""
 
@@ -201,9 +322,8 @@ class _PolicyMode(TorchFunctionMode):
         # The active policy's table, shared by every region with an equal policy
         # (``_compile_rules`` is cached by the policy's value), so torch.compile's guard
         # on it holds from one region to the next and a compiled graph is reused.
-        self.rules: Mapping[Any, str] = _NO_RULES
+        self.rules: Mapping[Any, Spec] = _NO_RULES
         self.device_type = "cpu"
-        self.dtype = torch.bfloat16
         self.cache: WeightCastCache | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -220,21 +340,27 @@ class _PolicyMode(TorchFunctionMode):
             return func(*args, **kwargs)
         return self._apply(rules[func], func, args, kwargs or {})
 
-    def _apply(self, rule: str, func: Any, args: tuple[Any, ...],
+    def _apply(self, spec: Spec, func: Any, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
+        rule, dtype_at, inplace_at = spec
         device = self.device_type
-        if not torch.is_autocast_enabled(device) or _is_inplace_call(func, args, kwargs):
+        if not torch.is_autocast_enabled(device) or (inplace_at >= 0 and (
+                bool(args[inplace_at]) if len(args) > inplace_at
+                else bool(kwargs.get("inplace", False)))):
             # An inner torch.autocast(enabled=False), or an in-place call: it keeps its
             # effect on the input, in the input's dtype, as under native autocast.
             return func(*args, **kwargs)
-        # Native eligibility: an explicit dtype= is honoured as given (out= calls never
-        # get here: __torch_function__ passes them through).
-        if kwargs.get("dtype") is None:
+        # Native eligibility: an explicit dtype, by keyword or by position, is honoured
+        # as given (out= calls never get here: __torch_function__ passes them through).
+        if not _explicit_dtype(args, kwargs, dtype_at):
             if rule == "lower":
+                # The dtype native autocast has now: the region's own, or that of a
+                # torch.autocast nested inside it (docs/policies.md, "Nesting").
+                low = torch.get_autocast_dtype(device)
                 # A traced graph casts weights itself (and the cache's id() bookkeeping
                 # cannot be traced); eager regions share casts across calls.
                 cache = None if torch.compiler.is_compiling() else self.cache
-                args, kwargs = cast_op_args(args, kwargs, self.dtype, device, cache)
+                args, kwargs = cast_op_args(args, kwargs, low, device, cache)
             elif rule == "fp32":
                 args, kwargs = cast_op_args(args, kwargs, torch.float32, device, None)
             elif rule == "promote":
@@ -244,7 +370,7 @@ class _PolicyMode(TorchFunctionMode):
         if torch.compiler.is_compiling():
             # Dynamo traces the context manager on every supported torch; before 2.13
             # it refuses torch.set_autocast_enabled (a graph break, fullgraph fails).
-            with torch.autocast(device, enabled=False):
+            with _native_autocast(device, enabled=False):
                 return func(*args, **kwargs)
         torch.set_autocast_enabled(device, False)  # eager: cheaper than the manager
         try:
@@ -253,15 +379,184 @@ class _PolicyMode(TorchFunctionMode):
             torch.set_autocast_enabled(device, True)
 
 
+# -- thread state: one frame per entered region ---------------------------------------------
+
+@dataclasses.dataclass
+class _Frame:
+    owner: object  # the region (or carried state) that entered it
+    device_type: str
+    policy: Policy | None  # None: autocast off in this region
+    rules: Mapping[Any, Spec]
+    cache_enabled: bool
+    native: Any = None  # the entered native torch.autocast, if this frame entered one
+    pushed: bool = False  # this frame pushed the thread's mode
+    saved: tuple[Any, ...] | None = None  # the mode's state before this frame
+
+
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.mode: _PolicyMode | None = None
-        self.stack: list[tuple[Any, ...]] = []
+        self.frames: list[_Frame] = []
         self.cache = WeightCastCache()
-        self.policies: list[tuple[str, Policy | None]] = []
 
 
 _state = _ThreadState()
+
+
+def _push(frame: _Frame) -> None:
+    """Enter ``frame``'s rules (its native autocast is already entered), all or nothing:
+    an interrupt (Ctrl-C) half-way leaves the thread as it found it."""
+    st = _state
+    mode = st.mode
+    try:
+        if frame.rules and mode is None:
+            mode = _PolicyMode()
+            mode.__enter__()
+            st.mode, frame.pushed = mode, True
+        if mode is not None:
+            frame.saved = (mode.rules, mode.device_type, mode.cache)
+            mode.rules, mode.device_type = frame.rules, frame.device_type
+            mode.cache = st.cache if frame.cache_enabled else None
+        st.frames.append(frame)
+    except BaseException:
+        _undo(frame)
+        raise
+
+
+def _undo(frame: _Frame) -> None:
+    """Restore what ``frame`` changed: the mode's state, the mode itself, native autocast.
+    Each step runs even when an earlier one raised."""
+    st = _state
+    try:
+        mode = st.mode
+        if mode is not None and frame.saved is not None:
+            mode.rules, mode.device_type, mode.cache = frame.saved
+            frame.saved = None
+    finally:
+        try:
+            if frame.pushed:
+                frame.pushed = False
+                mode, st.mode = st.mode, None
+                if mode is not None:
+                    mode.__exit__(None, None, None)
+        finally:
+            native, frame.native = frame.native, None
+            if native is not None:
+                native.__exit__(None, None, None)
+
+
+def _pop(owner: object) -> None:
+    """Leave ``owner``'s innermost frame, first closing any frame entered inside it and
+    left open (a region whose exit never ran: an interrupted forward hook)."""
+    st = _state
+    for index in range(len(st.frames) - 1, -1, -1):
+        if st.frames[index].owner is owner:
+            break
+    else:
+        raise RuntimeError("ampkit.autocast: __exit__ of a region that is not entered in "
+                           "this thread")
+    try:
+        while len(st.frames) > index:
+            _undo(st.frames.pop())
+    finally:
+        if not st.frames:
+            st.cache.clear()
+
+
+# -- activation checkpointing: carry the policy into the recomputation -----------------------
+
+class _Carried:
+    """Re-enters a region's rules (not its native autocast: torch.utils.checkpoint
+    restores that itself) around a checkpointed function's recomputation."""
+
+    __slots__ = ("frame",)
+
+    def __init__(self, frame: _Frame) -> None:
+        self.frame = frame
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            frames = _state.frames
+            if frames and frames[-1].rules is self.frame.rules and (
+                    frames[-1].device_type == self.frame.device_type):
+                return fn(*args, **kwargs)  # the forward itself: already in effect
+            _push(dataclasses.replace(self.frame, owner=self, native=None, pushed=False,
+                                      saved=None))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _pop(self)
+
+        return run
+
+
+def _carry(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, bound to the policy in effect now (when it intercepts anything)."""
+    frames = _state.frames
+    if not frames or not frames[-1].rules or torch.compiler.is_compiling():
+        return fn  # torch carries native autocast state itself; compiled code bakes it in
+    return _Carried(frames[-1])(fn)
+
+
+_carry_installed = False
+
+
+def _install_checkpoint_carry() -> None:
+    """Make ``torch.utils.checkpoint`` carry the active policy into its recomputation,
+    the way it carries native autocast state (which it captures in the forward and
+    re-enters around the recomputation). torch offers no hook for other state, so the
+    two places where it keeps the function to recompute are wrapped: the function is
+    bound to the policy in effect at the checkpoint call. Outside policy regions the
+    function is passed through unchanged. Installed on first entry of a region that
+    intercepts anything."""
+    global _carry_installed
+    if _carry_installed:
+        return
+    _carry_installed = True
+    import torch.utils.checkpoint as cp
+
+    generator = getattr(cp, "_checkpoint_without_reentrant_generator", None)
+    function = getattr(cp, "CheckpointFunction", None)
+    if generator is None or not isinstance(function, type):
+        warnings.warn("ampkit: this torch's torch.utils.checkpoint has no "
+                      "_checkpoint_without_reentrant_generator / CheckpointFunction; "
+                      "checkpointed code recomputes without the ampkit policy",
+                      RuntimeWarning, stacklevel=3)
+        return
+
+    @functools.wraps(generator)
+    def without_reentrant(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return generator(_carry(fn), *args, **kwargs)
+
+    class CheckpointFunction(function):  # type: ignore[misc, valid-type]
+        @staticmethod
+        def forward(ctx: Any, run_function: Callable[..., Any], preserve_rng_state: bool,
+                    *args: Any) -> Any:
+            return function.forward(ctx, _carry(run_function), preserve_rng_state, *args)
+
+    CheckpointFunction.__qualname__ = function.__qualname__
+    cp.CheckpointFunction = CheckpointFunction
+    # Modules that imported the generator by name before now (the composable
+    # checkpoint API) get the carrying one too; later importers find it in ``cp``.
+    for module in (cp, sys.modules.get("torch.distributed._composable.checkpoint_activation")):
+        if getattr(module, "_checkpoint_without_reentrant_generator", None) is generator:
+            module._checkpoint_without_reentrant_generator = without_reentrant  # type: ignore[union-attr]
+
+
+# -- the region -------------------------------------------------------------------------------
+
+class UnsupportedDeviceError(RuntimeError, ValueError):
+    """A ``device_type`` that ``torch.autocast`` does not support. A ``RuntimeError``, as
+    torch raises, and a ``ValueError`` (a bad argument value).
+
+    Example:
+        >>> import ampkit
+        >>> try:
+        ...     ampkit.autocast("gpu")
+        ... except RuntimeError as error:
+        ...     print(type(error).__name__)
+        UnsupportedDeviceError
+    """
 
 
 def _default_device() -> str:
@@ -276,10 +571,19 @@ def _autocast_available(device_type: str) -> bool:
 
 
 def _check_device(device_type: Any) -> str:
-    if not isinstance(device_type, str) or not _autocast_available(device_type):
+    if not isinstance(device_type, str):
+        # torch's own wording (its tests match it), then ours.
+        raise ValueError(f"Expected `device_type` of type `str`, got: `{type(device_type)}`; "
+                         f"device_type must be a device type string such as 'cpu' or 'cuda'")
+    try:
+        available = bool(torch._C._is_autocast_available(device_type))
+        reason = f"unsupported autocast device_type {device_type!r}"
+    except RuntimeError as error:  # "Invalid device string: '...'"
+        available, reason = False, str(error)
+    if not available:
         accepted = [d for d in _AUTOCAST_KEYS if _autocast_available(d)]
-        raise ValueError(f"device_type must be a device type that torch.autocast supports, "
-                         f"one of {accepted}, got {device_type!r}")
+        raise UnsupportedDeviceError(f"device_type: {reason}; device_type must be a device "
+                                     f"type that torch.autocast supports, one of {accepted}")
     return device_type
 
 
@@ -296,9 +600,9 @@ def current_policy(device_type: str = "cpu") -> Policy | None:
         >>> current_policy("cpu") is None
         True
     """
-    for dev, policy in reversed(_state.policies):
-        if dev == device_type:
-            return policy
+    for frame in reversed(_state.frames):
+        if frame.device_type == device_type:
+            return frame.policy
     return None
 
 
@@ -306,17 +610,25 @@ class autocast:
     """Run ops in mixed precision by a policy: native ``torch.autocast`` plus custom
     lists. A context manager and a decorator.
 
+    The positional signature is ``torch.autocast``'s, ``(device_type, dtype=None,
+    enabled=True, cache_enabled=None)``; the policy arguments are keyword-only.
+
     Args:
         device_type: ``"cpu"``, ``"cuda"`` or any device ``torch.autocast`` supports;
-            ``None`` picks ``"cuda"`` when available, else ``"cpu"``.
+            ``None`` picks ``"cuda"`` when available, else ``"cpu"``. Another string is
+            an :class:`UnsupportedDeviceError` (a ``RuntimeError``, as in torch).
         dtype: ``torch.float16`` or ``torch.bfloat16`` (or their names); ``None`` takes
-            the policy's dtype, else the device's autocast default.
+            the policy's dtype, else the device's autocast default. With
+            ``enabled=False`` any ``torch.dtype`` is accepted (it is not used), as torch
+            accepts it.
         enabled: ``False`` turns autocast off inside the region (overriding outer ones).
+        cache_enabled: keep low-precision casts of weights for the outermost region;
+            ``None`` follows ``torch.is_autocast_cache_enabled()``.
         policy: a preset name (``"torch"``, ``"conservative"``, ...) or a
             :class:`~ampkit.policy.Policy`.
-        custom_white_list: ops to run in ``dtype`` (names, callables, module classes).
-        custom_black_list: ops to run in float32.
-        cache_enabled: keep low-precision casts of weights for the outermost region.
+        custom_white_list: ops to run in ``dtype`` (names, callables, module classes,
+            custom ops as ``"ns::name"`` or their ``torch.library`` objects).
+        custom_black_list: ops to run in float32 (the same kinds of entries).
 
     Example:
         >>> import torch
@@ -327,36 +639,43 @@ class autocast:
         ...     return lin(x)
         >>> forward(torch.rand(2, 4)).dtype
         torch.float32
+        >>> with ampkit.autocast("cpu", torch.float32, False):  # torch's positional form
+        ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+        torch.float32
     """
 
-    # Dynamo must not trace ampkit's own bookkeeping (thread-local state, rule tables):
-    # inside compiled code a region's entry and exit are graph breaks, and the ops in
+    # Inside compiled code a region's entry and exit are graph breaks, and the ops in
     # between are traced with the region active. A region around the compiled call
     # costs no graph break at all.
-    @torch.compiler.disable
+    @_not_traced
     def __init__(self, device_type: str | None = None, dtype: torch.dtype | str | None = None,
-                 *, enabled: bool = True, policy: str | Policy = "torch",
+                 enabled: bool = True, cache_enabled: bool | None = None, *,
+                 policy: str | Policy = "torch",
                  custom_white_list: Iterable[OpEntry] | None = None,
-                 custom_black_list: Iterable[OpEntry] | None = None,
-                 cache_enabled: bool = True) -> None:
+                 custom_black_list: Iterable[OpEntry] | None = None) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+        if cache_enabled is None:
+            cache_enabled = torch.is_autocast_cache_enabled()
         if not isinstance(cache_enabled, bool):
-            raise TypeError(f"cache_enabled must be a bool, got {type(cache_enabled).__name__}")
+            raise TypeError(f"cache_enabled must be a bool or None, "
+                            f"got {type(cache_enabled).__name__}")
         self.device_type = _check_device(_default_device() if device_type is None
                                          else device_type)
         base = get_policy(policy)
-        chosen = as_dtype(dtype)
+        if not enabled and isinstance(dtype, torch.dtype):
+            chosen: torch.dtype | None = dtype  # unused in a disabled region; as torch
+        else:
+            chosen = as_dtype(dtype)
         self.policy: Policy = _region_policy(base, custom_white_list, custom_black_list)
         self.dtype: torch.dtype = (chosen or self.policy.dtype
                                    or torch.get_autocast_dtype(self.device_type))
         self.enabled = enabled
         self.cache_enabled = cache_enabled
-        self._rules = _compile_rules(self.policy, self.device_type) if enabled else {}
+        self._rules = _compile_rules(self.policy, self.device_type) if enabled else _NO_RULES
 
-    @torch.compiler.disable
+    @_not_traced
     def __enter__(self) -> autocast:
-        st = _state
         cache = self.cache_enabled
         if cache and torch.is_autocast_enabled(self.device_type) and (
                 torch.get_autocast_dtype(self.device_type) != self.dtype):
@@ -364,39 +683,26 @@ class autocast:
             # with another dtype would get the outer dtype's casts (a dtype-mismatch
             # error in torch.autocast). Not caching in that inner region avoids it.
             cache = False
-        native = torch.autocast(self.device_type, self.dtype, enabled=self.enabled,
-                                cache_enabled=cache)
+        if self._rules:
+            _install_checkpoint_carry()
+        native = _native_autocast(self.device_type, self.dtype, enabled=self.enabled,
+                                  cache_enabled=cache)
+        frame = _Frame(self, self.device_type, self.policy if self.enabled else None,
+                       self._rules, self.cache_enabled)
         native.__enter__()
-        mode, pushed = st.mode, False
-        saved = None
-        if self._rules and mode is None:
-            mode = st.mode = _PolicyMode()
-            mode.__enter__()
-            pushed = True
-        if mode is not None:
-            saved = (mode.rules, mode.device_type, mode.dtype, mode.cache)
-            mode.rules, mode.device_type, mode.dtype = self._rules, self.device_type, self.dtype
-            mode.cache = st.cache if self.cache_enabled else None
-        st.stack.append((native, pushed, saved))
-        st.policies.append((self.device_type, self.policy if self.enabled else None))
+        frame.native = native  # from here on _undo exits it
+        _push(frame)
         return self
 
-    @torch.compiler.disable
+    @_not_traced
     def __exit__(self, *exc: Any) -> None:
-        st = _state
-        native, pushed, saved = st.stack.pop()
-        st.policies.pop()
-        mode = st.mode
-        if mode is not None and saved is not None:
-            mode.rules, mode.device_type, mode.dtype, mode.cache = saved
-        if pushed and mode is not None:
-            mode.__exit__(*exc)
-            st.mode = None
-        if not st.stack:
-            st.cache.clear()
-        native.__exit__(*exc)
+        _pop(self)
 
     def __call__(self, fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"autocast()(func) requires a callable, but got "
+                            f"{type(fn).__name__}")
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             with self:

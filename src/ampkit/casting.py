@@ -217,6 +217,14 @@ class WeightCastCache:
     A weight used by several ops in one forward pass is then cast once, and all uses
     share one autograd node, so its gradient is accumulated once.
 
+    A cast is kept only when it carries autograd history back to the weight: casts made
+    under ``torch.no_grad()`` or ``torch.inference_mode()`` are used once and never
+    stored, so a later forward with gradients on (the same region, the same layer: a
+    target network, teacher features, EMA targets) casts again and the weight gets its
+    gradient. A stored cast is reused only while the weight's version counter is
+    unchanged: an in-place update (an optimizer step, ``w.copy_()`` under ``no_grad``)
+    makes the next use cast again.
+
     Example:
         >>> import torch
         >>> from ampkit.casting import WeightCastCache
@@ -224,24 +232,32 @@ class WeightCastCache:
         >>> w = torch.ones(2, requires_grad=True)
         >>> cache.cast(w, torch.bfloat16) is cache.cast(w, torch.bfloat16)
         True
+        >>> with torch.no_grad():
+        ...     cache.cast(w, torch.float16).grad_fn is None, len(cache)
+        (True, 1)
     """
 
     __slots__ = ("_casts",)
 
     def __init__(self) -> None:
-        # id(tensor) -> (tensor, dtype, cast). The tensor is held so its id stays unique.
-        self._casts: dict[int, tuple[torch.Tensor, torch.dtype, torch.Tensor]] = {}
+        # (id(tensor), dtype) -> (tensor, version, cast). The tensor is held so its id
+        # stays unique while the entry lives.
+        self._casts: dict[tuple[int, torch.dtype],
+                          tuple[torch.Tensor, int, torch.Tensor]] = {}
 
     def cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``t.to(dtype)``, cached when ``t`` is an fp32 leaf that requires grad (see the
         class example)."""
         if not (t.requires_grad and t.is_leaf and t.dtype is torch.float32) or t._is_view():
             return t.to(dtype)
-        hit = self._casts.get(id(t))
-        if hit is not None and hit[0] is t and hit[1] is dtype:
+        key = (id(t), dtype)
+        hit = self._casts.get(key)
+        if hit is not None and hit[0] is t and hit[1] == t._version:
+            # A cast with history serves no_grad / inference_mode uses as well.
             return hit[2]
         out = t.to(dtype)
-        self._casts[id(t)] = (t, dtype, out)
+        if out.grad_fn is not None:  # made with grad mode on, outside inference_mode
+            self._casts[key] = (t, t._version, out)
         return out
 
     def clear(self) -> None:

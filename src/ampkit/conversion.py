@@ -59,7 +59,6 @@ import dataclasses
 import difflib
 import enum
 import functools
-import sys
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -831,8 +830,10 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             plan.boundaries[id(module)] = (module, boundary)
         if module._parameters or module._buffers:
             plan.owners.append(module)
-        if config.param_compute_dtype is not None and not kept and any(
-                p is not None and p.is_floating_point() for p in module._parameters.values()):
+        if (config.param_compute_dtype is not None and not kept
+                and not _updates_float_buffers(module) and any(
+                    p is not None and p.is_floating_point()
+                    for p in module._parameters.values())):
             plan.cast_on_use.append(module)
         for child_name, child in module.named_children():
             walk(child, f"{name}.{child_name}" if name else child_name, kept, whitelisted)
@@ -840,6 +841,19 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
     walk(model, "", False, False)
     _merge_root(model, config, plan)
     return plan
+
+
+def _updates_float_buffers(module: nn.Module) -> bool:
+    """A norm that updates fp32 running statistics in place (BatchNorm, InstanceNorm
+    with ``track_running_stats``). Cast on use, its parameters would be low precision
+    next to fp32 statistics, which torch's kernels refuse; its statistics cannot be
+    copies either, or their updates would be lost. So at O2 it computes with its fp32
+    parameters even when norms are not kept (``keep_norms_fp32=False``), taking the
+    low-precision activation as it is."""
+    from torch.nn.modules.batchnorm import _NormBase
+
+    return isinstance(module, _NormBase) and any(
+        b is not None and b.is_floating_point() for b in module._buffers.values())
 
 
 def _merge_root(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
@@ -867,6 +881,7 @@ def _check_tensors(model: nn.Module, config: ConversionConfig) -> None:
             raise ValueError(f"parameter {name!r} is uninitialized (a lazy module); run one "
                              f"forward pass before converting the model")
     if not (config.casts_parameters or config.policy is not None
+            or config.param_compute_dtype is not None
             or config.low_precision_modules is not None):
         return  # O0-like: casting whatever is there to fp32 loses nothing
     for name, param in model.named_parameters():
@@ -981,8 +996,8 @@ def convert_model(model: nn.Module, level: Any = "O2", dtype: torch.dtype | str 
         >>> from ampkit.conversion import convert_model
         >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
         >>> net = convert_model(net, "O2", torch.bfloat16)
-        >>> net[0].weight.dtype, net[1].weight.dtype, net(torch.rand(1, 1, 5, 5)).dtype
-        (torch.bfloat16, torch.float32, torch.float32)
+        >>> net[0].weight.dtype, net(torch.rand(1, 1, 5, 5)).dtype  # fp32 truth
+        (torch.float32, torch.float32)
         >>> convert_model(net, "O3", torch.bfloat16)
         Traceback (most recent call last):
         ...

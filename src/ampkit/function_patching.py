@@ -11,10 +11,16 @@ that dtype. Outside autocast it is the original function, unchanged.
 * ``CastRule.LOWER``: to the region's low-precision dtype (apex ``register_half_function``);
 * ``CastRule.FP32``: to float32 (apex ``register_float_function``);
 * ``CastRule.PROMOTE``: to the widest floating dtype among the arguments (apex
-  ``register_promote_function``).
+  ``register_promote_function``);
+* ``CastRule.REFUSE_LOW``: nothing is cast; a call with a float16 or bfloat16 argument
+  raises ``NotImplementedError`` (apex's banned functions, and in-place versions of
+  float32-list ops, which could only compute in the low precision). Other calls run
+  as they are.
 
 Eligibility is native autocast's: only floating tensors on the autocast device that are
-not float64 are cast, inside nested lists, tuples and dicts too. :func:`cast_function`
+not float64 are cast, inside nested lists, tuples and dicts too. ``policy`` narrows a
+rule to the regions running one named policy (apex's refusals hold only under its own
+O1 lists, ``"apex-O1"``). :func:`cast_function`
 makes the same wrapper without replacing anything (a decorator).
 
 Example:
@@ -40,7 +46,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ampkit.autocast_mode import autocast
+from ampkit.autocast_mode import autocast, current_policy
 from ampkit.casting import cast_tree, eligible_dtypes, is_eligible, widest_float_dtype
 from ampkit.registry import all_op_names
 
@@ -61,6 +67,7 @@ class CastRule(enum.Enum):
     LOWER = "lower"  # the region's low-precision dtype
     FP32 = "fp32"  # float32
     PROMOTE = "promote"  # the widest floating dtype among the arguments
+    REFUSE_LOW = "refuse low precision"  # NotImplementedError on a float16/bfloat16 input
 
 
 def _devices(args: Any) -> set[str]:
@@ -86,9 +93,34 @@ def _autocast_off(device_type: str) -> autocast:
     return autocast(device_type, enabled=False)
 
 
-def cast_function(rule: CastRule) -> Callable[[F], F]:
+def _low_precision_argument(args: Any, devices: set[str]) -> torch.Tensor | None:
+    """The first float16/bfloat16 tensor in ``args`` on one of ``devices``, if any."""
+    pending = [args]
+    while pending:
+        x = pending.pop()
+        if isinstance(x, torch.Tensor):
+            if x.dtype in (torch.float16, torch.bfloat16) and x.device.type in devices:
+                return x
+        elif isinstance(x, list | tuple):
+            pending.extend(x)
+        elif isinstance(x, dict):
+            pending.extend(x.values())
+    return None
+
+
+def _runs_policy(device: str, name: str) -> bool:
+    current = current_policy(device)
+    return current is not None and current.name in (name, f"{name}+custom")
+
+
+def cast_function(rule: CastRule, *, message: str | None = None,
+                  policy: str | None = None) -> Callable[[F], F]:
     """A decorator: inside autocast, cast the function's floating arguments by ``rule``
-    and run it with autocast off; outside, call it as it is.
+    and run it with autocast off; outside, call it as it is. With
+    ``CastRule.REFUSE_LOW``, a call with a low-precision argument raises
+    ``NotImplementedError`` (``message`` says why; a default names the function).
+    ``policy`` (a preset name) limits the rule to ampkit regions running that policy
+    (or it with custom lists).
 
     Example:
         >>> import torch
@@ -98,10 +130,17 @@ def cast_function(rule: CastRule) -> Callable[[F], F]:
         >>> with ampkit.autocast("cpu", torch.bfloat16):
         ...     add(torch.ones(1, dtype=torch.bfloat16), torch.ones(1)).dtype
         torch.float32
+        >>> exp_ = cast_function(CastRule.REFUSE_LOW, message="no in-place exp")(
+        ...     torch.Tensor.exp_)
+        >>> with ampkit.autocast("cpu", torch.bfloat16):
+        ...     exp_(torch.ones(1, dtype=torch.bfloat16))
+        Traceback (most recent call last):
+        ...
+        NotImplementedError: no in-place exp
     """
-    if not isinstance(rule, CastRule):
-        raise TypeError(f"rule must be a CastRule ({[r.name for r in CastRule]}), got "
-                        f"{rule!r}")
+    _check_rule(rule, message)
+    if policy is not None and not isinstance(policy, str):
+        raise TypeError(f"policy must be None or a policy name (str), got {policy!r}")
 
     def decorate(fn: F) -> F:
         if not callable(fn):
@@ -110,7 +149,17 @@ def cast_function(rule: CastRule) -> Callable[[F], F]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             devices = _devices((args, kwargs))
+            if policy is not None:
+                devices = {d for d in devices if _runs_policy(d, policy)}
             if not devices:
+                return fn(*args, **kwargs)
+            if rule is CastRule.REFUSE_LOW:
+                low = _low_precision_argument((args, kwargs), devices)
+                if low is not None:
+                    name = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
+                    raise NotImplementedError(
+                        message or f"{name} refuses {low.dtype} arguments inside autocast: "
+                                   f"it could only compute in that precision")
                 return fn(*args, **kwargs)
             for device in sorted(devices):
                 if rule is CastRule.LOWER:
@@ -134,19 +183,32 @@ def cast_function(rule: CastRule) -> Callable[[F], F]:
     return decorate
 
 
+def _check_rule(rule: Any, message: Any) -> None:
+    if not isinstance(rule, CastRule):
+        raise TypeError(f"rule must be a CastRule ({[r.name for r in CastRule]}), got "
+                        f"{rule!r}")
+    if message is not None and (rule is not CastRule.REFUSE_LOW
+                                or not isinstance(message, str)):
+        raise ValueError(f"message is the error text of CastRule.REFUSE_LOW: a str with "
+                         f"that rule, None otherwise; got {message!r} with {rule}")
+
+
 _lock = threading.Lock()
 # (id(owner), name) -> (owner, name, original function, rule)
 _registered: dict[tuple[int, str], tuple[Any, str, Callable[..., Any], CastRule]] = {}
 
 
-def register_function(module: Any, name: str, rule: CastRule) -> None:
+def register_function(module: Any, name: str, rule: CastRule, *,
+                      message: str | None = None, policy: str | None = None) -> None:
     """Replace ``module.name`` by a wrapper that casts by ``rule`` inside autocast.
 
     ``module`` is any object holding the function (a module, a class, an object).
-    Registering the same function again replaces its rule.
+    Registering the same function again replaces its rule. ``message`` is the error
+    text of ``CastRule.REFUSE_LOW``; ``policy`` limits the rule to regions running the
+    policy of that name (see :func:`cast_function`).
 
     Raises:
-        ValueError: ``module`` has no attribute ``name``.
+        ValueError: ``module`` has no attribute ``name``; ``message`` with another rule.
         TypeError: the attribute is not callable, or ``rule`` is not a :class:`CastRule`.
 
     Example:
@@ -163,9 +225,7 @@ def register_function(module: Any, name: str, rule: CastRule) -> None:
         torch.float32
         >>> unregister_function(ext, "fused")
     """
-    if not isinstance(rule, CastRule):
-        raise TypeError(f"rule must be a CastRule ({[r.name for r in CastRule]}), got "
-                        f"{rule!r}")
+    _check_rule(rule, message)
     if not isinstance(name, str) or not hasattr(module, name):
         raise ValueError(f"no function named {name!r} in {module!r}")
     # Build the op registry first, so it never records a wrapper as a torch op.
@@ -177,7 +237,7 @@ def register_function(module: Any, name: str, rule: CastRule) -> None:
         if not callable(original):
             raise TypeError(f"{module!r}.{name} is not callable, got "
                             f"{type(original).__name__}")
-        setattr(module, name, cast_function(rule)(original))
+        setattr(module, name, cast_function(rule, message=message, policy=policy)(original))
         _registered[key] = (module, name, original, rule)
 
 

@@ -1,73 +1,98 @@
-"""Pure low-precision master weights: bf16 parameters and optimizer state, no fp32 copies.
+"""Pure low-precision training: the bf16 parameters are the truth, with no fp32 copies.
 
-Beside fp32 masters (:mod:`ampkit.master_weights`), this is the master-weights layer's
-second mode: the bf16 parameters *are* the masters. Dropping the fp32 copies saves
-memory (AdamW: 6 bytes per parameter between steps instead of 14 at O2), but
-round-to-nearest updates stall: ``w + lr * update`` rounds back to ``w`` whenever the
-update is below half a bf16 ulp (bf16 keeps 8 significant bits, so about 0.4% of
-``|w|``). :class:`PureLowPrecisionOptimizer` applies each update with one of:
+In this mode (``master_weights="stochastic" | "kahan"``) parameters and optimizer
+state stay bf16 between steps. Dropping fp32 copies saves memory (AdamW: 6 bytes per
+parameter between steps instead of fp32's 12). But updates rounded to nearest stall:
+``w + lr * update`` rounds back to ``w`` whenever the update is below half a bf16 ulp
+(bf16 keeps 8 significant bits, so about 0.4% of ``|w|``).
+:class:`PureLowPrecisionOptimizer` applies each update with one of these roundings:
 
 * ``"stochastic"``: stochastic rounding (Zamirai et al., "Revisiting BFloat16
-  Training", 2020): the fp32 result rounds up with probability equal to its distance
+  Training", 2020). The fp32 result rounds up with probability equal to its distance
   from the bf16 value below, so the rounding is unbiased and small updates survive on
-  average. The random bits come from a seeded ``torch.Generator`` (one per device), so
-  runs are reproducible; its state is part of the optimizer's ``state_dict``.
-* ``"kahan"``: Kahan-compensated summation: a bf16 compensation buffer per parameter
-  (the optimizer state ``"kahan_compensation"``) keeps what rounding the weight to
-  nearest lost (truncated to bf16, so weight + compensation always rounds back to the
-  weight), and adds it back before the next update. 2 more bytes per parameter.
-* ``"nearest"``: round to nearest, the baseline that stalls (for comparisons only).
+  average.
+* ``"kahan"``: Kahan-compensated summation. A bf16 compensation per parameter (the
+  optimizer state ``"kahan_compensation"``) keeps what rounding the weight to nearest
+  lost, and is added back before the next update. It is truncated to bf16, so weight +
+  compensation always rounds back to the weight. This costs 2 more bytes per parameter.
+* ``"nearest"``: round to nearest. This is the baseline that stalls, kept for
+  comparisons only.
 
-How one step works: for each chunk of parameters (at most ``chunk_bytes`` of fp32
-working memory at a time), each bf16 parameter's ``.data`` is swapped for an fp32
-working copy (``param`` + compensation), its gradient and its optimizer state
-(moments, momentum) for fp32 copies, and the optimizer's *own* step runs on them
-(any ``torch.optim`` optimizer; foreach and fused variants included, since they see
-ordinary fp32 tensors). The results are then rounded back into bf16: the weight by
-the chosen rounding, the optimizer state stochastically (``"stochastic"`` and
-``"kahan"``) or to nearest (``"nearest"``). The state is rounded stochastically even
-with Kahan because round-to-nearest stalls moments too: AdamW's
-``v = 0.999 v + 0.001 g**2`` rounds back to ``v`` unless ``g**2`` differs from ``v`` by
-about twice ``v``. Parameters that are not bf16 (norms kept in fp32 at O2) are
-stepped as they are. Scalar state (the step count, NAdam's ``mu_product``, ASGD's
-``eta``/``mu``: functions of the step count and hyper-parameters) stays fp32 and
-exact. Step hooks (``register_step_pre_hook``/``post_hook``) run once per step, seeing
+**How a step works.** The parameters are never replaced and their ``.data`` is never
+reassigned. The autograd graph, DDP's hooks on each parameter and FSDP2's sharded
+parameters all keep seeing the same tensors. For each chunk of parameters, taking at
+most ``chunk_bytes`` of fp32 working memory at a time, each bf16 parameter with a
+gradient gets an fp32 *working* ``nn.Parameter``: the weight (plus its compensation),
+with an fp32 copy of its gradient and fp32 copies of its optimizer state (moments,
+momentum). These stand in for the bf16 parameter in ``param_groups`` and ``state``
+while the optimizer's *own* step runs. Any ``torch.optim`` optimizer works this way,
+foreach and fused variants included, since they see ordinary fp32 tensors, DTensors
+included. The results are then rounded back into the bf16 parameter's own storage
+(``copy_``, in place). The weight is rounded by the chosen rounding. The optimizer state
+is rounded stochastically (``"stochastic"`` and ``"kahan"``) or to nearest
+(``"nearest"``). The state is rounded stochastically even with Kahan because rounding
+to nearest stalls moments too: AdamW's ``v = 0.999 v + 0.001 g**2`` rounds back to
+``v`` unless ``g**2`` differs from ``v`` by about twice ``v``. Parameters that are not
+bf16 (norms kept in fp32) are stepped as they are. Scalar state (the step count,
+NAdam's ``mu_product``, ASGD's ``eta``/``mu``) follows from the step count and the
+hyper-parameters, so it stays fp32 and exact. Entries that are not tensors (LBFGS's
+history lists) stay as the optimizer made them. Step hooks run once per step and see
 whole parameter groups, as with any torch optimizer; the chunks are invisible to them.
 
-A step that is not taken (a loss scaler skipped it, or ``found_inf`` != 0 was handed
-to the step) leaves the parameters, the state and the generators exactly as they were.
-A pure optimizer tells loss scalers that it does not take ``grad_scale``/``found_inf``,
-even when the inner optimizer is fused: the scaler then unscales the gradients itself
-and skips the call on an overflow (one host sync per step).
+**Random bits.** Stochastic rounding uses no generator. Each element's 16 random bits
+are a hash of ``(rounding_seed, the parameter's index in the optimizer, the number of
+rounded updates that parameter has had, which tensor: the weight or a state entry, the
+element's position)``. So:
 
-Checkpoints: ``model.state_dict()`` reports fp32 values that load into an fp32 model;
-with Kahan each value is the weight plus its compensation, so nothing the
-compensation kept is lost. Resuming from the model's and the optimizer's
-``state_dict`` (compensation and generator states included) continues bit for bit.
-Loading a model ``state_dict`` sets each existing Kahan buffer to what rounding the
-loaded value to bf16 loses, so the model then reports the loaded value (ampkit's
-conversion guard has already made a failed load change nothing and refused
-``assign=True``). ``copy.deepcopy((model, optimizer))`` and pickling both keep the
-rounding, the buffers and the generator states: the copy trains bit for bit like the
-original. ``copy.deepcopy(model)`` alone does not copy the Kahan buffers (optimizer
-state): the copy's ``state_dict`` reports its bf16 weights.
+* every replica of a parameter (DDP ranks; HSDP's replicate dimension) draws the same
+  bits and the replicas stay equal, whatever each rank's global RNG does;
+* torch's global RNG is never read nor advanced;
+* the bits do not depend on the device: CPU and CUDA round alike;
+* for a DTensor (FSDP2's ``fully_shard``) sharded with ``Shard``/``Replicate``
+  placements, the position is the element's position in the *whole* parameter. A
+  sharded run therefore rounds exactly like an unsharded one. For other placements
+  (``_StridedShard``: FSDP2 over tensor parallelism), the position is the local one and
+  the shard's mesh coordinates enter the hash: replicas still agree and shards draw
+  different bits, but a sharded run no longer rounds like an unsharded one.
 
-Closures: a closure handed to ``step`` is called once, before the update, at the
-current weights (as ``torch.optim.SGD``/``AdamW`` do). Optimizers whose step *requires*
-a closure, ``torch.optim.LBFGS``, evaluate it again at weights they try, which the
-chunked fp32 step cannot show the model: they are refused with a ``TypeError`` (use
-``master_weights=True``).
+``rounding_seed`` is a hyper-parameter of each parameter group (``None`` means 0), and
+the count is the per-parameter state entry ``"rounding_step"``. Both are part of
+``optimizer.state_dict()``, and so of Distributed Checkpoint's, so a resumed run
+continues bit for bit.
 
-Memory (AdamW): 6 bytes per parameter between steps with ``"stochastic"`` (bf16
-weight and two bf16 moments), 8 with ``"kahan"``, against 12 for fp32 and 14 for O2
-(gradients: 2 bytes during a step, 4 in fp32). During the step, one chunk at a time
-holds fp32 working copies (about 24 bytes per element of the chunk with AdamW's
-temporaries); a chunk is at least one whole parameter, so the largest parameter sets
-the floor. The inner optimizer's variant (for-loop, foreach, fused) makes no
-difference to correctness; foreach/fused only pay off within a chunk.
+**Checkpoints.** The model's ``state_dict`` holds its bf16 parameters, the truth. The
+Kahan compensation is ordinary optimizer state: it saves, loads and (under FSDP2)
+shards with the optimizer. The compensation belongs to the weight the step left. So a
+weight changed by anything but this optimizer's step gets its compensation dropped at
+the next step. That covers ``model.load_state_dict``, ``p.copy_`` and anything else
+that bumps the parameter's version counter, and ``p.data = ...``. In-place edits
+*through* ``p.data`` bypass the version counter: after one, the old compensation (less
+than half a bf16 ulp of the old weight) is added once. Loading the optimizer's
+``state_dict`` takes the saved compensations as they are. ``torch.save``, pickle and
+``copy.deepcopy`` of the optimizer (alone or with its model) keep the rounding, the
+state and the counts, so the copy trains bit for bit like the original.
 
-float16 is refused: pure fp16 would need loss scaling on every update and has
-little range; use fp32 masters (``master_weights=True``) for fp16.
+**Skipped steps and closures.** A step that is not taken leaves the parameters and the
+state exactly as they were. A step is not taken when a loss scaler skipped it, or when
+``found_inf`` != 0 was handed to the step. A pure optimizer tells loss scalers that it
+does not take ``grad_scale``/``found_inf``, even when the inner optimizer is fused. The
+scaler then unscales the gradients itself and skips the call on an overflow (one host
+sync per step). A closure handed to ``step`` is called once, before the update, at the
+current weights, as ``torch.optim.SGD``/``AdamW`` do. Optimizers whose step *requires*
+a closure (``torch.optim.LBFGS``) evaluate it again at weights they try. Those steps
+run on all parameters at once, not in chunks. Before each evaluation, the weights tried
+are rounded to nearest into the model's parameters; after it, the model's gradients
+are handed to the working parameters.
+
+**Memory (AdamW).** Between steps, 6 bytes per parameter with ``"stochastic"`` (bf16
+weight and two bf16 moments) and 8 with ``"kahan"``, against 12 for fp32. Gradients
+take 2 bytes. During the step, one chunk at a time holds fp32 working copies: 16 bytes
+per element, plus the step's temporaries and, while one tensor is rounded, about 16
+bytes per element of it, in slices of at most 2**22 elements. A chunk is at least one
+whole parameter, so the largest parameter sets the floor.
+
+float16 is refused: pure fp16 would need loss scaling on every update and has little
+range.
 
 Example:
     >>> import torch
@@ -84,9 +109,10 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import hashlib
 import inspect
+import math
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -95,14 +121,12 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-
 __all__ = [
     "PURE_ROUNDINGS",
     "PureLowPrecisionOptimizer",
     "check_pure_optimizer",
     "pure_low_precision",
     "pure_rounding",
-    "register_pure_state_dict_hook",
     "stochastic_round",
 ]
 
@@ -110,14 +134,65 @@ __all__ = [
 #: ``master_weights`` takes the first two (``"nearest"`` is the stalling baseline).
 PURE_ROUNDINGS: tuple[str, ...] = ("stochastic", "kahan", "nearest")
 
-_COMP = "kahan_compensation"  # the optimizer-state key of the Kahan buffer
+_COMP = "kahan_compensation"  # per-parameter optimizer state: the Kahan compensation
+_COUNT = "rounding_step"  # per-parameter optimizer state: rounded updates so far
+_SEED = "rounding_seed"  # a hyper-parameter of every parameter group
+_OWN_STATE = (_COMP, _COUNT)  # state of this mode, which the inner optimizer never sees
 _SD_KEY = "ampkit_pure_low_precision"  # the optimizer state_dict entry of this mode
 _LOW_MANTISSA = 1 << 16  # the fp32 bits below bf16's mantissa
 _HIGH_MASK = -_LOW_MANTISSA  # 0xFFFF0000 as an int32
-# parameter -> weakref of the pure optimizer that steps it (weakly keyed by identity), so
-# the model's state_dict and load hooks find the Kahan buffer without holding the
-# optimizer, and a deep copy of (model, optimizer) finds the copy's own buffers.
-_OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_SLICE = 1 << 22  # elements rounded stochastically at once (bounds the hash's temporaries)
+
+# The element hash works on uint32 values held in int64 tensors. Its multipliers are
+# below 2**31, so no product of a 32-bit value overflows int64. Signed overflow has no
+# defined result in torch's kernels, so none may happen.
+_U32 = 0xFFFFFFFF
+_MIX1 = 0x7FEB352D
+_MIX2 = 0x31848BAB
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finalizer (xor-shift-multiply), in place on ``h``."""
+    h.bitwise_xor_(h >> 16)
+    h.mul_(_MIX1).bitwise_and_(_U32)
+    h.bitwise_xor_(h >> 15)
+    h.mul_(_MIX2).bitwise_and_(_U32)
+    h.bitwise_xor_(h >> 16)
+    return h
+
+
+def _noise(index: torch.Tensor, key: tuple[int, int], large: bool = False
+           ) -> torch.Tensor:
+    """16 pseudo-random bits per element (int32 in ``[0, 2**16)``), a function of the
+    element positions ``index`` (int64, non-negative) and ``key`` only: two rounds of
+    mixing with half the key injected before each round. ``large``: positions may reach
+    2**32, so their high bits enter the second round."""
+    h = index.bitwise_and(_U32)
+    h.bitwise_xor_(key[0])
+    _mix32(h)
+    if large:
+        h.bitwise_xor_(index >> 32)
+    h.bitwise_xor_(key[1])
+    _mix32(h)
+    return (h >> 16).to(torch.int32)
+
+
+def _key(*parts: Any) -> tuple[int, int]:
+    """Two 32-bit keys derived from ``parts`` (ints and strings), identical on every
+    process and platform."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:], "little")
+
+
+def _round_with(value: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """``value`` (fp32) rounded to bf16 stochastically with ``noise`` (int32 in
+    ``[0, 2**16)``): add the noise below bf16's mantissa, then truncate the low 16 bits.
+    The bit pattern is sign-magnitude, so negative values round symmetrically."""
+    noise = noise.add_(value.view(torch.int32)).bitwise_and_(_HIGH_MASK)
+    rounded = noise.view(torch.float32)
+    # NaN payloads in the low bits would truncate to inf; keep NaNs NaN.
+    rounded = torch.where(value.isnan(), value, rounded)
+    return rounded.to(torch.bfloat16)  # exact: the low 16 bits are zero
 
 
 def stochastic_round(value: torch.Tensor, generator: torch.Generator | None = None
@@ -126,9 +201,10 @@ def stochastic_round(value: torch.Tensor, generator: torch.Generator | None = No
     its distance from the bf16 number below (in units of the gap), so the expected
     result is ``value`` itself.
 
-    Adds 16 uniformly random bits to the fp32 bit pattern and truncates the low 16 bits
-    (sign-magnitude, so negative values round symmetrically). Values that bf16 holds
-    exactly, infinities and NaNs come back unchanged.
+    The 16 random bits per element come from ``generator`` (torch's default generator
+    when ``None``), which advances. The pure optimizer does not use this function: it
+    draws its bits from a hash of its seed, the step and the element (see the module
+    docstring). Values that bf16 holds exactly, infinities and NaNs come back unchanged.
 
     Raises:
         TypeError: ``value`` is not float32.
@@ -144,14 +220,102 @@ def stochastic_round(value: torch.Tensor, generator: torch.Generator | None = No
     """
     if value.dtype is not torch.float32:
         raise TypeError(f"stochastic_round takes a float32 tensor, got {value.dtype}")
-    bits = value.view(torch.int32)
     noise = torch.randint(0, _LOW_MANTISSA, value.shape, dtype=torch.int32,
                           device=value.device, generator=generator)
-    noise.add_(bits).bitwise_and_(_HIGH_MASK)
-    rounded = noise.view(torch.float32)
-    # NaN payloads in the low bits would truncate to inf; keep NaNs NaN.
-    rounded = torch.where(value.isnan(), value, rounded)
-    return rounded.to(torch.bfloat16)  # exact: the low 16 bits are zero
+    return _round_with(value, noise)
+
+
+# -- DTensor support (FSDP2) ----------------------------------------------------------------
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a build without torch.distributed
+        return False
+    return isinstance(t, DTensor)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor holding ``t``'s elements on this process: ``t`` itself, or a DTensor's
+    local shard (its own storage: writing into it writes into the DTensor)."""
+    if _is_dtensor(t):
+        with torch.no_grad():
+            return t.to_local()
+    return t
+
+
+class _Positions:
+    """Where the elements of a (local) tensor sit in the whole parameter, for the hash.
+    ``index(start, stop)`` gives the row-major positions of local flat elements
+    ``start:stop``; ``tag`` is what else enters the key (the mesh coordinates of a shard
+    whose positions are local ones)."""
+
+    __slots__ = ("block_start", "global_shape", "large", "local_shape", "offset", "tag")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        local = _local(t)
+        self.local_shape = tuple(local.shape)
+        self.global_shape = tuple(t.shape)
+        self.offset: tuple[int, ...] | None = None
+        self.block_start: int | None = 0  # the local elements are one run of positions
+        self.tag: tuple[int, ...] = ()
+        self.large = math.prod(self.global_shape) > _U32
+        if local is t:
+            return
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        placements = tuple(t.placements)
+        shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh,
+                                                              placements)
+        if (all(type(pl) in (Shard, Replicate) for pl in placements)
+                and tuple(shape) == self.local_shape):
+            self.offset = tuple(offset)
+            if self.local_shape[1:] == self.global_shape[1:]:  # FSDP2's Shard(0)
+                self.block_start = offset[0] * math.prod(self.global_shape[1:]) \
+                    if self.global_shape else 0
+            else:
+                self.block_start = None
+        else:  # local positions; the shard's coordinates tell shards apart
+            coordinate = t.device_mesh.get_coordinate() or []
+            self.tag = tuple(c for c, pl in zip(coordinate, placements)
+                             if not isinstance(pl, Replicate))
+
+    def index(self, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        if self.block_start is not None:
+            return torch.arange(self.block_start + start, self.block_start + stop,
+                                dtype=torch.int64, device=device)
+        assert self.offset is not None
+        rest = torch.arange(start, stop, dtype=torch.int64, device=device)
+        out = torch.zeros_like(rest)
+        stride = 1
+        for dim in range(len(self.local_shape) - 1, -1, -1):
+            size = self.local_shape[dim]
+            coord = rest % size if dim else rest
+            out.add_((coord + self.offset[dim]) * stride)
+            if dim:
+                rest = rest // size
+            stride *= self.global_shape[dim]
+        return out
+
+
+def _round_stochastic_into(out: torch.Tensor, value: torch.Tensor, positions: _Positions,
+                           key_parts: tuple[Any, ...]) -> None:
+    """Round the fp32 local tensor ``value`` stochastically into the bf16 local tensor
+    ``out`` (same shape), with the bits of ``key_parts`` and the elements' positions,
+    in slices of at most ``_SLICE`` elements."""
+    key = _key(*key_parts, *positions.tag)
+    flat = value.contiguous().view(-1)  # row-major: flat index i is position i
+    n = flat.numel()
+    direct = out.is_contiguous()
+    target = out.view(-1) if direct else torch.empty(n, dtype=torch.bfloat16,
+                                                     device=flat.device)
+    for start in range(0, n, _SLICE):
+        stop = min(n, start + _SLICE)
+        noise = _noise(positions.index(start, stop, flat.device), key, positions.large)
+        target[start:stop].copy_(_round_with(flat[start:stop], noise))
+    if not direct:
+        out.copy_(target.view(out.shape))
 
 
 def _check_rounding(rounding: Any) -> str:
@@ -165,19 +329,35 @@ def _check_no_float16(params: Any) -> None:
         if isinstance(p, torch.Tensor) and p.dtype is torch.float16:
             raise ValueError("pure low-precision training takes bfloat16 "
                              "parameters; float16 has too little range for "
-                             "optimizer state and updates: use fp32 master "
-                             "weights (master_weights=True) for float16")
+                             "optimizer state and updates: use fp32 parameters "
+                             "(master_weights=True) for float16")
 
 
 def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
     """Whether the optimizer's step requires a closure (LBFGS): such a step evaluates
-    the closure again at weights it tries, which the chunked fp32 step cannot show the
-    model."""
+    the closure again at weights it tries."""
     try:
-        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+        closure = inspect.signature(_inner_step(type(optimizer))).parameters.get("closure")
     except (TypeError, ValueError):  # no signature to read: assume the common case
         return False
     return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def _inner_step(cls: type) -> Callable[..., Any]:
+    """The step of the optimizer class a pure class was made from (or ``cls``'s own),
+    without torch's wrapper that runs the step hooks: the pure step runs them once
+    around all chunks, with every parameter group whole, instead of once per chunk."""
+    if issubclass(cls, PureLowPrecisionOptimizer):
+        cls = cls.__bases__[1]
+    step = cls.step
+    if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
+        step = step.__wrapped__
+    return step
+
+
+def _check_seed(seed: Any, name: str) -> None:
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise TypeError(f"{name} must be an int or None, got {seed!r}")
 
 
 def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
@@ -187,8 +367,7 @@ def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
     before converting the models; ``seed_name`` is the argument's name there).
 
     Raises:
-        TypeError: ``optimizer`` is not an optimizer, keeps fp32 master weights, or its
-            step requires a closure (``torch.optim.LBFGS``); ``seed`` not an int.
+        TypeError: ``optimizer`` is not an optimizer; ``seed`` not an int.
         ValueError: an unknown ``rounding``, a float16 parameter, or an optimizer
             already pure with another rounding.
 
@@ -206,80 +385,35 @@ def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
     rounding = _check_rounding(rounding)
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise TypeError(f"{seed_name} must be an int or None, got {seed!r}")
+    _check_seed(seed, seed_name)
     existing = pure_rounding(optimizer)
     if existing is not None:
         if existing != rounding:
             raise ValueError(f"this optimizer already trains in pure low precision with "
                              f"rounding={existing!r}, not {rounding!r}")
         return
-    if optimizer.__dict__.get("_ampkit_masters") is not None:
-        raise TypeError("this optimizer keeps fp32 master weights "
-                        "(MasterWeightOptimizer); pure low precision has none: make "
-                        "it pure instead of, not on top of, fp32 masters")
-    if _needs_closure(optimizer):
-        raise TypeError(f"{type(optimizer).__name__}.step requires a closure, which it "
-                        f"evaluates again at the weights it tries; pure low-precision "
-                        f"training steps in fp32 working copies chunk by chunk and "
-                        f"cannot show the model those weights, so such optimizers are not "
-                        f"supported: use fp32 master weights (master_weights=True) for "
-                        f"{type(optimizer).__name__}")
     for group in optimizer.param_groups:
         _check_no_float16(group["params"])
 
 
-class _Generators:
-    """One seeded generator per device, made on first use from ``seed`` and the device
-    (so a CPU run and a CUDA run each reproduce themselves)."""
-
-    __slots__ = ("by_device", "seed")
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-        self.by_device: dict[str, torch.Generator] = {}
-
-    def get(self, device: torch.device) -> torch.Generator:
-        key = str(device)
-        gen = self.by_device.get(key)
-        if gen is None:
-            gen = torch.Generator(device=device)
-            gen.manual_seed(self.seed)
-            self.by_device[key] = gen
-        return gen
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed,
-                "generators": {k: g.get_state() for k, g in self.by_device.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.seed = int(state["seed"])
-        self.by_device = {}
-        for key, gen_state in state["generators"].items():
-            self.get(torch.device(key)).set_state(gen_state.cpu())
-
-
 class _Pure:
-    """What a pure low-precision optimizer keeps besides torch's own state."""
+    """What a pure optimizer keeps besides torch's own ``param_groups`` and ``state``:
+    its rounding and chunk budget (pickled with it), and, with Kahan, each parameter's
+    :func:`_fingerprint` as the last step left it (not pickled: a copy's parameters are
+    new tensors, and a compensation without a record is taken as it is)."""
 
-    __slots__ = ("chunk_bytes", "generators", "rounding")
+    __slots__ = ("chunk_bytes", "rounding", "versions")
 
-    def __init__(self, rounding: str, seed: int, chunk_bytes: int | None) -> None:
+    def __init__(self, rounding: str, chunk_bytes: int | None) -> None:
         self.rounding = rounding
-        self.generators = _Generators(seed)
         self.chunk_bytes = chunk_bytes
+        self.versions: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"rounding": self.rounding, "chunk_bytes": self.chunk_bytes}
 
-def _pure_class(cls: type) -> type:
-    return _wrapped_optimizer_class(cls)
-
-
-@functools.cache
-def _wrapped_optimizer_class(cls: type) -> type:
-    """``cls`` with the pure optimizer's methods in front (``PureLowPrecisionAdamW``),
-    made once per class so that every pure optimizer of a class shares one class."""
-    return type(f"PureLowPrecision{cls.__name__}", (PureLowPrecisionOptimizer, cls),
-                {"__module__": PureLowPrecisionOptimizer.__module__})
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["rounding"], state["chunk_bytes"])  # type: ignore[misc]
 
 
 def _chunks(params: list[torch.Tensor], budget: int) -> Iterator[list[torch.Tensor]]:
@@ -299,44 +433,172 @@ def _chunks(params: list[torch.Tensor], budget: int) -> Iterator[list[torch.Tens
         yield chunk
 
 
+def _stored_low(key: str, value: Any, param: torch.Tensor) -> bool:
+    """Whether an optimizer state entry of a bf16 parameter is stored in bf16:
+    per-element state (moments, momentum: the parameter's shape). The step count and
+    scalar state that follows from it and the hyper-parameters (NAdam's ``mu_product``,
+    ASGD's ``eta``) stay fp32 and exact. State of other shapes (LBFGS's flat direction
+    and gradient over all parameters) stays as the optimizer made it: LBFGS's curvature
+    pairs are differences of such vectors, which bf16 would swamp. This mode's own
+    entries are kept their own way."""
+    return (key != "step" and key not in _OWN_STATE and isinstance(value, torch.Tensor)
+            and value.is_floating_point() and value.dim() > 0
+            and value.shape == param.shape)
+
+
+def _as_saved(value: Any, device: torch.device) -> Any:
+    """A checkpoint's state entry as it was saved (tensors copied onto ``device``, in
+    their saved dtype; also inside lists), where torch would cast it to the parameter's
+    dtype."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, copy=True)
+    if isinstance(value, list | tuple):
+        return type(value)(_as_saved(v, device) for v in value)
+    return value
+
+
+def _working_copy(value: Any) -> Any:
+    """What the inner optimizer sees of a state entry: an fp32 copy of a bf16 tensor, a
+    copy of any other tensor or list (so a step that fails changes nothing), else the
+    value itself."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype is torch.bfloat16:
+            return value.to(torch.float32, copy=True)
+        return value.clone()
+    if isinstance(value, list):
+        return list(value)
+    return value
+
+
+def _stand_in(opt: Any, p: torch.Tensor) -> nn.Parameter:
+    """An fp32 working parameter for the bf16 parameter ``p``: its weight (plus the Kahan
+    compensation), an fp32 copy of its gradient, and fp32 copies of its state under the
+    working parameter's key in ``opt.state``."""
+    pure: _Pure = opt._ampkit_pure
+    state = opt.state
+    own = state.get(p, {})
+    work = p.detach().to(torch.float32, copy=True)
+    comp = own.get(_COMP)
+    if comp is not None:
+        seen = pure.versions.get(p)
+        if pure.rounding != "kahan" or (seen is not None and seen != _fingerprint(p)):
+            # Changed since the last step (a load, an edit): the compensation belonged
+            # to the weight that step left.
+            del own[_COMP]
+        else:
+            work.add_(comp)
+    w = nn.Parameter(work)
+    if p.grad is not None:
+        w.grad = p.grad.to(torch.float32, copy=True)
+    state[w] = {k: _working_copy(v) for k, v in own.items() if k not in _OWN_STATE}
+    return w
+
+
+def _round_back(opt: Any, p: torch.Tensor, w: nn.Parameter, seed: int, index: int) -> None:
+    """Round the working parameter ``w`` and its state back into ``p``'s own storage
+    and ``p``'s state (in place where the bf16 tensors exist)."""
+    pure: _Pure = opt._ampkit_pure
+    state = opt.state
+    results = state.pop(w, None)
+    own = state[p]
+    count = own.get(_COUNT, 0)
+    work = _local(w.detach())
+    target = _local(p.detach())
+    if pure.rounding == "stochastic":
+        _round_stochastic_into(target, work, _Positions(p), (seed, index, count, ""))
+    elif pure.rounding == "nearest":
+        target.copy_(work)
+    else:
+        new = work.to(torch.bfloat16)
+        # What rounding lost, truncated toward zero (not rounded) to bf16: it then stays
+        # within half an ulp of the weight, so weight + compensation rounds back to the
+        # very same weight.
+        lost = work.sub_(new).view(torch.int32).bitwise_and_(_HIGH_MASK).view(torch.float32)
+        comp = own.get(_COMP)
+        if comp is None or comp.shape != p.shape or comp.dtype is not torch.bfloat16:
+            comp = own[_COMP] = torch.zeros_like(p.detach())
+        _local(comp).copy_(lost)
+        target.copy_(new)
+    if results is not None:
+        for k, v in results.items():
+            if _stored_low(k, v, p) and v.dtype is torch.float32:
+                old = own.get(k)
+                if (not isinstance(old, torch.Tensor) or old.dtype is not torch.bfloat16
+                        or old.shape != v.shape or type(old) is not type(v)):
+                    old = torch.empty_like(v, dtype=torch.bfloat16)
+                if pure.rounding == "nearest":
+                    _local(old).copy_(_local(v))
+                else:
+                    _round_stochastic_into(_local(old), _local(v), _Positions(v),
+                                           (seed, index, count, k))
+                own[k] = old
+            else:
+                own[k] = v
+        for k in [k for k in own if k not in results and k not in _OWN_STATE]:
+            del own[k]
+    own[_COUNT] = count + 1
+    if pure.rounding == "kahan":
+        pure.versions[p] = _fingerprint(p)
+
+
+def _fingerprint(p: torch.Tensor) -> tuple[int, int]:
+    """What changes when ``p`` is changed by anything but the step: its version counter
+    (bumped by in-place ops such as ``load_state_dict``'s ``copy_``) and its storage
+    (``p.data = ...``). In-place edits through ``p.data`` change neither."""
+    return p._version, _local(p.detach()).data_ptr()
+
+
+@functools.cache
+def _pure_class(base: type) -> type:
+    """``base`` with :class:`PureLowPrecisionOptimizer`'s methods in front
+    (``PureLowPrecisionAdamW``, ...), one per optimizer class. Pickle and
+    ``copy.deepcopy`` rebuild it from ``base`` (see ``__reduce_ex__``)."""
+    return type(f"PureLowPrecision{base.__name__}", (PureLowPrecisionOptimizer, base),
+                {"__module__": __name__})
+
+
+def _rebuild_pure(base: type) -> Any:
+    """An empty pure ``base`` optimizer; copy/pickle then calls ``__setstate__``."""
+    return object.__new__(_pure_class(base))
+
+
 class PureLowPrecisionOptimizer:
     """Make a torch optimizer train bf16 parameters with bf16 state, in place.
 
     ``PureLowPrecisionOptimizer(opt, rounding, seed=...)`` returns ``opt`` itself, now
-    also an instance of this class (its class becomes a subclass of both, so
-    ``isinstance(opt, torch.optim.AdamW)``, LR schedulers and ``state_dict`` keep
-    working). ``param_groups`` keep the model's bf16 parameters; the optimizer state
-    (moments, momentum) is stored in bf16; see the module docstring for how a step
-    rounds. Tested with AdamW (for-loop, foreach, fused) and SGD with momentum; any
-    ``torch.optim`` optimizer whose state is per-parameter tensors works the same way.
+    also an instance of this class. Its class becomes a subclass of both, so
+    ``isinstance(opt, torch.optim.AdamW)`` holds. LR schedulers (made before or after),
+    ``state_dict`` and every other reference to ``opt`` keep working, and ``opt`` pickles
+    by naming its original class. ``param_groups`` keep the model's bf16 parameters, and
+    ``state`` stays keyed by them, stored in bf16. See the module docstring for how a
+    step rounds. Tested with AdamW (for-loop, foreach, fused), SGD with momentum, NAdam,
+    ASGD and LBFGS. Any ``torch.optim`` optimizer whose state is per-parameter tensors
+    works the same way.
 
     Args:
         optimizer: a ``torch.optim.Optimizer`` over bf16 (and possibly fp32)
             parameters.
         rounding: ``"stochastic"``, ``"kahan"`` or ``"nearest"`` (see
             :data:`PURE_ROUNDINGS`).
-        seed: seeds the stochastic-rounding generators; ``None`` draws one from
-            torch's default generator (so ``torch.manual_seed`` makes runs
-            reproducible).
-        chunk_bytes: the most fp32 working memory one chunk of a step may take;
+        seed: the stochastic rounding's seed, stored as the hyper-parameter
+            ``"rounding_seed"`` of every parameter group (and of groups added later).
+            ``None`` means 0. It is never drawn from torch's RNG: replicas must agree.
+        chunk_bytes: the most fp32 working memory one chunk of a step may take.
             ``None``: a sixteenth of what the whole optimizer would take (about one
             byte per parameter on top of the 6-8 held). A parameter larger than the
             budget is a chunk of its own: its working copies (16 bytes per element,
-            plus 9 while rounding) are the floor of the step's extra memory.
+            plus about 16 per element of the tensor being rounded, in slices) are the
+            floor of the step's extra memory.
 
-    ``add_param_group`` refuses float16 parameters too. ``copy.deepcopy`` of the
-    optimizer (with its model: ``copy.deepcopy((model, opt))``) copies the rounding
-    generators, so the copy's next steps are bit for bit the original's. Optimizers
-    whose step requires a closure (``torch.optim.LBFGS``: it evaluates the closure
-    again at the weights it tries) are refused; a closure handed to any other
-    optimizer's step is called once, before the update, at the current weights.
+    ``add_param_group`` refuses float16 parameters too.
 
     Raises:
-        TypeError: ``optimizer`` is not an optimizer, ``seed`` or ``chunk_bytes`` not
-            an int, the optimizer already keeps fp32 master weights, or its step
-            requires a closure (LBFGS).
+        TypeError: ``optimizer`` is not an optimizer, or ``seed`` or ``chunk_bytes``
+            not an int.
         ValueError: an unknown ``rounding`` (the accepted ones are listed), a float16
             parameter, or an optimizer already made pure with another rounding.
+        RuntimeError: ``optimizer.step`` was replaced on the instance by something
+            other than an LR scheduler.
 
     Example:
         >>> import torch
@@ -347,7 +609,8 @@ class PureLowPrecisionOptimizer:
         >>> model(torch.ones(1, 4, dtype=torch.bfloat16)).sum().backward()
         >>> opt.step()
         >>> sorted(opt.state[model.weight]), opt.state[model.weight]["exp_avg"].dtype
-        (['exp_avg', 'exp_avg_sq', 'kahan_compensation', 'step'], torch.bfloat16)
+        (['exp_avg', 'exp_avg_sq', 'kahan_compensation', 'rounding_step', 'step'], \
+torch.bfloat16)
     """
 
     _ampkit_pure: _Pure
@@ -365,21 +628,22 @@ class PureLowPrecisionOptimizer:
         if patched is not None and not getattr(patched, "_wrapped_by_lr_sched", False):
             raise RuntimeError("optimizer.step was replaced on this optimizer instance; "
                                "make the optimizer pure before patching its step")
-        if seed is None:
-            seed = int(torch.randint(0, 2 ** 62, (), dtype=torch.int64).item())
-        object.__setattr__(optimizer, "_ampkit_pure", _Pure(rounding, seed, chunk_bytes))
+        seed = 0 if seed is None else seed
+        object.__setattr__(optimizer, "_ampkit_pure", _Pure(rounding, chunk_bytes))
         # Loss scalers hand fused optimizers found_inf and let them skip on the device;
-        # here the rounding would still draw random bits. Make scalers unscale, check
-        # and skip the call instead, so a skipped step changes nothing at all.
+        # here the rounding would still run. Make scalers unscale, check and skip the
+        # call instead, so a skipped step changes nothing at all.
         optimizer._step_supports_amp_scaling = False
+        optimizer.defaults[_SEED] = seed  # what add_param_group fills in
+        for group in optimizer.param_groups:
+            group[_SEED] = seed
         with torch.no_grad():  # state made before: store it in bf16 from now on
             for p, state in optimizer.state.items():
                 if p.dtype is torch.bfloat16:
                     for k, v in state.items():
-                        if _stored_low(k, v) and v.dtype is torch.float32:
+                        if _stored_low(k, v, p) and v.dtype is torch.float32:
                             state[k] = v.to(torch.bfloat16)
         optimizer.__class__ = _pure_class(type(optimizer))
-        _own(optimizer)
         if patched is not None:  # an LR scheduler's wrapper bound to the old class
             ref = weakref.ref(optimizer)
 
@@ -401,17 +665,19 @@ class PureLowPrecisionOptimizer:
     # -- parameter groups and copies ---------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """torch's ``add_param_group``, refusing float16 parameters (see the class).
+        """torch's ``add_param_group``, refusing float16 parameters; the group's
+        ``rounding_seed`` defaults to the optimizer's.
 
         Example:
             >>> import torch
             >>> from ampkit.master_weights_pure import PureLowPrecisionOptimizer
             >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
-            >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), "kahan")
+            >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), "kahan",
+            ...                                 seed=5)
             >>> opt.add_param_group({"params": [torch.nn.Parameter(
             ...     torch.ones(2, dtype=torch.bfloat16))], "lr": 0.01})
-            >>> len(opt.param_groups)
-            2
+            >>> [g["rounding_seed"] for g in opt.param_groups]
+            [5, 5]
         """
         if isinstance(param_group, dict):
             params = param_group.get("params")
@@ -420,8 +686,8 @@ class PureLowPrecisionOptimizer:
                 param_group = {**param_group, "params": params}
             _check_no_float16([params] if isinstance(params, torch.Tensor)
                               else params or [])
+            _check_seed(param_group.get(_SEED), _SEED)
         super().add_param_group(param_group)  # type: ignore[misc]
-        _own(self)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # copy.deepcopy and pickle: rebuild through the optimizer's own class (the pure
@@ -430,26 +696,24 @@ class PureLowPrecisionOptimizer:
         return _rebuild_pure, (base,), self.__getstate__()
 
     def __getstate__(self) -> dict[str, Any]:
-        # torch's optimizer pickles only defaults, state and param_groups; a copy must
-        # also round like the original (same rounding, seed and generator states).
+        # torch's optimizer pickles only defaults, state and param_groups (the seed is
+        # in the last two, the counts in state); a copy must also round the same way.
         state = super().__getstate__()  # type: ignore[misc]
         state["_ampkit_pure"] = self._ampkit_pure
         state["_step_supports_amp_scaling"] = False
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)  # type: ignore[misc]
-        _own(self)
-
     # -- one step ---------------------------------------------------------------------
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        """Run the optimizer's own step in fp32, chunk by chunk, and round the results
-        back into bf16 (see the module docstring).
+        """Run the optimizer's own step on fp32 working parameters, chunk by chunk, and
+        round the results back into the bf16 parameters and state (see the module
+        docstring).
 
-        ``kwargs`` go to the optimizer's own step (fused optimizers take
-        ``grad_scale``/``found_inf`` from a loss scaler; ``found_inf`` != 0 skips the
-        step and changes nothing). A closure is called once, before the update.
+        ``kwargs`` go to the optimizer's own step. ``found_inf`` != 0 (from a loss
+        scaler) skips the step and changes nothing. A closure is called once, before
+        the update, unless the optimizer's step requires one (LBFGS), which then
+        evaluates it at the weights it tries.
 
         Example:
             >>> import torch
@@ -463,55 +727,131 @@ class PureLowPrecisionOptimizer:
             >>> w.item(), round(w.item() + comp.item(), 4)  # weight + what it lost: 0.997
             (0.99609375, 0.997)
         """
+        inner = _inner_step(type(self))
         loss = None
-        if closure is not None:
+        if closure is not None and not _needs_closure(self):
             with torch.enable_grad():
                 loss = closure()
+            closure = None
         found_inf = kwargs.get("found_inf", getattr(self, "found_inf", None))
         if isinstance(found_inf, torch.Tensor) and bool(found_inf.item() != 0):
-            return loss  # an overflow: nothing may change, generators included
+            return loss  # an overflow: nothing may change
         groups = self.param_groups  # type: ignore[attr-defined]
-        saved = [g["params"] for g in groups]
-        inner = _inner_step(type(self))
+        # The lists themselves are refilled in place: optimizers may hold them (LBFGS).
+        lists = [g["params"] for g in groups]
+        saved = [list(ps) for ps in lists]
+        # each parameter's (index in the optimizer, its group's seed): the hash's key
+        default = self.defaults.get(_SEED, 0)  # type: ignore[attr-defined]
+        where = {id(p): (i, seed) for i, (p, seed) in enumerate(
+            (p, g.get(_SEED, default)) for g, ps in zip(groups, saved) for p in ps)}
         try:
+            if closure is not None:  # LBFGS: one pass over everything, closure re-run
+                return self._step_all(inner, closure, lists, saved, where, kwargs)
             budget = self._ampkit_pure.chunk_bytes
             if budget is None:
                 budget = sum(16 * p.numel() for ps in saved for p in ps) // 16
             for i in range(len(groups)):
                 active = [p for p in saved[i] if p.grad is not None]
                 for chunk in _chunks(active, budget):
-                    for j, g in enumerate(groups):
-                        g["params"] = chunk if j == i else []
-                    with _working_copies(self, chunk):
+                    pairs = self._stand_ins(chunk)
+                    try:
+                        working = [w for _, w in pairs]
+                        for j, ps in enumerate(lists):
+                            ps[:] = working if j == i else []
                         inner(self, **kwargs)
+                        self._round_all(pairs, where)
+                    finally:
+                        self._discard(pairs)
         finally:
-            for g, params in zip(groups, saved):
-                g["params"] = params
+            for ps, original in zip(lists, saved):
+                ps[:] = original
+        return loss
+
+    def _stand_ins(self, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, Any]]:
+        """``(parameter, what the inner step sees)``: a working fp32 parameter for each
+        bf16 one, the parameter itself for any other."""
+        with torch.no_grad():
+            return [(p, _stand_in(self, p) if p.dtype is torch.bfloat16 else p)
+                    for p in params]
+
+    def _round_all(self, pairs: list[tuple[torch.Tensor, Any]],
+                   where: dict[int, tuple[int, int]]) -> None:
+        with torch.no_grad():
+            for p, w in pairs:
+                if w is not p:
+                    index, seed = where[id(p)]
+                    _round_back(self, p, w, seed, index)
+
+    def _discard(self, pairs: list[tuple[torch.Tensor, Any]]) -> None:
+        for p, w in pairs:
+            if w is not p:
+                self.state.pop(w, None)  # type: ignore[attr-defined]
+
+    def _step_all(self, inner: Callable[..., Any], closure: Callable[[], Any],
+                  lists: list[list[Any]], saved: list[list[Any]],
+                  where: dict[int, tuple[int, int]], kwargs: dict[str, Any]) -> Any:
+        """A step that evaluates ``closure`` at weights it tries (LBFGS): every
+        parameter at once. Before each evaluation the working weights are rounded to
+        nearest into the model's parameters, and the groups hold the model's parameters
+        while the closure runs (its ``zero_grad`` must clear their gradients); after it
+        the model's gradients are handed to the working parameters."""
+        pairs = self._stand_ins([p for ps in saved for p in ps])
+        low = [(p, w) for p, w in pairs if w is not p]
+        working = iter(w for _, w in pairs)
+        stand_ins = [[next(working) for _ in original] for original in saved]
+
+        def swap(to: list[list[Any]]) -> None:
+            for ps, new in zip(lists, to):
+                ps[:] = new
+
+        def evaluate() -> Any:
+            with torch.no_grad():
+                for p, w in low:
+                    _local(p.detach()).copy_(_local(w.detach()))
+            swap(saved)  # the closure's zero_grad() must reach the model's gradients
+            try:
+                loss = closure()
+            finally:
+                swap(stand_ins)
+            with torch.no_grad():
+                for p, w in low:
+                    w.grad = None if p.grad is None else p.grad.to(torch.float32,
+                                                                   copy=True)
+            return loss
+
+        try:
+            swap(stand_ins)
+            loss = inner(self, evaluate, **kwargs)
+            self._round_all(pairs, where)
+        finally:
+            self._discard(pairs)
         return loss
 
     # -- checkpoints ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's ``state_dict`` plus this mode's rounding, seed and generator states
-        (the Kahan buffers are already in each parameter's state).
+        """torch's ``state_dict`` (with each parameter's ``rounding_step`` and, with
+        Kahan, ``kahan_compensation``; each group's ``rounding_seed``) plus this mode's
+        rounding, which ``load_state_dict`` checks.
 
         Example:
             >>> import torch
             >>> from ampkit.master_weights_pure import PureLowPrecisionOptimizer
             >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
             >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), seed=7)
-            >>> opt.state_dict()["ampkit_pure_low_precision"]["seed"]
-            7
+            >>> sd = opt.state_dict()
+            >>> sd["param_groups"][0]["rounding_seed"], sd["ampkit_pure_low_precision"]
+            (7, {'rounding': 'stochastic'})
         """
         out = super().state_dict()  # type: ignore[misc]
-        pure = self._ampkit_pure
-        out[_SD_KEY] = {"rounding": pure.rounding, **pure.generators.state_dict()}
+        out[_SD_KEY] = {"rounding": self._ampkit_pure.rounding}
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load torch's ``state_dict`` (state stored in bf16) and, when present, this
-        mode's generator states, so a resumed run continues bit for bit. Kahan buffers
-        count only from a pure Kahan optimizer's own ``state_dict``; others are dropped.
+        """Load torch's ``state_dict``, keeping scalar state in fp32 and taking the
+        groups' ``rounding_seed`` from it, so a resumed run continues bit for bit. A
+        Kahan compensation is kept only by a Kahan optimizer, from a checkpoint that is
+        not marked as another rounding's (Distributed Checkpoint drops the mark).
 
         Raises:
             ValueError: the checkpoint was saved with another rounding.
@@ -523,145 +863,39 @@ class PureLowPrecisionOptimizer:
             >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), seed=7)
             >>> sd = opt.state_dict()
             >>> other = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), seed=1)
-            >>> other.load_state_dict(sd); other.state_dict()[
-            ...     "ampkit_pure_low_precision"]["seed"]
+            >>> other.load_state_dict(sd); other.param_groups[0]["rounding_seed"]
             7
         """
         state_dict = dict(state_dict)
         extra = state_dict.pop(_SD_KEY, None)
         pure = self._ampkit_pure
-        if extra is not None and extra["rounding"] != pure.rounding:
+        saved_rounding = None if extra is None else extra.get("rounding")
+        if saved_rounding is not None and saved_rounding != pure.rounding:
             raise ValueError(f"the checkpoint was saved with rounding="
-                             f"{extra['rounding']!r}; this optimizer uses "
+                             f"{saved_rounding!r}; this optimizer uses "
                              f"rounding={pure.rounding!r}")
-        if (pure.rounding != "kahan" or extra is None) and any(
-                _COMP in s for s in state_dict.get("state", {}).values()):
-            # A Kahan buffer carried over by another optimizer (a Kahan run resumed in
-            # fp32, then here) belongs to weights that run has since moved, and without
-            # Kahan it would never be updated: only a pure Kahan checkpoint's counts.
+        if pure.rounding != "kahan" and any(
+                isinstance(s, dict) and _COMP in s
+                for s in state_dict.get("state", {}).values()):
+            # Without Kahan a compensation would never be updated nor used: drop it.
             state_dict["state"] = {k: {n: v for n, v in s.items() if n != _COMP}
                                    for k, s in state_dict["state"].items()}
         super().load_state_dict(state_dict)  # type: ignore[misc]
-        # torch stores every floating state entry in the parameter's dtype; scalar
-        # state stays fp32 here (see _stored_low): take it from the checkpoint again.
+        pure.versions = WeakIdKeyDictionary()  # the loaded compensations count as saved
+        seed = self.defaults.get(_SEED, 0)  # type: ignore[attr-defined]
+        for group in self.param_groups:  # type: ignore[attr-defined]
+            group.setdefault(_SEED, seed)  # a checkpoint of a plain optimizer has none
+        # torch casts every floating state entry to the parameter's dtype; here only
+        # per-element state is bf16 (see _stored_low): take the rest from the
+        # checkpoint again, as saved (copied: never the checkpoint's own tensors).
         saved = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]  # type: ignore[attr-defined]
-        for index, p in zip(saved, params):
-            for k, v in state_dict["state"].get(index, {}).items():
-                if (k not in ("step", _COMP) and isinstance(v, torch.Tensor)
-                        and v.is_floating_point() and v.dim() == 0
-                        and p in self.state):  # type: ignore[attr-defined]
-                    self.state[p][k] = v.to(device=p.device, dtype=torch.float32,  # type: ignore[attr-defined]
-                                            copy=True)  # never the checkpoint's own
-        if extra is not None:
-            pure.generators.load_state_dict(extra)
-
-
-def _stored_low(key: str, value: Any) -> bool:
-    """Whether an optimizer state entry is stored in bf16: per-element state (moments,
-    momentum). The step count and scalar state that follows from it and the
-    hyper-parameters (NAdam's ``mu_product``, ASGD's ``eta``) stay fp32 and exact;
-    the Kahan buffer is rounded its own way."""
-    return (key not in ("step", _COMP) and isinstance(value, torch.Tensor)
-            and value.is_floating_point() and value.dim() > 0)
-
-
-def _rebuild_pure(base: type) -> Any:
-    """An empty pure ``base`` optimizer; copy/pickle then calls ``__setstate__``."""
-    return object.__new__(_pure_class(base))
-
-
-@contextlib.contextmanager
-def _working_copies(opt: Any, chunk: list[torch.Tensor]) -> Iterator[None]:
-    """Swap ``chunk``'s bf16 parameters, gradients and state for fp32 working copies
-    while the optimizer steps, then round everything back (also when the step raised:
-    the bf16 values are then put back unchanged)."""
-    pure: _Pure = opt._ampkit_pure
-    state = opt.state
-    swapped: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor]] = []
-    # the bf16 state tensors, refilled in place after the step (no allocator churn)
-    originals: dict[tuple[int, str], torch.Tensor] = {}
-    with torch.no_grad():
-        for p in chunk:
-            if p.dtype is not torch.bfloat16:
+        for key, p in zip(saved, params):
+            if p.dtype is not torch.bfloat16 or p not in self.state:  # type: ignore[attr-defined]
                 continue
-            low, grad = p.data, p.grad
-            work = low.float()
-            comp = state[p].get(_COMP) if p in state and pure.rounding == "kahan" else None
-            if comp is not None:
-                work.add_(comp)
-            p.grad = None
-            p.data = work
-            p.grad = grad.float()
-            for k, v in list(state[p].items()) if p in state else ():
-                if k not in ("step", _COMP) and isinstance(v, torch.Tensor) \
-                        and v.dtype is torch.bfloat16:
-                    originals[id(p), k] = v
-                    state[p][k] = v.float()
-            swapped.append((p, low, grad))
-    ok = False
-    try:
-        yield
-        ok = True
-    finally:
-        with torch.no_grad():
-            for p, low, grad in swapped:
-                work = p.data
-                p.grad = None
-                if ok:
-                    p.data = _round_weight(pure, state[p], work, low)
-                else:
-                    p.data = low
-                p.grad = grad
-                del work
-                for k, v in list(state[p].items()):
-                    if _stored_low(k, v) and v.dtype is torch.float32:
-                        original = originals.get((id(p), k))
-                        if not ok and original is not None:
-                            state[p][k] = original  # the step failed: as it was
-                            continue
-                        rounded = _round_state(pure, v)
-                        del v
-                        if original is not None and original.shape == rounded.shape:
-                            rounded = original.copy_(rounded)
-                        state[p][k] = rounded
-
-
-def _round_weight(pure: _Pure, state: dict[str, Any], work: torch.Tensor,
-                  low: torch.Tensor) -> torch.Tensor:
-    if pure.rounding == "stochastic":
-        new = stochastic_round(work, pure.generators.get(work.device))
-    else:
-        new = work.to(torch.bfloat16)
-        if pure.rounding == "kahan":
-            # What rounding lost, truncated toward zero (not rounded) to bf16: it then
-            # stays below half an ulp of the weight, so weight + compensation, saved in
-            # fp32, rounds back to the very same weight on loading.
-            lost = work.sub_(new).view(torch.int32).bitwise_and_(_HIGH_MASK)
-            lost_bf16 = lost.view(torch.float32).to(torch.bfloat16)
-            comp = state.get(_COMP)
-            if comp is not None and comp.shape == lost_bf16.shape:
-                comp.copy_(lost_bf16)  # in place: no allocator churn between steps
-            else:
-                state[_COMP] = lost_bf16
-    low.copy_(new)  # into the parameter's own storage: views of it stay valid
-    return low
-
-
-def _round_state(pure: _Pure, value: torch.Tensor) -> torch.Tensor:
-    if pure.rounding == "nearest":
-        return value.to(torch.bfloat16)
-    return stochastic_round(value, pure.generators.get(value.device))
-
-
-def _inner_step(cls: type) -> Callable[..., Any]:
-    """The step of the optimizer class a pure class was made from, without torch's
-    wrapper that runs the step hooks: the pure step runs them once around all chunks,
-    with every parameter group whole, instead of once per chunk."""
-    step = cls.__bases__[1].step
-    if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
-        step = step.__wrapped__
-    return step
+            for k, v in state_dict["state"].get(key, {}).items():
+                if k not in ("step", *_OWN_STATE) and not _stored_low(k, v, p):
+                    self.state[p][k] = _as_saved(v, p.device)  # type: ignore[attr-defined]
 
 
 # The step hooks (and the profiler's record) run once around the whole pure step, as
@@ -670,6 +904,7 @@ def _inner_step(cls: type) -> Callable[..., Any]:
 PureLowPrecisionOptimizer.step = torch.optim.Optimizer.profile_hook_step(  # type: ignore[method-assign]
     PureLowPrecisionOptimizer.step)
 PureLowPrecisionOptimizer.step.hooked = True  # type: ignore[attr-defined]
+PureLowPrecisionOptimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
 
 
 def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:
@@ -691,109 +926,18 @@ def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:
     return None if pure is None else pure.rounding
 
 
-def _own(optimizer: Any) -> None:
-    """Record ``optimizer`` as the one stepping each of its parameters (see _OWNERS)."""
-    ref = weakref.ref(optimizer)
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            _OWNERS[p] = ref
-
-
-def _compensation(param: torch.Tensor) -> torch.Tensor | None:
-    """The Kahan buffer of ``param`` in the pure optimizer that steps it, if any."""
-    ref = _OWNERS.get(param)
-    opt = None if ref is None else ref()
-    if opt is None or param not in opt.state:
-        return None
-    return opt.state[param].get(_COMP)
-
-
-class _ReportCompensated:
-    """``state_dict`` post-hook: each parameter with a Kahan buffer is reported as the
-    weight plus its compensation, in fp32 (what an fp32 model should load). Holds
-    nothing: the buffer is found through the parameter, so the hook of a deep-copied
-    model reports the copied optimizer's buffers. (No ``__slots__``: torch tags hooks
-    with an attribute.)"""
-
-    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str,
-                 local_metadata: Any) -> None:
-        for name, param in module._parameters.items():
-            key = prefix + name
-            value = state_dict.get(key)
-            if param is None or value is None or value is param:  # keep_vars=True
-                continue
-            comp = _compensation(param)
-            if comp is not None:
-                state_dict[key] = param.detach().float() + comp.float()
-
-
-class _LoadCompensated:
-    """``load_state_dict`` pre-hook: a parameter with a Kahan buffer gets the buffer of
-    the value it loads (what rounding that value to nearest loses, truncated to bf16),
-    so the model then holds and reports the loaded value, not the loaded value plus the
-    compensation of the weight it replaced. Runs after ampkit's conversion guard, which
-    has refused a load that would fail, so a failed load changes no buffer either."""
-
-    def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str,
-                 *unused: Any) -> None:
-        with torch.no_grad():
-            for name, param in module._parameters.items():
-                value = state_dict.get(prefix + name)
-                comp = None if param is None else _compensation(param)
-                if (comp is None or not isinstance(value, torch.Tensor)
-                        or value.shape != param.shape):
-                    continue
-                exact = value.detach().to(device=comp.device, dtype=torch.float32)
-                lost = (exact - exact.to(torch.bfloat16).float()).view(torch.int32)
-                comp.copy_(lost.bitwise_and_(_HIGH_MASK).view(torch.float32))
-
-
-def register_pure_state_dict_hook(model: nn.Module, optimizer: torch.optim.Optimizer
-                                  ) -> None:
-    """Make ``model.state_dict()`` report each parameter that has a Kahan buffer in
-    ``optimizer`` as the weight plus its compensation, in fp32 (so an fp32 model loads
-    what the compensation kept), and ``model.load_state_dict`` set each such buffer to
-    what rounding the loaded value loses (so the model then holds the loaded value, not
-    it plus the replaced weight's compensation). :func:`pure_low_precision` calls it.
-
-    Example:
-        >>> import torch
-        >>> from ampkit.master_weights_pure import (
-        ...     PureLowPrecisionOptimizer, register_pure_state_dict_hook)
-        >>> model = torch.nn.Linear(1, 1, bias=False).to(torch.bfloat16)
-        >>> torch.nn.init.ones_(model.weight)
-        Parameter containing:
-        tensor([[1.]], dtype=torch.bfloat16, requires_grad=True)
-        >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
-        ...                                 "kahan")
-        >>> register_pure_state_dict_hook(model, opt)
-        >>> model.weight.grad = torch.ones_like(model.weight)
-        >>> opt.step()
-        >>> model.weight.item(), round(model.state_dict()["weight"].item(), 4)
-        (1.0, 0.999)
-    """
-    if pure_rounding(optimizer) is None:
-        raise TypeError("optimizer must be a PureLowPrecisionOptimizer")
-    _own(optimizer)
-    report, load = _ReportCompensated(), _LoadCompensated()
-    params = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    for module in model.modules():
-        if any(p is not None and id(p) in params for p in module._parameters.values()):
-            if hasattr(module, "register_state_dict_post_hook"):
-                module.register_state_dict_post_hook(report)
-                module.register_load_state_dict_pre_hook(load)
-            else:  # torch < 2.5
-                module._register_state_dict_hook(report)
-                module._register_load_state_dict_pre_hook(load, with_module=True)
-
-
 def pure_low_precision(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
                        optimizer: torch.optim.Optimizer, rounding: str, *,
                        seed: int | None = None) -> Any:
-    """Make ``optimizer`` pure (:class:`PureLowPrecisionOptimizer`) and hook each of
-    ``models`` so its ``state_dict`` carries the Kahan compensation; what
-    ``ampkit.initialize(..., master_weights="stochastic" | "kahan")`` does. Calling it
-    again on the same optimizer changes nothing.
+    """Make ``optimizer`` pure (:class:`PureLowPrecisionOptimizer`); what
+    ``ampkit.initialize(..., master_weights="stochastic" | "kahan")`` does. The models
+    need nothing: their ``state_dict`` holds their bf16 parameters, and the Kahan
+    compensation is optimizer state. Calling it again on the same optimizer changes
+    nothing.
+
+    Raises:
+        TypeError: ``models`` is not a module or a list/tuple of modules (and the
+            errors of :class:`PureLowPrecisionOptimizer`).
 
     Example:
         >>> import torch
@@ -805,14 +949,15 @@ def pure_low_precision(models: nn.Module | list[nn.Module] | tuple[nn.Module, ..
         >>> model[0].weight.dtype, type(opt).__name__
         (torch.bfloat16, 'PureLowPrecisionAdamW')
         >>> model(torch.rand(2, 4)).sum().backward(); opt.step()
-        >>> opt.state[model[0].weight]["exp_avg"].dtype, model.state_dict()["0.weight"].dtype
-        (torch.bfloat16, torch.float32)
+        >>> opt.state[model[0].weight]["exp_avg"].dtype
+        torch.bfloat16
     """
+    listed = [models] if isinstance(models, nn.Module) else models
+    if not isinstance(listed, list | tuple) or not all(
+            isinstance(m, nn.Module) for m in listed):
+        raise TypeError(f"models must be an nn.Module or a list/tuple of them, got "
+                        f"{type(models).__name__}")
     rounding = _check_rounding(rounding)
     if pure_rounding(optimizer) == rounding:
         return optimizer
-    optimizer = PureLowPrecisionOptimizer(optimizer, rounding, seed=seed)
-    if rounding == "kahan":
-        for model in [models] if isinstance(models, nn.Module) else models:
-            register_pure_state_dict_hook(model, optimizer)
-    return optimizer
+    return PureLowPrecisionOptimizer(optimizer, rounding, seed=seed)

@@ -60,7 +60,7 @@ import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter", "forget_casts",
-           "new_forward_pass", "restore_until", "swap_depth"]
+           "is_cached", "new_forward_pass", "restore_until", "swap_depth"]
 
 
 class _Entry:
@@ -129,6 +129,18 @@ def cached_casts() -> int:
         True
     """
     return len(_CACHE)
+
+
+def is_cached(param: torch.Tensor) -> bool:
+    """True when ``param`` has a cached low-precision copy right now.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import is_cached
+        >>> is_cached(torch.nn.Parameter(torch.ones(1)))
+        False
+    """
+    return param in _CACHE
 
 
 def _forget_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -293,13 +293,75 @@ MXNET_BFLOAT16 = Policy(
                 "bfloat16, deconvolutions, RNNs and sensitive ops float32, multi-input "
                 "ops widest type, all else untouched.")
 
+# NVIDIA apex's own O1 lists (apex/amp/lists/{functional,torch,tensor}_overrides.py and
+# rnn_compat.py at apex commit e13873de, the last before amp was removed). apex applied
+# them to CUDA tensors; as a policy they hold on every device. The batched matmuls
+# (bmm, baddbmm, addbmm) are on the float16 list as on every CUDA >= 9.1 build (apex
+# left them unlisted without CUDA). Tensor dunders map to their ops (``__matmul__`` is
+# matmul, ``__pow__`` pow, ``__add__`` add, ...); ``cpu`` stays: apex casts a tensor to
+# float32 before moving it to the CPU.
+APEX_FP16_FUNCS: tuple[str, ...] = (
+    # torch.nn.functional, torch and Tensor
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "conv_tbc", "linear", "prelu", "addmm", "addmv", "addr", "matmul",
+    "mm", "mv", "addbmm", "baddbmm", "bmm",
+    # RNNs and RNN cells (cast whole, weights and hidden state included)
+    "rnn_relu", "rnn_tanh", "gru", "lstm", "rnn_relu_cell", "rnn_tanh_cell", "gru_cell",
+    "lstm_cell",
+)
+APEX_FP32_FUNCS: tuple[str, ...] = (
+    # torch.nn.functional
+    "interpolate", "grid_sample", "softplus", "softmin", "log_softmax", "softmax", "gelu",
+    "layer_norm", "group_norm", "local_response_norm", "normalize", "cosine_similarity",
+    "poisson_nll_loss", "cosine_embedding_loss", "cross_entropy", "hinge_embedding_loss",
+    "kl_div", "l1_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss",
+    "multilabel_soft_margin_loss", "multi_margin_loss", "nll_loss",
+    "binary_cross_entropy_with_logits", "smooth_l1_loss", "soft_margin_loss",
+    "triplet_margin_loss", "ctc_loss",
+    # torch and Tensor
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "reciprocal",
+    "rsqrt", "sinh", "tan", "pow", "cumprod", "cumsum", "dist", "norm", "prod", "std",
+    "sum", "var", "renorm", "cpu",
+)
+#: Promoted to the widest floating type (apex's CASTS and SEQUENCE_CASTS).
+APEX_CASTS: tuple[str, ...] = (
+    "addcdiv", "addcmul", "atan2", "cross", "bilinear", "dot", "add", "div", "mul", "sub",
+    "eq", "equal", "ge", "gt", "le", "lt", "ne", "cat", "stack",
+)
+#: (op, message): refused with a low-precision input unless ``allow_banned``, then
+#: float32 (their float32 rule is on APEX_O1's list).
+APEX_BANNED_FUNCS: tuple[tuple[str, str], ...] = (
+    ("binary_cross_entropy",
+     "F.binary_cross_entropy and torch.nn.BCELoss are unsafe in float16: apex refuses "
+     "them a low-precision input. Use torch.nn.BCEWithLogitsLoss (sigmoid and BCELoss in "
+     "one op, which runs in float32), or run the sigmoid in float32 "
+     "(amp.register_float_function(torch, 'sigmoid')); amp.init(allow_banned=True) runs "
+     "the loss in float32 instead."),
+)
+#: In-place versions of the float32-list ops, which apex refuses a low-precision tensor
+#: (they could only compute in that precision): ``torch.exp_``, ``Tensor.exp_``, ...
+APEX_REFUSED_IN_PLACE: tuple[str, ...] = tuple(
+    f"{name}_" for name in APEX_FP32_FUNCS
+    if hasattr(torch.Tensor, f"{name}_") or hasattr(torch, f"{name}_"))
+
+APEX_O1 = Policy(
+    name="apex-O1", dtype=torch.float16,
+    lower_precision_ops=frozenset(APEX_FP16_FUNCS),
+    fp32_ops=frozenset(APEX_FP32_FUNCS) | {op for op, _ in APEX_BANNED_FUNCS},
+    promote_ops=frozenset(APEX_CASTS), unlisted="keep",
+    description="NVIDIA apex's own O1 lists, on every device: matmuls, convolutions and "
+                "RNNs in float16; pointwise transcendentals, reductions, softmax, norms and "
+                "losses in float32; multi-input ops promoted to the widest type; all else "
+                "in its inputs' dtype.")
+
 for _preset in (TORCH_CPU_LEGACY, PADDLE_O1, PADDLE_OD, PADDLE_O2, PADDLE_O2_NO_PROMOTE,
-                MXNET_FLOAT16, MXNET_BFLOAT16):
+                MXNET_FLOAT16, MXNET_BFLOAT16, APEX_O1):
     _PRESETS[_preset.name] = _preset
 del _preset
 
 __all__ += [
-    "MXNET_BF16_FP32_FUNCS", "MXNET_BF16_FUNCS", "MXNET_BFLOAT16",
+    "APEX_BANNED_FUNCS", "APEX_CASTS", "APEX_FP16_FUNCS", "APEX_FP32_FUNCS", "APEX_O1",
+    "APEX_REFUSED_IN_PLACE", "MXNET_BF16_FP32_FUNCS", "MXNET_BF16_FUNCS", "MXNET_BFLOAT16",
     "MXNET_CONDITIONAL_FP32_FUNCS", "MXNET_CONDITIONAL_FP32_OPS", "MXNET_FLOAT16",
     "MXNET_FP16_FUNCS", "MXNET_FP32_FUNCS", "MXNET_WIDEST_TYPE_CASTS", "PADDLE_BLACK_LIST",
     "PADDLE_EXTRA_BLACK_LIST", "PADDLE_O1", "PADDLE_O2", "PADDLE_O2_NO_PROMOTE",

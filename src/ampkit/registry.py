@@ -16,6 +16,12 @@ Other frameworks' names (Paddle's ``elementwise_add``, MXNet's ``FullyConnected`
 MindSpore's ``MatMul``) live in per-framework alias tables, because the same word
 means different ops in different frameworks (Paddle's ``mul`` is a matrix product).
 
+Custom ops (``torch.library.custom_op``, ``torch.library.Library.define``) are ops like
+any other: their name is their qualified name, ``"ns::name"``, and their entry points
+are ``torch.ops.ns.name`` and each of its overloads (what a ``TorchFunctionMode`` sees
+when the op's object or ``torch.ops.ns.name`` is called). ``"aten::name"`` is the
+canonical ``name``.
+
 Example:
     >>> import torch
     >>> from ampkit.registry import resolve_op, entry_points
@@ -51,7 +57,8 @@ __all__ = [
     "resolve_ops",
 ]
 
-#: A list entry: a canonical op name, an alias, an op's callable or an nn.Module class.
+#: A list entry: a canonical op name, an alias, an op's callable, an nn.Module class, or
+#: a custom op (its ``torch.library`` object, ``torch.ops.ns.name``, or ``"ns::name"``).
 OpEntry = str | Callable[..., Any] | type
 
 # Operator dunders whose Python-level function differs from the Tensor method they
@@ -315,7 +322,8 @@ def all_op_names() -> frozenset[str]:
 
 
 def entry_points(name: str) -> tuple[Callable[..., Any], ...]:
-    """Every Python callable that reaches the op ``name`` (a canonical name).
+    """Every Python callable that reaches the op ``name`` (a canonical name, or a custom
+    op's ``"ns::name"``).
 
     Example:
         >>> import torch
@@ -324,9 +332,65 @@ def entry_points(name: str) -> tuple[Callable[..., Any], ...]:
         True
     """
     by_name = _tables()[0]
-    if name not in by_name:
-        raise _unknown(name, "name")
-    return by_name[name]
+    if name in by_name:
+        return by_name[name]
+    if "::" in name:
+        return _custom_entry_points(name)
+    raise _unknown(name, "name")
+
+
+def _custom_packet(qualname: str) -> Any:
+    """``torch.ops.ns.name`` for ``"ns::name"``, or ``None`` when no such op exists."""
+    namespace, _, op = qualname.partition("::")
+    if not namespace or not op or "." in op:
+        return None
+    try:
+        return getattr(getattr(torch.ops, namespace), op)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+@functools.cache
+def _custom_entry_points(qualname: str) -> tuple[Callable[..., Any], ...]:
+    packet = _custom_packet(qualname)
+    if packet is None:
+        raise ValueError(f"name: unknown custom op {qualname!r}: no op of that name is "
+                         f"registered (import the library that defines it first)")
+    # The packet (torch.ops.ns.name(...)) and every overload: calling a custom_op's
+    # object reaches a TorchFunctionMode as its overload, ``torch.ops.ns.name.default``.
+    return (packet, *(getattr(packet, o) for o in packet.overloads()))
+
+
+def _op_object_name(entry: Any) -> str | None:
+    """``"ns::name"`` of a torch.library op object (``custom_op``'s result, an
+    ``OpOverloadPacket`` or an ``OpOverload``), else ``None``."""
+    from torch._library.custom_ops import CustomOpDef
+
+    if isinstance(entry, CustomOpDef):
+        entry = entry._opoverload
+    if isinstance(entry, torch._ops.OpOverload):
+        return str(entry._schema.name)
+    if isinstance(entry, torch._ops.OpOverloadPacket):
+        return str(entry._qualified_op_name)
+    return None
+
+
+def _qualified(qualname: str, argument: str, framework: str | None) -> tuple[str, ...]:
+    """Resolve ``"ns::name"`` (an overload suffix, ``".default"``, is dropped: lists name
+    ops, not overloads): an aten op by its canonical name, a custom op by itself."""
+    namespace, _, op = qualname.partition("::")
+    op = op.split(".", 1)[0]
+    qualname = f"{namespace}::{op}"
+    if namespace == "aten":
+        name = _canonical(op)
+        if name in _tables()[0]:
+            return (name,)
+        raise _unknown(qualname, argument, framework)
+    if _custom_packet(qualname) is None:
+        raise ValueError(f"{argument}: unknown custom op {qualname!r}: no op of that name is "
+                         f"registered (import the library that defines it first); custom "
+                         f"ops are listed as 'namespace::name'")
+    return (qualname,)
 
 
 def op_name_of(fn: Any) -> str | None:
@@ -339,9 +403,15 @@ def op_name_of(fn: Any) -> str | None:
         'matmul'
     """
     try:
-        return _tables()[1].get(fn)
+        name = _tables()[1].get(fn)
     except TypeError:  # unhashable callables are never registered ops
         return None
+    if name is None and isinstance(fn, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+        qualname = _op_object_name(fn)
+        # aten overloads are what compiled graphs call: not an entry point of their op
+        if qualname is not None and not qualname.startswith("aten::"):
+            return qualname
+    return name
 
 
 def _unknown(name: str, argument: str, framework: str | None = None) -> ValueError:
@@ -384,6 +454,8 @@ def resolve_op(entry: OpEntry, *, framework: str | None = None,
     if isinstance(entry, str):
         if framework is not None and entry in FRAMEWORK_ALIASES[framework]:
             return FRAMEWORK_ALIASES[framework][entry]
+        if "::" in entry:
+            return _qualified(entry, argument, framework)
         name = _canonical(entry)
         if name in _tables()[0]:
             return (name,)
@@ -396,6 +468,9 @@ def resolve_op(entry: OpEntry, *, framework: str | None = None,
                 return (MODULE_OPS[cls],)
         raise TypeError(f"{argument}: module class {entry.__qualname__} has no registered op; "
                         f"accepted classes: {sorted(c.__name__ for c in MODULE_OPS)}")
+    qualname = _op_object_name(entry)
+    if qualname is not None:
+        return _qualified(qualname, argument, framework)
     if callable(entry):
         name = op_name_of(entry)
         if name is not None:
@@ -406,8 +481,8 @@ def resolve_op(entry: OpEntry, *, framework: str | None = None,
             if twin in _tables()[0]:
                 raise _in_place(f"{getattr(entry, '__qualname__', fn_name)}", twin, argument)
         raise TypeError(f"{argument}: {entry!r} is not a known op entry point; pass a canonical "
-                        f"op name such as 'linear' or a torch / torch.nn.functional / Tensor "
-                        f"callable")
+                        f"op name such as 'linear', a torch / torch.nn.functional / Tensor "
+                        f"callable, or a custom op ('ns::name' or its torch.library object)")
     raise TypeError(f"{argument}: expected an op name (str), an op callable or an nn.Module "
                     f"class, got {type(entry).__name__}")
 

@@ -214,8 +214,8 @@ def decorate(models: nn.Module | list[nn.Module],
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
         >>> opt = torch.optim.SGD(net.parameters(), lr=0.1)
         >>> net, opt = amp.decorate(net, opt, level="O2", dtype="bfloat16")
-        >>> net[0].weight.dtype, net[1].weight.dtype
-        (torch.bfloat16, torch.float32)
+        >>> net[0].weight.dtype, net[1].weight.dtype  # fp32 truth, bf16 copies on use
+        (torch.float32, torch.float32)
         >>> {p.dtype for g in opt.param_groups for p in g["params"]}
         {torch.float32}
     """

@@ -143,8 +143,8 @@ class AmpkitSettings:
             >>> from ampkit.integrations._settings import AmpkitSettings
             >>> s = AmpkitSettings.build("O2", torch.bfloat16, {}, owner="P")
             >>> net = s.initialize(torch.nn.Linear(2, 2))
-            >>> net.weight.dtype
-            torch.bfloat16
+            >>> net.weight.dtype  # O2: the fp32 truth, bf16 copies made on use
+            torch.float32
         """
         if optimizers is None:
             return ampkit.initialize(models, level=self.level, dtype=self.dtype,

@@ -37,7 +37,7 @@ Example:
     >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     >>> model, opt = accelerator.prepare(model, opt)
     >>> model[0].weight.dtype, accelerator.mixed_precision, accelerator.scaler is None
-    (torch.bfloat16, 'no', True)
+    (torch.float32, 'no', True)
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from typing import Any
 
 import torch
 
-import ampkit
 from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
 
 try:

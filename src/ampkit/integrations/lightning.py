@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 
-import ampkit
 from ampkit.integrations._settings import AmpkitSettings, missing_framework
 
 try:
@@ -120,7 +119,7 @@ class AmpkitPrecision(Precision):
             >>> net = AmpkitPrecision("O2", torch.float16).convert_module(
             ...     torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2)))
             >>> net[0].weight.dtype, net[1].weight.dtype
-            (torch.float16, torch.float32)
+            (torch.float32, torch.float32)
         """
         trainer = getattr(module, "_trainer", None)
         if trainer is not None:

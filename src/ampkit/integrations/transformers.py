@@ -81,7 +81,7 @@ class AmpkitTrainer(Trainer):
         >>> trainer = AmpkitTrainer(model=torch.nn.Linear(2, 2), args=args, level="O2",
         ...                         dtype=torch.bfloat16)
         >>> trainer.model.weight.dtype, type(trainer.accelerator).__name__
-        (torch.bfloat16, 'AmpkitAccelerator')
+        (torch.float32, 'AmpkitAccelerator')
     """
 
     accelerator: AmpkitAccelerator

@@ -20,12 +20,15 @@ for the same gradients. Beyond torch:
 
 Skipping. A skipped step never calls ``optimizer.step()``, so parameters and
 optimizer state (moments, ``state["step"]``) stay exactly as they were.
-Optimizers that take ``grad_scale``/``found_inf`` (``_step_supports_amp_scaling``:
-torch's ``fused=True`` Adam, AdamW, SGD, and Adagrad from torch 2.13 on) are stepped
-with those tensors instead and skip on the device themselves, undoing their
-step-counter increment; that path reads nothing back to the host, overflow or not, once
-the optimizer has state (its first steps, until one succeeds, are decided on the host
-so that a skipped first step does not even create the zero moments). Every other optimizer costs one
+Optimizers that declare ``_step_supports_amp_scaling`` (torch's ``fused=True`` Adam,
+AdamW, SGD, Adagrad from torch 2.13 on, and your own) get torch's contract: each step
+they run finds the attributes ``grad_scale`` (the gradients are still scaled) and
+``found_inf`` set, and they unscale and skip on the device themselves; that path reads
+nothing back to the host once the optimizer has state (its first steps, until one
+succeeds, are decided on the host, so that a skipped first step creates no state:
+neither zero moments nor fused SGD's uninitialised momentum buffers). An optimizer
+whose ``step`` takes a ``grad_scaler`` keyword is passed the scaler instead, with
+torch's ``FutureWarning``, and does everything itself. Every other optimizer costs one
 host sync per ``step()`` (reading ``found_inf``), as in torch.
 
 LR schedulers are stepped by you. To leave a scheduler untouched on a skipped step::
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import warnings
 from collections.abc import Iterable
 from typing import Any, overload
@@ -87,6 +91,14 @@ class _OptimizerRecord:
 _TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 _EXTRA_KEYS = ("hysteresis", "min_scale", "max_scale", "dynamic", "_overflow_tracker",
                "skipped_steps")
+
+
+def _takes_grad_scaler(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` declares a ``grad_scaler`` parameter."""
+    try:
+        return "grad_scaler" in inspect.signature(optimizer.step).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
 
 
 def _default_device() -> str:
@@ -332,8 +344,10 @@ class GradScaler:
         ``None`` when skipped).
 
         Optimizers with ``_step_supports_amp_scaling`` (``fused=True`` Adam, AdamW, SGD;
-        Adagrad from torch 2.13) receive ``grad_scale``/``found_inf`` and skip on the
-        device: no host sync. Others cost one host sync.
+        Adagrad from torch 2.13; your own) find ``grad_scale``/``found_inf`` set and skip
+        on the device: no host sync once they have state. One whose ``step`` takes
+        ``grad_scaler`` is passed the scaler (with a ``FutureWarning``, as in torch).
+        Others cost one host sync.
 
         Raises:
             RuntimeError: if called twice for this optimizer before ``update()``, or with
@@ -361,9 +375,29 @@ class GradScaler:
             raise RuntimeError("step() has already been called for this optimizer in this "
                                "iteration; call scaler.update() before stepping again")
         self._require_scale("step")
-        if (getattr(optimizer, "_step_supports_amp_scaling", False)
-                and self._has_state(optimizer)):
-            return self._step_on_device(optimizer, record, *args, **kwargs)
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            if _takes_grad_scaler(optimizer):
+                # torch's older contract: the optimizer gets the scaler itself and does
+                # the unscaling and the overflow check on its own.
+                warnings.warn("GradScaler passes itself as grad_scaler= to an optimizer "
+                              "whose step() takes it, as torch's GradScaler does; torch "
+                              "is phasing this out in favour of the grad_scale and "
+                              "found_inf attributes", FutureWarning, stacklevel=2)
+                result = optimizer.step(*args, grad_scaler=self, **kwargs)
+                record.stage = OptState.STEPPED
+                return result
+            still_scaled = record.stage is OptState.READY
+            if still_scaled:
+                record.found_inf = self._check_grads(optimizer, unscale=False)
+            assert record.found_inf is not None
+            # First steps, until the optimizer has state: decided on the host, so a
+            # skipped one creates none (zero moments, fused SGD's uninitialised momentum
+            # buffers). A step that runs gets grad_scale and found_inf, the first too.
+            if not self._has_state(optimizer) and record.found_inf.item():
+                record.stage = OptState.STEPPED
+                return None
+            return self._step_on_device(optimizer, record, args, kwargs,
+                                        still_scaled=still_scaled)
         if record.stage is OptState.READY:
             self.unscale_(optimizer)
         assert record.found_inf is not None
@@ -386,13 +420,13 @@ class GradScaler:
                    if p.grad is not None)
 
     def _step_on_device(self, optimizer: torch.optim.Optimizer, record: _OptimizerRecord,
-                        *args: Any, **kwargs: Any) -> Any:
-        """The optimizer unscales (``grad_scale``) and skips (``found_inf``) itself."""
+                        args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                        still_scaled: bool) -> Any:
+        """The optimizer unscales (``grad_scale``) and skips (``found_inf``) itself;
+        ``record.found_inf`` is already set."""
         scale = self._require_scale("step")
-        if record.stage is OptState.READY:
-            record.found_inf = self._check_grads(optimizer, unscale=False)
-            # Gradients are still scaled: the optimizer divides by grad_scale (times any
-            # grad_scale of the user's own).
+        if still_scaled:
+            # The optimizer divides by grad_scale (times any grad_scale of the user's own).
             grad_scale = scale * getattr(optimizer, "grad_scale", 1)
         else:  # unscale_() already divided; pass only the user's own grad_scale, if any
             grad_scale = getattr(optimizer, "grad_scale", None)

@@ -66,6 +66,7 @@ from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.overflow import unscale_grads_
 
 __all__ = [
+    "build_loss_scaler",
     "configure_loss_scaling",
     "load_loss_scaling_state_dict",
     "loss_scaler",
@@ -108,6 +109,26 @@ def _build_scaler(config: LossScalingConfig) -> GradScaler:
     # Static: bounds and growth are meaningless, the scale is the number given.
     return GradScaler(init_scale=config.loss_scale, hysteresis=config.hysteresis,
                       dynamic=False)
+
+
+def build_loss_scaler(loss_scale: str | float | None = "dynamic", *,
+                      init_scale: float = 2.0 ** 16, min_loss_scale: float | None = None,
+                      max_loss_scale: float | None = 2.0 ** 24, growth_interval: int = 2000,
+                      hysteresis: int = 1) -> GradScaler:
+    """One scaler as :func:`configure_loss_scaling` builds it for each loss id, for a
+    caller that keeps its own (apex's legacy optimizer wrapper has one per loss); pass
+    it to :func:`scale_loss` as ``scaler``.
+
+    Example:
+        >>> from ampkit.scaling.multi_loss import build_loss_scaler
+        >>> scaler = build_loss_scaler("dynamic")
+        >>> scaler.get_scale(), scaler.schedule.max_scale
+        (65536.0, 16777216.0)
+    """
+    return _build_scaler(LossScalingConfig(
+        loss_scale=_check_loss_scale(loss_scale), init_scale=init_scale,
+        min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
+        growth_interval=growth_interval, hysteresis=hysteresis))
 
 
 class _StepGuard(enum.Enum):
@@ -321,14 +342,17 @@ def _as_optimizers(optimizers: Any) -> list[torch.optim.Optimizer]:
 @contextlib.contextmanager
 def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
                | Sequence[torch.optim.Optimizer], loss_id: int = 0, *,
-               delay_unscale: bool = False) -> Iterator[torch.Tensor]:
+               delay_unscale: bool = False,
+               scaler: GradScaler | None = None) -> Iterator[torch.Tensor]:
     """Yield ``loss`` (as float32) times the scale of ``loss_id``; on exit unscale the
     optimizers' new gradients, and on overflow make each optimizer's next ``step()`` a
     no-op and lower that loss's scale.
 
     Uses a dynamic scaler with the defaults when :func:`configure_loss_scaling` was
-    never called. See the module docstring for gradients accumulated across losses and
-    for ``delay_unscale``.
+    never called. ``scaler`` (from :func:`build_loss_scaler`) replaces ``loss_id``'s
+    configured one; ``loss_id`` then only tells apart the scaled gradients of
+    ``delay_unscale``. See the module docstring for gradients accumulated across losses
+    and for ``delay_unscale``.
 
     Raises:
         TypeError: ``optimizers`` is not an optimizer or a list/tuple of them.
@@ -353,7 +377,11 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"loss must be a tensor, got {type(loss).__name__}")
     opts = list({id(o): o for o in _as_optimizers(optimizers)}.values())
-    scaler = loss_scaler(loss_id)
+    if scaler is None:
+        scaler = loss_scaler(loss_id)
+    elif not isinstance(scaler, GradScaler):
+        raise TypeError(f"scaler must be None or an ampkit GradScaler (see "
+                        f"build_loss_scaler), got {type(scaler).__name__}")
     if not scaler.is_enabled():
         yield loss
         return
@@ -387,30 +415,48 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     # Gradients put aside were checked when their own loss unscaled them, unless they
     # came from elsewhere (a backward outside scale_loss, a skipped iteration never
     # zeroed). Checking them again keeps an inf among them from reaching the weights;
-    # it arms the skip but is not this loss's overflow, so its scale is left alone.
-    stashed = [grad for opt in opts for _, grad in _pending[opt].stash]
-    skip = found_inf
-    if stashed:
-        earlier_inf = torch.zeros((), dtype=torch.float32, device=found_inf.device)
-        unscale_grads_(stashed, None, earlier_inf)
-        skip = found_inf + agree_on_overflow_(earlier_inf, scaler._process_group, stashed)
+    # it arms the skip of the optimizer that holds them, and of no other (apex skips
+    # only the optimizer whose gradients overflowed), and it is not this loss's
+    # overflow, so the loss's scale is left alone.
+    skips = _per_optimizer_skips(opts, found_inf, scaler._process_group)
     for opt in opts:
         _put_grads_back(opt, _pending.pop(opt).stash, add=True)
     scaler.update()
     on_device = {id(opt) for opt in opts if _skips_on_device(opt)}
     # apex's semantics: after scale_loss, a plain optimizer.step() must already know
-    # whether to skip. Fused optimizers with state are told on the device; any other
-    # optimizer needs this one host sync.
-    overflow = (bool(skip.item()) if len(on_device) < len(opts) else False)
-    for opt in opts:
-        if _skip_armed(opt) or (overflow and id(opt) not in on_device):
+    # whether to skip. Fused optimizers with state are told on the device; the others
+    # need this one host sync (for all of them at once).
+    on_host = [i for i, opt in enumerate(opts) if id(opt) not in on_device]
+    overflows = (torch.stack([skips[i] for i in on_host]).tolist() if on_host else [])
+    overflow = dict(zip(on_host, overflows))
+    for i, opt in enumerate(opts):
+        if _skip_armed(opt) or overflow.get(i, 0.0):
             _guard(opt, _StepGuard.SKIP_ONCE)
         elif id(opt) in on_device:
             earlier = _guards.get(opt)  # an earlier iteration's, never stepped: keep it
-            _guard(opt, _StepGuard.ON_DEVICE, skip if earlier is None or earlier[2] is None
-                   else skip + earlier[2])
+            _guard(opt, _StepGuard.ON_DEVICE, skips[i] if earlier is None
+                   or earlier[2] is None else skips[i] + earlier[2])
         else:
             _unguard(opt)
+
+
+def _per_optimizer_skips(opts: list[torch.optim.Optimizer], found_inf: torch.Tensor,
+                         process_group: Any) -> list[torch.Tensor]:
+    """Per optimizer (in ``opts``' order), nonzero when its step must be skipped: this
+    loss overflowed (every optimizer named in the block), or the gradients it put aside
+    on entry hold an inf/NaN (that optimizer only). One all-reduce for all of them."""
+    stashes = [[grad for _, grad in _pending[opt].stash] for opt in opts]
+    holding = [i for i, stash in enumerate(stashes) if stash]
+    if not holding:
+        return [found_inf] * len(opts)
+    earlier = torch.zeros(len(holding), dtype=torch.float32, device=found_inf.device)
+    for row, i in enumerate(holding):
+        unscale_grads_(stashes[i], None, earlier[row])
+    agree_on_overflow_(earlier, process_group, [g for i in holding for g in stashes[i]])
+    skips = [found_inf] * len(opts)
+    for row, i in enumerate(holding):
+        skips[i] = found_inf + earlier[row]
+    return skips
 
 
 def _skips_on_device(optimizer: torch.optim.Optimizer) -> bool:

@@ -1,9 +1,16 @@
 """The ``ampkit`` command line (also ``python -m ampkit``).
 
-``ampkit demo`` trains a small CNN on scikit-learn's digits in fp32 and at the AMP levels
-(see :mod:`ampkit.tools.demo`), shows a progress bar per run, prints a summary table and
-the ampkit lines of the O2 run, and writes a report folder (see :mod:`ampkit.tools.report`).
-``ampkit tune`` searches op lists for the same model (see :mod:`ampkit.tools.cli_tune`).
+* ``ampkit demo`` trains a small CNN on scikit-learn's digits in fp32 and at the AMP
+  levels (see :mod:`ampkit.tools.demo`), shows a progress bar per run, prints a summary
+  table and the ampkit lines of the O2 run, and writes a report folder (see
+  :mod:`ampkit.tools.report`).
+* ``ampkit compare TARGET --inputs FN`` runs the user's model in fp32 and in low
+  precision and reports op by op (see :mod:`ampkit.tools.cli_compare`).
+* ``ampkit tune [TARGET --eval FN]`` searches the op lists that keep a metric within a
+  tolerance; without TARGET, on the demo's CNN (see :mod:`ampkit.tools.cli_tune`).
+
+TARGET and FN are ``package.module:attribute`` references, imported with the current
+folder on ``sys.path`` (see :mod:`ampkit.tools.cli_target`).
 
 Options of ``ampkit demo``:
 
@@ -12,17 +19,21 @@ Options of ``ampkit demo``:
   ``float16``, ``half``). Without ``--levels`` the runs are
   fp32, O1/O2/O3 in bf16 and O1/O2 in fp16; with it, every listed AMP level runs in every
   listed dtype (``--dtypes`` alone filters the default set). Case does not matter.
-* ``--epochs`` (default 5), ``--seed`` (default 0), ``--device`` (``auto``, ``cpu``,
-  ``cuda``, ``cuda:<index>``), ``--out`` (default ``./ampkit-report``).
+* ``--epochs`` (default 5), ``--seed`` (default 0, at most 2**32 - 1), ``--device``
+  (``auto``, ``cpu``, ``cuda``, ``cuda:<index>``), ``--out`` (default ``./ampkit-report``).
+* ``--overwrite``: replace files of the report's names already in ``--out``. Without
+  it the demo refuses to start when one is there. It never deletes a file, and never
+  touches a file of another name.
 * ``--threads`` (default 1): torch's CPU threads. The model is tiny (64 images of 8x8
   per step), so more threads only add synchronisation, and on cores that other programs
   keep busy they make each step many times slower.
 * ``--quiet``: no progress bars and no code listing: only the final table.
 
-Exit status: 0 on success; 2 for a bad option (argparse's message, listing the
-choices); 1 for a one-line error about the machine (no CUDA GPU, an output folder that
-cannot be written, a missing optional dependency), each reported before training
-starts; 130 when interrupted.
+Exit status of every command: 0 on success; 2 for bad input (an unknown option or
+choice, a number out of range, a TARGET that does not import or is of the wrong kind,
+an empty, unwritable or occupied ``--out``), reported on one line before any work;
+1 for what the machine lacks (no CUDA GPU, a missing optional dependency); 3 when
+``ampkit tune`` found no policy within the tolerance; 130 when interrupted.
 
 Example:
     >>> from ampkit.tools.cli import build_parser
@@ -38,7 +49,7 @@ import argparse
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import ampkit
 from ampkit.tools.demo import (
@@ -58,7 +69,8 @@ if TYPE_CHECKING:
 
     from ampkit.tools.demo import DemoResult
 
-__all__ = ["build_parser", "main"]
+__all__ = ["BAD_INPUT", "MAX_SEED", "MISSING", "build_parser", "console", "fail", "main",
+           "missing_modules"]
 
 _PROG = "ampkit"
 _DEVICE_CHOICES = "auto, cpu, cuda, cuda:<index>"
@@ -97,6 +109,21 @@ def _choice_list(accepted: Sequence[str], aliases: dict[str, tuple[str, ...]] | 
     return parse
 
 
+#: Exit statuses (see the module docstring).
+BAD_INPUT = 2
+MISSING = 1
+
+#: numpy's and scikit-learn's seeds are 32-bit.
+MAX_SEED = 2**32 - 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every error on one line: ``ampkit demo: error: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -117,6 +144,45 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 0 to {MAX_SEED} (2**32 - 1), got {text!r}")
+    return value
+
+
+def _output_path(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "must name a file or folder; an empty name would write into the current folder")
+    return text
+
+
+def _low_dtype(text: str) -> Any:
+    from ampkit.policy import as_dtype
+
+    try:
+        return as_dtype(text.lower(), allow_none=False)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {_spelled(('bf16', 'fp16'), _DTYPE_SPELLINGS)}"
+            f"; case does not matter)") from None
+
+
 def _device_name(text: str) -> str:
     try:
         resolve_device(text)
@@ -128,8 +194,40 @@ def _device_name(text: str) -> str:
     return text
 
 
+def fail(command: str, message: str, status: int = BAD_INPUT) -> int:
+    """Print ``ampkit <command>: error: <message>`` to stderr; return ``status``.
+
+    Example:
+        >>> import contextlib, io
+        >>> from ampkit.tools.cli import fail
+        >>> with contextlib.redirect_stderr(io.StringIO()) as err:
+        ...     status = fail("tune", "no policy")
+        >>> status, err.getvalue()
+        (2, 'ampkit tune: error: no policy\\n')
+    """
+    print(f"{_PROG} {command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def missing_modules(*names: str) -> str | None:
+    """The message for the optional packages among ``names`` that are not installed
+    (``None`` when all are).
+
+    Example:
+        >>> from ampkit.tools.cli import missing_modules
+        >>> missing_modules("json") is None
+        True
+        >>> missing_modules("sklearn_is_not_this")
+        "needs sklearn_is_not_this: pip install 'ampkit[demo]'"
+    """
+    packages = {"sklearn": "scikit-learn"}
+    missing = [packages.get(n, n) for n in names if importlib.util.find_spec(n) is None]
+    return f"needs {', '.join(missing)}: pip install 'ampkit[demo]'" if missing else None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``ampkit`` argument parser (subcommand ``demo``; ``--version``).
+    """The ``ampkit`` argument parser (subcommands ``demo``, ``compare``, ``tune``;
+    ``--version``).
 
     Example:
         >>> from ampkit.tools.cli import build_parser
@@ -138,11 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     """
     import torch
 
-    parser = argparse.ArgumentParser(
+    from ampkit.tools import cli_compare, cli_tune
+
+    parser = _Parser(
         prog=_PROG, description="ampkit: Automatic Mixed Precision for PyTorch.")
     parser.add_argument("--version", action="version",
                         version=f"ampkit {ampkit.__version__} (torch {torch.__version__})")
-    commands = parser.add_subparsers(dest="command", metavar="{demo,tune}", required=True)
+    commands = parser.add_subparsers(dest="command", metavar="{demo,compare,tune}",
+                                     required=True)
     demo = commands.add_parser(
         "demo", help="train a small CNN on scikit-learn's digits in fp32 and at each AMP "
                      "level, and write a report",
@@ -164,11 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
                       action="extend",
                       help=f"comma-separated, among {dtype_names} (any case; default: both); "
                            "fp16 runs use dynamic loss scaling")
-    demo.add_argument("--seed", type=_non_negative_int, default=0,
-                      help="seed of the data split, the initial weights and the batch order "
-                           "(default: 0)")
-    demo.add_argument("--out", default="ampkit-report",
+    demo.add_argument("--seed", type=_seed, default=0,
+                      help="seed of the data split, the initial weights and the batch order, "
+                           "0 to 2**32 - 1 (default: 0)")
+    demo.add_argument("--out", type=_output_path, default="ampkit-report",
                       help="report folder, created if needed (default: ampkit-report)")
+    demo.add_argument("--overwrite", action="store_true",
+                      help="replace report files of the same names already in --out "
+                           "(without it, the demo refuses to start when one is there; "
+                           "other files are never touched)")
     demo.add_argument("--threads", type=_positive_int, default=1,
                       help="CPU threads for torch's ops; one suits the demo's tiny convolutions "
                            "best, and stays fast when other programs keep the cores busy "
@@ -179,15 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: 100, a few seconds)")
     demo.add_argument("--quiet", action="store_true",
                       help="no progress bars and no code listing: only the final table")
-    from ampkit.tools import cli_tune  # ``ampkit tune``: its options live there
-
+    cli_compare.add_parser(commands)
     cli_tune.add_parser(commands)
     return parser
-
-
-def _fail(message: str) -> int:
-    print(f"{_PROG} demo: error: {message}", file=sys.stderr)
-    return 1
 
 
 class _ProgressBars:
@@ -229,11 +328,19 @@ def _run(settings: DemoSettings, quiet: bool) -> DemoResult:
         return run_demo(settings, _ProgressBars(progress))
 
 
-def _print_summary(result: DemoResult, files: Any, quiet: bool, console: Console) -> None:
+def console() -> Console:
+    """The rich console commands print on: full width on a terminal, 160 columns off
+    one (a pipe, a log file), where rich would otherwise wrap tables at 80."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def _print_summary(result: DemoResult, files: Any, quiet: bool, out: Console) -> None:
     from rich.syntax import Syntax
     from rich.table import Table
 
-    from ampkit.tools.report import COLUMN_NOTES, summary_table
+    from ampkit.tools.report import COLUMN_NOTES, identical_runs, summary_table
 
     summary = summary_table(result)
     epochs = result.settings.epochs
@@ -243,57 +350,52 @@ def _print_summary(result: DemoResult, files: Any, quiet: bool, console: Console
         table.add_column(column, justify="left" if i == 0 else "right", no_wrap=True)
     for row in summary.rows:
         table.add_row(*row)
-    console.print(table)
+    out.print(table)
+    for same in identical_runs(result):
+        out.print(same.sentence(), highlight=False)
     if quiet:
         return
-    console.print(f"{COLUMN_NOTES} Peak memory: {result.memory_measure}.",
-                  style="dim", highlight=False)
-    console.print(f"\nReport: {files.html} (plots: {files.folder}, data: {files.json.name})",
-                  highlight=False, soft_wrap=True)
+    out.print(f"{COLUMN_NOTES} Peak memory: {result.memory_measure}.",
+              style="dim", highlight=False)
+    out.print(f"\nReport: {files.html} (plots: {files.folder}, data: {files.json.name})",
+              highlight=False, soft_wrap=True)
     example = result.example_config
     if example is not None:
-        console.print(f"\nThe {example.name} run's ampkit code ({TRAINING_CODE_CONTEXT}):",
-                      highlight=False)
-        console.print(Syntax(result.example_code(), "python", theme="ansi_dark",
-                             background_color="default"))
+        out.print(f"\nThe {example.name} run's ampkit code ({TRAINING_CODE_CONTEXT}):",
+                  highlight=False)
+        out.print(Syntax(result.example_code(), "python", theme="ansi_dark",
+                         background_color="default"))
 
 
 def _demo(args: argparse.Namespace) -> int:
-    missing = [name for name in ("sklearn", "matplotlib", "rich")
-               if importlib.util.find_spec(name) is None]
-    if missing:
-        packages = {"sklearn": "scikit-learn"}
-        return _fail(f"the demo needs {', '.join(packages.get(m, m) for m in missing)}: "
-                     f"pip install 'ampkit[demo]'")
+    needs = missing_modules("sklearn", "matplotlib", "rich")
+    if needs:
+        return fail("demo", f"the demo {needs}", MISSING)
     try:
         resolve_device(args.device)
     except RuntimeError as error:
-        return _fail(str(error))
-    from ampkit.tools.report import check_output_dir, write_report
+        return fail("demo", str(error), MISSING)
+    from ampkit.tools.report import check_output_dir, report_file_names, write_report
 
-    try:
-        check_output_dir(args.out)
-    except OSError as error:
-        return _fail(str(error))
-    import torch
-
-    torch.set_num_threads(args.threads)
     settings = DemoSettings(epochs=args.epochs, device=args.device, seed=args.seed,
                             pure_bf16_steps=args.pure_bf16_steps,
                             configurations=demo_configurations(args.levels, args.dtypes))
-    from rich.console import Console
+    try:
+        check_output_dir(args.out, report_file_names(settings), overwrite=args.overwrite)
+    except OSError as error:
+        return fail("demo", str(error))
+    import torch
 
-    # Off a terminal (a pipe, a log file) rich would wrap the table at 80 columns.
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    torch.set_num_threads(args.threads)
     result = _run(settings, args.quiet)
     files = write_report(result, args.out)
-    _print_summary(result, files, args.quiet, console)
+    _print_summary(result, files, args.quiet, console())
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ampkit`` command with ``argv`` (default: ``sys.argv[1:]``) and return
-    its exit status. Bad options exit through argparse (status 2).
+    its exit status. Bad options exit through argparse (status 2, one line).
 
     Example:
         >>> from ampkit.tools.cli import main
@@ -306,6 +408,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "compare":
+            from ampkit.tools import cli_compare
+
+            return cli_compare.run(args)
         if args.command == "tune":
             from ampkit.tools import cli_tune
 
@@ -314,4 +420,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{_PROG}: interrupted", file=sys.stderr)
         return 130
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse enforces choices
-

@@ -432,26 +432,25 @@ class Comparison:
                      f"Inf {self.output.num_inf}")
         if self.loss is not None:
             lines.append(f"loss: float32 {self.loss[0]:.6g}, low precision {self.loss[1]:.6g}")
-        head = f"{'op':<24} {'added rel error':>16} {'calls':>6}  worst in module"
-        lines += ["", "ops ranked by error added", head]
-        for r in self.ranked_ops()[:limit]:
-            lines.append(f"{r.name:<24} {_fmt(r.added):>16} {r.calls:>6}  {r.worst_module!r}")
-        lines += ["", "module calls in the order they ran",
-                  f"{'module':<28} {'kind':<16} {'dtype':<16} {'in rel':>9} {'out rel':>9} "
-                  f"{'max abs':>9} {'cosine':>9} {'nan':>5} {'inf':>5}"]
-        for m in self.modules[:limit]:
-            label = (m.module or "(model)") + (f"#{m.call}" if m.call else "")
-            lines.append(f"{label[:28]:<28} {m.kind[:16]:<16} {m.dtype[:16]:<16} "
-                         f"{_fmt(m.input_rel):>9} {_fmt(m.error.max_rel):>9} "
-                         f"{_fmt(m.error.max_abs):>9} {m.error.cosine:>9.6f} "
-                         f"{m.error.num_nan:>5} {m.error.num_inf:>5}")
+        from ampkit.tools._text import text_table
+
+        lines += ["", "ops ranked by error added", text_table(
+            ("op", "added rel error", "calls", "worst in module"),
+            [(r.name, _fmt(r.added), r.calls, repr(r.worst_module))
+             for r in self.ranked_ops()[:limit]], align="lrrl")]
+        lines += ["", "module calls in the order they ran", text_table(
+            ("module", "kind", "dtype", "in rel", "out rel", "max abs", "cosine", "nan", "inf"),
+            [((m.module or "(model)") + (f"#{m.call}" if m.call else ""), m.kind, m.dtype,
+              _fmt(m.input_rel), _fmt(m.error.max_rel), _fmt(m.error.max_abs),
+              f"{m.error.cosine:.6f}", m.error.num_nan, m.error.num_inf)
+             for m in self.modules[:limit]], align="lllrrrrrr")]
         if len(self.modules) > limit:
             lines.append(f"... {len(self.modules) - limit} more")
         if self.grads:
-            lines += ["", f"{'gradient':<28} {'dtype':<16} {'max rel':>9} {'cosine':>9}"]
-            for g in self.grads[:limit]:
-                lines.append(f"{g.parameter[:28]:<28} {g.dtype[:16]:<16} "
-                             f"{_fmt(g.error.max_rel):>9} {g.error.cosine:>9.6f}")
+            lines += ["", text_table(
+                ("gradient", "dtype", "max rel", "cosine"),
+                [(g.parameter, g.dtype, _fmt(g.error.max_rel), f"{g.error.cosine:.6f}")
+                 for g in self.grads[:limit]], align="llrr")]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Written with the demo report's pieces (:mod:`ampkit.tools.report`: bare matplotlib
 figures, plots embedded as ``data:`` URIs, the same style sheet) and a jinja2 template
-(``templates/compare.html.j2``; jinja2 comes with torch). Files:
+(``templates/compare.html.j2``, on the demo's ``base.html.j2``; jinja2 comes with
+torch). Files (:data:`REPORT_FILES`):
 
 * ``error_per_layer.png``: relative error of each leaf module's output (and inputs)
   along the network, with the threshold and where divergence starts;
@@ -24,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 from pathlib import Path
@@ -33,12 +33,15 @@ from typing import TYPE_CHECKING
 import torch
 
 import ampkit
-from ampkit.tools.report import _STYLE, _data_uri, _new_figure, check_output_dir
+from ampkit.tools.report import _data_uri, _new_figure, _now, check_output_dir, render_page
 
 if TYPE_CHECKING:
     from ampkit.tools.compare import Comparison, ModuleError
 
-__all__ = ["write_comparison_report"]
+__all__ = ["REPORT_FILES", "write_comparison_report"]
+
+#: The files :func:`write_comparison_report` writes (and no others).
+REPORT_FILES = ("compare.html", "compare.json", "error_per_layer.png", "op_error_histogram.png")
 
 _FLOOR = 1e-12  # errors below this (exact ops) are drawn at it on log axes
 _HISTOGRAM_OPS = 6  # ops named in the histogram; the others are pooled
@@ -123,26 +126,19 @@ def _plot_histogram(c: Comparison, path: Path) -> None:
 def write_comparison_report(c: Comparison, out_dir: str | os.PathLike[str]) -> Path:
     """Write the plots, ``compare.html`` and ``compare.json`` into ``out_dir``
     (created if needed); return the HTML page's path. See the module docstring."""
-    import jinja2
-
     folder = check_output_dir(out_dir)
     layers, histogram = folder / "error_per_layer.png", folder / "op_error_histogram.png"
     _plot_layers(c, layers)
     _plot_histogram(c, histogram)
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-        autoescape=True, undefined=jinja2.StrictUndefined)
-    when = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     meta = (f"{len(c.ops)} op calls and {len(c.modules)} module calls compared; "
             f"threshold {_fmt(c.threshold)}; torch {torch.__version__}, ampkit "
-            f"{ampkit.__version__}; {when}.")
+            f"{ampkit.__version__}; {_now()}.")
     figures = [
         {"id": "error-per-layer", "alt": "Relative error per layer", "uri": _data_uri(layers)},
         {"id": "op-histogram", "alt": "Error added per op call", "uri": _data_uri(histogram)},
     ]
-    page = env.get_template("compare.html.j2").render(
-        c=c, div=c.divergence, first=c.first_divergent_op, ranked=c.ranked_ops(),
-        figures=figures, style=_STYLE, meta=meta, fmt=_fmt)
+    page = render_page("compare.html.j2", c=c, div=c.divergence, first=c.first_divergent_op,
+                       ranked=c.ranked_ops(), figures=figures, meta=meta, fmt=_fmt)
     html_path = folder / "compare.html"
     html_path.write_text(page, encoding="utf-8")
     (folder / "compare.json").write_text(c.to_json() + "\n", encoding="utf-8")

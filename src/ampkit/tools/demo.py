@@ -59,6 +59,7 @@ __all__ = [
     "LEVEL_CHOICES",
     "TRAINING_CODE_CONTEXT",
     "RunConfig",
+    "cpu_description",
     "RunResult",
     "demo_configurations",
     "load_digits_data",
@@ -422,6 +423,8 @@ class RunResult:
     losses: tuple[float, ...]
     loss_scales: tuple[float, ...]
     op_table: str
+    #: the first training step's op calls: (op, float16, bfloat16, float32, other)
+    op_counts: tuple[tuple[str, int, int, int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -557,16 +560,45 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+#: /proc/cpuinfo flags of native bf16 and fp16 arithmetic.
+_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+_FP16_FLAGS = ("avx512_fp16", "amx_fp16")
+
+
+def cpu_description() -> str:
+    """The CPU's model, core count, torch's threads and instruction set, and whether
+    it has native bf16 and fp16 arithmetic (flags from ``/proc/cpuinfo``): results on
+    the CPU depend on all of them.
+
+    Example:
+        >>> from ampkit.tools.demo import cpu_description
+        >>> "torch thread" in cpu_description() and "native bf16" in cpu_description()
+        True
+    """
+    model, flags = "", set()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    cores, threads = os.cpu_count() or 0, torch.get_num_threads()
+    capability = torch.backends.cpu.get_cpu_capability()
+
+    def native(names: tuple[str, ...]) -> str:
+        found = [name for name in names if name in flags]
+        return ", ".join(found) if found else ("no" if flags else "unknown")
+
+    return (f"{model or platform.processor() or 'CPU'} ({cores} cores, {threads} torch "
+            f"thread{'' if threads == 1 else 's'}; torch CPU capability {capability}; "
+            f"native bf16: {native(_BF16_FLAGS)}; native fp16: {native(_FP16_FLAGS)})")
+
+
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    model = ""
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        model = next((line.split(":", 1)[1].strip() for line in f
-                      if line.startswith("model name")), "")
-    cores, threads = os.cpu_count() or 0, torch.get_num_threads()
-    return (f"{model or platform.processor() or 'CPU'} ({cores} cores, {threads} torch "
-            f"thread{'' if threads == 1 else 's'})")
+    return cpu_description()
 
 
 def _run_one(config: RunConfig, settings: DemoSettings, data: DigitsData,
@@ -628,6 +660,8 @@ def _run_one(config: RunConfig, settings: DemoSettings, data: DigitsData,
         final_loss_scale=scales[-1] if scales else None,
         low_precision_share=op_stats.low_precision_share,
         losses=tuple(losses), loss_scales=tuple(scales), op_table=op_stats.table(),
+        op_counts=tuple((name, c.float16, c.bfloat16, c.float32, c.other)
+                        for name, c in op_stats.counts.items()),
     )
     observer.run_finished(result)
     return result

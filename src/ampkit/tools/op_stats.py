@@ -232,21 +232,15 @@ class OpStats:
             >>> print(stats.table().splitlines()[0])
             Op Name | FP16 Calls | BF16 Calls | FP32 Calls | Other Calls
         """
-        header = ("Op Name", "FP16 Calls", "BF16 Calls", "FP32 Calls", "Other Calls")
+        from ampkit.tools._text import text_table
+
         rows = [(name, c.float16, c.bfloat16, c.float32, c.other)
                 for name, c in self.counts.items()]
         total = self.total
-        footer = ("Total", total.float16, total.bfloat16, total.float32, total.other)
-        widths = [max(len(str(row[i])) for row in (header, *rows, footer))
-                  for i in range(len(header))]
-
-        def line(row: tuple[Any, ...]) -> str:
-            cells = [str(row[0]).ljust(widths[0])]
-            cells += [str(v).rjust(w) for v, w in zip(row[1:], widths[1:])]
-            return " | ".join(cells).rstrip()
-
-        rule = "-+-".join("-" * w for w in widths)
-        return "\n".join([line(header), rule, *map(line, rows), rule, line(footer)])
+        return text_table(
+            ("Op Name", "FP16 Calls", "BF16 Calls", "FP32 Calls", "Other Calls"), rows,
+            footer=("Total", total.float16, total.bfloat16, total.float32, total.other),
+            separator=" | ", rules=True)
 
     def __repr__(self) -> str:
         t = self.total

@@ -1,0 +1,78 @@
+"""Plain-text tables: the one helper every ``table()`` of the tools renders with.
+
+Column widths come from the cells, so a long op name (``scaled_dot_product_attention``)
+widens its column instead of breaking the alignment. The tools' ``table()`` methods
+return plain strings with no optional dependency; the command line draws its own tables
+with rich.
+
+Example:
+    >>> from ampkit.tools._text import text_table
+    >>> print(text_table(("op", "calls"), [("scaled_dot_product_attention", 1), ("mm", 12)]))
+    op                            calls
+    scaled_dot_product_attention      1
+    mm                               12
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+__all__ = ["text_table"]
+
+
+def text_table(columns: Sequence[str], rows: Iterable[Sequence[object]], *,
+               align: str | None = None, footer: Sequence[object] | None = None,
+               separator: str = "  ", rules: bool = False) -> str:
+    """Format ``rows`` under ``columns`` as aligned text.
+
+    Args:
+        columns: the column titles.
+        rows: one sequence of cells per row (``str()`` of each cell is shown).
+        align: one letter per column, ``"l"`` (left) or ``"r"`` (right); default:
+            the first column left, the others right.
+        footer: a last row (a total), set off by a rule when ``rules`` is true.
+        separator: between two columns.
+        rules: draw a rule under the titles (and above ``footer``), made of ``-``
+            with ``+`` where ``separator`` has ``|``.
+
+    Raises:
+        ValueError: a row or ``align`` whose length is not the number of columns, or
+            an ``align`` letter other than ``l`` and ``r``.
+
+    Example:
+        >>> from ampkit.tools._text import text_table
+        >>> print(text_table(("Op", "Calls"), [("mul", 1)], footer=("Total", 1),
+        ...                  separator=" | ", rules=True))
+        Op    | Calls
+        ------+------
+        mul   |     1
+        ------+------
+        Total |     1
+    """
+    titles = tuple(str(c) for c in columns)
+    body = [tuple(str(cell) for cell in row) for row in rows]
+    tail = [] if footer is None else [tuple(str(cell) for cell in footer)]
+    align = align or "l" + "r" * (len(titles) - 1)
+    if len(align) != len(titles) or set(align) - {"l", "r"}:
+        raise ValueError(f"align must have one letter 'l' or 'r' per column "
+                         f"({len(titles)}), got {align!r}")
+    for row in (*body, *tail):
+        if len(row) != len(titles):
+            raise ValueError(f"every row must have {len(titles)} cells, got {row!r}")
+    widths = [max(len(row[i]) for row in (titles, *body, *tail)) for i in range(len(titles))]
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [cell.ljust(w) if a == "l" else cell.rjust(w)
+                 for cell, w, a in zip(row, widths, align)]
+        return separator.join(cells).rstrip()
+
+    rule = separator.replace(" ", "-").replace("|", "+").join("-" * w for w in widths)
+    lines = [line(titles)]
+    if rules:
+        lines.append(rule)
+    lines += [line(row) for row in body]
+    if tail:
+        if rules:
+            lines.append(rule)
+        lines.append(line(tail[0]))
+    return "\n".join(lines)

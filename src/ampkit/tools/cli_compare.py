@@ -1,0 +1,179 @@
+"""``ampkit compare``: :func:`ampkit.compare` on the user's model from the command line.
+
+``ampkit compare TARGET --inputs FN`` builds the model (TARGET: an ``nn.Module`` or a
+callable returning one) and its inputs (FN: a callable returning the forward's
+arguments), both as ``package.module:attribute`` (see :mod:`ampkit.tools.cli_target`),
+runs it in float32 and under ``--precision`` (a level ``O1``-``O3``, a preset name, or
+a policy file written by ``ampkit tune`` / ``Policy.save``; default ``torch``, native
+autocast's lists) in ``--dtype``, with ``--custom-white-list`` / ``--custom-black-list``
+added, and ``--loss-fn`` for gradients. It prints :meth:`Comparison.table
+<ampkit.tools.compare.Comparison.table>` and writes the HTML report, its two plots and
+``compare.json`` into ``--out`` (default ``compare-report``); report files already
+there are replaced only with ``--overwrite``, and no other file is touched.
+
+Exit status: 0 on success, 2 for bad input (one line, see :mod:`ampkit.tools.cli`),
+1 for a missing optional dependency (matplotlib draws the plots).
+
+Example:
+    >>> import argparse
+    >>> from ampkit.tools.cli_compare import add_parser
+    >>> commands = argparse.ArgumentParser().add_subparsers(dest="command")
+    >>> args = add_parser(commands).parse_args(
+    ...     ["models:build", "--inputs", "models:batch", "--precision", "o2",
+    ...      "--custom-black-list", "softmax,layer_norm"])
+    >>> args.precision, args.custom_black_list, args.out
+    ('O2', ['softmax', 'layer_norm'], 'compare-report')
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ampkit.tools.cli import (
+    MISSING,
+    _low_dtype,
+    _number,
+    _output_path,
+    _positive_int,
+    _seed,
+    console,
+    fail,
+    missing_modules,
+)
+from ampkit.tools.cli_target import (
+    TargetError,
+    inputs_factory,
+    load_callable,
+    model_factory,
+)
+
+__all__ = ["add_parser", "run"]
+
+_LEVELS = ("O1", "O2", "O3")
+
+
+def _precision(text: str) -> Any:
+    """A level, a preset name, or the path of a policy file (read with Policy.load)."""
+    from ampkit.policy import Policy
+    from ampkit.presets import available_policies
+
+    if text.upper() in _LEVELS:
+        return text.upper()
+    if text in available_policies():
+        return text
+    if Path(text).is_file():
+        try:
+            return Policy.load(text)
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            raise argparse.ArgumentTypeError(
+                f"cannot read the policy file {text!r}: {type(error).__name__}: "
+                f"{' '.join(str(error).split())}") from None
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r} (choose from a level, {', '.join(_LEVELS)}; a preset, "
+        f"{', '.join(available_policies())}; or a policy file such as ampkit tune writes)")
+
+
+def _op_list(text: str) -> list[str]:
+    from ampkit.registry import resolve_op
+
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"must name at least one op, got {text!r}")
+    for name in names:
+        try:
+            resolve_op(name, argument="op")
+        except (ValueError, TypeError) as error:
+            raise argparse.ArgumentTypeError(str(error).removeprefix("op: ")) from None
+    return names
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``compare`` subcommand to an argparse subparsers object; return it."""
+    compare = commands.add_parser(
+        "compare", help="run your model in fp32 and in low precision, op by op, and "
+                        "report where they diverge",
+        description="Run TARGET (package.module:attribute of an nn.Module or a callable "
+                    "returning one) on the inputs --inputs returns, in float32 and under "
+                    "--precision; print the ops and modules that added the most error and "
+                    "write an HTML report and JSON to --out.")
+    compare.add_argument("target", metavar="TARGET",
+                         help="package.module:attribute of an nn.Module or a callable "
+                              "returning one (imported from the current folder too)")
+    compare.add_argument("--inputs", metavar="FN", required=True,
+                         help="package.module:attribute of a callable returning the "
+                              "forward's inputs (a tuple: the positional arguments)")
+    compare.add_argument("--precision", type=_precision, default="torch",
+                         help="a level (O1, O2, O3), a preset (torch, conservative, ...) or "
+                              "a policy file (default: torch, native autocast's lists)")
+    compare.add_argument("--dtype", type=_low_dtype,
+                         help="bf16 or fp16 (default: the policy's, else the device's "
+                              "autocast default: bf16 on CPU, fp16 on CUDA)")
+    compare.add_argument("--custom-white-list", type=_op_list, action="extend",
+                         metavar="OPS", help="comma-separated ops to run in low precision too")
+    compare.add_argument("--custom-black-list", type=_op_list, action="extend",
+                         metavar="OPS", help="comma-separated ops to keep in float32")
+    compare.add_argument("--loss-fn", metavar="FN",
+                         help="package.module:attribute of loss_fn(output) -> scalar tensor; "
+                              "given, gradients are compared too")
+    compare.add_argument("--threshold", type=_number,
+                         help="relative error that counts as diverged (default: 8 machine "
+                              "epsilons of the dtype)")
+    compare.add_argument("--limit", type=_positive_int, default=20,
+                         help="rows per table printed (default: 20; the report has all)")
+    compare.add_argument("--out", type=_output_path, default="compare-report",
+                         help="report folder, created if needed (default: compare-report)")
+    compare.add_argument("--overwrite", action="store_true",
+                         help="replace report files of the same names already in --out")
+    compare.add_argument("--seed", type=_seed, default=0,
+                         help="torch's seed before TARGET and --inputs are built, 0 to "
+                              "2**32 - 1 (default: 0)")
+    compare.add_argument("--threads", type=_positive_int, default=1,
+                         help="torch CPU threads (default: 1)")
+    return compare
+
+
+def run(args: argparse.Namespace) -> int:
+    """Carry out ``ampkit compare`` for parsed ``args``; return the exit status."""
+    needs = missing_modules("matplotlib", "rich")
+    if needs:
+        return fail("compare", f"ampkit compare {needs}", MISSING)
+    try:
+        loss_fn = None if args.loss_fn is None else load_callable(args.loss_fn, "--loss-fn")
+        make_inputs = inputs_factory(args.inputs)
+        build = model_factory(args.target)
+    except TargetError as error:
+        return fail("compare", str(error))
+    from ampkit.tools.compare_report import REPORT_FILES
+    from ampkit.tools.report import check_output_dir
+
+    folder = Path(args.out)
+    existed = folder.exists()
+    try:
+        check_output_dir(folder, REPORT_FILES, overwrite=args.overwrite)
+    except OSError as error:
+        return fail("compare", str(error))
+    import torch
+
+    import ampkit
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    try:
+        model = build()
+    except TargetError as error:
+        if not existed:
+            folder.rmdir()  # made by this run, still empty
+        return fail("compare", str(error))
+    inputs = make_inputs()
+    report = ampkit.compare(model, *inputs, precision=args.precision, dtype=args.dtype,
+                            custom_white_list=args.custom_white_list,
+                            custom_black_list=args.custom_black_list, loss_fn=loss_fn,
+                            threshold=args.threshold)
+    out = console()
+    out.print(report.table(limit=args.limit), highlight=False, soft_wrap=True)
+    page = report.write_report(args.out)
+    out.print(f"\nReport: {page} (plots beside it; data: {page.with_suffix('.json').name})",
+              highlight=False, soft_wrap=True)
+    return 0
