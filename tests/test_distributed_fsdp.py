@@ -293,3 +293,24 @@ def test_recipe_puts_kept_norms_in_fp32_groups(one_rank: Any, level: str,
                         "2": low}
     # gradients land in the shards' own dtype: fp32 at O1/O2, the stored one at O3
     assert all(p.grad.dtype is p.dtype for p in model.parameters())
+
+
+def test_an_optimizer_built_before_sharding_is_refused_at_its_first_step(
+        one_rank: Any) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    model = _mlp(0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)  # before sharding
+    model, opt = ampkit.initialize(model, opt, level="O2", dtype=BF16)
+    for layer in (model[0], model[1], model[3]):
+        fully_shard(layer, mesh=one_rank)
+    fully_shard(model, mesh=one_rank)
+    before = [p.full_tensor().clone() for p in model.parameters()]
+    model(torch.rand(3, 16)).sum().backward()
+    with pytest.raises(RuntimeError, match=r"steps a parameter \(FSDPLinear.weight\) that the "
+                                           r"model no longer holds: fully_shard replaced"):
+        opt.step()
+    assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.1)  # after sharding: trains
+    fresh.step()
+    assert not torch.equal(before[0], model[0].weight.full_tensor())

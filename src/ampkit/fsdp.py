@@ -14,7 +14,9 @@ low-precision copies. So the recipe is:
    low-precision all-gathers happen where native FSDP2 mixed precision has them, and
    gradients are reduce-scattered in fp32 into the fp32 shards;
 3. build the optimizer *after* sharding, over ``model.parameters()``: sharding replaces
-   the parameters with sharded ``DTensor`` ones (as with ``torch.distributed.fsdp``).
+   the parameters with sharded ``DTensor`` ones (as with ``torch.distributed.fsdp``). At
+   O2 an optimizer built before, which would step tensors the model no longer uses,
+   raises ``RuntimeError`` at its first step.
 
 Under this policy the parameters reach each module already in low precision (from the
 all-gather), so ampkit's cast on use (:mod:`ampkit.parameter_casts`) has nothing to do
