@@ -200,7 +200,9 @@ def test_fsdp2_sharded_model_says_to_initialize_first(tmp_path):
         model = nn.Sequential(nn.Linear(2, 2))
         fully_shard(model)
         with pytest.raises(RuntimeError, match=r"wrapped in FSDP2 \(fully_shard\); call "
-                                               r"ampkit.initialize"):
+                                               r"ampkit.initialize / convert_model on the "
+                                               r"bare model first, then shard the result "
+                                               r"\(ampkit.fsdp.fully_shard"):
             initialize(model, level="O2", dtype=BF16)
     finally:
         dist.destroy_process_group()

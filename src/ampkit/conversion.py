@@ -713,7 +713,10 @@ def _wrapper_types() -> tuple[type, ...]:
 def check_not_wrapped(model: nn.Module, argument: str = "model") -> None:
     """Raise ``RuntimeError`` when ``model`` (or a module in it) is already wrapped by
     DataParallel, DistributedDataParallel or FSDP: conversion must come first, because
-    those wrappers hold (or shard) the fp32 parameters as they found them.
+    those wrappers hold (or shard) the fp32 parameters as they found them. FSDP2 (an
+    ``FSDPModule`` anywhere in the model) swaps sharded and unsharded parameters in its
+    own forward hooks, and the conversion's hooks must run after those, on the
+    parameters FSDP2 gathered (see :mod:`ampkit.fsdp`).
 
     Example:
         >>> import torch
@@ -729,11 +732,13 @@ def check_not_wrapped(model: nn.Module, argument: str = "model") -> None:
         if isinstance(module, wrappers):
             where = f"model (its submodule {name!r})" if name else argument
             kind = next(c.__name__ for c in type(module).__mro__ if c in wrappers)
+            then = f"wrap the result in {kind}"
             if kind == "FSDPModule":
                 kind = "FSDP2 (fully_shard)"
+                then = ("shard the result (ampkit.fsdp.fully_shard gives it the level's "
+                        "mixed precision)")
             raise RuntimeError(f"{where} is wrapped in {kind}; call ampkit.initialize / "
-                               f"convert_model on the bare model first, then wrap the result "
-                               f"in {kind}")
+                               f"convert_model on the bare model first, then {then}")
 
 
 def _check_model(model: Any) -> None:

@@ -26,7 +26,14 @@ step post-hook), so nothing is held between steps. A parameter no torch optimize
 pass, as native autocast does: only an optimizer's step is a sure sign of its change.
 A copy made under ``no_grad`` has no autograd history and is never used by a forward
 that builds a graph; under ``inference_mode`` nothing is cached. Under
-``torch.compile`` nothing is cached either: the graph casts the weights itself.
+``torch.compile`` nothing is cached either: the graph casts the weights itself. Nor in
+modules FSDP2 manages: their parameters in a forward are the unsharded ones FSDP frees
+after it (and with :mod:`ampkit.fsdp`'s policy they arrive in low precision already,
+leaving nothing to cast).
+
+An optimizer built over the parameters before FSDP2's ``fully_shard`` replaced them
+with sharded ones would step tensors the model no longer uses: its first step raises
+``RuntimeError`` instead (build the optimizer after sharding).
 
 Limit: an in-place edit through ``param.data`` between two micro-batches of the same
 optimizer step is not seen (``.data`` has its own version counter) until the next step;
@@ -50,6 +57,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -84,6 +92,11 @@ _LOCK = threading.Lock()
 _forwards = itertools.count(1)
 _current_forward = 0
 _hook_handle: Any = None
+# parameter -> (weakref to the module that holds it, its name there), for every
+# parameter cast on use: to tell an optimizer built over parameters that FSDP2 has since
+# replaced (see _check_not_replaced)
+_OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_CHECKED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
 
 def new_forward_pass() -> None:
@@ -150,11 +163,43 @@ def _forget_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) ->
             _CACHE.pop(p, None)
 
 
+def _is_sharded(t: Any) -> bool:
+    return hasattr(t, "placements") and hasattr(t, "device_mesh")  # a DTensor
+
+
+def _check_not_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    # A global optimizer step pre-hook, checking each optimizer once, at its first step.
+    # fully_shard replaces every parameter of the model with a sharded DTensor one; an
+    # optimizer built before it steps the old tensors, which no longer receive gradients:
+    # training would change nothing, with no error.
+    if optimizer in _CHECKED:
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            owner = _OWNERS.get(p)
+            module = None if owner is None else owner[0]()
+            if module is None or _is_sharded(p):
+                continue
+            now = module._parameters.get(owner[1])
+            if now is not None and now is not p and _is_sharded(now):
+                raise RuntimeError(
+                    f"this optimizer steps a parameter ({type(module).__name__}."
+                    f"{owner[1]}) that the model no longer holds: fully_shard replaced "
+                    f"it with a sharded DTensor parameter after the optimizer was built, "
+                    f"so its steps would change nothing the model uses. Build the "
+                    f"optimizer after sharding, over model.parameters()")
+    _CHECKED.add(optimizer)
+
+
 def _ensure_step_hook() -> None:
     global _hook_handle
     if _hook_handle is None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
 
+        register_optimizer_step_pre_hook(_check_not_replaced)
         _hook_handle = register_optimizer_step_post_hook(_forget_stepped)
 
 
@@ -169,9 +214,10 @@ def _valid(entry: _Entry, param: torch.Tensor, dtype: torch.dtype, grad_mode: bo
     return entry.forward == _current_forward or param in _STEPPED
 
 
-def cast_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = True
+                   ) -> torch.Tensor:
     """``param.to(dtype)``, shared with earlier uses while it is still the parameter's
-    value rounded (see the module doc).
+    value rounded (see the module doc); ``cache=False``: a fresh copy, not kept.
 
     Example:
         >>> import torch
@@ -181,7 +227,7 @@ def cast_parameter(param: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         >>> cast_parameter(w, torch.float16) is cast_parameter(w, torch.float16)
         True
     """
-    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+    if not cache or torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
         return param.to(dtype)
     grad_mode = torch.is_grad_enabled()
     entry = _CACHE.get(param)
@@ -221,11 +267,16 @@ class CastParametersOnUse:
     def before(self, module: nn.Module, args: Any) -> None:
         params = module._parameters
         swapped = []
+        # A module FSDP2 manages holds, during its forward, the unsharded parameters
+        # FSDP all-gathered (fp32 when its policy has no param_dtype) and frees after
+        # it: a copy kept past this forward would keep alive a whole layer FSDP has
+        # just freed, and its optimizer steps the shards, never these tensors.
+        cache = not getattr(module, "_is_fsdp_managed_module", False)
         for name, p in params.items():
             if p is not None and p.dtype is torch.float32:
                 # Straight into the dict: the copy is not an nn.Parameter, and
                 # Module.__setattr__ would refuse it.
-                params[name] = cast_parameter(p, self.dtype)
+                params[name] = cast_parameter(p, self.dtype, cache=cache)
                 swapped.append((name, p))
         _swaps.stack.append((module, swapped))
 
@@ -235,6 +286,9 @@ class CastParametersOnUse:
 
     def install(self, module: nn.Module) -> None:
         _ensure_step_hook()
+        for name, p in module._parameters.items():
+            if p is not None and p.is_floating_point():
+                _OWNERS.setdefault(p, (weakref.ref(module), name))
         module.register_forward_pre_hook(self.before, prepend=True)
         module.register_forward_hook(self.after, always_call=True)
 

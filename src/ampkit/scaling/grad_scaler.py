@@ -12,8 +12,10 @@ for the same gradients. Beyond torch:
   writes inf/NaN into weights), the scale stays put;
 * float16 *and* bfloat16 gradients are unscaled (torch refuses float16 gradients in
   ``unscale_``, and bfloat16 on builds whose kernel lacks it, issue #127176);
-* distributed agreement: an overflow found on any rank skips the step on every rank
-  (one all-reduce of ``found_inf``, see :mod:`ampkit.scaling.distributed`);
+* distributed agreement: an overflow skips the step on every rank that shares the
+  parameters (FSDP2's shards: one all-reduce of ``found_inf`` over their mesh; DDP's
+  replicas agree through their reduced gradients; a model on one rank waits for no
+  one), see :mod:`ampkit.scaling.distributed`;
 * ``skipped_steps`` and ``last_step_skipped`` for reporting.
 
 Skipping. A skipped step never calls ``optimizer.step()``, so parameters and
@@ -63,7 +65,7 @@ from typing import Any, overload
 
 import torch
 
-from ampkit.scaling.distributed import agree_on_overflow_
+from ampkit.scaling.distributed import agree_on_overflow_, check_process_group
 from ampkit.scaling.overflow import unscale_grads_
 from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
 
@@ -146,8 +148,10 @@ class GradScaler:
         max_scale: ceiling when growing, or ``None`` (torch: none; apex: 2**24).
         dynamic: ``False`` for a static scale (``init_scale`` forever); overflowing
             steps are still skipped.
-        process_group: group whose ranks must agree on overflows; ``None`` means the
-            default group whenever ``torch.distributed`` is initialised.
+        process_group: group whose ranks must agree on overflows (one all-reduce
+            per check); ``None``: the ranks that share the parameters, as their
+            gradients show (the mesh of sharded ``DTensor`` gradients; none for plain
+            ones), see :mod:`ampkit.scaling.distributed`.
 
     Raises:
         ValueError: a bad value, naming the argument (see
@@ -186,7 +190,7 @@ class GradScaler:
                           "available; disabling it. Pass device='cpu' (or None) to scale "
                           "on CPU.", stacklevel=2)
             self._enabled = False
-        self._process_group = process_group
+        self._process_group = check_process_group(process_group)
         # Counters as plain ints until the scale tensor exists (lazily, on the loss's device).
         self._init_growth_tracker = 0
         self._init_overflow_tracker = 0
@@ -295,7 +299,7 @@ class GradScaler:
         found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)
         grads = [p.grad for p in self._params_of(optimizer)]
         unscale_grads_(grads, inv_scale, found_inf)
-        return agree_on_overflow_(found_inf, self._process_group)
+        return agree_on_overflow_(found_inf, self._process_group, grads)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the optimizer's gradients by the scale, in place, and check them for

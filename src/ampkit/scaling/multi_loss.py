@@ -452,7 +452,7 @@ def _per_optimizer_skips(opts: list[torch.optim.Optimizer], found_inf: torch.Ten
     earlier = torch.zeros(len(holding), dtype=torch.float32, device=found_inf.device)
     for row, i in enumerate(holding):
         unscale_grads_(stashes[i], None, earlier[row])
-    agree_on_overflow_(earlier, process_group)
+    agree_on_overflow_(earlier, process_group, [g for i in holding for g in stashes[i]])
     skips = [found_inf] * len(opts)
     for row, i in enumerate(holding):
         skips[i] = found_inf + earlier[row]

@@ -1,0 +1,243 @@
+"""FSDP2 for converted models: ampkit's level on PyTorch's own ``fully_shard``.
+
+At O2 the fp32 parameters are the truth, so FSDP2 shards them like any fp32 model:
+parameters, gradients and optimizer state. What ampkit adds is the grouping and the
+mixed precision policy. ``fully_shard`` all-gathers one group of parameters in one
+dtype, and an O2 model computes its norms from fp32 parameters and everything else from
+low-precision copies. So the recipe is:
+
+1. ``ampkit.initialize(model, level="O2", dtype=...)`` on the bare fp32 model;
+2. :func:`fully_shard` (this module's): every module kept in fp32 (norms) gets a group
+   of its own with an fp32 policy, grouped per block; then each of ``blocks`` (e.g. your
+   transformer block class) and finally the model get
+   ``MixedPrecisionPolicy(param_dtype=<low>, reduce_dtype=torch.float32)``. The
+   low-precision all-gathers happen where native FSDP2 mixed precision has them, and
+   gradients are reduce-scattered in fp32 into the fp32 shards;
+3. build the optimizer *after* sharding, over ``model.parameters()``: sharding replaces
+   the parameters with sharded ``DTensor`` ones (as with ``torch.distributed.fsdp``). At
+   O2 an optimizer built before, which would step tensors the model no longer uses,
+   raises ``RuntimeError`` at its first step.
+
+Under this policy the parameters reach each module already in low precision (from the
+all-gather), so ampkit's cast on use (:mod:`ampkit.parameter_casts`) has nothing to do
+and keeps nothing; the kept norms get fp32 parameters.
+
+Other orders:
+
+* ``torch.distributed.fsdp.fully_shard`` without a ``mp_policy`` after ``initialize``
+  trains too, with the same numerics: FSDP2 all-gathers fp32 and ampkit casts each
+  layer's unsharded parameters on use. That moves twice the bytes per all-gather, and
+  each layer's low-precision copy lives from its forward to its backward.
+* ``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=<low>)`` over a group that
+  holds a kept norm hands that norm low-precision parameters, which the level promises
+  to keep in fp32: shard with this module's :func:`fully_shard`, or give each norm a
+  group of its own with :func:`mixed_precision_policy` ``(model, kept=True)``.
+* ``fully_shard`` before ``initialize``: ``initialize`` raises ``RuntimeError`` (it
+  converts the bare model; sharding comes second).
+
+Checkpoints: ``torch.distributed.checkpoint`` (``get_state_dict``/``set_state_dict``,
+``save``/``load``) sees ordinary fp32 parameters and optimizer state, and resumes
+exactly. Loss scaling: :class:`ampkit.GradScaler` agrees on overflows over the mesh the
+gradients are sharded on (see :mod:`ampkit.scaling.distributed`).
+
+Example:
+    >>> import torch
+    >>> import ampkit
+    >>> from ampkit.fsdp import mixed_precision_policy
+    >>> model = ampkit.initialize(torch.nn.Sequential(torch.nn.Linear(4, 4),
+    ...                                               torch.nn.LayerNorm(4)),
+    ...                           level="O2", dtype=torch.bfloat16)
+    >>> mixed_precision_policy(model).param_dtype, mixed_precision_policy(model, kept=True)
+    (torch.bfloat16, MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None, \
+output_dtype=None, cast_forward_inputs=False))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ampkit.conversion import (
+    ConversionConfig,
+    ModuleSelector,
+    _matches,
+    _resolve,
+    _selectors,
+    get_conversion,
+)
+
+__all__ = ["fully_shard", "mixed_precision_policy"]
+
+
+def _converted_config(model: Any, function: str) -> ConversionConfig:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    config = get_conversion(model)
+    record = getattr(model, "_ampkit_conversion", None)
+    if config is None or getattr(record, "name", None) != "":
+        raise ValueError(f"{function} takes the model ampkit.initialize (or "
+                         f"ampkit.convert_model) converted, as a whole; call "
+                         f"ampkit.initialize(model, level=..., dtype=...) on the bare fp32 "
+                         f"model first")
+    return config
+
+
+def _splits_kept(config: ConversionConfig) -> bool:
+    """Whether the kept-fp32 modules compute from parameters of another dtype than the
+    rest, so that they cannot share an FSDP group with it."""
+    return config.param_compute_dtype is not None or config.casts_parameters
+
+
+def mixed_precision_policy(model: nn.Module, *, kept: bool = False) -> Any:
+    """The ``torch.distributed.fsdp.MixedPrecisionPolicy`` for a group of a converted
+    model: ``kept=True`` for a group of modules the level keeps in fp32 (norms), else
+    for the rest. For sharding by hand; :func:`fully_shard` applies both.
+
+    At O2 the rest all-gathers in the level's low-precision dtype and reduces gradients
+    in fp32; kept groups stay fp32. At O0/O1 every group is fp32 (autocast casts per
+    op); at O3 and in pure low-precision mode groups keep their parameters' own dtype.
+    Inputs are never cast by FSDP: the model's own boundary casts them as the level says.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+        ValueError: ``model`` is not the root of a model ampkit converted.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> from ampkit.fsdp import mixed_precision_policy
+        >>> net = ampkit.initialize(torch.nn.Linear(2, 2), level="O2", dtype="float16")
+        >>> policy = mixed_precision_policy(net)
+        >>> policy.param_dtype, policy.reduce_dtype
+        (torch.float16, torch.float32)
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    config = _converted_config(model, "mixed_precision_policy")
+    if not isinstance(kept, bool):
+        raise TypeError(f"kept must be a bool, got {type(kept).__name__}")
+    if kept or config.param_compute_dtype is None:
+        return MixedPrecisionPolicy(cast_forward_inputs=False)
+    return MixedPrecisionPolicy(param_dtype=config.param_compute_dtype,
+                                reduce_dtype=torch.float32, cast_forward_inputs=False)
+
+
+def _has_floating_params(module: nn.Module) -> bool:
+    return any(p.is_floating_point() for p in module.parameters())
+
+
+def _plan_groups(model: nn.Module, config: ConversionConfig,
+                 blocks: tuple[ModuleSelector, ...]
+                 ) -> tuple[list[tuple[nn.Module, list[nn.Module]]], bool]:
+    """``([(owner, kept modules it holds)], whether the model itself is kept)``:
+    every block, innermost first, then the model; the kept modules are the outermost
+    kept-fp32 modules with floating parameters that lie in the owner and in no inner
+    block."""
+    keep = _resolve(model, config.keep_fp32_modules, "keep_fp32_modules")
+    chosen = _resolve(model, blocks, "blocks")
+    split = _splits_kept(config)
+    kept_of: dict[int, list[nn.Module]] = {id(model): []}
+    order: list[nn.Module] = []
+    seen: set[int] = set()
+
+    def walk(module: nn.Module, name: str, in_kept: bool, owner: nn.Module) -> None:
+        if id(module) in seen:  # a module reachable twice is sharded where first found
+            return
+        seen.add(id(module))
+        kept = in_kept or _matches(module, name, keep)
+        if (kept and not in_kept and split and module is not model
+                and _has_floating_params(module)):
+            kept_of[id(owner)].append(module)
+        is_block = not kept and module is not model and _matches(module, name, chosen)
+        if is_block:
+            kept_of[id(module)] = []
+        inner_owner = module if is_block else owner
+        for child_name, child in module.named_children():
+            walk(child, f"{name}.{child_name}" if name else child_name, kept, inner_owner)
+        if is_block:
+            order.append(module)  # after its children: inner blocks are sharded first
+
+    walk(model, "", False, model)
+    order.append(model)
+    return [(owner, kept_of[id(owner)]) for owner in order], _matches(model, "", keep)
+
+
+def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSelector = (),
+                **fsdp_kwargs: Any) -> nn.Module:
+    """Apply ``torch.distributed.fsdp.fully_shard`` to a model ampkit converted, with
+    the level's mixed precision (see the module doc), and return it.
+
+    Groups, in the order they are sharded: for each of ``blocks`` (innermost first) the
+    kept-fp32 modules inside it, as one fp32 group, then the block itself; then the kept
+    modules outside every block, then the model. Each ``fully_shard`` group all-gathers
+    its parameters before its forward and frees them after (``reshard_after_forward``),
+    so list the modules you would shard one by one with native FSDP2 (transformer
+    blocks, or the layers of a small network); with no ``blocks`` the whole model
+    outside its norms is one group.
+
+    Args:
+        model: the root of a model converted by ``ampkit.initialize`` or
+            ``ampkit.convert_model``, no part of it sharded yet.
+        blocks: module selectors (classes, qualified names as in
+            ``model.named_modules()``, or instances) of the modules to shard as groups
+            of their own. Kept-fp32 modules matched are left in their fp32 group.
+        **fsdp_kwargs: passed to every ``fully_shard`` call (``mesh``,
+            ``reshard_after_forward``, ``offload_policy``, ``shard_placement_fn``,
+            ``ignored_params``); not ``mp_policy``, which is the level's.
+
+    Returns:
+        ``model``, sharded in place (an ``FSDPModule``).
+
+    Raises:
+        TypeError: ``mp_policy`` given, or a bad ``blocks`` entry.
+        ValueError: ``model`` is not the root of a converted model, or a block name or
+            instance is not in it.
+        RuntimeError: part of ``model`` is sharded already.
+
+    Example:
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> import ampkit
+        >>> import ampkit.fsdp
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
+        ...                             torch.nn.Linear(8, 2))
+        >>> model = ampkit.initialize(model, level="O2", dtype=torch.bfloat16)
+        >>> model = ampkit.fsdp.fully_shard(model, blocks=[torch.nn.Linear],
+        ...                                 mesh=init_device_mesh("cpu", (1,)))
+        >>> optimizer = torch.optim.AdamW(model.parameters())    # after sharding
+        >>> type(model[0].weight).__name__, model[0].weight.dtype
+        ('DTensor', torch.float32)
+        >>> model(torch.rand(3, 4)).sum().backward()
+        >>> optimizer.step()
+        >>> dist.destroy_process_group()
+    """
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    config = _converted_config(model, "ampkit.fsdp.fully_shard")
+    if "mp_policy" in fsdp_kwargs:
+        raise TypeError("ampkit.fsdp.fully_shard chooses mp_policy from the model's level "
+                        "(see ampkit.fsdp.mixed_precision_policy); do not pass one")
+    for name, module in model.named_modules():
+        if isinstance(module, FSDPModule):
+            where = f"its submodule {name!r}" if name else "model"
+            raise RuntimeError(f"{where} is sharded already (fully_shard); "
+                               f"ampkit.fsdp.fully_shard shards the whole converted model "
+                               f"itself, so call it on a model no part of which is sharded")
+    selected = _selectors(blocks, "blocks") or ()
+    # Planned (and every selector checked) before anything is sharded.
+    groups, model_kept = _plan_groups(model, config, selected)
+    low = mixed_precision_policy(model)
+    fp32 = mixed_precision_policy(model, kept=True)
+    for owner, kept in groups:
+        if kept:
+            torch_fully_shard(kept if len(kept) > 1 else kept[0], mp_policy=fp32,
+                              **fsdp_kwargs)
+        torch_fully_shard(owner, mp_policy=fp32 if owner is model and model_kept else low,
+                          **fsdp_kwargs)
+    return model
