@@ -398,6 +398,9 @@ class _ThreadState(threading.local):
         self.mode: _PolicyMode | None = None
         self.frames: list[_Frame] = []
         self.cache = WeightCastCache()
+        # Called with each entered region's policy (``None``: disabled); the tools'
+        # list-usage report registers here. Empty, it costs one check per region entry.
+        self.observers: list[Callable[[Policy | None], None]] = []
 
 
 _state = _ThreadState()
@@ -421,6 +424,8 @@ def _push(frame: _Frame) -> None:
     except BaseException:
         _undo(frame)
         raise
+    for observe in st.observers:
+        observe(frame.policy)
 
 
 def _undo(frame: _Frame) -> None:
