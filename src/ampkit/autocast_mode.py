@@ -287,15 +287,6 @@ def _region_policy(base: Policy, white: Any, black: Any) -> Policy:
     return base.with_lists(white, black)
 
 
-def _explicit_dtype(args: tuple[Any, ...], kwargs: dict[str, Any],
-                    positions: tuple[int, ...]) -> bool:
-    if kwargs.get("dtype") is not None:
-        return True
-    # Most ops take no dtype: skip building the generator for them (the hot path).
-    return bool(positions) and any(
-        p < len(args) and isinstance(args[p], torch.dtype) for p in positions)
-
-
 class _PolicyMode(TorchFunctionMode):
     """The one interception point of a thread; regions swap its rules."""
 
@@ -334,7 +325,12 @@ class _PolicyMode(TorchFunctionMode):
             return func(*args, **kwargs)
         # Native eligibility: an explicit dtype, by keyword or by position, is honoured
         # as given (out= calls never get here: __torch_function__ passes them through).
-        if not _explicit_dtype(args, kwargs, dtype_at):
+        # Inline, not a helper: this runs on every intercepted call.
+        explicit = bool(kwargs) and kwargs.get("dtype") is not None
+        for p in dtype_at:
+            if p < len(args) and isinstance(args[p], torch.dtype):
+                explicit = True
+        if not explicit:
             if rule == "lower":
                 # The dtype native autocast has now: the region's own, or that of a
                 # torch.autocast nested inside it (docs/policies.md, "Nesting").
