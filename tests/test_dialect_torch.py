@@ -89,9 +89,11 @@ def test_cpu_autocast_is_the_seeds_torch_cpu_amp_autocast() -> None:
     params = inspect.signature(amp.cpu_autocast.__init__).parameters
     assert [(n, params[n].default) for n in ("enabled", "dtype", "cache_enabled")] == [
         ("enabled", True), ("dtype", BF16), ("cache_enabled", True)]
-    with amp.cpu_autocast():
+    with pytest.warns(FutureWarning, match=r"torch.amp.autocast\('cpu', args...\)"):
+        region = amp.cpu_autocast()
+    with region:
         assert F.linear(torch.ones(2, 3), torch.ones(4, 3)).dtype == BF16
-    with amp.cpu_autocast(enabled=False):
+    with pytest.warns(FutureWarning), amp.cpu_autocast(enabled=False):
         assert F.linear(torch.ones(2, 3), torch.ones(4, 3)).dtype == FP32
 
 

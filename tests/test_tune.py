@@ -47,7 +47,9 @@ def test_planted_op_goes_to_fp32_and_nothing_else() -> None:
                          higher_is_better=False, budget=5)
     assert result.within_tolerance and result.stop_reason == "within tolerance"
     assert result.policy.fp32_ops == frozenset({"layer_norm"})
-    assert result.policy.unlisted == "lower" and not result.policy.lower_precision_ops
+    # the lower rule written out for the ops the forward ran; all else native (issue 22)
+    assert result.policy.unlisted == "native"
+    assert result.policy.lower_precision_ops == frozenset({"linear", "relu"})
     first, last = result.trials[0], result.trials[-1]
     assert not first.within_tolerance  # the all-low policy really is too inaccurate
     assert first.moved == "layer_norm" and first.fp32_ops == ()
@@ -81,7 +83,8 @@ def test_nothing_sensitive_keeps_the_aggressive_policy() -> None:
     result = ampkit.tune(_model(), _eval(x, y), torch.bfloat16, tolerance=TOLERANCE,
                          budget=5)
     assert result.within_tolerance and len(result.trials) == 1
-    assert result.policy.fp32_ops == frozenset() and result.policy.unlisted == "lower"
+    assert result.policy.fp32_ops == frozenset() and result.policy.unlisted == "native"
+    assert result.policy.lower_precision_ops == frozenset({"layer_norm", "linear", "relu"})
     assert result.trials[0].low_precision_share == 1.0
 
 
@@ -182,7 +185,7 @@ def test_cli_tune_on_the_digits(tmp_path, capsys) -> None:
     assert "float32 test accuracy" in printed.out
     assert "trial 0" in printed.out and "float32 ops" in printed.out
     loaded = Policy.load(out)
-    assert loaded.unlisted == "lower" and loaded.dtype == torch.bfloat16
+    assert loaded.unlisted == "native" and loaded.dtype == torch.bfloat16
     assert elapsed < 60
 
 

@@ -113,22 +113,12 @@ def _not_traced(fn: F) -> F:
 def _op_schemas(name: str) -> tuple[Any, ...]:
     """The schemas of op ``name``'s functional overloads (no ``out=``, no in-place), or
     ``()`` for a Python-level op with no dispatcher op of its own (``F.interpolate``)."""
-    if "::" in name:
-        namespace, _, op = name.partition("::")
-        holder: Any = getattr(torch.ops, namespace)
-    else:
-        holder, op = torch.ops.aten, name
-    try:
-        packet = getattr(holder, op)
-    except (AttributeError, RuntimeError):
-        return ()
-    schemas = []
-    for overload in packet.overloads():
-        schema = getattr(packet, overload)._schema
-        if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-            continue  # out= / in-place overloads: never autocast
-        schemas.append(schema)
-    return tuple(schemas)
+    qualname = name if "::" in name else f"aten::{name}"
+    # Read from the operator registry: building each OpOverload object instead costs
+    # ~0.3 ms an overload, a third of a second for a policy's first region.
+    return tuple(s for s in torch._C._jit_get_schemas_for_operator(qualname)
+                 if not any(a.alias_info is not None and a.alias_info.is_write
+                            for a in s.arguments))  # out= / in-place: never autocast
 
 
 def _returns_view(schemas: tuple[Any, ...]) -> bool:
@@ -182,35 +172,27 @@ def _is_compute(name: str) -> bool:
     return not _returns_view(schemas) and _returns_tensor(schemas)
 
 
-def _dtype_positions(fn: Any, name: str) -> tuple[int, ...]:
-    """Where ``fn`` takes an explicit ``dtype`` positionally: from its signature for a
-    Python function (``F.softmax(x, 1, 3, torch.float32)``), else from the op's schemas
-    (``torch.log_softmax(x, -1, torch.float32)``; a Tensor method's ``self`` is the
-    schema's first argument too)."""
+def _call_positions(fn: Any, name: str) -> tuple[tuple[int, ...], int]:
+    """Where ``fn`` takes an explicit ``dtype`` positionally, and the position of an
+    ``inplace`` parameter (``F.relu(x, inplace=True)``; -1 if none). A Python function's
+    signature says both (``F.softmax(x, 1, 3, torch.float32)``); for a builtin the
+    op's schemas say where the dtype sits (``torch.log_softmax(x, -1, torch.float32)``;
+    a Tensor method's ``self`` is the schema's first argument too)."""
     if inspect.isfunction(fn):
         try:
             params = list(inspect.signature(fn, follow_wrapped=False).parameters.values())
-        except (TypeError, ValueError):
-            return ()
-        return tuple(i for i, p in enumerate(params) if p.name == "dtype" and p.kind in (
-            p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+        except (TypeError, ValueError):  # a builtin behind a Python wrapper
+            return (), -1
+        names = [p.name for p in params]
+        return (tuple(i for i, p in enumerate(params) if p.name == "dtype" and p.kind in (
+            p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)),
+            names.index("inplace") if "inplace" in names else -1)
     if isinstance(fn, torch._ops.OpOverload):
         schemas: tuple[Any, ...] = (fn._schema,)
     else:
         schemas = _op_schemas(name)
     return tuple(sorted({i for s in schemas for i, a in enumerate(s.arguments)
-                         if a.name == "dtype" and not a.kwarg_only}))
-
-
-def _inplace_position(fn: Any) -> int:
-    """Position of an ``inplace`` parameter (``F.relu(x, inplace=True)``), or -1."""
-    if not inspect.isfunction(fn):
-        return -1
-    try:
-        params = list(inspect.signature(fn, follow_wrapped=False).parameters)
-    except (TypeError, ValueError):  # a builtin behind a Python wrapper
-        return -1
-    return params.index("inplace") if "inplace" in params else -1
+                         if a.name == "dtype" and not a.kwarg_only})), -1
 
 
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "xpu": "AutocastXPU",
@@ -273,7 +255,7 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, Spec]:
         if rule == "native" or (rule == "keep" and name not in native):
             continue
         for fn in entry_points(name):
-            rules[fn] = (rule, _dtype_positions(fn, name), _inplace_position(fn))
+            rules[fn] = (rule, *_call_positions(fn, name))
     # A plain dict (not a MappingProxyType): torch.compile can guard on a dict whose
     # keys are functions, and nobody outside this module mutates it.
     return rules
@@ -303,15 +285,6 @@ def _region_policy(base: Policy, white: Any, black: Any) -> Policy:
             if "unhashable" not in str(exc):
                 raise  # a real error from with_lists, not from the cache key
     return base.with_lists(white, black)
-
-
-def _explicit_dtype(args: tuple[Any, ...], kwargs: dict[str, Any],
-                    positions: tuple[int, ...]) -> bool:
-    if kwargs.get("dtype") is not None:
-        return True
-    # Most ops take no dtype: skip building the generator for them (the hot path).
-    return bool(positions) and any(
-        p < len(args) and isinstance(args[p], torch.dtype) for p in positions)
 
 
 class _PolicyMode(TorchFunctionMode):
@@ -352,7 +325,12 @@ class _PolicyMode(TorchFunctionMode):
             return func(*args, **kwargs)
         # Native eligibility: an explicit dtype, by keyword or by position, is honoured
         # as given (out= calls never get here: __torch_function__ passes them through).
-        if not _explicit_dtype(args, kwargs, dtype_at):
+        # Inline, not a helper: this runs on every intercepted call.
+        explicit = bool(kwargs) and kwargs.get("dtype") is not None
+        for p in dtype_at:
+            if p < len(args) and isinstance(args[p], torch.dtype):
+                explicit = True
+        if not explicit:
             if rule == "lower":
                 # The dtype native autocast has now: the region's own, or that of a
                 # torch.autocast nested inside it (docs/policies.md, "Nesting").
@@ -398,6 +376,9 @@ class _ThreadState(threading.local):
         self.mode: _PolicyMode | None = None
         self.frames: list[_Frame] = []
         self.cache = WeightCastCache()
+        # Called with each entered region's policy (``None``: disabled); the tools'
+        # list-usage report registers here. Empty, it costs one check per region entry.
+        self.observers: list[Callable[[Policy | None], None]] = []
 
 
 _state = _ThreadState()
@@ -421,6 +402,8 @@ def _push(frame: _Frame) -> None:
     except BaseException:
         _undo(frame)
         raise
+    for observe in st.observers:
+        observe(frame.policy)
 
 
 def _undo(frame: _Frame) -> None:

@@ -13,7 +13,9 @@
   work unchanged inside ampkit regions.
 
 As in torch, a ``dtype`` that the device's autocast does not support (``torch.float32``
-on CPU, say) warns and disables autocast in the region.
+on CPU, say) warns and disables autocast in the region; with ``enabled=False`` any
+``torch.dtype`` is accepted silently. An unknown ``device_type`` is a ``RuntimeError``
+(:class:`ampkit.autocast_mode.UnsupportedDeviceError`), as in torch.
 
 Example:
     >>> import torch
@@ -80,14 +82,16 @@ class autocast(_engine.autocast):
                  policy: str | Policy = "torch") -> None:
         if cache_enabled is None:
             cache_enabled = torch.is_autocast_cache_enabled()
-        if isinstance(dtype, torch.dtype) and dtype not in LOW_PRECISION_DTYPES.values():
-            # torch.autocast's own answer to an unsupported dtype: warn, then disable.
+        if enabled and isinstance(dtype, torch.dtype) and (
+                dtype not in LOW_PRECISION_DTYPES.values()):
+            # torch.autocast's own answer to an unsupported dtype: warn, then disable. A
+            # region that is disabled anyway never looks at its dtype: no warning, as in
+            # torch.
             warnings.warn(f"autocast on {device_type!r} supports torch.float16 and "
                           f"torch.bfloat16, got {dtype}; disabling autocast in this "
                           f"region", UserWarning, stacklevel=2)
-            dtype, enabled = None, False
-        super().__init__(device_type, dtype, enabled=enabled, policy=policy,
-                         cache_enabled=cache_enabled)
+            enabled = False
+        super().__init__(device_type, dtype, enabled, cache_enabled, policy=policy)
 
     @property
     def device(self) -> str:
@@ -117,15 +121,27 @@ class cpu_autocast(autocast):
     """The seed's ``torch.cpu.amp.autocast(enabled=True, dtype=torch.bfloat16,
     cache_enabled=True)``: :class:`autocast` on ``"cpu"``.
 
+    Deprecated as torch deprecates ``torch.cpu.amp.autocast``: it issues torch's
+    ``FutureWarning`` (use ``autocast("cpu", ...)``) and otherwise works unchanged.
+
     Example:
         >>> import torch
+        >>> import warnings
         >>> from ampkit.torch import cpu_autocast
-        >>> with cpu_autocast():
+        >>> with warnings.catch_warnings(record=True) as caught, cpu_autocast():
         ...     torch.mm(torch.rand(2, 2), torch.rand(2, 2)).dtype
         torch.bfloat16
+        >>> caught[0].category.__name__
+        'FutureWarning'
     """
 
     def __init__(self, enabled: bool = True, dtype: torch.dtype = torch.bfloat16,
                  cache_enabled: bool = True, *, policy: str | Policy = "torch") -> None:
+        # torch's own words first (code that checks for torch's warning finds it), then
+        # what they mean here.
+        warnings.warn("`torch.cpu.amp.autocast(args...)` is deprecated. Please use "
+                      "`torch.amp.autocast('cpu', args...)` instead. (Here: "
+                      "`ampkit.torch.cpu_autocast(args...)` -> "
+                      "`ampkit.torch.autocast('cpu', args...)`.)", FutureWarning, stacklevel=2)
         super().__init__("cpu", dtype, enabled, cache_enabled, policy=policy)
 

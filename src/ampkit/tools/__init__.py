@@ -1,6 +1,6 @@
-"""ampkit's tools: operator statistics, cast traffic, the NaN/Inf checker with
-provenance, the fp32-vs-low-precision comparison and policy tuning, the ``ampkit demo``
-training report, the CLI.
+"""ampkit's tools: operator statistics, cast traffic, list usage (which list entries
+matched no op call), the NaN/Inf checker with provenance, the fp32-vs-low-precision
+comparison and policy tuning, the ``ampkit demo`` training report, the CLI.
 
 Names are imported on first use, so ``import ampkit.tools`` loads neither matplotlib
 nor scikit-learn.
@@ -36,6 +36,9 @@ _LAZY = {
     "training_code": "ampkit.tools.demo",
     "CastTraffic": "ampkit.tools.cast_traffic",
     "count_casts": "ampkit.tools.cast_traffic",
+    "EntryUsage": "ampkit.tools.list_usage",
+    "ListUsage": "ampkit.tools.list_usage",
+    "list_usage": "ampkit.tools.list_usage",
     "ReportFiles": "ampkit.tools.report",
     "summary_table": "ampkit.tools.report",
     "write_report": "ampkit.tools.report",

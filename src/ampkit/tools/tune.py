@@ -12,8 +12,15 @@ model's metric stays within a tolerance of its float32 value:
    evaluates again, one op per trial, until the metric is within the tolerance, the
    budget of trials is spent, or no op that added error is left to move.
 
-The policy applies inside the model's forward (``eval_fn``'s own metric code runs in
-float32). Each trial starts from a fresh deep copy of the model and the same RNG state.
+The search measures the model's forward: each trial's policy applies inside it, and
+``eval_fn``'s own code around it (a loss, a metric) runs in float32. So the returned
+policy decides only the ops it measured: its rule for unlisted ops is written out as a
+list of the ops the forward ran, and every other op runs as native autocast runs it
+(``unlisted="native"``). Put around forward *and* loss in training, it runs the loss
+(``F.cross_entropy``, ...) exactly as ``torch.autocast`` would, not by the aggressive
+rule nobody measured. (A ``start`` policy whose unlisted rule is ``"keep"`` or
+``"native"`` has no list for that rule and is returned as it is.) Each trial starts from
+a fresh deep copy of the model and the same RNG state.
 
 The tolerance is **absolute** by default: the metric may move by at most ``tolerance``
 from its float32 value (in the metric's own units, e.g. ``0.01`` = one point of
@@ -37,7 +44,9 @@ Example:
     ...     return model(x).float().pow(2).mean()
     >>> result = ampkit.tune(net, eval_fn, torch.bfloat16, tolerance=0.02, relative=True)
     >>> sorted(result.policy.fp32_ops), result.policy.unlisted, result.within_tolerance
-    (['layer_norm'], 'lower', True)
+    (['layer_norm'], 'native', True)
+    >>> sorted(result.policy.lower_precision_ops)  # what the forward ran, measured
+    ['linear']
 """
 
 from __future__ import annotations
@@ -302,6 +311,7 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
 
     policy = _start_policy(start, low)
     trials: list[Trial] = []
+    measured: set[str] = set()  # the ops the forward ran, by name
     reason = BUDGET_EXHAUSTED
     for index in range(budget):
         current = policy
@@ -311,6 +321,7 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
             lambda p=current: ampkit.autocast(device_type, low, policy=p), None,
             device_type, recompute=True)
         comparison = _compare_runs(ref_run, run, f"policy {current.name!r}", low, threshold)
+        measured.update(r.op for r in comparison.ops)
         ok = within(metric)
         ranked = comparison.ranked_ops()
         moved = None
@@ -338,10 +349,26 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
                       f"{len(trials)} trial(s)); the closest trial ({best.index}) is returned "
                       f"with within_tolerance=False", TuneWarning, stacklevel=2)
     final = dataclasses.replace(
-        best.policy, description=(f"found by ampkit.tune: {len(best.policy.fp32_ops)} op(s) "
-                                  f"in float32, metric {best.metric:.6g} vs float32 "
-                                  f"{reference:.6g} ({reason})"))
+        _measured_only(best.policy, frozenset(measured)),
+        description=(f"found by ampkit.tune: {len(best.policy.fp32_ops)} op(s) in float32, "
+                     f"metric {best.metric:.6g} vs float32 {reference:.6g} ({reason}); "
+                     f"ops the search did not measure run as native autocast runs them"))
     return TuneResult(final, bool(found), reason, reference, limit, tuple(trials))
+
+
+_LIST_OF_RULE = {"lower": "lower_precision_ops", "fp32": "fp32_ops",
+                 "promote": "promote_ops"}
+
+
+def _measured_only(policy: Policy, measured: frozenset[str]) -> Policy:
+    """``policy`` deciding only the ``measured`` ops: its unlisted rule becomes a list of
+    them, and everything else is left to native autocast (see the module docstring)."""
+    field = _LIST_OF_RULE.get(policy.unlisted)
+    if field is None:  # "keep" / "native": no list to write the rule into
+        return policy
+    listed = policy.lower_precision_ops | policy.fp32_ops | policy.promote_ops
+    return dataclasses.replace(policy, unlisted="native",
+                               **{field: getattr(policy, field) | (measured - listed)})
 
 
 def _low_share(comparison: Comparison, dtype: torch.dtype) -> float:
