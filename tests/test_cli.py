@@ -138,7 +138,7 @@ def test_tune_writes_a_policy_that_loads_and_compare_reads_it_back(
     # the written policy, loaded by path (ampkit.autocast(policy=PATH) is issue 25's)
     policy = Policy.load(policy_path)
     assert sorted(policy.fp32_ops) == ["layer_norm"]
-    assert policy.dtype == torch.bfloat16 and policy.unlisted == "lower"
+    assert policy.dtype == torch.bfloat16 and policy.unlisted == "native"
     net = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
     with ampkit.autocast("cpu", policy=policy):
         normed = net[0](100 + torch.randn(2, 32))
@@ -212,7 +212,7 @@ def test_tune_without_target_keeps_the_demo_behaviour(
     assert printed.startswith("float32 test accuracy ")
     assert "(450 held-out digits, 1 epoch(s) of training); tolerance: a drop of at most " \
            "100.00 points" in printed
-    assert Policy.load(out).unlisted == "lower"
+    assert Policy.load(out).unlisted == "native"
 
 
 def test_tune_outside_the_tolerance_exits_3_and_still_writes(
