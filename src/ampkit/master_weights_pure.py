@@ -232,12 +232,18 @@ def stochastic_round(value: torch.Tensor, generator: torch.Generator | None = No
 
 # -- DTensor support (FSDP2) ----------------------------------------------------------------
 
-def _is_dtensor(t: torch.Tensor) -> bool:
+@functools.cache
+def _dtensor_class() -> type | None:
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a build without torch.distributed
-        return False
-    return isinstance(t, DTensor)
+        return None
+    return DTensor
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    cls = _dtensor_class()
+    return cls is not None and isinstance(t, cls)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
