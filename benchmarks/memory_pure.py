@@ -8,7 +8,10 @@ measured the same way: two warm-up steps, then one measured step (forward, backw
   buffers, after ``zero_grad(set_to_none=True)``; the AdamW ``step`` counters are
   included, which is why fp32 shows a hair above 12);
 * the peak of one step (held + the highest point of the step's allocations, torch
-  profiler on CPU, the allocator's peak counter on CUDA), and its ratio to fp32.
+  profiler on CPU, the allocator's peak counter on CUDA), and its ratio to fp32;
+* with ``--time-steps N``: the median time of ``optimizer.step()`` over N more steps,
+  measured outside the profiler (the pure modes' fp32 working copies and rounding are
+  all inside it).
 
 fp32 is run twice: with torch's CPU default (AdamW's for-loop implementation) and with
 ``foreach=True`` (torch's default on CUDA), whose whole-model temporaries raise its
@@ -19,7 +22,7 @@ Presets: ``light`` (d=256, 4 layers, vocab 512, batch 2 x 64: activation-light, 
 parameters and their state dominate) and the three of ``memory_o2.py``.
 
 Run: ``python benchmarks/memory_pure.py [--preset light|deep|wide|big-vocab|all]
-[--device cpu|cuda]``
+[--device cpu|cuda] [--time-steps N]``
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -51,26 +56,35 @@ CONFIGS = {  # name: (initialize kwargs or None for fp32, AdamW kwargs)
 
 
 def measure(config: str, base: torch.nn.Module, ids: torch.Tensor,
-            device: torch.device) -> tuple[int, int]:
-    """``(bytes held between steps, peak bytes of one step)``."""
+            device: torch.device, time_steps: int = 0) -> tuple[int, int, float | None]:
+    """``(bytes held between steps, peak bytes of one step, median seconds of
+    optimizer.step() over time_steps more steps or None)``."""
     init, adamw = CONFIGS[config]
     model = copy.deepcopy(base).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **adamw)
     if init is not None:
         model, optimizer = ampkit.initialize(model, optimizer, dtype=torch.bfloat16, **init)
 
-    def step() -> None:
+    def step() -> float:
         logits = model(ids[:, :-1])
         F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
         optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
         optimizer.zero_grad(set_to_none=True)
+        return seconds
 
     for _ in range(2):
         step()
     held = _storage_bytes(live_training_tensors(model, optimizer), device.type)
     with _peak_memory(device, held) as memory:
         step()
-    return held, memory["peak"]
+    timed = statistics.median(step() for _ in range(time_steps)) if time_steps else None
+    return held, memory["peak"], timed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--preset", default="light", choices=["all", *PRESETS])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--time-steps", type=int, default=0,
+                        help="also time optimizer.step() over this many steps (median)")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("memory_pure: no CUDA device here; use --device cpu", file=sys.stderr)
@@ -93,14 +109,17 @@ def main(argv: list[str] | None = None) -> int:
         params = sum(p.numel() for p in base.parameters())
         print(f"\n{preset}: d={dim}, {layers} layers, vocab {vocab}, {params / 1e6:.2f}M "
               f"parameters, batch {batch} x {seq} tokens")
-        print("| config | held between steps | bytes/param | peak of one step | vs fp32 |")
-        print("|---|---|---|---|---|")
+        timing = " optimizer.step |" if args.time_steps else ""
+        print(f"| config | held between steps | bytes/param | peak of one step | vs fp32 |"
+              f"{timing}")
+        print("|---|---|---|---|---|" + ("---|" if timing else ""))
         baseline = None
         for config in CONFIGS:
-            held, peak = measure(config, base, ids, device)
+            held, peak, seconds = measure(config, base, ids, device, args.time_steps)
             baseline = baseline or peak
+            timed = f" {seconds * 1e3:.1f} ms |" if seconds is not None else ""
             print(f"| {config} | {held / 2 ** 20:.1f} MiB | {held / params:.2f} | "
-                  f"{peak / 2 ** 20:.1f} MiB | {peak / baseline:.2f}x |", flush=True)
+                  f"{peak / 2 ** 20:.1f} MiB | {peak / baseline:.2f}x |{timed}", flush=True)
     return 0
 
 

@@ -39,15 +39,18 @@ hyper-parameters, so it stays fp32 and exact. Entries that are not tensors (LBFG
 history lists) stay as the optimizer made them. Step hooks run once per step and see
 whole parameter groups, as with any torch optimizer; the chunks are invisible to them.
 
-**Random bits.** Stochastic rounding uses no generator. Each element's 16 random bits
+**Random bits.** Stochastic rounding uses no generator. The random bits of an element
 are a hash of ``(rounding_seed, the parameter's index in the optimizer, the number of
-rounded updates that parameter has had, which tensor: the weight or a state entry, the
-element's position)``. So:
+rounded updates that parameter has had, the names of the tensors rounded with it: the
+weight and its state entries, the element's position)``; each tensor takes 16 of them.
+So:
 
 * every replica of a parameter (DDP ranks; HSDP's replicate dimension) draws the same
   bits and the replicas stay equal, whatever each rank's global RNG does;
 * torch's global RNG is never read nor advanced;
-* the bits do not depend on the device: CPU and CUDA round alike;
+* a parameter's bits do not depend on the other parameters (whether they stepped, how
+  the step was chunked), nor on the device: a CPU and a CUDA run draw the same bits
+  (their fp32 updates may still differ in the last bit);
 * for a DTensor (FSDP2's ``fully_shard``) sharded with ``Shard``/``Replicate``
   placements, the position is the element's position in the *whole* parameter. A
   sharded run therefore rounds exactly like an unsharded one. For other placements
@@ -87,9 +90,10 @@ are handed to the working parameters.
 **Memory (AdamW).** Between steps, 6 bytes per parameter with ``"stochastic"`` (bf16
 weight and two bf16 moments) and 8 with ``"kahan"``, against 12 for fp32. Gradients
 take 2 bytes. During the step, one chunk at a time holds fp32 working copies: 16 bytes
-per element, plus the step's temporaries and, while one tensor is rounded, about 16
-bytes per element of it, in slices of at most 2**22 elements. A chunk is at least one
-whole parameter, so the largest parameter sets the floor.
+per element, plus the inner step's temporaries. Stochastic rounding adds about 30 bytes
+per element for a slice of the tensor being rounded: max(2**16, chunk budget / 64)
+elements, so at most about half the chunk budget. A chunk is at least one whole
+parameter, so the largest parameter sets the floor.
 
 float16 is refused: pure fp16 would need loss scaling on every update and has little
 range.
@@ -141,7 +145,7 @@ _OWN_STATE = (_COMP, _COUNT)  # state of this mode, which the inner optimizer ne
 _SD_KEY = "ampkit_pure_low_precision"  # the optimizer state_dict entry of this mode
 _LOW_MANTISSA = 1 << 16  # the fp32 bits below bf16's mantissa
 _HIGH_MASK = -_LOW_MANTISSA  # 0xFFFF0000 as an int32
-_SLICE = 1 << 22  # elements rounded stochastically at once (bounds the hash's temporaries)
+_MIN_SLICE = 1 << 16  # the fewest elements rounded stochastically at once
 
 # The element hash works on uint32 values held in int64 tensors. Its multipliers are
 # below 2**31, so no product of a 32-bit value overflows int64. Signed overflow has no
@@ -151,37 +155,38 @@ _MIX1 = 0x7FEB352D
 _MIX2 = 0x31848BAB
 
 
-def _mix32(h: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer finalizer (xor-shift-multiply), in place on ``h``."""
-    h.bitwise_xor_(h >> 16)
-    h.mul_(_MIX1).bitwise_and_(_U32)
-    h.bitwise_xor_(h >> 15)
-    h.mul_(_MIX2).bitwise_and_(_U32)
-    h.bitwise_xor_(h >> 16)
-    return h
+def _mix32(h: torch.Tensor, scratch: torch.Tensor) -> None:
+    """A 32-bit integer finalizer (xor-shift-multiply), in place on ``h`` (``scratch``:
+    a buffer like ``h``, so that no step allocates)."""
+    for shift, multiplier in ((16, _MIX1), (15, _MIX2)):
+        h.bitwise_xor_(torch.bitwise_right_shift(h, shift, out=scratch))
+        h.mul_(multiplier).bitwise_and_(_U32)
+    h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=scratch))
 
 
-def _noise(index: torch.Tensor, key: tuple[int, int], large: bool = False
-           ) -> torch.Tensor:
-    """16 pseudo-random bits per element (int32 in ``[0, 2**16)``), a function of the
-    element positions ``index`` (int64, non-negative) and ``key`` only: two rounds of
-    mixing with half the key injected before each round. ``large``: positions may reach
-    2**32, so their high bits enter the second round."""
-    h = index.bitwise_and(_U32)
-    h.bitwise_xor_(key[0])
-    _mix32(h)
-    if large:
-        h.bitwise_xor_(index >> 32)
+def _hash32(index: torch.Tensor, key: tuple[int, ...], large: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """32 pseudo-random bits per element (int64 in ``[0, 2**32)``), a function of the
+    element positions ``index`` (int64, non-negative; overwritten) and ``key[:2]`` only:
+    two rounds of mixing with a key word injected before each. ``large``: positions may
+    reach 2**32, so their high bits enter the second round. Returns the bits and a
+    scratch buffer like them."""
+    high = index >> 32 if large else None
+    h = index.bitwise_and_(_U32).bitwise_xor_(key[0])
+    scratch = torch.empty_like(h)
+    _mix32(h, scratch)
+    if high is not None:
+        h.bitwise_xor_(high)
     h.bitwise_xor_(key[1])
-    _mix32(h)
-    return (h >> 16).to(torch.int32)
+    _mix32(h, scratch)
+    return h, scratch
 
 
-def _key(*parts: Any) -> tuple[int, int]:
-    """Two 32-bit keys derived from ``parts`` (ints and strings), identical on every
-    process and platform."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest[:4], "little"), int.from_bytes(digest[4:], "little")
+def _key(*parts: Any, words: int = 2) -> tuple[int, ...]:
+    """``words`` 32-bit keys derived from ``parts`` (ints and strings), identical on
+    every process and platform."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=4 * words).digest()
+    return tuple(int.from_bytes(digest[i:i + 4], "little") for i in range(0, 4 * words, 4))
 
 
 def _round_with(value: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -227,12 +232,18 @@ def stochastic_round(value: torch.Tensor, generator: torch.Generator | None = No
 
 # -- DTensor support (FSDP2) ----------------------------------------------------------------
 
-def _is_dtensor(t: torch.Tensor) -> bool:
+@functools.cache
+def _dtensor_class() -> type | None:
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # a build without torch.distributed
-        return False
-    return isinstance(t, DTensor)
+        return None
+    return DTensor
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    cls = _dtensor_class()
+    return cls is not None and isinstance(t, cls)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -299,23 +310,39 @@ class _Positions:
         return out
 
 
-def _round_stochastic_into(out: torch.Tensor, value: torch.Tensor, positions: _Positions,
-                           key_parts: tuple[Any, ...]) -> None:
-    """Round the fp32 local tensor ``value`` stochastically into the bf16 local tensor
-    ``out`` (same shape), with the bits of ``key_parts`` and the elements' positions,
-    in slices of at most ``_SLICE`` elements."""
-    key = _key(*key_parts, *positions.tag)
-    flat = value.contiguous().view(-1)  # row-major: flat index i is position i
-    n = flat.numel()
-    direct = out.is_contiguous()
-    target = out.view(-1) if direct else torch.empty(n, dtype=torch.bfloat16,
-                                                     device=flat.device)
-    for start in range(0, n, _SLICE):
-        stop = min(n, start + _SLICE)
-        noise = _noise(positions.index(start, stop, flat.device), key, positions.large)
-        target[start:stop].copy_(_round_with(flat[start:stop], noise))
-    if not direct:
-        out.copy_(target.view(out.shape))
+def _round_stochastic_into(jobs: list[tuple[torch.Tensor, torch.Tensor]],
+                           positions: _Positions, key_parts: tuple[Any, ...],
+                           slice_elements: int) -> None:
+    """Round fp32 local tensors stochastically into bf16 local tensors of the same shape
+    (``jobs``: ``(out, value)`` pairs, all shaped like the parameter), with the bits of
+    ``key_parts`` and the elements' positions. Each element's hash gives 32 bits: the
+    first job takes the high 16, the second the low 16; every further pair gets 32 new
+    bits from one more mixing round of the last ones with another key word.
+    ``slice_elements`` at a time (the hash's temporaries take about 30 bytes each)."""
+    key = _key(*key_parts, *positions.tag, words=1 + (len(jobs) + 1) // 2)
+    work = []
+    for out, value in jobs:
+        flat = value.contiguous().view(-1)  # row-major: flat index i is position i
+        direct = out.is_contiguous()
+        target = out.view(-1) if direct else torch.empty(
+            flat.numel(), dtype=torch.bfloat16, device=flat.device)
+        work.append((out, flat, target, direct))
+    n = work[0][1].numel()
+    device = work[0][1].device
+    for start in range(0, n, slice_elements):
+        stop = min(n, start + slice_elements)
+        h, scratch = _hash32(positions.index(start, stop, device), key, positions.large)
+        for j, (_, flat, target, _) in enumerate(work):
+            if j % 2 == 0 and j:
+                _mix32(h.bitwise_xor_(key[1 + j // 2]), scratch)
+            if j % 2 == 0:
+                noise = torch.bitwise_right_shift(h, 16, out=scratch)
+            else:
+                noise = torch.bitwise_and(h, 0xFFFF, out=scratch)
+            target[start:stop].copy_(_round_with(flat[start:stop], noise.to(torch.int32)))
+    for out, _, target, direct in work:
+        if not direct:
+            out.copy_(target.view(out.shape))
 
 
 def _check_rounding(rounding: Any) -> str:
@@ -402,12 +429,15 @@ class _Pure:
     :func:`_fingerprint` as the last step left it (not pickled: a copy's parameters are
     new tensors, and a compensation without a record is taken as it is)."""
 
-    __slots__ = ("chunk_bytes", "rounding", "versions")
+    __slots__ = ("chunk_bytes", "rounding", "slice_elements", "versions")
 
     def __init__(self, rounding: str, chunk_bytes: int | None) -> None:
         self.rounding = rounding
         self.chunk_bytes = chunk_bytes
         self.versions: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # elements rounded stochastically at once in the current step: a share of the
+        # chunk budget, so the hash's temporaries stay within a fraction of a chunk
+        self.slice_elements = _MIN_SLICE
 
     def __getstate__(self) -> dict[str, Any]:
         return {"rounding": self.rounding, "chunk_bytes": self.chunk_bytes}
@@ -504,8 +534,9 @@ def _round_back(opt: Any, p: torch.Tensor, w: nn.Parameter, seed: int, index: in
     count = own.get(_COUNT, 0)
     work = _local(w.detach())
     target = _local(p.detach())
+    jobs: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # stochastic roundings
     if pure.rounding == "stochastic":
-        _round_stochastic_into(target, work, _Positions(p), (seed, index, count, ""))
+        jobs.append(("", target, work))
     elif pure.rounding == "nearest":
         target.copy_(work)
     else:
@@ -529,13 +560,16 @@ def _round_back(opt: Any, p: torch.Tensor, w: nn.Parameter, seed: int, index: in
                 if pure.rounding == "nearest":
                     _local(old).copy_(_local(v))
                 else:
-                    _round_stochastic_into(_local(old), _local(v), _Positions(v),
-                                           (seed, index, count, k))
+                    jobs.append((k, _local(old), _local(v)))
                 own[k] = old
             else:
                 own[k] = v
         for k in [k for k in own if k not in results and k not in _OWN_STATE]:
             del own[k]
+    if jobs:  # one hash for all (they have the parameter's shape, see _stored_low)
+        _round_stochastic_into([(out, value) for _, out, value in jobs], _Positions(p),
+                               (seed, index, count, *(name for name, _, _ in jobs)),
+                               pure.slice_elements)
     own[_COUNT] = count + 1
     if pure.rounding == "kahan":
         pure.versions[p] = _fingerprint(p)
@@ -586,9 +620,8 @@ class PureLowPrecisionOptimizer:
         chunk_bytes: the most fp32 working memory one chunk of a step may take.
             ``None``: a sixteenth of what the whole optimizer would take (about one
             byte per parameter on top of the 6-8 held). A parameter larger than the
-            budget is a chunk of its own: its working copies (16 bytes per element,
-            plus about 16 per element of the tensor being rounded, in slices) are the
-            floor of the step's extra memory.
+            budget is a chunk of its own: its working copies (16 bytes per element)
+            are the floor of the step's extra memory.
 
     ``add_param_group`` refuses float16 parameters too.
 
@@ -744,12 +777,14 @@ torch.bfloat16)
         default = self.defaults.get(_SEED, 0)  # type: ignore[attr-defined]
         where = {id(p): (i, seed) for i, (p, seed) in enumerate(
             (p, g.get(_SEED, default)) for g, ps in zip(groups, saved) for p in ps)}
+        pure = self._ampkit_pure
+        budget = pure.chunk_bytes
+        if budget is None:
+            budget = sum(16 * p.numel() for ps in saved for p in ps) // 16
+        pure.slice_elements = max(_MIN_SLICE, budget // 64)
         try:
             if closure is not None:  # LBFGS: one pass over everything, closure re-run
                 return self._step_all(inner, closure, lists, saved, where, kwargs)
-            budget = self._ampkit_pure.chunk_bytes
-            if budget is None:
-                budget = sum(16 * p.numel() for ps in saved for p in ps) // 16
             for i in range(len(groups)):
                 active = [p for p in saved[i] if p.grad is not None]
                 for chunk in _chunks(active, budget):

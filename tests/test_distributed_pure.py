@@ -1,0 +1,241 @@
+"""Two CPU processes over gloo: pure bf16 training (master_weights="stochastic" / "kahan")
+under DDP and FSDP2 trains bit for bit like one process stepping the same two
+half-batches (the "accumulation twin").
+
+One spawn runs every scenario; each rank saves what it saw, and the test compares the
+ranks with each other and with the twin, which it trains itself.
+
+* DDP: the ranks build their models from different seeds (DDP broadcasts rank 0's at
+  construction) and draw from their global RNGs differently between steps. Neither may
+  matter: the rounding's bits come from the optimizer's seed, the parameter, the step
+  and the element, never from the global RNG, which a step leaves untouched. Rank 0
+  checkpoints the model's and the optimizer's ``state_dict`` halfway; a run resumed
+  from it, in models built from yet other seeds, ends bit for bit where the
+  uninterrupted one did.
+* FSDP2 (``fully_shard``): the parameters, gradients and optimizer state are sharded.
+  The rounding's bits depend on each element's position in the whole parameter, so the
+  sharded run ends bit for bit where the unsharded twin does, uneven shards included.
+  A run resumed through Distributed Checkpoint (``get_state_dict``/``set_state_dict``)
+  ends there too: the rounding seed is a parameter-group hyper-parameter and the counts
+  are per-parameter state, the only parts of an optimizer state_dict that DCP keeps.
+
+The children never see a GPU (see ``tests/test_distributed_scaling.py`` for why).
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.distributed
+
+WORLD = 2
+MODES = ("stochastic", "kahan")
+BF16 = torch.bfloat16
+STEPS, CHECKPOINT = 6, 3
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The global batches; rank r trains on half r of each."""
+    g = torch.Generator().manual_seed(5)
+    return [(torch.randn(8, 8, generator=g), torch.randn(8, 5, generator=g))
+            for _ in range(STEPS)]
+
+
+def _ddp_model(seed: int, mode: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+    import ampkit
+
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 5))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    # no rounding_seed: the default must agree across ranks by itself
+    return ampkit.initialize(net, opt, level="O2", dtype=BF16, master_weights=mode)
+
+
+def _fsdp2_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    # uneven shards on two ranks: 5 output rows
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 5)).to(BF16)
+
+
+def _pure_adamw(model: nn.Module, mode: str, seed: int) -> torch.optim.Optimizer:
+    from ampkit.master_weights_pure import PureLowPrecisionOptimizer
+
+    return PureLowPrecisionOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), mode,
+                                     seed=seed)
+
+
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(model(x.to(next(model.parameters()).dtype)).float(), y)
+
+
+def _ddp_run(rank: int, mode: str, out: Path) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    batches = _batches()
+    checkpoint = out / f"ddp_{mode}.pt"
+
+    def train(net: nn.Module, opt: torch.optim.Optimizer, steps: range) -> bool:
+        model = DistributedDataParallel(net)
+        untouched = True
+        for step in steps:
+            if step == CHECKPOINT and net is first:
+                if rank == 0:
+                    torch.save({"model": net.state_dict(), "opt": opt.state_dict()},
+                               checkpoint)
+                dist.barrier()
+            x, y = (t.chunk(WORLD)[rank] for t in batches[step])
+            torch.rand(rank + 1)  # each rank's global RNG on its own course
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            rng = torch.get_rng_state()
+            opt.step()
+            untouched &= torch.equal(rng, torch.get_rng_state())
+        return untouched
+
+    first, opt = _ddp_model(rank + 1, mode)  # ranks built from different seeds
+    untouched = train(first, opt, range(STEPS))
+    resumed, resumed_opt = _ddp_model(rank + 10, mode)
+    saved = torch.load(checkpoint)
+    resumed.load_state_dict(saved["model"])
+    resumed_opt.load_state_dict(saved["opt"])
+    train(resumed, resumed_opt, range(CHECKPOINT, STEPS))
+    return {"params": [p.detach().clone() for p in first.parameters()],
+            "resumed": [p.detach().clone() for p in resumed.parameters()],
+            "rng_untouched": untouched}
+
+
+def _fsdp2_run(rank: int, mode: str, out: Path) -> dict[str, Any] | None:
+    try:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # torch < 2.6 has no public FSDP2
+        return None
+    mesh = init_device_mesh("cpu", (WORLD,))  # not the accelerator's default mesh
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)  # as the twin sums
+    batches = _batches()
+
+    def sharded(seed: int) -> nn.Module:
+        model = _fsdp2_model(seed)
+        for module in (model[0], model[2], model):
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+        return model
+
+    def train(model: nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
+        for step in steps:
+            x, y = (t.chunk(WORLD)[rank] for t in batches[step])
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            opt.step()
+
+    model = sharded(0)
+    opt = _pure_adamw(model, mode, seed=3)
+    train(model, opt, range(CHECKPOINT))
+    state = dict(zip(("model", "optim"), get_state_dict(model, opt)))
+    dcp.save(state, checkpoint_id=str(out / f"dcp_{mode}"))
+    train(model, opt, range(CHECKPOINT, STEPS))
+    local_state = opt.state[model[0].weight]
+
+    resumed = sharded(rank + 7)  # other weights, another seed: all comes from the files
+    resumed_opt = _pure_adamw(resumed, mode, seed=99)
+    state = dict(zip(("model", "optim"), get_state_dict(resumed, resumed_opt)))
+    dcp.load(state, checkpoint_id=str(out / f"dcp_{mode}"))
+    set_state_dict(resumed, resumed_opt, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
+    train(resumed, resumed_opt, range(CHECKPOINT, STEPS))
+    return {
+        "sharded": all(type(p).__name__ == "DTensor" and p.to_local().numel() < p.numel()
+                       for p in model.parameters()),
+        "state_sharded": local_state["exp_avg"].to_local().numel()
+        < local_state["exp_avg"].numel(),
+        "params": [p.full_tensor().detach().clone() for p in model.parameters()],
+        "state": {k: v.full_tensor().clone() if isinstance(v, torch.Tensor) and hasattr(
+            v, "full_tensor") else v for k, v in local_state.items()},
+        "resumed": [p.full_tensor().detach().clone() for p in resumed.parameters()],
+    }
+
+
+def _worker(rank: int, store: str, out_dir: str) -> None:
+    assert not torch.cuda.is_available()  # hidden by rank_results, before any CUDA call
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    out = Path(out_dir)
+    results: dict[str, Any] = {}
+    for mode in MODES:
+        results[f"ddp_{mode}"] = _ddp_run(rank, mode, out)
+        results[f"fsdp2_{mode}"] = _fsdp2_run(rank, mode, out)
+    torch.save(results, out / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    out = tmp_path_factory.mktemp("gloo_pure")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("CUDA_VISIBLE_DEVICES", "")  # the children never see a GPU
+        mp.spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def _twin(model: nn.Module, opt: torch.optim.Optimizer) -> nn.Module:
+    """One process stepping both half-batches, each loss halved (DDP's and FSDP2's
+    average over two ranks), the gradients accumulated."""
+    for x, y in _batches():
+        opt.zero_grad()
+        for xs, ys in zip(x.chunk(WORLD), y.chunk(WORLD)):
+            (_loss(model, xs, ys) / WORLD).backward()
+        opt.step()
+    return model
+
+
+def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y)
+                                    for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_ddp_trains_like_the_accumulation_twin_and_resumes_exactly(
+        rank_results: list[dict[str, Any]], mode: str) -> None:
+    rank0, rank1 = (r[f"ddp_{mode}"] for r in rank_results)
+    assert rank0["rng_untouched"] and rank1["rng_untouched"]
+    assert _equal(rank0["params"], rank1["params"])  # from different seeds, equal
+    twin = _twin(*_ddp_model(1, mode))  # rank 0's seed: DDP broadcast its weights
+    expected = [p.detach() for p in twin.parameters()]
+    assert {p.dtype for p in expected} == {BF16, torch.float32}  # Linears, LayerNorm
+    assert _equal(rank0["params"], expected)
+    assert _equal(rank0["resumed"], expected) and _equal(rank1["resumed"], expected)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fsdp2_trains_like_the_unsharded_twin_and_resumes_through_dcp(
+        rank_results: list[dict[str, Any]], mode: str) -> None:
+    runs = [r[f"fsdp2_{mode}"] for r in rank_results]
+    if runs[0] is None:
+        pytest.skip("FSDP2 (torch.distributed.fsdp.fully_shard) needs torch >= 2.6")
+    assert all(run["sharded"] and run["state_sharded"] for run in runs)
+    model = _fsdp2_model()
+    opt = _pure_adamw(model, mode, seed=3)
+    expected = [p.detach() for p in _twin(model, opt).parameters()]
+    for run in runs:
+        assert _equal(run["params"], expected)
+        assert _equal(run["resumed"], expected)
+    state = opt.state[model[0].weight]
+    got = runs[0]["state"]
+    assert sorted(got) == sorted(state)
+    for key, value in state.items():  # the moments (and Kahan's compensation) too
+        assert torch.equal(got[key], value) if isinstance(value, torch.Tensor) \
+            else got[key] == value, key
