@@ -209,7 +209,7 @@ def test_tune_without_target_keeps_the_demo_behaviour(
                       "--out", str(out)])
     printed = capsys.readouterr().out
     assert status == 0
-    assert printed.startswith("float32 test accuracy ")
+    assert printed.startswith("fp32 test accuracy ")
     assert "(450 held-out digits, 1 epoch(s) of training); tolerance: a drop of at most " \
            "100.00 points" in printed
     assert Policy.load(out).unlisted == "lower"

@@ -108,7 +108,7 @@ def test_report_page_renders_in_headless_chromium(demo_run: tuple[Path, str, str
     ratio = chrome.execute_script("return window.devicePixelRatio")
     screenshot = Image.open(io.BytesIO(chrome.get_screenshot_as_png())).convert("RGB")
     assert rows == ["fp32", "O2-fp16"]  # one row per configuration
-    assert [i["id"] for i in images] == ["loss-curves", "loss-scale", "accuracy", "pure-bf16"]
+    assert [i["id"] for i in images] == ["loss-curves", "accuracy", "loss-scale", "pure-bf16"]
     for image in images:
         assert image["complete"] and image["width"] > 0 and image["height"] > 0, image
     # the screenshot is not blank, and the table and every plot are drawn in it
