@@ -281,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
                                  budget=args.budget, start=args.start, on_trial=on_trial)
         progress.update(task, total=len(result.trials))
     direction = {True: "a drop", False: "a rise", None: "a move"}[higher]
-    out.print(f"float32 {metric_name} {shown(result.reference_metric)} ({about}); "
+    out.print(f"fp32 {metric_name} {shown(result.reference_metric)} ({about}); "
               f"tolerance: {direction} of at most {moved(result.tolerance).lstrip('+')}",
               highlight=False)
     for line in lines:
