@@ -182,7 +182,7 @@ def test_cli_tune_on_the_digits(tmp_path, capsys) -> None:
     assert main(["tune", "--epochs", "1", "--out", str(out)]) == 0
     elapsed = time.perf_counter() - start
     printed = capsys.readouterr()
-    assert "float32 test accuracy" in printed.out
+    assert "fp32 test accuracy" in printed.out
     assert "trial 0" in printed.out and "float32 ops" in printed.out
     loaded = Policy.load(out)
     assert loaded.unlisted == "native" and loaded.dtype == torch.bfloat16
