@@ -81,3 +81,22 @@ def test_text_table_refuses_a_bad_shape(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:
         text_table(("a", "b"), [("1", "2")], **kwargs)
     assert str(info.value) == message
+
+
+def test_tune_table_columns_widen_for_wide_numbers() -> None:
+    from ampkit.tools.tune import Trial, TuneResult, aggressive_policy
+
+    policy = aggressive_policy("bfloat16")
+    trials = (Trial(0, policy, -1.23456789e100, -0.5, False, 0.25, "scaled_dot_product_attention",
+                    ()),
+              Trial(1, policy, 1.0, 1e-12, True, 1.0, None, ()))
+    result = TuneResult(policy, True, "within tolerance", 2.0, 0.1, trials)
+    lines = result.table().splitlines()
+    header = lines[2]
+    rows = lines[3:5]
+    assert header.split()[:2] == ["trial", "metric"]
+    # right-aligned numeric columns: each row's cells end where the header's titles end
+    header_ends = _column_ends(header)
+    for row in rows:
+        assert _column_ends(row)[:5] == header_ends[:5], "\n".join(lines)
+    assert rows[0].endswith("-> move scaled_dot_product_attention")

@@ -66,6 +66,7 @@ import torch
 import torch.nn as nn
 
 from ampkit.policy import Policy, as_dtype
+from ampkit.tools._text import text_table
 from ampkit.tools.compare import (
     Comparison,
     _check_model,
@@ -165,16 +166,14 @@ class TuneResult:
             >>> r.table().splitlines()[2].split()[:2]
             ['trial', 'metric']
         """
+        rows = [(t.index, f"{t.metric:.6g}", f"{t.difference:.4g}",
+                 "yes" if t.within_tolerance else "no", f"{t.low_precision_share:.0%}",
+                 (", ".join(t.fp32_ops) or "-") + (f" -> move {t.moved}" if t.moved else ""))
+                for t in self.trials]
         lines = [f"float32 metric {self.reference_metric:.6g}, tolerance "
                  f"{self.tolerance:.6g}; stopped: {self.stop_reason}", "",
-                 f"{'trial':>5} {'metric':>12} {'difference':>12} {'within':>7} "
-                 f"{'low-prec ops':>13}  float32 ops / moved next"]
-        for t in self.trials:
-            moved = f" -> move {t.moved}" if t.moved else ""
-            lines.append(f"{t.index:>5} {t.metric:>12.6g} {t.difference:>12.4g} "
-                         f"{'yes' if t.within_tolerance else 'no':>7} "
-                         f"{t.low_precision_share:>13.0%}  "
-                         f"{', '.join(t.fp32_ops) or '-'}{moved}")
+                 text_table(("trial", "metric", "difference", "within", "low-prec ops",
+                             "float32 ops / moved next"), rows, align="rrrrrl")]
         lines += ["", self.policy.describe()]
         return "\n".join(lines)
 
