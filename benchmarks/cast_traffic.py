@@ -47,7 +47,7 @@ from gpu_throughput import GPT, GPTConfig, ResNet
 
 import ampkit
 from ampkit.tools.cast_traffic import CastTraffic, count_casts
-from ampkit.tools.cli import _positive_int
+from ampkit.tools.cli_args import positive_int
 
 MODES = ("fp32", "native", "O1", "O2", "O3")
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["cnn", "transformer"],
                         choices=["cnn", "transformer"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--accumulate", type=_positive_int, default=1,
+    parser.add_argument("--accumulate", type=positive_int, default=1,
                         help="micro-batches per optimizer step (default 1)")
     parser.add_argument("--by-op", action="store_true", help="break the bytes down")
     parser.add_argument("--threads", type=int, default=2)

@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 
 import ampkit
-from ampkit.tools.cli import _positive_int
+from ampkit.tools.cli_args import positive_int
 
 CONFIGS = ("bf16", "native", "O2")
 
@@ -74,9 +74,9 @@ def make_step(config: str, layers: int) -> tuple[Callable[[], tuple[float, float
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--layers", type=_positive_int, default=150)
-    parser.add_argument("--rounds", type=_positive_int, default=15)
-    parser.add_argument("--steps", type=_positive_int, default=10, help="steps per round")
+    parser.add_argument("--layers", type=positive_int, default=150)
+    parser.add_argument("--rounds", type=positive_int, default=15)
+    parser.add_argument("--steps", type=positive_int, default=10, help="steps per round")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     steps = {config: make_step(config, args.layers) for config in CONFIGS}

@@ -46,12 +46,27 @@ Example:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import ampkit
+from ampkit.tools import cli_compare, cli_tune
+from ampkit.tools.cli_args import (
+    DTYPE_SPELLINGS,
+    MISSING,
+    PROG,
+    Parser,
+    choice_list,
+    console,
+    fail,
+    missing_modules,
+    non_negative_int,
+    output_path,
+    positive_int,
+    seed,
+    spelled,
+)
 from ampkit.tools.demo import (
     DEFAULT_EPOCHS,
     DTYPE_CHOICES,
@@ -69,118 +84,9 @@ if TYPE_CHECKING:
 
     from ampkit.tools.demo import DemoResult
 
-__all__ = ["BAD_INPUT", "MAX_SEED", "MISSING", "build_parser", "console", "fail", "main",
-           "missing_modules"]
+__all__ = ["build_parser", "main"]
 
-_PROG = "ampkit"
 _DEVICE_CHOICES = "auto, cpu, cuda, cuda:<index>"
-
-
-# Other spellings of the demo's dtype names: torch's own dtype names, and "half".
-_DTYPE_SPELLINGS: dict[str, tuple[str, ...]] = {"bf16": ("bfloat16",),
-                                                 "fp16": ("float16", "half")}
-
-
-def _spelled(accepted: Sequence[str], aliases: dict[str, tuple[str, ...]]) -> str:
-    """``bf16|bfloat16, fp16|float16|half``: each choice with its other spellings."""
-    return ", ".join("|".join((choice, *aliases.get(choice, ()))) for choice in accepted)
-
-
-def _choice_list(accepted: Sequence[str], aliases: dict[str, tuple[str, ...]] | None = None
-                 ) -> Callable[[str], list[str]]:
-    """A parser of comma-separated choices, case-insensitive, with other spellings of a
-    choice (``aliases``) mapped to it."""
-    aliases = aliases or {}
-    canonical = {choice.lower(): choice for choice in accepted}
-    canonical.update({alias.lower(): choice for choice in accepted
-                      for alias in aliases.get(choice, ())})
-
-    def parse(text: str) -> list[str]:
-        chosen = []
-        for item in (part.strip() for part in text.split(",")):
-            if item.lower() not in canonical:
-                raise argparse.ArgumentTypeError(
-                    f"invalid choice: {item!r} (choose from {_spelled(accepted, aliases)}; "
-                    f"case does not matter)")
-            chosen.append(canonical[item.lower()])
-        return chosen
-
-    parse.__name__ = "comma-separated list"
-    return parse
-
-
-#: Exit statuses (see the module docstring).
-BAD_INPUT = 2
-MISSING = 1
-
-#: numpy's and scikit-learn's seeds are 32-bit.
-MAX_SEED = 2**32 - 1
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, with every error on one line: ``ampkit demo: error: ...``."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(BAD_INPUT, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return value
-
-
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(
-            f"must be an integer from 0 to {MAX_SEED} (2**32 - 1), got {text!r}")
-    return value
-
-
-def _output_path(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError(
-            "must name a file or folder; an empty name would write into the current folder")
-    return text
-
-
-def _low_dtype(text: str) -> Any:
-    from ampkit.policy import as_dtype
-
-    try:
-        return as_dtype(text.lower(), allow_none=False)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid choice: {text!r} (choose from {_spelled(('bf16', 'fp16'), _DTYPE_SPELLINGS)}"
-            f"; case does not matter)") from None
 
 
 def _device_name(text: str) -> str:
@@ -194,37 +100,6 @@ def _device_name(text: str) -> str:
     return text
 
 
-def fail(command: str, message: str, status: int = BAD_INPUT) -> int:
-    """Print ``ampkit <command>: error: <message>`` to stderr; return ``status``.
-
-    Example:
-        >>> import contextlib, io
-        >>> from ampkit.tools.cli import fail
-        >>> with contextlib.redirect_stderr(io.StringIO()) as err:
-        ...     status = fail("tune", "no policy")
-        >>> status, err.getvalue()
-        (2, 'ampkit tune: error: no policy\\n')
-    """
-    print(f"{_PROG} {command}: error: {message}", file=sys.stderr)
-    return status
-
-
-def missing_modules(*names: str) -> str | None:
-    """The message for the optional packages among ``names`` that are not installed
-    (``None`` when all are).
-
-    Example:
-        >>> from ampkit.tools.cli import missing_modules
-        >>> missing_modules("json") is None
-        True
-        >>> missing_modules("sklearn_is_not_this")
-        "needs sklearn_is_not_this: pip install 'ampkit[demo]'"
-    """
-    packages = {"sklearn": "scikit-learn"}
-    missing = [packages.get(n, n) for n in names if importlib.util.find_spec(n) is None]
-    return f"needs {', '.join(missing)}: pip install 'ampkit[demo]'" if missing else None
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``ampkit`` argument parser (subcommands ``demo``, ``compare``, ``tune``;
     ``--version``).
@@ -236,10 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     """
     import torch
 
-    from ampkit.tools import cli_compare, cli_tune
-
-    parser = _Parser(
-        prog=_PROG, description="ampkit: Automatic Mixed Precision for PyTorch.")
+    parser = Parser(
+        prog=PROG, description="ampkit: Automatic Mixed Precision for PyTorch.")
     parser.add_argument("--version", action="version",
                         version=f"ampkit {ampkit.__version__} (torch {torch.__version__})")
     commands = parser.add_subparsers(dest="command", metavar="{demo,compare,tune}",
@@ -250,35 +123,35 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the same small CNN on scikit-learn's digits (no download) once "
                     "per configuration, print a table and the ampkit code of the O2 run, "
                     "and write plots, an HTML page and JSON to --out.")
-    demo.add_argument("--epochs", type=_positive_int, default=DEFAULT_EPOCHS,
+    demo.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS,
                       help=f"training epochs per run (default: {DEFAULT_EPOCHS})")
     demo.add_argument("--device", type=_device_name, default="auto",
                       help=f"one of {_DEVICE_CHOICES} (default: auto, which is CUDA when "
                            "available, else CPU)")
-    demo.add_argument("--levels", type=_choice_list(LEVEL_CHOICES), action="extend",
+    demo.add_argument("--levels", type=choice_list(LEVEL_CHOICES), action="extend",
                       help=f"comma-separated, among {', '.join(LEVEL_CHOICES)} (O0 = fp32; "
                            "case does not matter); "
                            "default: fp32,O1,O2,O3 without O3-fp16. Given, every listed "
                            "level runs in every listed dtype")
-    dtype_names = _spelled(tuple(DTYPE_CHOICES), _DTYPE_SPELLINGS)
-    demo.add_argument("--dtypes", type=_choice_list(tuple(DTYPE_CHOICES), _DTYPE_SPELLINGS),
+    dtype_names = spelled(tuple(DTYPE_CHOICES), DTYPE_SPELLINGS)
+    demo.add_argument("--dtypes", type=choice_list(tuple(DTYPE_CHOICES), DTYPE_SPELLINGS),
                       action="extend",
                       help=f"comma-separated, among {dtype_names} (any case; default: both); "
                            "fp16 runs use dynamic loss scaling")
-    demo.add_argument("--seed", type=_seed, default=0,
+    demo.add_argument("--seed", type=seed, default=0,
                       help="seed of the data split, the initial weights and the batch order, "
                            "0 to 2**32 - 1 (default: 0)")
-    demo.add_argument("--out", type=_output_path, default="ampkit-report",
+    demo.add_argument("--out", type=output_path, default="ampkit-report",
                       help="report folder, created if needed (default: ampkit-report)")
     demo.add_argument("--overwrite", action="store_true",
                       help="replace report files of the same names already in --out "
                            "(without it, the demo refuses to start when one is there; "
                            "other files are never touched)")
-    demo.add_argument("--threads", type=_positive_int, default=1,
+    demo.add_argument("--threads", type=positive_int, default=1,
                       help="CPU threads for torch's ops; one suits the demo's tiny convolutions "
                            "best, and stays fast when other programs keep the cores busy "
                            "(default: 1)")
-    demo.add_argument("--pure-bf16-steps", type=_non_negative_int, default=100,
+    demo.add_argument("--pure-bf16-steps", type=non_negative_int, default=100,
                       help="steps of the pure-bf16 curves (fp32, round-to-nearest, "
                            "stochastic rounding) of a tiny character GPT; 0 skips them "
                            "(default: 100, a few seconds)")
@@ -326,14 +199,6 @@ def _run(settings: DemoSettings, quiet: bool) -> DemoResult:
                         TimeElapsedColumn(), console=Console(stderr=True))
     with progress:
         return run_demo(settings, _ProgressBars(progress))
-
-
-def console() -> Console:
-    """The rich console commands print on: full width on a terminal, 160 columns off
-    one (a pipe, a log file), where rich would otherwise wrap tables at 80."""
-    from rich.console import Console
-
-    return Console() if sys.stdout.isatty() else Console(width=160)
 
 
 def _print_summary(result: DemoResult, files: Any, quiet: bool, out: Console) -> None:
@@ -409,14 +274,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return _demo(args)
         if args.command == "compare":
-            from ampkit.tools import cli_compare
-
             return cli_compare.run(args)
         if args.command == "tune":
-            from ampkit.tools import cli_tune
-
             return cli_tune.run(args)
     except KeyboardInterrupt:
-        print(f"{_PROG}: interrupted", file=sys.stderr)
+        print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse enforces choices

@@ -31,16 +31,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ampkit.tools.cli import (
+from ampkit.tools.cli_args import (
     MISSING,
-    _low_dtype,
-    _number,
-    _output_path,
-    _positive_int,
-    _seed,
     console,
     fail,
+    low_dtype,
     missing_modules,
+    number,
+    output_path,
+    positive_int,
+    seed,
 )
 from ampkit.tools.cli_target import (
     TargetError,
@@ -107,7 +107,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     compare.add_argument("--precision", type=_precision, default="torch",
                          help="a level (O1, O2, O3), a preset (torch, conservative, ...) or "
                               "a policy file (default: torch, native autocast's lists)")
-    compare.add_argument("--dtype", type=_low_dtype,
+    compare.add_argument("--dtype", type=low_dtype,
                          help="bf16 or fp16 (default: the policy's, else the device's "
                               "autocast default: bf16 on CPU, fp16 on CUDA)")
     compare.add_argument("--custom-white-list", type=_op_list, action="extend",
@@ -117,19 +117,19 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     compare.add_argument("--loss-fn", metavar="FN",
                          help="package.module:attribute of loss_fn(output) -> scalar tensor; "
                               "given, gradients are compared too")
-    compare.add_argument("--threshold", type=_number,
+    compare.add_argument("--threshold", type=number,
                          help="relative error that counts as diverged (default: 8 machine "
                               "epsilons of the dtype)")
-    compare.add_argument("--limit", type=_positive_int, default=20,
+    compare.add_argument("--limit", type=positive_int, default=20,
                          help="rows per table printed (default: 20; the report has all)")
-    compare.add_argument("--out", type=_output_path, default="compare-report",
+    compare.add_argument("--out", type=output_path, default="compare-report",
                          help="report folder, created if needed (default: compare-report)")
     compare.add_argument("--overwrite", action="store_true",
                          help="replace report files of the same names already in --out")
-    compare.add_argument("--seed", type=_seed, default=0,
+    compare.add_argument("--seed", type=seed, default=0,
                          help="torch's seed before TARGET and --inputs are built, 0 to "
                               "2**32 - 1 (default: 0)")
-    compare.add_argument("--threads", type=_positive_int, default=1,
+    compare.add_argument("--threads", type=positive_int, default=1,
                          help="torch CPU threads (default: 1)")
     return compare
 

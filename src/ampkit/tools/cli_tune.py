@@ -11,7 +11,7 @@ in at most ``--budget`` trials (default 5), starting from every op in low precis
 from ``--start`` (a preset name).
 
 Without TARGET it keeps its first behaviour: it trains the demo's small CNN
-(:class:`~ampkit.tools.demo.DigitsCNN`) on scikit-learn's digits in float32 for
+(:class:`~ampkit.tools.digits.DigitsCNN`) on scikit-learn's digits in float32 for
 ``--epochs`` (default 1) and tunes with the test accuracy as the metric
 (higher is better, default tolerance 0.005).
 
@@ -43,16 +43,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ampkit.tools.cli import (
+from ampkit.tools.cli_args import (
     MISSING,
-    _low_dtype,
-    _number,
-    _output_path,
-    _positive_int,
-    _seed,
     console,
     fail,
+    low_dtype,
     missing_modules,
+    number,
+    output_path,
+    positive_int,
+    seed,
 )
 from ampkit.tools.cli_target import TargetError, load_callable, model_factory
 
@@ -94,9 +94,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     tune.add_argument("--eval", metavar="FN",
                       help="package.module:attribute of eval_fn(model) -> number "
                            "(required with TARGET)")
-    tune.add_argument("--dtype", type=_low_dtype, default=torch.bfloat16,
+    tune.add_argument("--dtype", type=low_dtype, default=torch.bfloat16,
                       help="bf16 or fp16 (default: bf16)")
-    tune.add_argument("--tolerance", type=_number,
+    tune.add_argument("--tolerance", type=number,
                       help=f"largest move of the metric from float32's, in its units "
                            f"(default: {_TARGET_TOLERANCE} with TARGET; "
                            f"{_DEMO_TOLERANCE}, half a point of accuracy, without)")
@@ -110,22 +110,22 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     direction.add_argument("--lower-is-better", dest="higher_is_better",
                            action="store_const", const=False,
                            help="only a rise counts (a loss)")
-    tune.add_argument("--budget", type=_positive_int, default=5,
+    tune.add_argument("--budget", type=positive_int, default=5,
                       help="most trials (default: 5)")
     tune.add_argument("--start", type=_preset,
                       help="preset to start from (default: every op in low precision)")
-    tune.add_argument("--epochs", type=_positive_int,
+    tune.add_argument("--epochs", type=positive_int,
                       help=f"without TARGET: float32 training epochs of the demo's CNN "
                            f"before tuning (default: {_DEMO_EPOCHS})")
-    tune.add_argument("--seed", type=_seed, default=0,
+    tune.add_argument("--seed", type=seed, default=0,
                       help="torch's seed before TARGET is built (without TARGET: the "
                            "digits' split and the CNN's weights), 0 to 2**32 - 1 "
                            "(default: 0)")
-    tune.add_argument("--out", type=_output_path, default="tuned-policy.json",
+    tune.add_argument("--out", type=output_path, default="tuned-policy.json",
                       help="where the policy is written (default: tuned-policy.json)")
     tune.add_argument("--overwrite", action="store_true",
                       help="replace an existing --out (without it, tune refuses to start)")
-    tune.add_argument("--threads", type=_positive_int, default=1,
+    tune.add_argument("--threads", type=positive_int, default=1,
                       help="torch CPU threads (default: 1)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
     return tune
@@ -170,14 +170,14 @@ def _train_demo_model(epochs: int, seed: int) -> tuple[Any, Any]:
     import torch
     import torch.nn.functional as F
 
-    from ampkit.tools.demo import DigitsCNN, _batch_order, load_digits_data
+    from ampkit.tools.digits import DigitsCNN, batch_order, load_digits_data
 
     data = load_digits_data(seed, "cpu")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = DigitsCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for epoch in _batch_order(len(data.y_train), 64, epochs, seed):
+    for epoch in batch_order(len(data.y_train), 64, epochs, seed):
         for index in epoch:
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(model(data.x_train[index]), data.y_train[index]).backward()

@@ -46,7 +46,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampkit
+from ampkit.tools.digits import DigitsCNN, DigitsData, batch_order, load_digits_data
 from ampkit.tools.op_stats import collect_op_stats
+from ampkit.tools.pure_curves import PURE_DEMO_CURVES, train_curves
 
 __all__ = [
     "DEFAULT_EPOCHS",
@@ -54,15 +56,12 @@ __all__ = [
     "DemoObserver",
     "DemoResult",
     "DemoSettings",
-    "DigitsCNN",
-    "DigitsData",
     "LEVEL_CHOICES",
     "TRAINING_CODE_CONTEXT",
     "RunConfig",
     "cpu_description",
     "RunResult",
     "demo_configurations",
-    "load_digits_data",
     "resolve_device",
     "run_demo",
     "training_code",
@@ -274,78 +273,6 @@ class DemoSettings:
                              f"got {self.configurations!r}")
         object.__setattr__(self, "configurations", configs)
         _check_device_name(self.device)
-
-
-class DigitsCNN(nn.Module):
-    """The demo's model: two 3x3 conv layers (8 and 16 channels) with BatchNorm and
-    ReLU, a 2x2 max-pool and a linear classifier, for 8x8 single-channel images (3,866
-    parameters). It is kept this small for CPUs without native half precision, where a
-    float16 convolution's backward pass runs tens of times slower than in float32.
-
-    Example:
-        >>> import torch
-        >>> from ampkit.tools.demo import DigitsCNN
-        >>> DigitsCNN()(torch.zeros(2, 1, 8, 8)).shape
-        torch.Size([2, 10])
-    """
-
-    def __init__(self, classes: int = 10) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-            nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Linear(16 * 4 * 4, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x).flatten(1))
-
-
-@dataclasses.dataclass(frozen=True)
-class DigitsData:
-    """scikit-learn's ``load_digits`` split 75/25 (stratified, by ``seed``), pixels
-    scaled to [0, 1], as tensors of shape ``(N, 1, 8, 8)`` on one device."""
-
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-
-
-def load_digits_data(seed: int = 0, device: torch.device | str = "cpu") -> DigitsData:
-    """Load and split the digits (1,797 images, shipped with scikit-learn).
-
-    Example:
-        >>> from ampkit.tools.demo import load_digits_data
-        >>> data = load_digits_data()
-        >>> tuple(data.x_train.shape), tuple(data.x_test.shape)
-        ((1347, 1, 8, 8), (450, 1, 8, 8))
-    """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    digits = load_digits()
-    train_idx, test_idx = train_test_split(range(len(digits.target)), test_size=0.25,
-                                           random_state=seed, stratify=digits.target)
-    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(digits.target, dtype=torch.int64)
-    train, test = torch.tensor(train_idx), torch.tensor(test_idx)
-    return DigitsData(images[train].to(device), labels[train].to(device),
-                      images[test].to(device), labels[test].to(device))
-
-
-def _batch_order(num_train: int, batch_size: int, epochs: int,
-                 seed: int) -> list[list[torch.Tensor]]:
-    """Per epoch, the index batches: one shuffle per epoch from ``seed``, the last
-    partial batch dropped so that every step costs the same."""
-    generator = torch.Generator().manual_seed(seed)
-    order = []
-    for _ in range(epochs):
-        perm = torch.randperm(num_train, generator=generator)
-        full = num_train // batch_size * batch_size
-        order.append(list(perm[:full].split(batch_size)))
-    return order
 
 
 #: What the reader of :func:`training_code` needs around it.
@@ -603,7 +530,7 @@ def _device_name(device: torch.device) -> str:
 
 def _run_one(config: RunConfig, settings: DemoSettings, data: DigitsData,
              device: torch.device, observer: DemoObserver) -> RunResult:
-    batches = _batch_order(len(data.y_train), settings.batch_size, settings.epochs,
+    batches = batch_order(len(data.y_train), settings.batch_size, settings.epochs,
                            settings.seed)
     total_steps = sum(len(epoch) for epoch in batches)
     observer.run_started(config, total_steps)
@@ -692,8 +619,6 @@ def run_demo(settings: DemoSettings | None = None,
                  for config in settings.configurations)
     curves: dict[str, tuple[float, ...]] = {}
     if settings.pure_bf16_steps:  # small and on the CPU: a few seconds
-        from ampkit.tools.pure_curves import PURE_DEMO_CURVES, train_curves
-
         curves = {mode: curve.losses for mode, curve in train_curves(
             PURE_DEMO_CURVES, steps=settings.pure_bf16_steps, seed=settings.seed,
             lr=3e-4, dim=32, layers=1, context=32, batch=8).items()}

@@ -148,7 +148,7 @@ def _make_pure(model: nn.Module, opt: torch.optim.Optimizer, mode: str,
 
 def digits_accuracy(mode: str, *, seed: int = 0, epochs: int = 5, lr: float = 0.05,
                     batch_size: int = 64) -> float:
-    """Test accuracy of the demo's :class:`~ampkit.tools.demo.DigitsCNN` trained like
+    """Test accuracy of the demo's :class:`~ampkit.tools.digits.DigitsCNN` trained like
     the demo (SGD with momentum 0.9, its data split and batch order) in ``mode``.
 
     Example:
@@ -156,7 +156,7 @@ def digits_accuracy(mode: str, *, seed: int = 0, epochs: int = 5, lr: float = 0.
         >>> digits_accuracy("stochastic", epochs=1) > 0.5
         True
     """
-    from ampkit.tools.demo import DigitsCNN, _batch_order, load_digits_data
+    from ampkit.tools.digits import DigitsCNN, batch_order, load_digits_data
 
     _check_modes([mode])
     data = load_digits_data(seed)
@@ -164,7 +164,7 @@ def digits_accuracy(mode: str, *, seed: int = 0, epochs: int = 5, lr: float = 0.
     model: nn.Module = DigitsCNN()
     opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model, opt = _make_pure(model, opt, mode, seed)
-    for epoch in _batch_order(len(data.y_train), batch_size, epochs, seed):
+    for epoch in batch_order(len(data.y_train), batch_size, epochs, seed):
         for index in epoch:
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(model(data.x_train[index]).float(),

@@ -1,0 +1,250 @@
+"""What every ``ampkit`` command shares: argument types, exit statuses, the one-line
+error and the console.
+
+``ampkit demo``, ``ampkit compare`` and ``ampkit tune`` (:mod:`ampkit.tools.cli`,
+:mod:`ampkit.tools.cli_compare`, :mod:`ampkit.tools.cli_tune`) all import from here, so
+a seed, a count or a dtype name is checked, and refused, in the same words everywhere.
+
+Example:
+    >>> from ampkit.tools.cli_args import BAD_INPUT, positive_int
+    >>> positive_int("0")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be a positive integer, got '0'
+    >>> BAD_INPUT
+    2
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["BAD_INPUT", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG", "Parser",
+           "choice_list", "console", "fail", "low_dtype", "missing_modules",
+           "non_negative_int", "number", "output_path", "positive_int", "seed", "spelled"]
+
+#: The command's name in messages.
+PROG = "ampkit"
+
+# Other spellings of the demo's dtype names: torch's own dtype names, and "half".
+DTYPE_SPELLINGS: dict[str, tuple[str, ...]] = {"bf16": ("bfloat16",),
+                                                 "fp16": ("float16", "half")}
+
+
+def spelled(accepted: Sequence[str], aliases: dict[str, tuple[str, ...]]) -> str:
+    """Each choice with its other spellings, for a help text or an error.
+
+    Example:
+        >>> from ampkit.tools.cli_args import DTYPE_SPELLINGS, spelled
+        >>> spelled(("bf16", "fp16"), DTYPE_SPELLINGS)
+        'bf16|bfloat16, fp16|float16|half'
+    """
+    return ", ".join("|".join((choice, *aliases.get(choice, ()))) for choice in accepted)
+
+
+def choice_list(accepted: Sequence[str], aliases: dict[str, tuple[str, ...]] | None = None
+                 ) -> Callable[[str], list[str]]:
+    """A parser of comma-separated choices, case-insensitive, with other spellings of a
+    choice (``aliases``) mapped to it.
+
+    Example:
+        >>> from ampkit.tools.cli_args import DTYPE_SPELLINGS, choice_list
+        >>> choice_list(("bf16", "fp16"), DTYPE_SPELLINGS)("half,BF16")
+        ['fp16', 'bf16']
+    """
+    aliases = aliases or {}
+    canonical = {choice.lower(): choice for choice in accepted}
+    canonical.update({alias.lower(): choice for choice in accepted
+                      for alias in aliases.get(choice, ())})
+
+    def parse(text: str) -> list[str]:
+        chosen = []
+        for item in (part.strip() for part in text.split(",")):
+            if item.lower() not in canonical:
+                raise argparse.ArgumentTypeError(
+                    f"invalid choice: {item!r} (choose from {spelled(accepted, aliases)}; "
+                    f"case does not matter)")
+            chosen.append(canonical[item.lower()])
+        return chosen
+
+    parse.__name__ = "comma-separated list"
+    return parse
+
+
+#: Exit statuses (see the module docstring).
+BAD_INPUT = 2
+MISSING = 1
+
+#: numpy's and scikit-learn's seeds are 32-bit.
+MAX_SEED = 2**32 - 1
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with every error on one line: ``ampkit demo: error: ...``, exit 2.
+
+    Example:
+        >>> from ampkit.tools.cli_args import Parser
+        >>> Parser(prog="ampkit demo").parse_args(["--no-such-option"])
+        Traceback (most recent call last):
+        ...
+        SystemExit: 2
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(BAD_INPUT, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """An argument type: an integer >= 1.
+
+    Example:
+        >>> from ampkit.tools.cli_args import positive_int
+        >>> positive_int("3")
+        3
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argument type: an integer >= 0.
+
+    Example:
+        >>> from ampkit.tools.cli_args import non_negative_int
+        >>> non_negative_int("0")
+        0
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
+def number(text: str) -> float:
+    """An argument type: a finite number >= 0.
+
+    Example:
+        >>> from ampkit.tools.cli_args import number
+        >>> number("1e-3")
+        0.001
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """An argument type: a seed numpy and scikit-learn accept (0 to 2**32 - 1).
+
+    Example:
+        >>> from ampkit.tools.cli_args import seed
+        >>> seed("-5")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: must be an integer from 0 to 4294967295 (2**32 - 1), got '-5'
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 0 to {MAX_SEED} (2**32 - 1), got {text!r}")
+    return value
+
+
+def output_path(text: str) -> str:
+    """An argument type: a non-empty file or folder name.
+
+    Example:
+        >>> from ampkit.tools.cli_args import output_path
+        >>> output_path("report")
+        'report'
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "must name a file or folder; an empty name would write into the current folder")
+    return text
+
+
+def low_dtype(text: str) -> Any:
+    """An argument type: a low-precision dtype name (``bf16``, ``fp16`` and their
+    other spellings, any case).
+
+    Example:
+        >>> from ampkit.tools.cli_args import low_dtype
+        >>> low_dtype("BFloat16")
+        torch.bfloat16
+    """
+    from ampkit.policy import as_dtype
+
+    try:
+        return as_dtype(text.lower(), allow_none=False)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {spelled(('bf16', 'fp16'), DTYPE_SPELLINGS)}"
+            f"; case does not matter)") from None
+
+
+def fail(command: str, message: str, status: int = BAD_INPUT) -> int:
+    """Print ``ampkit <command>: error: <message>`` to stderr; return ``status``.
+
+    Example:
+        >>> import contextlib, io
+        >>> from ampkit.tools.cli_args import fail
+        >>> with contextlib.redirect_stderr(io.StringIO()) as err:
+        ...     status = fail("tune", "no policy")
+        >>> status, err.getvalue()
+        (2, 'ampkit tune: error: no policy\\n')
+    """
+    print(f"{PROG} {command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def missing_modules(*names: str) -> str | None:
+    """The message for the optional packages among ``names`` that are not installed
+    (``None`` when all are).
+
+    Example:
+        >>> from ampkit.tools.cli_args import missing_modules
+        >>> missing_modules("json") is None
+        True
+        >>> missing_modules("sklearn_is_not_this")
+        "needs sklearn_is_not_this: pip install 'ampkit[demo]'"
+    """
+    packages = {"sklearn": "scikit-learn"}
+    missing = [packages.get(n, n) for n in names if importlib.util.find_spec(n) is None]
+    return f"needs {', '.join(missing)}: pip install 'ampkit[demo]'" if missing else None
+
+
+def console() -> Console:
+    """The rich console commands print on: full width on a terminal, 160 columns off
+    one (a pipe, a log file), where rich would otherwise wrap tables at 80.
+
+    Example:
+        >>> from ampkit.tools.cli_args import console
+        >>> console().width > 0
+        True
+    """
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
