@@ -52,6 +52,7 @@ import torch
 from torch.amp.autocast_mode import autocast as _native_autocast
 from torch.overrides import TorchFunctionMode
 
+from ampkit.arguments import default_device_type
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.policy import Policy, as_dtype
 from ampkit.presets import get_policy
@@ -542,10 +543,6 @@ class UnsupportedDeviceError(RuntimeError, ValueError):
     """
 
 
-def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _autocast_available(device_type: str) -> bool:
     try:
         return bool(torch._C._is_autocast_available(device_type))
@@ -643,7 +640,7 @@ class autocast:
         if not isinstance(cache_enabled, bool):
             raise TypeError(f"cache_enabled must be a bool or None, "
                             f"got {type(cache_enabled).__name__}")
-        self.device_type = _check_device(_default_device() if device_type is None
+        self.device_type = _check_device(default_device_type() if device_type is None
                                          else device_type)
         base = get_policy(policy)
         if not enabled and isinstance(dtype, torch.dtype):

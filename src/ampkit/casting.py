@@ -32,6 +32,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
+
 __all__ = [
     "WeightCastCache",
     "amp_cast",
@@ -47,22 +49,8 @@ __all__ = [
 
 T = TypeVar("T")
 
-_LOW = (torch.float16, torch.bfloat16)
-_AMP_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-_NAMES: dict[str, torch.dtype] = {
-    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-    "float64": torch.float64, "int8": torch.int8, "uint8": torch.uint8,
-    "int32": torch.int32, "int64": torch.int64, "bool": torch.bool,
-}
-
-
-def _as_any_dtype(dtype: torch.dtype | str, argument: str = "dtype") -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if isinstance(dtype, str) and dtype.removeprefix("torch.") in _NAMES:
-        return _NAMES[dtype.removeprefix("torch.")]
-    raise ValueError(f"{argument} must be a torch.dtype or one of {sorted(_NAMES)}, "
-                     f"got {dtype!r}")
+_LOW = LOW_PRECISION
+_AMP_FLOATS = FLOAT_DTYPES
 
 
 def amp_cast(data: T, dtype: torch.dtype | str) -> T:
@@ -79,7 +67,7 @@ def amp_cast(data: T, dtype: torch.dtype | str) -> T:
         >>> amp_cast(torch.ones(1, dtype=torch.int64), "float16").dtype
         torch.int64
     """
-    target = _as_any_dtype(dtype)
+    target = parse_dtype(dtype, accept=None)
     if not isinstance(data, torch.Tensor):
         return data
     src = data.dtype

@@ -67,11 +67,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
 from ampkit.autocast_mode import autocast
 from ampkit.casting import cast_tree
 from ampkit.levels import LevelProperties, level_properties
 from ampkit.parameter_casts import CastParametersOnUse, new_forward_pass
-from ampkit.policy import Policy, as_dtype
+from ampkit.policy import Policy
 from ampkit.presets import get_policy
 from ampkit.registry import OpEntry
 
@@ -115,24 +116,12 @@ ALL_LOW_PRECISION = Policy(
     name="all-low-precision", unlisted="lower",
     description="Every compute op runs in the low-precision dtype (module white lists).")
 
-_LOW = (torch.float16, torch.bfloat16)
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+_LOW = LOW_PRECISION
+_FLOATS = FLOAT_DTYPES
 _MARK = "_ampkit_conversion"
 
 
 # -- configuration ------------------------------------------------------------------------
-
-def _dtype_field(value: Any, argument: str, allowed: tuple[torch.dtype, ...]) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        key = value.removeprefix("torch.")
-        value = torch.float32 if key in ("float32", "float") else as_dtype(key, argument)
-    if not isinstance(value, torch.dtype) or value not in allowed:
-        names = ", ".join(f"torch.{str(d).removeprefix('torch.')}" for d in allowed)
-        raise ValueError(f"{argument} must be None or one of {names}, got {value!r}")
-    return value
-
 
 def _selectors(value: Any, argument: str) -> tuple[ModuleSelector, ...] | None:
     if value is None:
@@ -208,10 +197,12 @@ class ConversionConfig:
         put = functools.partial(object.__setattr__, self)
         for name in ("param_dtype", "kept_output_dtype", "white_list_output_dtype",
                      "input_dtype", "output_dtype", "state_dict_dtype"):
-            put(name, _dtype_field(getattr(self, name), name, _FLOATS))
-        put("compute_dtype", _dtype_field(self.compute_dtype, "compute_dtype", _LOW))
-        put("param_compute_dtype", _dtype_field(self.param_compute_dtype,
-                                                "param_compute_dtype", _LOW))
+            put(name, parse_dtype(getattr(self, name), name, accept=FLOAT_DTYPES,
+                                  allow_none=True))
+        put("compute_dtype", parse_dtype(self.compute_dtype, "compute_dtype",
+                                         accept=LOW_PRECISION, allow_none=True))
+        put("param_compute_dtype", parse_dtype(self.param_compute_dtype, "param_compute_dtype",
+                                               accept=LOW_PRECISION, allow_none=True))
         put("keep_fp32_modules", _selectors(self.keep_fp32_modules, "keep_fp32_modules")
             or ())
         put("low_precision_modules", _selectors(self.low_precision_modules,

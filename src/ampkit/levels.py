@@ -55,13 +55,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from ampkit.arguments import FLOAT_DTYPES, default_device_type, parse_dtype, parse_loss_scale
 from ampkit.policy import as_dtype
 
 __all__ = [
@@ -116,8 +115,6 @@ LEVEL_PROPERTY_NAMES: tuple[str, ...] = (
     "cast_model_outputs",
 )
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
 #: The pure low-precision values ``master_weights`` takes besides True/False/None.
 PURE_MASTER_WEIGHTS: tuple[str, ...] = ("stochastic", "kahan")
 
@@ -132,36 +129,9 @@ def default_dtype(device_type: str | None = None) -> torch.dtype:
         torch.bfloat16
     """
     if device_type is None:
-        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        device_type = default_device_type()
     dtype = torch.get_autocast_dtype(device_type)
     return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
-
-
-def _float_dtype(value: Any, argument: str) -> torch.dtype | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        key = value.removeprefix("torch.")
-        if key in ("float32", "float", "fp32"):
-            return torch.float32
-        try:
-            return as_dtype(key, argument)
-        except ValueError:
-            pass
-    if isinstance(value, torch.dtype) and value in _FLOAT_DTYPES:
-        return value
-    raise ValueError(f"{argument} must be None, torch.float16, torch.bfloat16 or "
-                     f"torch.float32 (or their names), got {value!r}")
-
-
-def _loss_scale(value: Any) -> str | float | None:
-    if value is None or value == "dynamic":
-        return value
-    if (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0):
-        return float(value)
-    raise ValueError(f"loss_scale must be 'dynamic', a positive finite number (a static "
-                     f"scale) or None (no loss scaling), got {value!r}")
 
 
 def _master_weights(value: Any) -> bool | str | None:
@@ -337,9 +307,9 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
     checked: dict[str, Any] = {}
     for name, value in given.items():
         if name in ("cast_model_type", "cast_model_outputs"):
-            checked[name] = _float_dtype(value, name)
+            checked[name] = parse_dtype(value, name, accept=FLOAT_DTYPES, allow_none=True)
         elif name == "loss_scale":
-            checked[name] = _loss_scale(value)
+            checked[name] = parse_loss_scale(value)
         elif name == "master_weights":
             checked[name] = _master_weights(value)
         else:

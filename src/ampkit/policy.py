@@ -35,6 +35,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from ampkit.arguments import LOW_PRECISION, parse_dtype
 from ampkit.registry import OpEntry, resolve_ops
 
 __all__ = ["LOW_PRECISION_DTYPES", "UNLISTED_RULES", "Policy", "Rule", "Unlisted", "as_dtype"]
@@ -54,11 +55,11 @@ UNLISTED_RULES: tuple[str, ...] = get_args(Unlisted)
 LOW_PRECISION_DTYPES: Mapping[str, torch.dtype] = {
     "float16": torch.float16, "bfloat16": torch.bfloat16,
 }
-_DTYPE_ALIASES = {"fp16": torch.float16, "half": torch.float16, "bf16": torch.bfloat16}
 
 
 def as_dtype(value: Any, argument: str = "dtype", *, allow_none: bool = True) -> torch.dtype | None:
-    """Check and normalise a low-precision dtype given as a torch dtype or a name.
+    """Check and normalise a low-precision dtype given as a torch dtype or a name
+    (:func:`ampkit.arguments.parse_dtype` with float16 and bfloat16 accepted).
 
     Example:
         >>> import torch
@@ -66,17 +67,9 @@ def as_dtype(value: Any, argument: str = "dtype", *, allow_none: bool = True) ->
         >>> as_dtype("bfloat16") is torch.bfloat16
         True
     """
-    if value is None and allow_none:
+    if value is None and allow_none:  # "the default": not a choice the error lists
         return None
-    if isinstance(value, torch.dtype) and value in LOW_PRECISION_DTYPES.values():
-        return value
-    if isinstance(value, str):
-        key = value.removeprefix("torch.")
-        dtype = LOW_PRECISION_DTYPES.get(key) or _DTYPE_ALIASES.get(key)
-        if dtype is not None:
-            return dtype
-    raise ValueError(f"{argument} must be torch.float16 or torch.bfloat16 (or 'float16' / "
-                     f"'bfloat16'), got {value!r}")
+    return parse_dtype(value, argument, accept=LOW_PRECISION)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -102,6 +102,7 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 
+from ampkit.arguments import default_device_type, parse_dtype, parse_loss_scale
 from ampkit.autocast_mode import autocast
 from ampkit.dialects._errors import framework_errors
 from ampkit.front_door import initialize as _initialize
@@ -211,10 +212,7 @@ _state: _State | None = None
 # -- initialize ------------------------------------------------------------------------------
 
 def _dtype_override(value: Any, argument: str) -> torch.dtype:
-    if isinstance(value, torch.dtype) and value in _MODEL_DTYPES:
-        return value
-    raise ValueError(f"{argument} must be torch.float16, torch.bfloat16 or torch.float32, "
-                     f"got {value!r}")
+    return parse_dtype(value, argument, accept=_MODEL_DTYPES)
 
 
 def _bool_override(value: Any, argument: str) -> bool:
@@ -228,15 +226,18 @@ def _bool_override(value: Any, argument: str) -> bool:
 
 
 def _loss_scale_override(value: Any) -> str | float:
-    if value == "dynamic":
-        return "dynamic"
+    # apex also takes a number's string (as it comes from argparse).
+    number = value
+    if isinstance(value, str) and value != "dynamic":
+        try:
+            number = float(value)
+        except ValueError:
+            pass
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = float("nan")
-    if isinstance(value, bool) or not number > 0 or number == float("inf"):
-        raise ValueError(f"loss_scale must be 'dynamic' or a positive number, got {value!r}")
-    return number
+        return parse_loss_scale(number, allow_none=False)
+    except ValueError:  # apex's wording
+        raise ValueError(f"loss_scale must be 'dynamic' or a positive number, got "
+                         f"{value!r}") from None
 
 
 def _apply_overrides(opt_level: str, overrides: dict[str, Any]) -> Properties:
@@ -788,7 +789,7 @@ def init(enabled: bool = True, loss_scale: str | float = "dynamic",
     if not enabled:
         handle: AmpHandle = NoOpHandle()
     else:
-        device = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = device_type or default_device_type()
         region = autocast(device, torch.float16, policy=APEX_O1,
                           cache_enabled=enable_caching)
         handle = AmpHandle(allow_banned=allow_banned, loss_scale=_loss_scale_override(

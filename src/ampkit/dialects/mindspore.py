@@ -68,8 +68,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ampkit import conversion
+from ampkit.arguments import LOW_PRECISION, parse_dtype, positive_int
 from ampkit.conversion import ALL_LOW_PRECISION, ConversionConfig
-from ampkit.policy import Policy, as_dtype
+from ampkit.policy import Policy
 from ampkit.registry import OpEntry, resolve_ops
 from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.loss_scale import DynamicLossScale, StaticLossScale
@@ -149,7 +150,7 @@ def _check_network(network: Any) -> nn.Module:
 
 def _low_dtype(dtype: Any) -> torch.dtype:
     # MindSpore's dtype rule and error are the core's (float16 or bfloat16).
-    return as_dtype(dtype, "dtype", allow_none=False)  # type: ignore[return-value]
+    return parse_dtype(dtype, "dtype", accept=LOW_PRECISION)
 
 
 def _split(entries: Any, argument: str) -> tuple[tuple[type, ...], frozenset[str]]:
@@ -285,11 +286,7 @@ def _scale_factor(value: Any, argument: str) -> float:
 
 
 def _scale_window(value: Any, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{argument} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{argument} must be an int >= 1, got {value!r}")
-    return int(value)
+    return positive_int(value, argument)
 
 
 class StaticLossScaler:

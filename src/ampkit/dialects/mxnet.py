@@ -60,11 +60,11 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 
 from ampkit import casting, conversion
+from ampkit.arguments import parse_dtype
 from ampkit.autocast_mode import autocast, current_policy
 from ampkit.conversion import ConversionConfig
 from ampkit.policy import Policy
@@ -126,19 +126,11 @@ CONDITIONAL_OPS: dict[tuple[str, str, str], str] = {
 # -- casts ---------------------------------------------------------------------------------
 
 def _cast_dtype(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in _CAST_DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in _CAST_DTYPES:
-        return _CAST_DTYPES[dtype]
-    if not isinstance(dtype, str | torch.dtype):
-        try:  # numpy spellings: np.float16, np.dtype("int8")
-            name = np.dtype(dtype).name
-        except TypeError:
-            name = None
-        if name in _CAST_DTYPES:
-            return _CAST_DTYPES[name]
-    raise ValueError(f"dtype must be one of {list(_CAST_DTYPES)} (or the torch/numpy "
-                     f"dtype), got {dtype!r}")
+    try:  # numpy spellings too: np.float16, np.dtype("int8")
+        return parse_dtype(dtype, "dtype", accept=_CAST_DTYPES.values(), aliases=False)
+    except ValueError:  # MXNet's list of names
+        raise ValueError(f"dtype must be one of {list(_CAST_DTYPES)} (or the torch/numpy "
+                         f"dtype), got {dtype!r}") from None
 
 
 def _check_tensor(data: Any, argument: str) -> torch.Tensor:
@@ -208,14 +200,12 @@ def amp_multicast(*data: torch.Tensor, num_outputs: int, cast_narrow: bool = Fal
 # -- lists ---------------------------------------------------------------------------------
 
 def _target_dtype(target_dtype: Any) -> torch.dtype:
-    if isinstance(target_dtype, torch.dtype) and target_dtype in _TARGET_DTYPES.values():
-        return target_dtype
-    if isinstance(target_dtype, str) and target_dtype in _TARGET_DTYPES:
-        return _TARGET_DTYPES[target_dtype]
-    if target_dtype is np.float16:
-        return torch.float16
-    raise ValueError(f"target_dtype must be 'float16' or 'bfloat16' (or torch.float16 / "
-                     f"torch.bfloat16), got {target_dtype!r}")
+    try:  # np.float16 too
+        return parse_dtype(target_dtype, "target_dtype", accept=_TARGET_DTYPES.values(),
+                           aliases=False)
+    except ValueError:  # MXNet's wording
+        raise ValueError(f"target_dtype must be 'float16' or 'bfloat16' (or torch.float16 "
+                         f"/ torch.bfloat16), got {target_dtype!r}") from None
 
 
 def list_lp16_ops(target_dtype: str | torch.dtype = "float16") -> list[str]:

@@ -70,6 +70,7 @@ import torch
 import torch.nn as nn
 
 from ampkit import conversion
+from ampkit.arguments import parse_dtype
 from ampkit.autocast_mode import autocast
 from ampkit.conversion import ConversionConfig
 from ampkit.dialects._errors import framework_errors
@@ -96,12 +97,11 @@ _LEVELS = ("O0", "OD", "O1", "O2")
 
 
 def _low_dtype(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
-        return dtype
-    if isinstance(dtype, str) and dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise ValueError(f"dtype should be 'float16' or 'bfloat16' (or torch.float16 / "
-                     f"torch.bfloat16), got {dtype!r}")
+    try:
+        return parse_dtype(dtype, "dtype", accept=_DTYPES.values(), aliases=False)
+    except ValueError:  # Paddle's wording
+        raise ValueError(f"dtype should be 'float16' or 'bfloat16' (or torch.float16 / "
+                         f"torch.bfloat16), got {dtype!r}") from None
 
 
 def _check_bool(value: Any, argument: str) -> bool:
@@ -337,13 +337,12 @@ def decorate(models: nn.Module | list[nn.Module],
     if master_weight is not None:
         _check_bool(master_weight, "master_weight")
     _check_bool(master_grad, "master_grad")
-    if save_dtype is None or save_dtype in _SAVE_DTYPES.values():
-        saved = save_dtype
-    elif isinstance(save_dtype, str) and save_dtype in _SAVE_DTYPES:
-        saved = _SAVE_DTYPES[save_dtype]
-    else:
+    try:
+        saved = parse_dtype(save_dtype, "save_dtype", accept=_SAVE_DTYPES.values(),
+                            allow_none=True, aliases=False)
+    except ValueError:  # Paddle's wording
         raise ValueError(f"save_dtype should be None or one of {list(_SAVE_DTYPES)}, got "
-                         f"{save_dtype!r}")
+                         f"{save_dtype!r}") from None
     excluded = _excluded(excluded_layers)
     if level == "O2":
         from torch.nn.modules.batchnorm import _BatchNorm

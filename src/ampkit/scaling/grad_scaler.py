@@ -65,6 +65,7 @@ from typing import Any, overload
 
 import torch
 
+from ampkit.arguments import parse_device_type
 from ampkit.scaling.distributed import agree_on_overflow_, check_process_group
 from ampkit.scaling.overflow import unscale_grads_
 from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
@@ -99,24 +100,6 @@ def _takes_grad_scaler(optimizer: torch.optim.Optimizer) -> bool:
         return "grad_scaler" in inspect.signature(optimizer.step).parameters
     except (TypeError, ValueError):  # a builtin without a signature
         return False
-
-
-def _default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _device_type(device: Any) -> str:
-    if device is None:
-        return _default_device()
-    if isinstance(device, torch.device):
-        return device.type
-    if isinstance(device, str):
-        try:
-            return torch.device(device).type
-        except RuntimeError:
-            pass
-    raise ValueError(f"device must be None (cuda if available, else cpu), a device type "
-                     f"such as 'cuda' or 'cpu', or a torch.device; got {device!r}")
 
 
 class GradScaler:
@@ -178,7 +161,7 @@ class GradScaler:
                  dynamic: bool = True, process_group: Any = None) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
-        self._device = _device_type(device)
+        self._device = parse_device_type(device)
         self._schedule = ScaleSchedule(
             growth_factor=growth_factor, backoff_factor=backoff_factor,
             growth_interval=growth_interval, hysteresis=hysteresis, min_scale=min_scale,

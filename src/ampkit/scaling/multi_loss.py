@@ -52,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import math
 import numbers
 import threading
 import weakref
@@ -61,6 +60,7 @@ from typing import Any
 
 import torch
 
+from ampkit.arguments import parse_loss_scale, positive_int
 from ampkit.scaling.distributed import agree_on_overflow_
 from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.overflow import unscale_grads_
@@ -86,16 +86,6 @@ class LossScalingConfig:
     max_loss_scale: float | None = 2.0 ** 24
     growth_interval: int = 2000
     hysteresis: int = 1
-
-
-def _check_loss_scale(value: Any) -> str | float | None:
-    if value is None or value == "dynamic":
-        return value
-    if (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and math.isfinite(float(value)) and float(value) > 0):
-        return float(value)
-    raise ValueError(f"loss_scale must be 'dynamic', a positive finite number (static "
-                     f"scaling) or None (no scaling), got {value!r}")
 
 
 def _build_scaler(config: LossScalingConfig) -> GradScaler:
@@ -126,7 +116,7 @@ def build_loss_scaler(loss_scale: str | float | None = "dynamic", *,
         (65536.0, 16777216.0)
     """
     return _build_scaler(LossScalingConfig(
-        loss_scale=_check_loss_scale(loss_scale), init_scale=init_scale,
+        loss_scale=parse_loss_scale(loss_scale), init_scale=init_scale,
         min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
         growth_interval=growth_interval, hysteresis=hysteresis))
 
@@ -197,12 +187,9 @@ def configure_loss_scaling(loss_scale: str | float | None = "dynamic", *,
         >>> [s.get_scale() for s in configure_loss_scaling(128.0, num_losses=2)]
         [128.0, 128.0]
     """
-    if isinstance(num_losses, bool) or not isinstance(num_losses, numbers.Integral):
-        raise TypeError(f"num_losses must be an int >= 1, got {type(num_losses).__name__}")
-    if num_losses < 1:
-        raise ValueError(f"num_losses must be an int >= 1, got {num_losses!r}")
+    num_losses = positive_int(num_losses, "num_losses")
     config = LossScalingConfig(
-        loss_scale=_check_loss_scale(loss_scale), num_losses=int(num_losses),
+        loss_scale=parse_loss_scale(loss_scale), num_losses=int(num_losses),
         init_scale=init_scale, min_loss_scale=min_loss_scale,
         max_loss_scale=max_loss_scale, growth_interval=growth_interval,
         hysteresis=hysteresis)

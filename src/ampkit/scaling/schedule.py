@@ -52,40 +52,18 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from typing import Any
 
 import torch
 
+from ampkit.arguments import positive_int, positive_number
+
 __all__ = ["ScaleSchedule", "check_scale_value", "update_scale_"]
 
 
-def check_scale_value(value: Any, argument: str) -> float:
-    """Return ``value`` as a float if it is a real number that is finite and > 0, else
-    raise (``TypeError`` for a non-number, ``ValueError`` for a bad value).
-
-    Example:
-        >>> from ampkit.scaling.schedule import check_scale_value
-        >>> check_scale_value(2 ** 16, "init_scale")
-        65536.0
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{argument} must be a positive finite number, "
-                        f"got {type(value).__name__} {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number <= 0.0:
-        raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
-    return number
-
-
-def _check_count(value: Any, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{argument} must be an int >= 1, got {type(value).__name__} "
-                        f"{value!r}")
-    if value < 1:
-        raise ValueError(f"{argument} must be an int >= 1, got {value!r}")
-    return int(value)
+#: A scale value's check (a positive finite number), kept under its old name.
+check_scale_value = positive_number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,8 +117,8 @@ class ScaleSchedule:
         fields: dict[str, Any] = {
             "growth_factor": growth,
             "backoff_factor": backoff,
-            "growth_interval": _check_count(self.growth_interval, "growth_interval"),
-            "hysteresis": _check_count(self.hysteresis, "hysteresis"),
+            "growth_interval": positive_int(self.growth_interval, "growth_interval"),
+            "hysteresis": positive_int(self.hysteresis, "hysteresis"),
             "min_scale": (None if self.min_scale is None
                           else check_scale_value(self.min_scale, "min_scale")),
             "max_scale": (None if self.max_scale is None
