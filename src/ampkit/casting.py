@@ -26,13 +26,13 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
 from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
+from ampkit.containers import iter_tensors, map_tensors
 
 __all__ = [
     "WeightCastCache",
@@ -137,26 +137,7 @@ def map_floating(obj: T, fn: Callable[[torch.Tensor], torch.Tensor]) -> T:
         ...              lambda t: t * 2)
         (tensor([2.]), tensor([1]), 'tag')
     """
-    def visit(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return fn(x) if x.is_floating_point() else x
-        if isinstance(x, list):
-            return [visit(v) for v in x]
-        if isinstance(x, tuple):
-            items = [visit(v) for v in x]
-            return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
-        if isinstance(x, dict):
-            out = type(x)() if type(x) is not dict else {}
-            for k, v in x.items():
-                out[k] = visit(v)
-            return out
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            changes = {f.name: visit(getattr(x, f.name)) for f in dataclasses.fields(x)
-                       if f.init}
-            return dataclasses.replace(x, **changes)
-        return x
-
-    return visit(obj)
+    return map_tensors(obj, lambda t: fn(t) if t.is_floating_point() else t)
 
 
 def cast_tree(obj: T, dtype: torch.dtype,
@@ -301,8 +282,8 @@ def cast_op_args(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dty
 
 
 def eligible_dtypes(obj: Any, device_type: str) -> set[torch.dtype]:
-    """The dtypes of the autocast-eligible tensors inside ``obj`` (nested lists, tuples
-    and dicts).
+    """The dtypes of the autocast-eligible tensors inside ``obj`` (nested lists, tuples,
+    namedtuples, dicts, dataclasses).
 
     Example:
         >>> import torch
@@ -311,21 +292,7 @@ def eligible_dtypes(obj: Any, device_type: str) -> set[torch.dtype]:
         ...                                  torch.ones(1).double()], "cpu")))
         ['torch.float16', 'torch.float32']
     """
-    seen: set[torch.dtype] = set()
-
-    def visit(a: Any) -> None:
-        if isinstance(a, torch.Tensor):
-            if is_eligible(a, device_type):
-                seen.add(a.dtype)
-        elif isinstance(a, list | tuple):
-            for v in a:
-                visit(v)
-        elif isinstance(a, dict):
-            for v in a.values():
-                visit(v)
-
-    visit(obj)
-    return seen
+    return {t.dtype for t in iter_tensors(obj) if is_eligible(t, device_type)}
 
 
 def promote_dtype(args: tuple[Any, ...], kwargs: dict[str, Any],

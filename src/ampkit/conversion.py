@@ -70,6 +70,7 @@ import torch.nn.functional as F
 from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
 from ampkit.autocast_mode import autocast
 from ampkit.casting import cast_tree
+from ampkit.containers import iter_tensors
 from ampkit.levels import LevelProperties, level_properties
 from ampkit.parameter_casts import CastParametersOnUse, new_forward_pass
 from ampkit.policy import Policy
@@ -363,23 +364,6 @@ def _region_autocast(device_type: str, dtype: torch.dtype | None,
     return autocast(device_type, dtype, policy=policy)
 
 
-def _iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """The tensors inside nested lists, tuples, dicts and dataclasses, in the order
-    :func:`~ampkit.casting.cast_tree` visits them."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, list | tuple):
-        for x in obj:
-            yield from _iter_tensors(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _iter_tensors(x)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            if f.init:
-                yield from _iter_tensors(getattr(obj, f.name))
-
-
 def _device_type(module: nn.Module, args: Any) -> str:
     """The device a module computes on: its first parameter's (or buffer's), else its
     first tensor input's."""
@@ -391,7 +375,7 @@ def _device_type(module: nn.Module, args: Any) -> str:
                 return tensor.device.type
     for tensor in module.parameters():
         return tensor.device.type
-    for tensor in _iter_tensors(args):
+    for tensor in iter_tensors(args):
         return tensor.device.type
     return "cpu"
 
@@ -595,7 +579,7 @@ def _low_contiguous(args: Any, dtype: torch.dtype) -> bool:
     backward sums in low precision (BatchNorm's bias gradient 1e-3 off in bfloat16);
     on CUDA too, where no other layout has been checked."""
     return all(t.dtype is dtype and t.is_contiguous()
-               for t in _iter_tensors(args) if t.is_floating_point())
+               for t in iter_tensors(args) if t.is_floating_point())
 
 
 class _Boundary:
@@ -651,7 +635,7 @@ class _Boundary:
         if (self.region is _Region.FP32 and torch.is_grad_enabled()
                 and _saved_tensor_hooks_free()):
             upcasts = {id(new): (new, old, new._version)
-                       for old, new in zip(_iter_tensors((args, kwargs)), _iter_tensors(cast))
+                       for old, new in zip(iter_tensors((args, kwargs)), iter_tensors(cast))
                        if new is not old and old.dtype in _LOW}
             if upcasts:
                 hooks = _SaveLowCopies(upcasts)

@@ -48,6 +48,7 @@ import torch
 
 from ampkit.autocast_mode import autocast, current_policy
 from ampkit.casting import cast_tree, eligible_dtypes, is_eligible, widest_float_dtype
+from ampkit.containers import iter_tensors
 from ampkit.registry import all_op_names
 
 __all__ = [
@@ -72,17 +73,8 @@ class CastRule(enum.Enum):
 
 def _devices(args: Any) -> set[str]:
     """Device types of the eligible floating tensors in ``args`` whose autocast is on."""
-    found: set[str] = set()
-    pending = [args]
-    while pending:
-        x = pending.pop()
-        if isinstance(x, torch.Tensor):
-            if x.is_floating_point() and x.dtype is not torch.float64:
-                found.add(x.device.type)
-        elif isinstance(x, list | tuple):
-            pending.extend(x)
-        elif isinstance(x, dict):
-            pending.extend(x.values())
+    found = {t.device.type for t in iter_tensors(args)
+             if t.is_floating_point() and t.dtype is not torch.float64}
     return {d for d in found if torch.is_autocast_enabled(d)}
 
 
@@ -95,16 +87,9 @@ def _autocast_off(device_type: str) -> autocast:
 
 def _low_precision_argument(args: Any, devices: set[str]) -> torch.Tensor | None:
     """The first float16/bfloat16 tensor in ``args`` on one of ``devices``, if any."""
-    pending = [args]
-    while pending:
-        x = pending.pop()
-        if isinstance(x, torch.Tensor):
-            if x.dtype in (torch.float16, torch.bfloat16) and x.device.type in devices:
-                return x
-        elif isinstance(x, list | tuple):
-            pending.extend(x)
-        elif isinstance(x, dict):
-            pending.extend(x.values())
+    for t in iter_tensors(args):
+        if t.dtype in (torch.float16, torch.bfloat16) and t.device.type in devices:
+            return t
     return None
 
 

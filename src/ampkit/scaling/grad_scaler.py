@@ -66,6 +66,7 @@ from typing import Any, overload
 import torch
 
 from ampkit.arguments import parse_device_type
+from ampkit.containers import map_leaves
 from ampkit.scaling.distributed import agree_on_overflow_, check_process_group
 from ampkit.scaling.overflow import unscale_grads_
 from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
@@ -255,14 +256,13 @@ class GradScaler:
                 if value.device not in copies:
                     copies[value.device] = self._scale.to(value.device, non_blocking=True)
                 return value * copies[value.device]
-            if isinstance(value, list | tuple):
-                return type(value)(apply(v) for v in value)
             if isinstance(value, Iterable) and not isinstance(value, str | bytes):
-                return map(apply, value)
+                # torch's contract: any other iterable is scaled lazily.
+                return map(lambda v: map_leaves(v, apply), value)
             raise ValueError(f"outputs must be a Tensor or an iterable of Tensors, found "
                              f"{type(value).__name__}")
 
-        return apply(outputs)
+        return map_leaves(outputs, apply)
 
     def _params_of(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from ampkit.containers import iter_leaves
+
 __all__ = ["all_finite", "local_tensor", "unscale_grads_"]
 
 
@@ -133,8 +135,8 @@ def unscale_grads_(grads: Iterable[torch.Tensor | None], inv_scale: torch.Tensor
 def all_finite(tensors: torch.Tensor | Iterable[Any]) -> torch.Tensor:
     """A 0-dim bool tensor: True when every element of every tensor is finite.
 
-    Accepts a tensor or nested lists/tuples/dicts of tensors (``None`` and non-floating
-    tensors are finite by definition). Nothing is read back to the host: use
+    Accepts a tensor or nested lists/tuples/dicts/dataclasses of tensors (``None`` and
+    non-floating tensors are finite by definition). Nothing is read back to the host: use
     ``bool(...)`` only where a decision is needed on the host.
 
     Example:
@@ -145,7 +147,7 @@ def all_finite(tensors: torch.Tensor | Iterable[Any]) -> torch.Tensor:
         >>> all_finite([torch.tensor([float("nan")])])
         tensor(False)
     """
-    leaves = [t for t in _leaves(tensors) if t.is_floating_point() or t.is_complex()]
+    leaves = [t for t in _tensor_leaves(tensors) if t.is_floating_point() or t.is_complex()]
     if not leaves:
         return torch.tensor(True)
     home = leaves[0].device
@@ -154,14 +156,12 @@ def all_finite(tensors: torch.Tensor | Iterable[Any]) -> torch.Tensor:
     return torch.stack(checks).all()
 
 
-def _leaves(tree: Any) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if tree is None:
-        return []
-    if isinstance(tree, dict):
-        return [leaf for value in tree.values() for leaf in _leaves(value)]
-    if isinstance(tree, list | tuple):
-        return [leaf for value in tree for leaf in _leaves(value)]
-    raise TypeError(f"tensors must be a tensor or nested lists/tuples/dicts of tensors, "
-                    f"found {type(tree).__name__}")
+def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    out = []
+    for leaf in iter_leaves(tree):
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif leaf is not None:
+            raise TypeError(f"tensors must be a tensor or nested lists/tuples/dicts/"
+                            f"dataclasses of tensors, found {type(leaf).__name__}")
+    return out

@@ -60,6 +60,7 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
+from ampkit.casting import map_floating
 from ampkit.policy import Policy, as_dtype
 from ampkit.registry import OpEntry
 from ampkit.tools._tracing import ModuleScope, OpWatch
@@ -243,13 +244,8 @@ def _plain(device_type: str) -> Iterator[None]:
 
 
 def _to_fp32_copy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.detach().to(torch.float32, copy=True)  # a copy: in-place ops stay local
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_fp32_copy(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_fp32_copy(v) for k, v in value.items()}
-    return value
+    # A copy: in-place ops stay local.
+    return map_floating(value, lambda t: t.detach().to(torch.float32, copy=True))
 
 
 def _local_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
