@@ -56,9 +56,13 @@ from ampkit.arguments import default_device_type
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.policy import Policy, as_dtype
 from ampkit.presets import get_policy
-from ampkit.registry import OpEntry, all_op_names, entry_points
+from ampkit.registry import AUTOCAST_KEYS as _AUTOCAST_KEYS
+from ampkit.registry import OpEntry, all_op_names, entry_points, native_op_names
+from ampkit.registry import is_compute as _is_compute
+from ampkit.registry import op_schemas as _op_schemas
 
-__all__ = ["UnsupportedDeviceError", "autocast", "current_policy", "native_op_names"]
+__all__ = ["UnsupportedDeviceError", "autocast", "current_policy", "innermost_policy",
+           "native_op_names", "observe_regions"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -108,70 +112,7 @@ def _not_traced(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-# -- what the schema says about an op -------------------------------------------------------
-
-@functools.cache
-def _op_schemas(name: str) -> tuple[Any, ...]:
-    """The schemas of op ``name``'s functional overloads (no ``out=``, no in-place), or
-    ``()`` for a Python-level op with no dispatcher op of its own (``F.interpolate``)."""
-    qualname = name if "::" in name else f"aten::{name}"
-    # Read from the operator registry: building each OpOverload object instead costs
-    # ~0.3 ms an overload, a third of a second for a policy's first region.
-    return tuple(s for s in torch._C._jit_get_schemas_for_operator(qualname)
-                 if not any(a.alias_info is not None and a.alias_info.is_write
-                            for a in s.arguments))  # out= / in-place: never autocast
-
-
-def _returns_view(schemas: tuple[Any, ...]) -> bool:
-    # ``Tensor(a) self -> Tensor(a)``: the result aliases the input (a view, or the input
-    # itself). Casting such an op's input would hand back a copy instead.
-    return any(r.alias_info is not None and not r.alias_info.is_write
-               for s in schemas for r in s.returns)
-
-
-def _returns_tensor(schemas: tuple[Any, ...]) -> bool:
-    return any("Tensor" in str(r.type) for s in schemas for r in s.returns)
-
-
-# Ops that are neither views nor queries by their schema, but move, convert, compare or
-# index data rather than compute on its values, and Python-level conversions with no
-# dispatcher op of their own (``x.float()``). A policy's rule for unlisted ops leaves
-# them alone; listing one applies its list's rule.
-_MOVES_OR_COMPARES = frozenset({
-    # conversions, copies, creation from another tensor's metadata
-    "float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char",
-    "cpu", "cuda", "type", "type_as", "clone", "numpy", "tolist", "new_tensor",
-    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
-    "randint_like",
-    # data movement
-    "flip", "fliplr", "flipud", "rot90", "roll", "tile", "repeat", "repeat_interleave",
-    "index_select", "gather", "take", "masked_select", "pad", "broadcast_tensors",
-    "atleast_1d", "atleast_2d", "atleast_3d", "dropout",
-    # comparisons and index results: a cast would only change which values tie
-    "eq", "ne", "lt", "le", "gt", "ge", "isclose", "isfinite", "isinf", "isnan", "sign",
-    "any", "all", "count_nonzero", "nonzero", "where", "argmax", "argmin", "argsort",
-    "sort", "topk", "max", "min",
-    # Python-level tensor plumbing with no dispatcher op
-    "data_ptr", "dim_order", "nelement", "record_stream", "register_hook", "retain_grad",
-    "storage", "untyped_storage", "is_shared", "to_dlpack",
-})
-# Name prefixes of state and layout helpers (torch.get_default_dtype(), x.new_zeros(..),
-# x.to_dense(), torch.set_rng_state(..)): never compute, never cast by an unlisted rule.
-_NOT_COMPUTE_PREFIXES = ("is_", "has_", "get_", "set_", "new_", "to_")
-
-
-@functools.cache
-def _is_compute(name: str) -> bool:
-    """Whether an unlisted rule may cast op ``name``'s inputs: not a view or an alias of
-    its input (by the schema), not a query returning no tensor (by the schema), not a
-    conversion, move or comparison."""
-    if name in _MOVES_OR_COMPARES or name.startswith(_NOT_COMPUTE_PREFIXES):
-        return False
-    schemas = _op_schemas(name)
-    if not schemas:
-        return True  # a Python-level composite (F.interpolate, F.softmin): it computes
-    return not _returns_view(schemas) and _returns_tensor(schemas)
-
+# -- what the schema says about an op: the registry's classification ------------------------
 
 def _call_positions(fn: Any, name: str) -> tuple[tuple[int, ...], int]:
     """Where ``fn`` takes an explicit ``dtype`` positionally, and the position of an
@@ -194,37 +135,6 @@ def _call_positions(fn: Any, name: str) -> tuple[tuple[int, ...], int]:
         schemas = _op_schemas(name)
     return tuple(sorted({i for s in schemas for i, a in enumerate(s.arguments)
                          if a.name == "dtype" and not a.kwarg_only})), -1
-
-
-_AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA", "xpu": "AutocastXPU",
-                  "mps": "AutocastMPS", "hpu": "AutocastHPU", "xla": "AutocastXLA",
-                  "mtia": "AutocastMTIA", "ipu": "AutocastIPU"}
-
-
-@functools.cache
-def native_op_names(device_type: str) -> frozenset[str]:
-    """Canonical names of the ops native autocast changes on ``device_type``.
-
-    Read from the dispatcher's registrations for the device's autocast key, so it is
-    exact for the running torch build. Custom ops with an autocast kernel
-    (``torch.library.register_autocast``) appear as ``"ns::name"``.
-
-    Example:
-        >>> from ampkit.autocast_mode import native_op_names
-        >>> {"linear", "conv2d"} <= native_op_names("cpu")
-        True
-    """
-    key = _AUTOCAST_KEYS.get(device_type, "AutocastPrivateUse1")
-    try:
-        regs = torch._C._dispatch_get_registrations_for_dispatch_key(key)
-    except RuntimeError:
-        return frozenset()
-    names = set()
-    for reg in regs:
-        namespace, _, op = reg.partition("::")
-        op = op.split(".", 1)[0]
-        names.add(op if namespace == "aten" else f"{namespace}::{op}")
-    return frozenset(names)
 
 
 # -- rule tables --------------------------------------------------------------------------
@@ -383,6 +293,45 @@ class _ThreadState(threading.local):
 
 
 _state = _ThreadState()
+
+
+def observe_regions(observer: Callable[[Policy | None], None], *, stop: bool = False) -> None:
+    """Call ``observer`` with each region's policy (``None``: autocast off) as it is
+    entered in this thread; ``stop=True`` removes it again (no error if absent). For
+    tools that report on regions (:mod:`ampkit.tools.list_usage`).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.autocast_mode import autocast, observe_regions
+        >>> seen = []
+        >>> observe_regions(seen.append)
+        >>> with autocast("cpu", torch.bfloat16):
+        ...     pass
+        >>> observe_regions(seen.append, stop=True)
+        >>> [p.name for p in seen]
+        ['torch']
+    """
+    if not stop:
+        _state.observers.append(observer)
+    elif observer in _state.observers:
+        _state.observers.remove(observer)
+
+
+def innermost_policy() -> Policy | None:
+    """The policy of the innermost region entered in this thread, on any device
+    (``None``: none entered, or autocast off there).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.autocast_mode import autocast, innermost_policy
+        >>> with autocast("cpu", torch.bfloat16, policy="torch"):
+        ...     innermost_policy().name
+        'torch'
+        >>> innermost_policy() is None
+        True
+    """
+    frames = _state.frames
+    return frames[-1].policy if frames else None
 
 
 def _push(frame: _Frame) -> None:

@@ -47,12 +47,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = [
+    "AUTOCAST_KEYS",
     "FRAMEWORK_ALIASES",
     "MODULE_OPS",
     "OpEntry",
+    "aliases_input",
     "all_op_names",
     "entry_points",
+    "is_compute",
+    "native_op_names",
     "op_name_of",
+    "op_schemas",
     "resolve_op",
     "resolve_ops",
 ]
@@ -507,4 +512,125 @@ def resolve_ops(entries: Iterable[OpEntry] | None, *, framework: str | None = No
     names: set[str] = set()
     for entry in entries:
         names.update(resolve_op(entry, framework=framework, argument=argument))
+    return frozenset(names)
+
+
+# -- op classification: what the schema says about an op --------------------------------
+
+@functools.cache
+def op_schemas(name: str) -> tuple[Any, ...]:
+    """The schemas of op ``name``'s functional overloads (no ``out=``, no in-place), or
+    ``()`` for a Python-level op with no dispatcher op of its own (``F.interpolate``).
+
+    Example:
+        >>> from ampkit.registry import op_schemas
+        >>> op_schemas("linear")[0].name, op_schemas("interpolate")
+        ('aten::linear', ())
+    """
+    qualname = name if "::" in name else f"aten::{name}"
+    # Read from the operator registry: building each OpOverload object instead costs
+    # ~0.3 ms an overload, a third of a second for a policy's first region.
+    return tuple(s for s in torch._C._jit_get_schemas_for_operator(qualname)
+                 if not any(a.alias_info is not None and a.alias_info.is_write
+                            for a in s.arguments))  # out= / in-place: never autocast
+
+
+def aliases_input(name: str) -> bool:
+    """Whether op ``name`` returns a view or an alias of its input (by its schema), so
+    casting its input would hand back a copy instead.
+
+    Example:
+        >>> from ampkit.registry import aliases_input
+        >>> aliases_input("transpose"), aliases_input("linear")
+        (True, False)
+    """
+    return _returns_view(op_schemas(name))
+
+
+def _returns_view(schemas: tuple[Any, ...]) -> bool:
+    # ``Tensor(a) self -> Tensor(a)``: the result aliases the input (a view, or the input
+    # itself). Casting such an op's input would hand back a copy instead.
+    return any(r.alias_info is not None and not r.alias_info.is_write
+               for s in schemas for r in s.returns)
+
+
+def _returns_tensor(schemas: tuple[Any, ...]) -> bool:
+    return any("Tensor" in str(r.type) for s in schemas for r in s.returns)
+
+
+# Ops that are neither views nor queries by their schema, but move, convert, compare or
+# index data rather than compute on its values, and Python-level conversions with no
+# dispatcher op of their own (``x.float()``). A policy's rule for unlisted ops leaves
+# them alone; listing one applies its list's rule.
+_MOVES_OR_COMPARES = frozenset({
+    # conversions, copies, creation from another tensor's metadata
+    "float", "double", "half", "bfloat16", "int", "long", "short", "bool", "byte", "char",
+    "cpu", "cuda", "type", "type_as", "clone", "numpy", "tolist", "new_tensor",
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+    "randint_like",
+    # data movement
+    "flip", "fliplr", "flipud", "rot90", "roll", "tile", "repeat", "repeat_interleave",
+    "index_select", "gather", "take", "masked_select", "pad", "broadcast_tensors",
+    "atleast_1d", "atleast_2d", "atleast_3d", "dropout",
+    # comparisons and index results: a cast would only change which values tie
+    "eq", "ne", "lt", "le", "gt", "ge", "isclose", "isfinite", "isinf", "isnan", "sign",
+    "any", "all", "count_nonzero", "nonzero", "where", "argmax", "argmin", "argsort",
+    "sort", "topk", "max", "min",
+    # Python-level tensor plumbing with no dispatcher op
+    "data_ptr", "dim_order", "nelement", "record_stream", "register_hook", "retain_grad",
+    "storage", "untyped_storage", "is_shared", "to_dlpack",
+})
+# Name prefixes of state and layout helpers (torch.get_default_dtype(), x.new_zeros(..),
+# x.to_dense(), torch.set_rng_state(..)): never compute, never cast by an unlisted rule.
+_NOT_COMPUTE_PREFIXES = ("is_", "has_", "get_", "set_", "new_", "to_")
+
+
+@functools.cache
+def is_compute(name: str) -> bool:
+    """Whether an unlisted rule may cast op ``name``'s inputs: not a view or an alias of
+    its input (by the schema), not a query returning no tensor (by the schema), not a
+    conversion, move or comparison.
+
+    Example:
+        >>> from ampkit.registry import is_compute
+        >>> is_compute("matmul"), is_compute("view"), is_compute("argmax")
+        (True, False, False)
+    """
+    if name in _MOVES_OR_COMPARES or name.startswith(_NOT_COMPUTE_PREFIXES):
+        return False
+    schemas = op_schemas(name)
+    if not schemas:
+        return True  # a Python-level composite (F.interpolate, F.softmin): it computes
+    return not _returns_view(schemas) and _returns_tensor(schemas)
+
+
+#: The dispatcher key of native autocast per device type.
+AUTOCAST_KEYS: Mapping[str, str] = MappingProxyType({
+    "cpu": "AutocastCPU", "cuda": "AutocastCUDA", "xpu": "AutocastXPU", "mps": "AutocastMPS",
+    "hpu": "AutocastHPU", "xla": "AutocastXLA", "mtia": "AutocastMTIA", "ipu": "AutocastIPU"})
+
+
+@functools.cache
+def native_op_names(device_type: str) -> frozenset[str]:
+    """Canonical names of the ops native autocast changes on ``device_type``.
+
+    Read from the dispatcher's registrations for the device's autocast key, so it is
+    exact for the running torch build. Custom ops with an autocast kernel
+    (``torch.library.register_autocast``) appear as ``"ns::name"``.
+
+    Example:
+        >>> from ampkit.registry import native_op_names
+        >>> {"linear", "conv2d"} <= native_op_names("cpu")
+        True
+    """
+    key = AUTOCAST_KEYS.get(device_type, "AutocastPrivateUse1")
+    try:
+        regs = torch._C._dispatch_get_registrations_for_dispatch_key(key)
+    except RuntimeError:
+        return frozenset()
+    names = set()
+    for reg in regs:
+        namespace, _, op = reg.partition("::")
+        op = op.split(".", 1)[0]
+        names.add(op if namespace == "aten" else f"{namespace}::{op}")
     return frozenset(names)

@@ -62,7 +62,7 @@ from torch.utils._pytree import tree_leaves
 
 from ampkit.casting import map_floating
 from ampkit.policy import Policy, as_dtype
-from ampkit.registry import OpEntry
+from ampkit.registry import OpEntry, is_compute
 from ampkit.tools._tracing import ModuleScope, OpWatch
 
 __all__ = ["Comparison", "ErrorStats", "GradError", "ModuleError", "OpError", "OpRank",
@@ -267,9 +267,7 @@ class _Recorder:
     """Captures one run: op calls and module calls of ``model``, by key."""
 
     def __init__(self, model: nn.Module, *, recompute: bool) -> None:
-        from ampkit.autocast_mode import _is_compute
-
-        self._is_compute = _is_compute
+        self._is_compute = is_compute
         self.recompute = recompute
         self.ops: dict[tuple[str, str, int], tuple[Any, ...]] = {}
         self.modules: dict[tuple[str, int], list[Any]] = {}

@@ -37,7 +37,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from ampkit.autocast_mode import _state
+from ampkit.autocast_mode import innermost_policy, observe_regions
 from ampkit.policy import Policy
 from ampkit.tools._tracing import OpWatch
 
@@ -92,12 +92,12 @@ class ListUsage:
             raise RuntimeError("a ListUsage report can be opened only once; call "
                                "list_usage() again for a new one")
         self._entered = True
-        _state.observers.append(self._region_entered)
+        observe_regions(self._region_entered)
         self._watch = OpWatch(self._op_called)
         try:
             self._watch.__enter__()
         except BaseException:
-            _state.observers.remove(self._region_entered)
+            observe_regions(self._region_entered, stop=True)
             raise
         return self
 
@@ -107,16 +107,14 @@ class ListUsage:
                 self._watch.__exit__(*exc)
                 self._watch = None
         finally:
-            if self._region_entered in _state.observers:
-                _state.observers.remove(self._region_entered)
+            observe_regions(self._region_entered, stop=True)
 
     def _region_entered(self, policy: Policy | None) -> None:
         if policy is not None:
             self._policies.setdefault(policy, Counter())
 
     def _op_called(self, name: str, *_: Any) -> None:
-        frames = _state.frames
-        policy = frames[-1].policy if frames else None
+        policy = innermost_policy()
         if policy is not None:
             self._policies.setdefault(policy, Counter())[name] += 1
 
