@@ -56,7 +56,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import functools
 import threading
@@ -72,6 +71,10 @@ from ampkit.autocast_mode import autocast
 from ampkit.casting import cast_tree
 from ampkit.containers import iter_tensors
 from ampkit.levels import LevelProperties, level_properties
+from ampkit.module_selection import ModuleSelector
+from ampkit.module_selection import parse_module_selectors as _selectors
+from ampkit.module_selection import resolve_module_selectors as _resolve
+from ampkit.module_selection import selects as _matches
 from ampkit.parameter_casts import CastParametersOnUse, new_forward_pass
 from ampkit.policy import Policy
 from ampkit.presets import get_policy
@@ -90,11 +93,6 @@ __all__ = [
     "get_conversion",
     "prepare_conversion",
 ]
-
-#: A module selector: an ``nn.Module`` subclass (matches instances of it and of its
-#: subclasses), a qualified module name as in ``model.named_modules()`` (``"encoder.0"``;
-#: ``""`` is the model itself) or a module instance inside the model.
-ModuleSelector = type | str | nn.Module
 
 
 def _norm_modules() -> tuple[type[nn.Module], ...]:
@@ -123,24 +121,6 @@ _MARK = "_ampkit_conversion"
 
 
 # -- configuration ------------------------------------------------------------------------
-
-def _selectors(value: Any, argument: str) -> tuple[ModuleSelector, ...] | None:
-    if value is None:
-        return None
-    items = (value,) if isinstance(value, type | str | nn.Module) else value
-    if not isinstance(items, Iterable):
-        raise TypeError(f"{argument} must be a module class, a qualified module name, a "
-                        f"module, or a list/tuple of them, got {type(value).__name__}")
-    out = []
-    for item in items:
-        if isinstance(item, str | nn.Module) or (isinstance(item, type)
-                                                  and issubclass(item, nn.Module)):
-            out.append(item)
-        else:
-            raise TypeError(f"{argument}: expected nn.Module subclasses, qualified module "
-                            f"names (str) or module instances, got {item!r}")
-    return tuple(out)
-
 
 @dataclasses.dataclass(frozen=True)
 class ConversionConfig:
@@ -720,32 +700,6 @@ def _check_model(model: Any) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     check_not_wrapped(model)
-
-
-def _resolve(model: nn.Module, selectors: tuple[ModuleSelector, ...],
-             argument: str) -> tuple[tuple[type, ...], set[str], set[int]]:
-    """Split selectors into classes, qualified names and instance ids; check that every
-    name and instance is in the model."""
-    names = {name for name, _ in model.named_modules(remove_duplicate=False)}
-    modules = {id(m) for m in model.modules()}
-    classes = tuple(s for s in selectors if isinstance(s, type))
-    wanted = {s for s in selectors if isinstance(s, str)}
-    for name in sorted(wanted - names):
-        close = difflib.get_close_matches(name, sorted(names), n=3)
-        hint = f"; did you mean {close}?" if close else ""
-        raise ValueError(f"{argument}: the model has no module named {name!r}{hint} (names "
-                         f"are as in model.named_modules(); '' is the model itself)")
-    instances = {id(s) for s in selectors if isinstance(s, nn.Module)}
-    if instances - modules:
-        raise ValueError(f"{argument}: a module instance given is not part of the model")
-    return classes, wanted, instances
-
-
-def _matches(module: nn.Module, name: str,
-             resolved: tuple[tuple[type, ...], set[str], set[int]]) -> bool:
-    classes, names, instances = resolved
-    return (isinstance(module, classes) if classes else False) or name in names or (
-        id(module) in instances)
 
 
 @dataclasses.dataclass

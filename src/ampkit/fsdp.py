@@ -60,13 +60,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ampkit.conversion import (
-    ConversionConfig,
+from ampkit.conversion import ConversionConfig, get_conversion
+from ampkit.module_selection import (
     ModuleSelector,
-    _matches,
-    _resolve,
-    _selectors,
-    get_conversion,
+    parse_module_selectors,
+    resolve_module_selectors,
+    selects,
 )
 
 __all__ = ["fully_shard", "mixed_precision_policy"]
@@ -136,8 +135,8 @@ def _plan_groups(model: nn.Module, config: ConversionConfig,
     every block, innermost first, then the model; the kept modules are the outermost
     kept-fp32 modules with floating parameters that lie in the owner and in no inner
     block."""
-    keep = _resolve(model, config.keep_fp32_modules, "keep_fp32_modules")
-    chosen = _resolve(model, blocks, "blocks")
+    keep = resolve_module_selectors(model, config.keep_fp32_modules, "keep_fp32_modules")
+    chosen = resolve_module_selectors(model, blocks, "blocks")
     split = _splits_kept(config)
     kept_of: dict[int, list[nn.Module]] = {id(model): []}
     order: list[nn.Module] = []
@@ -147,11 +146,11 @@ def _plan_groups(model: nn.Module, config: ConversionConfig,
         if id(module) in seen:  # a module reachable twice is sharded where first found
             return
         seen.add(id(module))
-        kept = in_kept or _matches(module, name, keep)
+        kept = in_kept or selects(module, name, keep)
         if (kept and not in_kept and split and module is not model
                 and _has_floating_params(module)):
             kept_of[id(owner)].append(module)
-        is_block = not kept and module is not model and _matches(module, name, chosen)
+        is_block = not kept and module is not model and selects(module, name, chosen)
         if is_block:
             kept_of[id(module)] = []
         inner_owner = module if is_block else owner
@@ -162,7 +161,7 @@ def _plan_groups(model: nn.Module, config: ConversionConfig,
 
     walk(model, "", False, model)
     order.append(model)
-    return [(owner, kept_of[id(owner)]) for owner in order], _matches(model, "", keep)
+    return [(owner, kept_of[id(owner)]) for owner in order], selects(model, "", keep)
 
 
 def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSelector = (),
@@ -229,7 +228,7 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
             raise RuntimeError(f"{where} is sharded already (fully_shard); "
                                f"ampkit.fsdp.fully_shard shards the whole converted model "
                                f"itself, so call it on a model no part of which is sharded")
-    selected = _selectors(blocks, "blocks") or ()
+    selected = parse_module_selectors(blocks, "blocks") or ()
     # Planned (and every selector checked) before anything is sharded.
     groups, model_kept = _plan_groups(model, config, selected)
     low = mixed_precision_policy(model)
