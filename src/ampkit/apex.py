@@ -2,7 +2,5 @@
 :mod:`ampkit.dialects.apex`."""
 
 from ampkit.dialects.apex import *  # noqa: F403
-from ampkit.dialects.apex import (  # noqa: F401  (apex scripts read _amp_state)
-    __all__,
-    _amp_state,
-)
+from ampkit.dialects.apex import __all__  # noqa: F401
+from ampkit.dialects.apex import amp_state as _amp_state  # noqa: F401  (apex scripts read it)

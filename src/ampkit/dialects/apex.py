@@ -870,6 +870,9 @@ class _AmpState:
 
 
 _amp_state = _AmpState()
+#: ``_amp_state`` under a name other modules may import: ``ampkit.apex`` re-exports it
+#: as apex's ``amp._amp_state`` (apex's own spelling, underscore included).
+amp_state = _amp_state
 
 
 # -- checkpoints -----------------------------------------------------------------------------
