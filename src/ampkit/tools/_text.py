@@ -1,4 +1,5 @@
-"""Plain-text tables: the one helper every ``table()`` of the tools renders with.
+"""Plain-text tables: the one helper every ``table()`` of the tools renders with; and
+the one way the tools make values strict-JSON safe (:func:`finite_or_none`).
 
 Column widths come from the cells, so a long op name (``scaled_dot_product_attention``)
 widens its column instead of breaking the alignment. The tools' ``table()`` methods
@@ -15,9 +16,11 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-__all__ = ["text_table"]
+__all__ = ["finite_or_none", "text_table"]
 
 
 def text_table(columns: Sequence[str], rows: Iterable[Sequence[object]], *,
@@ -76,3 +79,21 @@ def text_table(columns: Sequence[str], rows: Iterable[Sequence[object]], *,
             lines.append(rule)
         lines.append(line(tail[0]))
     return "\n".join(lines)
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float (inside dicts, lists and tuples too) made
+    ``None``, so it can be written as strict JSON.
+
+    Example:
+        >>> from ampkit.tools._text import finite_or_none
+        >>> finite_or_none({"a": float("nan"), "b": [1.0, float("inf")]})
+        {'a': None, 'b': [1.0, None]}
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value

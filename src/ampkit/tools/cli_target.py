@@ -142,7 +142,7 @@ no floating-point parameters: there is nothing to run in low precision
     """
     import torch.nn as nn
 
-    from ampkit.tools.compare import _check_model
+    from ampkit.tools.compare import check_model
 
     value = load_object(reference, "TARGET")
     if not isinstance(value, nn.Module) and not callable(value):
@@ -155,7 +155,7 @@ no floating-point parameters: there is nothing to run in low precision
             raise TargetError(f"TARGET {reference!r} returned {_kind(model)}: it must "
                               f"return an nn.Module")
         try:
-            _check_model(model)
+            check_model(model)
         except ValueError as error:
             raise TargetError(f"TARGET {reference!r}: the {error}") from None
         return model

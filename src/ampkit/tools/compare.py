@@ -48,12 +48,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import math
-import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,162 +61,23 @@ from ampkit.casting import map_floating
 from ampkit.policy import Policy, as_dtype
 from ampkit.registry import OpEntry, is_compute
 from ampkit.tools._tracing import ModuleScope, OpWatch
+from ampkit.tools.comparison import (
+    JSON_SCHEMA_VERSION,
+    Comparison,
+    ErrorStats,
+    GradError,
+    ModuleError,
+    OpError,
+    OpRank,
+)
 
-__all__ = ["Comparison", "ErrorStats", "GradError", "ModuleError", "OpError", "OpRank",
-           "compare"]
+# The results are defined in ampkit.tools.comparison and re-exported here (their home
+# before the split); the rest are the runs that produce them, which tune reuses.
+__all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "GradError", "ModuleError",
+           "OpError", "OpRank", "Run", "check_model", "compare", "compare_runs",
+           "model_device_type", "resolve_threshold", "run_once"]
 
-JSON_SCHEMA_VERSION = 1
 _THRESHOLD_EPS = 8  # default threshold: this many machine epsilons of the low dtype
-
-
-# -- error measures -------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class ErrorStats:
-    """How far a low-precision value is from its float32 reference.
-
-    Example:
-        >>> import torch
-        >>> from ampkit.tools.compare import ErrorStats
-        >>> e = ErrorStats.between([torch.tensor([1.0, 2.5])], [torch.tensor([1.0, 2.0])])
-        >>> e.max_abs, e.max_rel, e.num_nan
-        (0.5, 0.25, 0)
-    """
-
-    max_abs: float  # Inf where one run is finite and the other is not
-    max_rel: float  # max_abs / largest finite |reference|
-    cosine: float  # over positions finite in both runs; 1.0 when both are all zero
-    num_nan: int  # in the low-precision value
-    num_inf: int
-
-    @classmethod
-    def between(cls, low: list[torch.Tensor], ref: list[torch.Tensor]) -> ErrorStats:
-        """Error of the tensors ``low`` against ``ref`` (same count and shapes; a
-        mismatch gives NaN errors)."""
-        if len(low) != len(ref) or any(a.shape != b.shape for a, b in zip(low, ref)):
-            nan = float("nan")
-            return cls(nan, nan, nan, 0, 0)
-        max_abs = scale = dot = norm_low = norm_ref = 0.0
-        num_nan = num_inf = 0
-        with torch.no_grad():
-            for a, b in zip(low, ref):
-                y, r = a.detach().double(), b.detach().double()
-                num_nan += int(torch.isnan(y).sum())
-                num_inf += int(torch.isinf(y).sum())
-                if y.numel() == 0:
-                    continue
-                # equal infinities agree, and so do NaNs in both runs at one position
-                same = (y == r) | (torch.isnan(y) & torch.isnan(r))
-                diff = torch.where(same, 0.0, (y - r).abs())
-                worst = torch.nan_to_num(diff, nan=math.inf, posinf=math.inf).max()
-                max_abs = max(max_abs, float(worst))
-                finite_ref = r[torch.isfinite(r)]
-                if finite_ref.numel():
-                    scale = max(scale, float(finite_ref.abs().max()))
-                both = torch.isfinite(y) & torch.isfinite(r)
-                yf, rf = y[both], r[both]
-                dot += float((yf * rf).sum())
-                norm_low += float((yf * yf).sum())
-                norm_ref += float((rf * rf).sum())
-        # relative to the largest reference magnitude; an all-zero reference has none
-        max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
-        if norm_low == 0 and norm_ref == 0:
-            cosine = 1.0
-        elif norm_low == 0 or norm_ref == 0:
-            cosine = 0.0
-        else:
-            cosine = dot / math.sqrt(norm_low * norm_ref)
-        return cls(max_abs, max_rel, cosine, num_nan, num_inf)
-
-
-def _added(out_rel: float, in_rel: float) -> float:
-    if math.isnan(out_rel):
-        return math.nan
-    if math.isinf(out_rel):
-        return 0.0 if math.isinf(in_rel) else math.inf  # an Inf passed along adds nothing
-    return max(0.0, out_rel - in_rel)
-
-
-@dataclasses.dataclass(frozen=True)
-class OpError:
-    """One op call: its output's error against the float32 run, and the error the op
-    itself added (against the same op run in float32 on the same inputs).
-
-    Example:
-        >>> from ampkit.tools.compare import ErrorStats, OpError
-        >>> r = OpError(0, "exp", "", 0, "torch.bfloat16", (2,),
-        ...             ErrorStats(0.1, 0.05, 1.0, 0, 0), input_rel=0.01, local_rel=0.04)
-        >>> r.added
-        0.04
-    """
-
-    index: int  # position among the watched op calls of the low-precision run
-    op: str  # canonical op name (what a policy's lists hold)
-    module: str  # innermost module running it (qualified name, "" = the model)
-    call: int  # n-th call of this op in this module, 0-based
-    dtype: str  # output dtype in the low-precision run
-    shape: tuple[int, ...]
-    error: ErrorStats
-    input_rel: float  # largest relative error among its floating inputs
-    local_rel: float  # relative error against the op re-run in float32 on these inputs
-
-    @property
-    def added(self) -> float:
-        """The error this call made itself: :attr:`local_rel` (an error it only passed
-        on or amplified from its inputs is not counted)."""
-        return self.local_rel
-
-
-@dataclasses.dataclass(frozen=True)
-class ModuleError:
-    """One module call: its inputs' and output's error.
-
-    Example:
-        >>> from ampkit.tools.compare import ErrorStats, ModuleError
-        >>> m = ModuleError("fc", "Linear", 0, 0, 0, "torch.bfloat16",
-        ...                 ErrorStats(0.0, 0.5, 0.9, 0, 0), input_rel=0.0)
-        >>> m.added
-        0.5
-    """
-
-    module: str  # qualified name, "" = the model itself
-    kind: str  # class name
-    call: int  # n-th call of this module, 0-based
-    started: int  # order in which module calls started
-    finished: int  # order in which they finished (innermost first)
-    dtype: str  # output dtype in the low-precision run
-    error: ErrorStats
-    input_rel: float
-
-    @property
-    def added(self) -> float:
-        """``max(0, output relative error - input relative error)`` (a container's
-        includes its children's)."""
-        return _added(self.error.max_rel, self.input_rel)
-
-
-@dataclasses.dataclass(frozen=True)
-class GradError:
-    """One parameter's gradient (``dtype`` ``"none"`` when a run left it unset)."""
-
-    parameter: str
-    dtype: str
-    error: ErrorStats
-
-
-@dataclasses.dataclass(frozen=True)
-class OpRank:
-    """An op (or module) with the most error one of its calls added, and its calls."""
-
-    name: str
-    added: float
-    calls: int
-    worst_module: str  # where the worst call ran (for ops) / "" (for modules)
-
-    @property
-    def op(self) -> str:
-        """Alias of ``name`` for op rankings."""
-        return self.name
 
 
 # -- recording ------------------------------------------------------------------------------
@@ -306,208 +164,19 @@ class _Recorder:
         self.finished.append(key)
 
 
-# -- the result -----------------------------------------------------------------------------
-
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_none(v) for v in value]
-    return value
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.3g}" if math.isfinite(value) else str(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class Comparison:
-    """What :func:`compare` measured; see the module docstring for the definitions.
-
-    Example:
-        >>> import torch
-        >>> import ampkit
-        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
-        >>> c = ampkit.compare(net, torch.ones(2, 4), precision="O3", dtype="bfloat16")
-        >>> [r.op for r in c.ops], c.ops[0].dtype
-        (['linear', 'relu'], 'torch.bfloat16')
-    """
-
-    precision: str  # what ran against float32, in words
-    dtype: str
-    threshold: float
-    ops: tuple[OpError, ...]
-    modules: tuple[ModuleError, ...]  # in the order they started
-    grads: tuple[GradError, ...]
-    output: ErrorStats
-    loss: tuple[float, float] | None  # (float32, low precision) with loss_fn
-    unmatched_ops: int  # low-precision op calls with no float32 counterpart
-
-    @property
-    def divergence(self) -> ModuleError | None:
-        """The first module to finish whose inputs were within :attr:`threshold` and
-        whose output was not: where divergence starts (``None``: nowhere)."""
-        for m in sorted(self.modules, key=lambda m: m.finished):
-            if m.input_rel <= self.threshold < m.error.max_rel:
-                return m
-        return None
-
-    @property
-    def first_divergent_op(self) -> OpError | None:
-        """The first op call whose inputs were within :attr:`threshold` and whose
-        output was not."""
-        return next((r for r in self.ops if r.input_rel <= self.threshold < r.error.max_rel),
-                    None)
-
-    def ranked_ops(self) -> list[OpRank]:
-        """Op names by the most error one of their calls added, largest first (ties:
-        the earlier op first).
-
-        Example:
-            >>> import torch
-            >>> import ampkit
-            >>> net = torch.nn.Linear(3, 3)
-            >>> c = ampkit.compare(net, torch.ones(1, 3), precision="O3", dtype="float16")
-            >>> [r.op for r in c.ranked_ops()]
-            ['linear']
-        """
-        return self._rank((r.op, r.added, r.module, r.index) for r in self.ops)
-
-    def ranked_modules(self) -> list[OpRank]:
-        """Modules by the most error an op directly inside them added, largest first.
-
-        Example:
-            >>> import torch
-            >>> import ampkit
-            >>> net = torch.nn.Sequential(torch.nn.Linear(3, 3))
-            >>> c = ampkit.compare(net, torch.ones(1, 3), precision="O3", dtype="float16")
-            >>> [r.name for r in c.ranked_modules()]
-            ['0']
-        """
-        return self._rank((r.module, r.added, "", r.index) for r in self.ops)
-
-    @staticmethod
-    def _rank(items: Iterable[tuple[str, float, str, int]]) -> list[OpRank]:
-        best: dict[str, tuple[float, str, int]] = {}
-        calls: Counter[str] = Counter()
-        for name, added, where, index in items:
-            calls[name] += 1
-            value = -1.0 if math.isnan(added) else added
-            if name not in best or value > best[name][0]:
-                best[name] = (value, where, best.get(name, (0, "", index))[2])
-        ranked = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[1][2]))
-        return [OpRank(name, value if value >= 0 else math.nan, calls[name], where)
-                for name, (value, where, _) in ranked]
-
-    # -- output ----------------------------------------------------------------------------
-    def table(self, limit: int = 20) -> str:
-        """A plain-text summary: where divergence starts, the ``limit`` ops and
-        modules that added the most error, and the gradients.
-
-        Example:
-            >>> import torch
-            >>> import ampkit
-            >>> c = ampkit.compare(torch.nn.Linear(2, 2), torch.ones(1, 2), precision="O3",
-            ...                    dtype="bfloat16")
-            >>> c.table().splitlines()[0]
-            'ampkit.compare: O3 (torch.bfloat16) against float32'
-        """
-        lines = [f"ampkit.compare: {self.precision} ({self.dtype}) against float32"]
-        div = self.divergence
-        lines.append(
-            f"divergence starts: module {div.module!r} ({div.kind}), input error "
-            f"{_fmt(div.input_rel)} -> output error {_fmt(div.error.max_rel)}"
-            if div else f"divergence starts: nowhere (every module within "
-                        f"{_fmt(self.threshold)} relative error)")
-        lines.append(f"model output: max rel error {_fmt(self.output.max_rel)}, cosine "
-                     f"{self.output.cosine:.6f}, NaN {self.output.num_nan}, "
-                     f"Inf {self.output.num_inf}")
-        if self.loss is not None:
-            lines.append(f"loss: float32 {self.loss[0]:.6g}, low precision {self.loss[1]:.6g}")
-        from ampkit.tools._text import text_table
-
-        lines += ["", "ops ranked by error added", text_table(
-            ("op", "added rel error", "calls", "worst in module"),
-            [(r.name, _fmt(r.added), r.calls, repr(r.worst_module))
-             for r in self.ranked_ops()[:limit]], align="lrrl")]
-        lines += ["", "module calls in the order they ran", text_table(
-            ("module", "kind", "dtype", "in rel", "out rel", "max abs", "cosine", "nan", "inf"),
-            [((m.module or "(model)") + (f"#{m.call}" if m.call else ""), m.kind, m.dtype,
-              _fmt(m.input_rel), _fmt(m.error.max_rel), _fmt(m.error.max_abs),
-              f"{m.error.cosine:.6f}", m.error.num_nan, m.error.num_inf)
-             for m in self.modules[:limit]], align="lllrrrrrr")]
-        if len(self.modules) > limit:
-            lines.append(f"... {len(self.modules) - limit} more")
-        if self.grads:
-            lines += ["", text_table(
-                ("gradient", "dtype", "max rel", "cosine"),
-                [(g.parameter, g.dtype, _fmt(g.error.max_rel), f"{g.error.cosine:.6f}")
-                 for g in self.grads[:limit]], align="llrr")]
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Everything as plain data (non-finite numbers as ``None``)."""
-        def err(e: ErrorStats) -> dict[str, Any]:
-            return dataclasses.asdict(e)
-
-        div, first = self.divergence, self.first_divergent_op
-        data = {
-            "schema_version": JSON_SCHEMA_VERSION,
-            "precision": self.precision, "dtype": self.dtype, "threshold": self.threshold,
-            "divergence": None if div is None else {"module": div.module, "call": div.call},
-            "first_divergent_op": None if first is None else {
-                "op": first.op, "module": first.module, "call": first.call},
-            "output": err(self.output),
-            "loss": None if self.loss is None else list(self.loss),
-            "unmatched_ops": self.unmatched_ops,
-            "ranked_ops": [dataclasses.asdict(r) for r in self.ranked_ops()],
-            "ranked_modules": [dataclasses.asdict(r) for r in self.ranked_modules()],
-            "ops": [{**{k: v for k, v in dataclasses.asdict(r).items() if k != "error"},
-                     "shape": list(r.shape), "added": r.added, **err(r.error)}
-                    for r in self.ops],
-            "modules": [{**{k: v for k, v in dataclasses.asdict(m).items() if k != "error"},
-                         "added": m.added, **err(m.error)} for m in self.modules],
-            "grads": [{"parameter": g.parameter, "dtype": g.dtype, **err(g.error)}
-                      for g in self.grads],
-        }
-        return _finite_or_none(data)
-
-    def to_json(self) -> str:
-        """:meth:`to_dict` as JSON text.
-
-        Example:
-            >>> import json, torch
-            >>> import ampkit
-            >>> c = ampkit.compare(torch.nn.Linear(2, 2), torch.ones(1, 2), precision="O3",
-            ...                    dtype="bfloat16")
-            >>> json.loads(c.to_json())["ops"][0]["op"]
-            'linear'
-        """
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
-
-    def write_report(self, out_dir: str | os.PathLike[str]) -> Path:
-        """Write ``compare.html`` (plots embedded), the two plots as PNG and
-        ``compare.json`` into ``out_dir``; return the HTML file's path.
-
-        Example:
-            >>> import tempfile, torch
-            >>> import ampkit
-            >>> c = ampkit.compare(torch.nn.Linear(2, 2), torch.ones(1, 2), precision="O3",
-            ...                    dtype="bfloat16")
-            >>> with tempfile.TemporaryDirectory() as out:
-            ...     c.write_report(out).name
-            'compare.html'
-        """
-        from ampkit.tools.compare_report import write_comparison_report
-
-        return write_comparison_report(self, out_dir)
 
 
 # -- running --------------------------------------------------------------------------------
 
-def _device_type(model: nn.Module) -> str:
+def model_device_type(model: nn.Module) -> str:
+    """The device type of ``model``'s first parameter (or buffer); ``"cpu"`` if none.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools.compare import model_device_type
+        >>> model_device_type(torch.nn.Linear(1, 1))
+        'cpu'
+    """
     for t in model.parameters():
         return t.device.type
     for t in model.buffers():
@@ -572,16 +241,33 @@ def _setup(precision: Any, dtype: Any, device_type: str,
 
 
 @dataclasses.dataclass
-class _Run:
+class Run:
+    """One recorded run of a model (:func:`run_once`): its op and module records, its
+    floating outputs, loss and gradients.
+
+    Example:
+        >>> import contextlib, torch
+        >>> from ampkit.tools.compare import run_once
+        >>> run, out = run_once(torch.nn.Linear(2, 1), lambda m: m(torch.ones(1, 2)),
+        ...                     contextlib.nullcontext, None, "cpu", recompute=False)
+        >>> len(run.output), run.loss
+        (1, None)
+    """
+
     recorder: _Recorder
     output: list[torch.Tensor]
     loss: float | None
     grads: dict[str, torch.Tensor | None]
 
 
-def _run_once(model: nn.Module, run_fn: Callable[[nn.Module], Any], region: Callable[[], Any],
-              loss_fn: Callable[[Any], torch.Tensor] | None, device_type: str, *,
-              recompute: bool) -> tuple[_Run, Any]:
+def run_once(model: nn.Module, run_fn: Callable[[nn.Module], Any], region: Callable[[], Any],
+             loss_fn: Callable[[Any], torch.Tensor] | None, device_type: str, *,
+             recompute: bool) -> tuple[Run, Any]:
+    """Run ``run_fn(model)`` with the model's forward inside ``region()``, recording
+    every op and module call (``recompute``: also each op's own float32 error), then
+    ``loss_fn(output).backward()`` if given; the RNG is forked so runs draw alike.
+    Returns the :class:`Run` and ``run_fn``'s result. See :class:`Run` for an example.
+    """
     recorder = _Recorder(model, recompute=recompute)
     forward = model.forward
 
@@ -603,15 +289,27 @@ def _run_once(model: nn.Module, run_fn: Callable[[nn.Module], Any], region: Call
             loss_value = float(loss.detach())
     grads = {name: (None if p.grad is None else p.grad.detach())
              for name, p in model.named_parameters()}
-    return _Run(recorder, _floats(out), loss_value, grads), out
+    return Run(recorder, _floats(out), loss_value, grads), out
 
 
 def _input_rel(low: list[torch.Tensor], ref: list[torch.Tensor]) -> float:
     return ErrorStats.between(low, ref).max_rel if low else 0.0
 
 
-def _compare_runs(ref: _Run, low: _Run, description: str, dtype: torch.dtype,
-                  threshold: float) -> Comparison:
+def compare_runs(ref: Run, low: Run, description: str, dtype: torch.dtype,
+                 threshold: float) -> Comparison:
+    """The :class:`Comparison` of a low-precision run against its float32 reference.
+
+    Example:
+        >>> import contextlib, torch
+        >>> from ampkit.tools.compare import compare_runs, run_once
+        >>> def run(m):
+        ...     return run_once(m, lambda m: m(torch.ones(1, 2)), contextlib.nullcontext,
+        ...                     None, "cpu", recompute=True)[0]
+        >>> net = torch.nn.Linear(2, 1)
+        >>> compare_runs(run(net), run(net), "same", torch.float32, 0.1).output.max_abs
+        0.0
+    """
     ops, unmatched = [], 0
     for index, (key, (inputs, outputs, local)) in enumerate(low.recorder.ops.items()):
         match = ref.recorder.ops.get(key)
@@ -647,7 +345,17 @@ def _compare_runs(ref: _Run, low: _Run, description: str, dtype: torch.dtype,
                       tuple(grads), ErrorStats.between(low.output, ref.output), loss, unmatched)
 
 
-def _check_model(model: Any) -> None:
+def check_model(model: Any) -> None:
+    """Refuse what :func:`compare` cannot run: not an ``nn.Module``, or one without
+    floating-point parameters.
+
+    Example:
+        >>> from ampkit.tools.compare import check_model
+        >>> check_model("net")
+        Traceback (most recent call last):
+        ...
+        TypeError: model must be an nn.Module, got str
+    """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not any(p.is_floating_point() for p in model.parameters()):
@@ -655,7 +363,16 @@ def _check_model(model: Any) -> None:
                          "in low precision")
 
 
-def _threshold(threshold: float | None, dtype: torch.dtype) -> float:
+def resolve_threshold(threshold: float | None, dtype: torch.dtype) -> float:
+    """The relative error that counts as diverged: ``threshold`` checked, or by default
+    8 machine epsilons of ``dtype``.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools.compare import resolve_threshold
+        >>> resolve_threshold(None, torch.bfloat16)
+        0.0625
+    """
     if threshold is None:
         return _THRESHOLD_EPS * torch.finfo(dtype).eps
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not (
@@ -700,17 +417,17 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
         >>> [g.parameter for g in c.grads], c.divergence is None
         (['weight', 'bias'], True)
     """
-    _check_model(model)
-    device_type = _device_type(model)
+    check_model(model)
+    device_type = model_device_type(model)
     setup = _setup(precision, dtype, device_type, custom_white_list, custom_black_list)
-    limit = _threshold(threshold, setup.dtype)
+    limit = resolve_threshold(threshold, setup.dtype)
 
     def run_fn(m: nn.Module) -> Any:
         return m(*inputs)
 
     reference = copy.deepcopy(model).float()
-    ref, _ = _run_once(reference, run_fn, contextlib.nullcontext, loss_fn, device_type,
-                       recompute=False)
+    ref, _ = run_once(reference, run_fn, contextlib.nullcontext, loss_fn, device_type,
+                      recompute=False)
     low_model = setup.prepare(copy.deepcopy(model))
-    low, _ = _run_once(low_model, run_fn, setup.region, loss_fn, device_type, recompute=True)
-    return _compare_runs(ref, low, setup.description, setup.dtype, limit)
+    low, _ = run_once(low_model, run_fn, setup.region, loss_fn, device_type, recompute=True)
+    return compare_runs(ref, low, setup.description, setup.dtype, limit)

@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING
 import torch
 
 import ampkit
-from ampkit.tools.report import _data_uri, _new_figure, _now, check_output_dir, render_page
+from ampkit.tools.plotting import new_figure, png_data_uri, timestamp
+from ampkit.tools.report import check_output_dir, render_page
 
 if TYPE_CHECKING:
-    from ampkit.tools.compare import Comparison, ModuleError
+    from ampkit.tools.comparison import Comparison, ModuleError
 
 __all__ = ["REPORT_FILES", "write_comparison_report"]
 
@@ -65,7 +66,7 @@ def _clip(value: float, floor: float = _FLOOR) -> float:
 
 def _plot_layers(c: Comparison, path: Path) -> None:
     leaves = _leaf_modules(c)
-    fig = _new_figure(8.0, 4.2)
+    fig = new_figure(8.0, 4.2)
     ax = fig.add_subplot()
     xs = range(len(leaves))
     floor = c.threshold / 1e4  # exact values are drawn here, not at 1e-12
@@ -110,7 +111,7 @@ def _plot_histogram(c: Comparison, path: Path) -> None:
         groups.get(r.op, other).append(value)
     if other:
         groups["other ops"] = other
-    fig = _new_figure(8.0, 4.0)
+    fig = new_figure(8.0, 4.0)
     ax = fig.add_subplot()
     if any(groups.values()):
         ax.hist(list(groups.values()), bins=24, stacked=True,
@@ -132,10 +133,10 @@ def write_comparison_report(c: Comparison, out_dir: str | os.PathLike[str]) -> P
     _plot_histogram(c, histogram)
     meta = (f"{len(c.ops)} op calls and {len(c.modules)} module calls compared; "
             f"threshold {_fmt(c.threshold)}; torch {torch.__version__}, ampkit "
-            f"{ampkit.__version__}; {_now()}.")
+            f"{ampkit.__version__}; {timestamp()}.")
     figures = [
-        {"id": "error-per-layer", "alt": "Relative error per layer", "uri": _data_uri(layers)},
-        {"id": "op-histogram", "alt": "Error added per op call", "uri": _data_uri(histogram)},
+        {"id": "error-per-layer", "alt": "Relative error per layer", "uri": png_data_uri(layers)},
+        {"id": "op-histogram", "alt": "Error added per op call", "uri": png_data_uri(histogram)},
     ]
     page = render_page("compare.html.j2", c=c, div=c.divergence, first=c.first_divergent_op,
                        ranked=c.ranked_ops(), figures=figures, meta=meta, fmt=_fmt)

@@ -35,9 +35,7 @@ Example:
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import datetime
 import functools
 import json
 import math
@@ -47,9 +45,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ampkit.tools._text import finite_or_none
+from ampkit.tools.plotting import new_figure, png_data_uri, timestamp
+
 if TYPE_CHECKING:
     import jinja2
-    from matplotlib.figure import Figure
 
     from ampkit.tools.demo import DemoResult, DemoSettings, RunResult
 
@@ -350,14 +350,6 @@ class ReportFiles:
         return tuple(f for f in files if f is not None)
 
 
-def _finite_or_none(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_none(v) for v in value]
-    return value
-
-
 def report_data(result: DemoResult) -> dict[str, Any]:
     """The JSON content of the report (plain ``dict``/``list``/``str``/numbers).
 
@@ -374,7 +366,7 @@ def report_data(result: DemoResult) -> dict[str, Any]:
     runs = []
     for run in result.runs:
         fields = dataclasses.asdict(run)
-        runs.append({key: _finite_or_none(value) for key, value in fields.items()})
+        runs.append({key: finite_or_none(value) for key, value in fields.items()})
     return {
         "schema_version": JSON_SCHEMA_VERSION,
         "ampkit_version": result.ampkit_version,
@@ -391,7 +383,7 @@ def report_data(result: DemoResult) -> dict[str, Any]:
         "runs": runs,
         "identical_runs": [{"names": list(same.names), "sentence": same.sentence()}
                            for same in identical_runs(result)],
-        "pure_bf16_curves": {mode: _finite_or_none(list(losses))
+        "pure_bf16_curves": {mode: finite_or_none(list(losses))
                              for mode, losses in result.pure_bf16_curves.items()},
     }
 
@@ -408,13 +400,6 @@ _LINES = {"fp32": ("-", 2.6), "O1": ("-", 1.8), "O2": ("--", 1.8), "O3": (":", 2
 def _line_style(run_name: str) -> dict[str, Any]:
     style, width = _LINES[run_name.split("-")[0]]
     return {"color": _COLOURS.get(run_name), "linestyle": style, "linewidth": width}
-
-
-def _new_figure(width: float = 8.0, height: float = 4.5) -> Figure:
-    from matplotlib.figure import Figure
-
-    # A bare Figure (no pyplot): no global state, no GUI backend, safe in threads.
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
 def _moving_average(values: Sequence[float], window: int) -> list[float]:
@@ -451,7 +436,7 @@ def _plot_losses(result: DemoResult, path: Path) -> None:
     steps_per_epoch = max(1, len(result.runs[0].losses) // result.settings.epochs)
     window = max(1, steps_per_epoch // 3)
     with_difference = reference is not None and len(lines) > 1
-    fig = _new_figure(8.0, 7.0 if with_difference else 4.5)
+    fig = new_figure(8.0, 7.0 if with_difference else 4.5)
     axes = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2)) if with_difference else [
         fig.add_subplot()]
     top = axes[0]
@@ -490,7 +475,7 @@ def _plot_loss_scales(result: DemoResult, path: Path) -> bool:
     scaled = _drawn_once(result, [run for run in result.runs if run.loss_scales])
     if not scaled:
         return False
-    fig = _new_figure(8.0, 3.6)
+    fig = new_figure(8.0, 3.6)
     ax = fig.add_subplot()
     for label, run in scaled:
         skipped = f"{run.skipped_steps} skipped step{'' if run.skipped_steps == 1 else 's'}"
@@ -513,7 +498,7 @@ def _plot_accuracy(result: DemoResult, path: Path) -> None:
     finite = [a for a in accuracies if math.isfinite(a)] or [0.0]
     low, high = min(finite), max(finite)
     pad = max(0.5, 0.2 * (high - low))
-    fig = _new_figure(8.0, 1.3 + 0.42 * len(runs))
+    fig = new_figure(8.0, 1.3 + 0.42 * len(runs))
     ax = fig.add_subplot()
     positions = range(len(runs))
     if reference is not None:
@@ -553,7 +538,7 @@ def _plot_pure_curves(result: DemoResult, path: Path) -> bool:
     curves = result.pure_bf16_curves
     if not curves:
         return False
-    fig = _new_figure(8.0, 4.0)
+    fig = new_figure(8.0, 4.0)
     ax = fig.add_subplot()
     window = max(1, len(next(iter(curves.values()))) // 10)
     for mode, losses in curves.items():
@@ -569,10 +554,6 @@ def _plot_pure_curves(result: DemoResult, path: Path) -> bool:
     ax.legend(fontsize="small")
     fig.savefig(path)
     return True
-
-
-def _data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
 # -- the page -------------------------------------------------------------------------------
@@ -599,10 +580,6 @@ def render_page(template: str, **context: Any) -> str:
     return _environment().get_template(template).render(**context)
 
 
-def _now() -> str:
-    return datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-
-
 def _html_page(result: DemoResult, files: ReportFiles) -> str:
     from ampkit.tools.demo import TRAINING_CODE_CONTEXT
 
@@ -610,7 +587,7 @@ def _html_page(result: DemoResult, files: ReportFiles) -> str:
     meta = (f"{len(result.runs)} runs of {s.epochs} epochs on {result.device} "
             f"({result.device_name}), batch {s.batch_size}, seed {s.seed}; "
             f"torch {result.torch_version}, ampkit {result.ampkit_version}; "
-            f"{result.wall_time_s:.0f} s in all; {_now()}. Results vary by CPU: the "
+            f"{result.wall_time_s:.0f} s in all; {timestamp()}. Results vary by CPU: the "
             f"kernels torch picks depend on its instruction set.")
     figures = [("loss-curves", files.loss_curves_png,
                 "Training loss of every run, and its difference from fp32"),
@@ -622,7 +599,7 @@ def _html_page(result: DemoResult, files: ReportFiles) -> str:
         "demo.html.j2", meta=meta, table=summary_table(result),
         notes=f"{COLUMN_NOTES} Peak memory: {result.memory_measure}.",
         identical=identical_runs(result),
-        figures=[{"id": name, "alt": alt, "uri": _data_uri(png)}
+        figures=[{"id": name, "alt": alt, "uri": png_data_uri(png)}
                  for name, png, alt in figures if png is not None],
         example=result.example_config, code=result.example_code(),
         code_context=TRAINING_CODE_CONTEXT, runs=result.runs)

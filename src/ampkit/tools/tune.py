@@ -66,16 +66,15 @@ import torch
 import torch.nn as nn
 
 from ampkit.policy import Policy, as_dtype
-from ampkit.tools._text import text_table
+from ampkit.tools._text import finite_or_none, text_table
 from ampkit.tools.compare import (
-    Comparison,
-    _check_model,
-    _compare_runs,
-    _device_type,
-    _finite_or_none,
-    _run_once,
-    _threshold,
+    check_model,
+    compare_runs,
+    model_device_type,
+    resolve_threshold,
+    run_once,
 )
+from ampkit.tools.comparison import Comparison
 
 __all__ = ["Trial", "TuneResult", "TuneWarning", "aggressive_policy", "tune"]
 
@@ -179,7 +178,7 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (non-finite numbers as ``None``)."""
-        return _finite_or_none({
+        return finite_or_none({
             "policy": self.policy.to_dict(),
             "within_tolerance": self.within_tolerance,
             "stop_reason": self.stop_reason,
@@ -266,7 +265,7 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
     """
     import ampkit
 
-    _check_model(model)
+    check_model(model)
     if not callable(eval_fn):
         raise TypeError(f"eval_fn must be callable (model -> metric), got "
                         f"{type(eval_fn).__name__}")
@@ -280,8 +279,8 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
     if higher_is_better not in (None, True, False):
         raise ValueError(f"higher_is_better must be True, False or None, "
                          f"got {higher_is_better!r}")
-    device_type = _device_type(model)
-    threshold = _threshold(None, low)
+    device_type = model_device_type(model)
+    threshold = resolve_threshold(None, low)
 
     def evaluate(where: str) -> Callable[[nn.Module], float]:
         def run(m: nn.Module) -> float:
@@ -293,9 +292,9 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
             return _metric(value, where)
         return run
 
-    ref_run, reference = _run_once(copy.deepcopy(model).float(),
-                                   evaluate("the float32 reference run"),
-                                   contextlib.nullcontext, None, device_type, recompute=False)
+    ref_run, reference = run_once(copy.deepcopy(model).float(),
+                                  evaluate("the float32 reference run"),
+                                  contextlib.nullcontext, None, device_type, recompute=False)
     limit = tol * abs(reference) if relative else tol
 
     def within(value: float) -> bool:
@@ -315,11 +314,11 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
     for index in range(budget):
         current = policy
         where = f"trial {index} (float32 ops: {sorted(current.fp32_ops) or 'none'})"
-        run, metric = _run_once(
+        run, metric = run_once(
             copy.deepcopy(model), evaluate(where),
             lambda p=current: ampkit.autocast(device_type, low, policy=p), None,
             device_type, recompute=True)
-        comparison = _compare_runs(ref_run, run, f"policy {current.name!r}", low, threshold)
+        comparison = compare_runs(ref_run, run, f"policy {current.name!r}", low, threshold)
         measured.update(r.op for r in comparison.ops)
         ok = within(metric)
         ranked = comparison.ranked_ops()
