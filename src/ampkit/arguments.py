@@ -258,7 +258,7 @@ def parse_loss_scale(value: Any, argument: str = "loss_scale", *,
     if (value is None and allow_none) or (isinstance(value, str) and value == "dynamic"):
         return value
     if (isinstance(value, numbers.Real) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0):
+            and math.isfinite(value) and float(value) > 0):
         return float(value)
     choices = ("'dynamic', a positive finite number (a static scale) or None (no loss "
                "scaling)" if allow_none else "'dynamic' or a positive finite number (a "

@@ -106,7 +106,7 @@ def _not_traced(fn: F) -> F:
             disabled = torch.compiler.disable(fn)
         return disabled(*args, **kwargs)
 
-    skipped = _skip_recursively(wrapper.__code__)
+    skipped = _skip_recursively(wrapper.__code__)  # type: ignore[attr-defined]
     if skipped:
         wrapper._torchdynamo_disable = True  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]
@@ -342,7 +342,7 @@ def _push(frame: _Frame) -> None:
     try:
         if frame.rules and mode is None:
             mode = _PolicyMode()
-            mode.__enter__()
+            mode.__enter__()  # type: ignore[no-untyped-call]  # torch's, unannotated
             st.mode, frame.pushed = mode, True
         if mode is not None:
             frame.saved = (mode.rules, mode.device_type, mode.cache)
@@ -371,7 +371,7 @@ def _undo(frame: _Frame) -> None:
                 frame.pushed = False
                 mode, st.mode = st.mode, None
                 if mode is not None:
-                    mode.__exit__(None, None, None)
+                    mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         finally:
             native, frame.native = frame.native, None
             if native is not None:
@@ -449,7 +449,7 @@ def _install_checkpoint_carry() -> None:
     import torch.utils.checkpoint as cp
 
     generator = getattr(cp, "_checkpoint_without_reentrant_generator", None)
-    function = getattr(cp, "CheckpointFunction", None)
+    function: Any = getattr(cp, "CheckpointFunction", None)
     if generator is None or not isinstance(function, type):
         warnings.warn("ampkit: this torch's torch.utils.checkpoint has no "
                       "_checkpoint_without_reentrant_generator / CheckpointFunction; "
@@ -461,14 +461,14 @@ def _install_checkpoint_carry() -> None:
     def without_reentrant(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return generator(_carry(fn), *args, **kwargs)
 
-    class CheckpointFunction(function):  # type: ignore[misc, valid-type]
+    class CheckpointFunction(function):
         @staticmethod
         def forward(ctx: Any, run_function: Callable[..., Any], preserve_rng_state: bool,
                     *args: Any) -> Any:
             return function.forward(ctx, _carry(run_function), preserve_rng_state, *args)
 
     CheckpointFunction.__qualname__ = function.__qualname__
-    cp.CheckpointFunction = CheckpointFunction
+    cp.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
     # Modules that imported the generator by name before now (the composable
     # checkpoint API) get the carrying one too; later importers find it in ``cp``.
     for module in (cp, sys.modules.get("torch.distributed._composable.checkpoint_activation")):

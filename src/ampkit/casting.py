@@ -92,7 +92,7 @@ def widest_float_dtype(dtypes: Any, *, narrow: bool = False) -> torch.dtype | No
         >>> widest_float_dtype([torch.bfloat16, torch.float32], narrow=True)
         torch.bfloat16
     """
-    present = {d for d in dtypes if d in _AMP_FLOATS}
+    present: set[torch.dtype] = {d for d in dtypes if d in _AMP_FLOATS}
     if not present:
         return None
     low = present & set(_LOW)

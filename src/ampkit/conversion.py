@@ -402,7 +402,8 @@ class _SaveLowCopies:
 
 def _unpack_low_copy(packed: Any) -> torch.Tensor:
     if not isinstance(packed, _LowCopy):
-        return packed
+        unchanged: torch.Tensor = packed
+        return unchanged
     if packed.low._version != packed.version:
         raise RuntimeError("one of the variables needed for gradient computation has been "
                            "modified by an inplace operation: the low-precision input of a "
@@ -413,7 +414,7 @@ def _unpack_low_copy(packed: Any) -> torch.Tensor:
 def _saved_tensor_hooks_free() -> bool:
     """True when no other saved-tensor hooks are active (activation checkpointing and
     offloading use them; ours must not shadow theirs)."""
-    autograd = torch._C._autograd
+    autograd: Any = torch._C._autograd  # private hooks, not all in torch's stubs
     try:
         return (autograd._saved_tensors_hooks_is_enabled()
                 and autograd._top_saved_tensors_default_hooks(False) is None)
@@ -534,8 +535,8 @@ class _LayerNormFromLowInput(torch.overrides.TorchFunctionMode):
             bound.update(kwargs)
             x, weight, bias = bound["input"], bound.get("weight"), bound.get("bias")
             if x.dtype in _LOW and _is_fp32(weight) and _is_fp32(bias):
-                return _LowInputLayerNorm.apply(x, tuple(bound["normalized_shape"]),
-                                                weight, bias, bound.get("eps", 1e-5))
+                return _LowInputLayerNorm.apply(  # type: ignore[no-untyped-call]
+                    x, tuple(bound["normalized_shape"]), weight, bias, bound.get("eps", 1e-5))
         return func(*args, **kwargs)
 
 
@@ -608,7 +609,7 @@ class _Boundary:
                 and _takes_low_input(module, device_type)
                 and _low_contiguous((args, kwargs), self.output_dtype)):
             if type(module) is nn.LayerNorm:
-                _LOW_INPUT_LAYER_NORM.__enter__()
+                _LOW_INPUT_LAYER_NORM.__enter__()  # type: ignore[no-untyped-call]
                 entered.append(_LOW_INPUT_LAYER_NORM)
             return None
         cast = cast_tree((args, kwargs), self.input_dtype)
@@ -723,7 +724,7 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
     def assign(module: nn.Module, name: str, dtype: torch.dtype | None) -> None:
         if dtype is None:
             return
-        stores = list(module._parameters.items())
+        stores: list[tuple[str, torch.Tensor | None]] = list(module._parameters.items())
         if config.cast_buffers:
             stores += list(module._buffers.items())
         for tname, tensor in stores:
@@ -826,7 +827,8 @@ def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> No
         for module in plan.owners:
             for param in module._parameters.values():
                 target = None if param is None else plan.tensor_dtype.get(id(param))
-                if target is None or id(param) in done or param.dtype is target[0]:
+                if param is None or target is None or id(param) in done or (
+                        param.dtype is target[0]):
                     continue
                 # In place, so the Parameter object stays the same: tied modules and
                 # optimizers built before the conversion keep pointing at it.

@@ -147,6 +147,7 @@ def cast_function(rule: CastRule, *, message: str | None = None,
                                    f"it could only compute in that precision")
                 return fn(*args, **kwargs)
             for device in sorted(devices):
+                target: torch.dtype | None
                 if rule is CastRule.LOWER:
                     target = torch.get_autocast_dtype(device)
                 elif rule is CastRule.FP32:

@@ -136,7 +136,7 @@ def default_dtype(device_type: str | None = None) -> torch.dtype:
 
 def _master_weights(value: Any) -> bool | str | None:
     if value is None or isinstance(value, bool) or value in PURE_MASTER_WEIGHTS:
-        return value
+        return value  # type: ignore[no-any-return]  # one of the values just checked
     raise ValueError(f"master_weights must be True (fp32 master copies), False (none), "
                      f"None (the level's default) or one of {list(PURE_MASTER_WEIGHTS)} "
                      f"(pure bfloat16 training), got {value!r}")
@@ -210,7 +210,7 @@ def _name(value: Any) -> str:
 
 def _defaults(level: Level, dtype: torch.dtype) -> dict[str, Any]:
     scaled = "dynamic" if dtype is torch.float16 else None
-    return {
+    table: dict[Level, dict[str, Any]] = {
         Level.O0: dict(cast_model_type=torch.float32, keep_norms_fp32=None,
                        master_weights=False, loss_scale=None, patch_ops=False,
                        cast_model_outputs=None),
@@ -220,7 +220,8 @@ def _defaults(level: Level, dtype: torch.dtype) -> dict[str, Any]:
                        loss_scale=scaled, patch_ops=True, cast_model_outputs=torch.float32),
         Level.O3: dict(cast_model_type=dtype, keep_norms_fp32=False, master_weights=False,
                        loss_scale=None, patch_ops=False, cast_model_outputs=torch.float32),
-    }[level]
+    }
+    return table[level]
 
 
 def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) -> None:

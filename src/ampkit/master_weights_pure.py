@@ -251,7 +251,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     local shard (its own storage: writing into it writes into the DTensor)."""
     if _is_dtensor(t):
         with torch.no_grad():
-            return t.to_local()
+            return t.to_local()  # type: ignore[attr-defined]  # a DTensor
     return t
 
 
@@ -276,8 +276,9 @@ class _Positions:
         from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-        placements = tuple(t.placements)
-        shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh,
+        dt: Any = t  # a DTensor
+        placements = tuple(dt.placements)
+        shape, offset = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh,
                                                               placements)
         if (all(type(pl) in (Shard, Replicate) for pl in placements)
                 and tuple(shape) == self.local_shape):
@@ -288,7 +289,7 @@ class _Positions:
             else:
                 self.block_start = None
         else:  # local positions; the shard's coordinates tell shards apart
-            coordinate = t.device_mesh.get_coordinate() or []
+            coordinate = dt.device_mesh.get_coordinate() or []
             self.tag = tuple(c for c, pl in zip(coordinate, placements)
                              if not isinstance(pl, Replicate))
 
@@ -360,7 +361,7 @@ def _check_no_float16(params: Any) -> None:
                              "(master_weights=True) for float16")
 
 
-def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+def _needs_closure(optimizer: Any) -> bool:
     """Whether the optimizer's step requires a closure (LBFGS): such a step evaluates
     the closure again at weights it tries."""
     try:
@@ -376,7 +377,7 @@ def _inner_step(cls: type) -> Callable[..., Any]:
     around all chunks, with every parameter group whole, instead of once per chunk."""
     if issubclass(cls, PureLowPrecisionOptimizer):
         cls = cls.__bases__[1]
-    step = cls.step
+    step = cls.step  # type: ignore[attr-defined]  # an optimizer class
     if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
         step = step.__wrapped__
     return step
@@ -666,7 +667,7 @@ torch.bfloat16)
         # Loss scalers hand fused optimizers found_inf and let them skip on the device;
         # here the rounding would still run. Make scalers unscale, check and skip the
         # call instead, so a skipped step changes nothing at all.
-        optimizer._step_supports_amp_scaling = False
+        optimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
         optimizer.defaults[_SEED] = seed  # what add_param_group fills in
         for group in optimizer.param_groups:
             group[_SEED] = seed
@@ -676,14 +677,14 @@ torch.bfloat16)
                     for k, v in state.items():
                         if _stored_low(k, v, p) and v.dtype is torch.float32:
                             state[k] = v.to(torch.bfloat16)
-        optimizer.__class__ = _pure_class(type(optimizer))
+        optimizer.__class__ = _pure_class(type(optimizer))  # type: ignore[arg-type]
         if patched is not None:  # an LR scheduler's wrapper bound to the old class
             ref = weakref.ref(optimizer)
 
             def step(*args: Any, **kwargs: Any) -> Any:
                 opt = ref()
                 assert opt is not None
-                opt._opt_called = True  # what the scheduler's wrapper records
+                opt._opt_called = True  # type: ignore[attr-defined]  # the scheduler's flag
                 return type(opt).step(opt, *args, **kwargs)
 
             step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]

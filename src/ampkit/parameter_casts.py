@@ -232,7 +232,8 @@ def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = Tru
     grad_mode = torch.is_grad_enabled()
     entry = _CACHE.get(param)
     if entry is not None and _valid(entry, param, dtype, grad_mode):
-        return entry.low
+        cached: torch.Tensor = entry.low
+        return cached
     low = param.to(dtype)
     _CACHE[param] = _Entry(low, param, _current_forward)
     return low
@@ -265,8 +266,9 @@ class CastParametersOnUse:
         self.dtype = state["dtype"]
 
     def before(self, module: nn.Module, args: Any) -> None:
-        params = module._parameters
-        swapped = []
+        # Any: the low-precision copies put here are plain tensors, not Parameters.
+        params: dict[str, Any] = module._parameters
+        swapped: list[tuple[str, torch.Tensor]] = []
         # A module FSDP2 manages holds, during its forward, the unsharded parameters
         # FSDP all-gathered (fp32 when its policy has no param_dtype) and frees after
         # it: a copy kept past this forward would keep alive a whole layer FSDP has
@@ -303,7 +305,7 @@ _swaps = _Swaps()
 
 
 def _restore(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
-    params = module._parameters
+    params: dict[str, Any] = module._parameters
     for name, p in swapped:
         params[name] = p
 

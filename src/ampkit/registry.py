@@ -479,9 +479,9 @@ def resolve_op(entry: OpEntry, *, framework: str | None = None,
     if qualname is not None:
         return _qualified(qualname, argument, framework)
     if callable(entry):
-        name = op_name_of(entry)
-        if name is not None:
-            return (name,)
+        found = op_name_of(entry)
+        if found is not None:
+            return (found,)
         fn_name = getattr(entry, "__name__", "")
         if isinstance(fn_name, str) and fn_name.endswith("_") and not fn_name.endswith("__"):
             twin = _canonical(fn_name[:-1])

@@ -409,7 +409,8 @@ def initialize(models: nn.Module | Sequence[nn.Module],
 
     inner = None if optimizers is None else _inner_optimizers(optimizers)
     with framework_errors(names=_APEX_NAMES, types={ValueError: RuntimeError}):
-        result = _initialize(models, inner, level=opt_level, dtype=low,
+        checked: Any = models  # a module, or a list or tuple of them (checked above)
+        result = _initialize(checked, inner, level=opt_level, dtype=low,
                              num_losses=num_losses, min_loss_scale=min_loss_scale,
                              max_loss_scale=max_loss_scale, **_core_overrides(props, low))
     with _lock:

@@ -306,7 +306,9 @@ class StaticLossScaler:
     """
 
     def __init__(self, scale_value: float) -> None:
-        self._state = StaticLossScale(_scale_value(scale_value, "scale_value"))
+        # Any: a float, which the loss scale's __post_init__ makes a tensor.
+        value: Any = _scale_value(scale_value, "scale_value")
+        self._state = StaticLossScale(value)
 
     @property
     def scale_value(self) -> torch.Tensor:
@@ -374,7 +376,8 @@ class DynamicLossScaler:
     """
 
     def __init__(self, scale_value: float, scale_factor: float, scale_window: int) -> None:
-        value = _scale_value(scale_value, "scale_value")
+        # Any: a float, which the loss scale's __post_init__ makes a tensor.
+        value: Any = _scale_value(scale_value, "scale_value")
         self.scale_factor = _scale_factor(scale_factor, "scale_factor")
         self.scale_window = _scale_window(scale_window, "scale_window")
         self._state = DynamicLossScale(value, growth_interval=self.scale_window,
@@ -631,10 +634,10 @@ class _TrainOneStep(nn.Module):
             return loss.detach(), torch.tensor(overflow), scale
         if isinstance(self.manager, FixedLossScaleManager):
             # A fixed scale that never drops a step: scale, unscale, apply regardless.
-            scale = self.manager.get_loss_scale()
-            (loss * scale).backward()
+            fixed = self.manager.get_loss_scale()
+            (loss * fixed).backward()
             params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            unscale_grads_((p.grad for p in params), torch.tensor(1.0 / scale),
+            unscale_grads_((p.grad for p in params), torch.tensor(1.0 / fixed),
                            torch.zeros(()))
         else:
             loss.backward()

@@ -665,9 +665,11 @@ def scale_loss(loss: torch.Tensor | Sequence[torch.Tensor],
     """
     scaler = _scaler_of(optimizer_or_trainer)
     if isinstance(loss, list | tuple):
-        yield [scaler.scale(item) for item in loss]
+        items: list[torch.Tensor] = list(loss)
+        yield [scaler.scale(item) for item in items]
     else:
-        yield scaler.scale(loss)
+        one: torch.Tensor = loss  # type: ignore[assignment]  # not a list or tuple: a tensor
+        yield scaler.scale(one)
 
 
 def unscale(optimizer_or_trainer: torch.optim.Optimizer) -> None:

@@ -365,7 +365,8 @@ def decorate(models: nn.Module | list[nn.Module],
     out_models = model_list[0] if one_model else type(models)(model_list)
     if optimizers is None:
         return out_models
-    out_opts = opt_list[0] if one_opt else type(optimizers)(opt_list)
+    kind: Any = type(optimizers)  # the list or tuple type the optimizers came in
+    out_opts = opt_list[0] if one_opt else kind(opt_list)
     return out_models, out_opts
 
 

@@ -136,7 +136,7 @@ class AmpkitAccelerator(Accelerator):
         except BaseException:
             accelerator.__class__ = Accelerator
             raise
-        return accelerator  # type: ignore[return-value]
+        return accelerator
 
     def _ampkit_attach(self, settings: AmpkitSettings) -> None:
         if self.mixed_precision != "no":
@@ -189,7 +189,8 @@ class AmpkitAccelerator(Accelerator):
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Convert the models and give the optimizers fp32 masters, then
         ``Accelerator.prepare`` (any order of arguments)."""
-        places = device_placement or [None] * len(args)
+        places: list[bool | None] = ([None] * len(args) if not device_placement
+                                     else list(device_placement))
         for obj, place in zip(args, places):
             if isinstance(obj, torch.nn.Module):
                 self.convert_model(obj, place)

@@ -366,7 +366,8 @@ class GradScaler:
                               "whose step() takes it, as torch's GradScaler does; torch "
                               "is phasing this out in favour of the grad_scale and "
                               "found_inf attributes", FutureWarning, stacklevel=2)
-                result = optimizer.step(*args, grad_scaler=self, **kwargs)
+                step: Any = optimizer.step  # this optimizer's step takes grad_scaler=
+                result = step(*args, grad_scaler=self, **kwargs)
                 record.stage = OptState.STEPPED
                 return result
             still_scaled = record.stage is OptState.READY
@@ -408,6 +409,7 @@ class GradScaler:
         """The optimizer unscales (``grad_scale``) and skips (``found_inf``) itself;
         ``record.found_inf`` is already set."""
         scale = self._require_scale("step")
+        grad_scale: torch.Tensor | None
         if still_scaled:
             # The optimizer divides by grad_scale (times any grad_scale of the user's own).
             grad_scale = scale * getattr(optimizer, "grad_scale", 1)

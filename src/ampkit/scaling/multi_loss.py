@@ -91,7 +91,7 @@ class LossScalingConfig:
 def _build_scaler(config: LossScalingConfig) -> GradScaler:
     if config.loss_scale is None:
         return GradScaler(enabled=False)
-    if config.loss_scale == "dynamic":
+    if isinstance(config.loss_scale, str):  # "dynamic", the only string it takes
         return GradScaler(init_scale=config.init_scale,
                           growth_interval=config.growth_interval,
                           hysteresis=config.hysteresis, min_scale=config.min_loss_scale,

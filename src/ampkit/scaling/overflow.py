@@ -53,7 +53,8 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """
     to_local = getattr(t, "to_local", None)  # DTensor, without importing torch.distributed
     if to_local is not None and hasattr(t, "placements"):
-        return to_local()
+        local: torch.Tensor = to_local()
+        return local
     return t
 
 

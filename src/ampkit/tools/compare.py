@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -177,10 +178,10 @@ def model_device_type(model: nn.Module) -> str:
         >>> model_device_type(torch.nn.Linear(1, 1))
         'cpu'
     """
-    for t in model.parameters():
-        return t.device.type
-    for t in model.buffers():
-        return t.device.type
+    for p in model.parameters():
+        return p.device.type
+    for b in model.buffers():
+        return b.device.type
     return "cpu"
 
 
@@ -228,8 +229,9 @@ def _setup(precision: Any, dtype: Any, device_type: str,
         policy = config.policy
         # Entering the conversion's own region before the op watch keeps the engine
         # under the watch, so the watch sees each op's inputs before they are cast.
-        region = ((lambda: ampkit.autocast(device_type, low, policy=policy))
-                  if policy is not None else contextlib.nullcontext)
+        region: Callable[[], Any] = (
+            functools.partial(ampkit.autocast, device_type, low, policy=policy)
+            if policy is not None else contextlib.nullcontext)
         return _Setup(f"{level.value}", low, lambda m: convert_model(m, config), region)
     if not isinstance(precision, (str, Policy)):
         raise TypeError(f"precision must be a level ('O0'-'O3'), a policy name or a Policy, "
@@ -320,15 +322,15 @@ def compare_runs(ref: Run, low: Run, description: str, dtype: torch.dtype,
         ops.append(OpError(index, name, module, call, _dtype_name(outputs),
                            tuple(outputs[0].shape), ErrorStats.between(outputs, match[1]),
                            _input_rel(inputs, match[0]), local.max_rel))
-    finished = {key: i for i, key in enumerate(low.recorder.finished)}
+    finished = {done: i for i, done in enumerate(low.recorder.finished)}
     modules = []
-    for key, (kind, inputs, outputs, started) in low.recorder.modules.items():
-        match = ref.recorder.modules.get(key)
-        if match is None or key not in finished:
+    for mkey, (kind, inputs, outputs, started) in low.recorder.modules.items():
+        mmatch = ref.recorder.modules.get(mkey)
+        if mmatch is None or mkey not in finished:
             continue
-        modules.append(ModuleError(key[0], kind, key[1], started, finished[key],
-                                   _dtype_name(outputs), ErrorStats.between(outputs, match[2]),
-                                   _input_rel(inputs, match[1])))
+        modules.append(ModuleError(mkey[0], kind, mkey[1], started, finished[mkey],
+                                   _dtype_name(outputs), ErrorStats.between(outputs, mmatch[2]),
+                                   _input_rel(inputs, mmatch[1])))
     grads = []
     for name, g_ref in ref.grads.items():
         g_low = low.grads.get(name)

@@ -502,7 +502,7 @@ def cpu_description() -> str:
         >>> "torch thread" in cpu_description() and "native bf16" in cpu_description()
         True
     """
-    model, flags = "", set()
+    model, flags = "", set[str]()
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         for line in f:
             key, _, value = line.partition(":")

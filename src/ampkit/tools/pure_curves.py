@@ -139,7 +139,8 @@ def _make_pure(model: nn.Module, opt: torch.optim.Optimizer, mode: str,
     if mode == "nearest":
         model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,
                                        master_weights=False)
-        opt = PureLowPrecisionOptimizer(opt, "nearest", seed=rounding_seed)
+        # __new__ hands back the same optimizer, made pure.
+        opt = PureLowPrecisionOptimizer(opt, "nearest", seed=rounding_seed)  # type: ignore[assignment]
     elif mode != "fp32":
         model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,
                                        master_weights=mode, rounding_seed=rounding_seed)
@@ -219,7 +220,7 @@ def train_curves(modes: Iterable[str] = ("fp32", "nearest", "stochastic"), *,
 
     curves: dict[str, Curve] = {}
     for mode in modes:
-        model = copy.deepcopy(base)
+        model: nn.Module = copy.deepcopy(base)
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr,
                                                        weight_decay=0.0)
         model, opt = _make_pure(model, opt, mode, rounding_seed)

@@ -420,7 +420,8 @@ def _drawn_once(result: DemoResult, runs: Sequence[RunResult] | None = None
     chosen = {run.name for run in runs}
     same = {name: tuple(n for n in group.names if n in chosen)
             for group in identical_runs(result) for name in group.names}
-    lines, seen = [], set()
+    lines: list[tuple[str, RunResult]] = []
+    seen: set[str] = set()
     for run in runs:
         if run.name in seen:
             continue

@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import math
 import numbers
@@ -206,7 +207,7 @@ def _metric(value: Any, where: str) -> float:
 
 
 def _check_number(value: Any, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (value >= 0) \
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (float(value) >= 0) \
             or math.isinf(value):
         raise ValueError(f"{argument} must be a finite number >= 0, got {value!r}")
     return float(value)
@@ -316,7 +317,7 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
         where = f"trial {index} (float32 ops: {sorted(current.fp32_ops) or 'none'})"
         run, metric = run_once(
             copy.deepcopy(model), evaluate(where),
-            lambda p=current: ampkit.autocast(device_type, low, policy=p), None,
+            functools.partial(ampkit.autocast, device_type, low, policy=current), None,
             device_type, recompute=True)
         comparison = compare_runs(ref_run, run, f"policy {current.name!r}", low, threshold)
         measured.update(r.op for r in comparison.ops)
