@@ -344,7 +344,7 @@ def _region_autocast(device_type: str, dtype: torch.dtype | None,
     return autocast(device_type, dtype, policy=policy)
 
 
-def _device_type(module: nn.Module, args: Any) -> str:
+def _compute_device_type(module: nn.Module, args: Any) -> str:
     """The device a module computes on: its first parameter's (or buffer's), else its
     first tensor input's."""
     # The module's own tensors first: cheap, and almost always there (norms, the root's
@@ -593,7 +593,7 @@ class _Boundary:
             new_forward_pass()
         if self.region is not _Region.UNCHANGED:
             _regions.entries.append((module, entered))
-            device_type = _device_type(module, (args, kwargs))
+            device_type = _compute_device_type(module, (args, kwargs))
             if self.region is _Region.FP32:
                 # Nothing to switch off when no autocast is on (O3, outside regions).
                 if torch.is_autocast_enabled(device_type):

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampkit
+from ampkit.arguments import default_device_type
 from ampkit.tools.digits import DigitsCNN, DigitsData, batch_order, load_digits_data
 from ampkit.tools.op_stats import collect_op_stats
 from ampkit.tools.pure_curves import PURE_DEMO_CURVES, train_curves
@@ -215,7 +216,7 @@ def resolve_device(device: str) -> torch.device:
     """
     device = _check_device_name(device)
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(default_device_type())
     if device == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
