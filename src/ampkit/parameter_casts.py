@@ -65,7 +65,7 @@ import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter", "forget_casts",
-           "is_cached", "new_forward_pass", "restore_until", "swap_depth"]
+           "is_cached", "new_forward_pass", "restore_to", "restore_until", "swap_depth"]
 
 
 class _Entry:
@@ -302,6 +302,20 @@ class _Swaps(threading.local):
 _swaps = _Swaps()
 
 
+def _eager_when_a_frame() -> None:
+    # The hooks of a model's own parameters run outside the graph under
+    # torch.compile(model) (torch runs the model's hooks, then compiles its forward):
+    # plain Python there, rather than graphs of their own; traced where compiled code
+    # calls the module.
+    from ampkit.autocast_mode import _skip_recursively
+
+    for hook in (CastParametersOnUse.before, CastParametersOnUse.after):
+        _skip_recursively(hook.__code__)
+
+
+_eager_when_a_frame()
+
+
 def _restore(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
     params = module._parameters
     for name, p in swapped:
@@ -310,9 +324,7 @@ def _restore(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None
 
 def restore_until(module: nn.Module | None) -> None:
     """Put the fp32 parameters back in every module swapped since ``module``'s forward
-    began, ``module``'s own included (``None``: every module of this thread). Forward
-    post-hooks do not run on a ``KeyboardInterrupt``; the model's boundary calls this
-    on its way out, whatever ended the forward.
+    began, ``module``'s own included (``None``: every module of this thread).
 
     Example:
         >>> from ampkit.parameter_casts import restore_until
@@ -326,6 +338,22 @@ def restore_until(module: nn.Module | None) -> None:
         _restore(owner, swapped)
         if owner is module:
             return
+
+
+def restore_to(depth: int) -> None:
+    """Put the fp32 parameters back in every module of this thread swapped since
+    :func:`swap_depth` was ``depth`` (the model's boundary calls this on its way out,
+    whatever ended the forward: forward post-hooks do not run on a
+    ``KeyboardInterrupt``).
+
+    Example:
+        >>> from ampkit.parameter_casts import restore_to, swap_depth
+        >>> restore_to(swap_depth())
+    """
+    stack = _swaps.stack
+    while len(stack) > depth:
+        owner, swapped = stack.pop()
+        _restore(owner, swapped)
 
 
 def swap_depth() -> int:
