@@ -600,6 +600,29 @@ def _takes_low_input(module: nn.Module, device_type: str,
         p is not None and p.dtype is torch.float32 for p in module._parameters.values())
 
 
+def _check_gathered_fp32(module: nn.Module) -> None:
+    """A kept-fp32 module in an FSDP2 group: its parameters, as FSDP gathered them for
+    this forward, must be fp32, or the group's ``MixedPrecisionPolicy`` rounds what the
+    level keeps in fp32."""
+    low = next(((n, p.dtype) for n, p in module._parameters.items()
+                if p is not None and p.is_floating_point() and p.dtype is not torch.float32),
+               None)
+    if low is None:
+        return
+    record = getattr(module, _MARK, None)
+    name = record.name if isinstance(record, _Record) else "?"
+    level = ""
+    if isinstance(record, _Record) and record.config.param_compute_dtype is not None:
+        level = " at O2"
+    raise RuntimeError(
+        f"ampkit keeps module {name!r} ({_original_class(type(module)).__name__}) in "
+        f"float32{level}, but FSDP2 gathered its parameter {low[0]!r} as {low[1]}: it is "
+        f"in a fully_shard group whose MixedPrecisionPolicy has param_dtype={low[1]}. "
+        f"Shard the model with ampkit.fsdp.fully_shard(model, blocks=...), which gives "
+        f"kept modules fp32 groups of their own, or call fully_shard on this module "
+        f"first with mp_policy=ampkit.fsdp.mixed_precision_policy(model, kept=True)")
+
+
 def _original_class(cls: type) -> type:
     """``cls`` without the subclasses FSDP2 (``FSDP<Name>``) and a converted model's
     own class swap put on top of the module's class."""
@@ -676,6 +699,8 @@ class _Boundary:
         args, kwargs)`` for :meth:`leave` and the call."""
         if self.root:
             new_forward_pass()
+        elif self.region is _Region.FP32 and getattr(module, "_is_fsdp_managed_module", False):
+            _check_gathered_fp32(module)
         swaps = swap_depth()
         device_type = _device_type(module, (args, kwargs))
         entered: list[Any] = []
