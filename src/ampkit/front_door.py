@@ -201,8 +201,9 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         if plan is not None:
             apply_conversion(model, config, plan)
     if isinstance(props.master_weights, str):  # pure low precision: no fp32 copies
-        from ampkit.master_weights_pure import pure_low_precision
+        from ampkit.master_weights_pure import mark_pure_models, pure_low_precision
 
+        mark_pure_models(model_list, props.master_weights, rounding_seed)
         opt_list = [pure_low_precision(model_list, opt, props.master_weights,
                                        seed=rounding_seed) for opt in opt_list]
     _configure_loss_scaling(props, scaling)
