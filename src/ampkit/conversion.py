@@ -190,6 +190,10 @@ class ConversionConfig:
             :mod:`ampkit.parameter_casts`.
         state_dict_dtype: ``model.state_dict()`` reports floating values in this dtype
             (``None``: as stored).
+        params_as_given: take the model's floating parameters in whatever dtype they
+            have (float16 included) instead of refusing a model that is not fp32;
+            nothing is cast that ``param_dtype`` does not ask for (apex's
+            ``cast_model_type=False`` with ``allow_incoming_model_not_fp32``).
 
     Example:
         >>> import torch
@@ -211,6 +215,7 @@ class ConversionConfig:
     cast_buffers: bool = True
     param_compute_dtype: torch.dtype | None = None
     state_dict_dtype: torch.dtype | None = None
+    params_as_given: bool = False
 
     def __post_init__(self) -> None:
         put = functools.partial(object.__setattr__, self)
@@ -226,8 +231,9 @@ class ConversionConfig:
                                                 "low_precision_modules"))
         if self.policy is not None:
             put("policy", get_policy(self.policy))
-        if not isinstance(self.cast_buffers, bool):
-            raise TypeError(f"cast_buffers must be a bool, got {self.cast_buffers!r}")
+        for name in ("cast_buffers", "params_as_given"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         needs_compute = [n for n, v in (("policy", self.policy),
                                         ("low_precision_modules", self.low_precision_modules))
                          if v is not None]
@@ -265,13 +271,17 @@ class ConversionConfig:
                         keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
                         policy: str | Policy = "torch",
                         custom_white_list: Iterable[OpEntry] | None = None,
-                        custom_black_list: Iterable[OpEntry] | None = None
+                        custom_black_list: Iterable[OpEntry] | None = None,
+                        state_dict_dtype: torch.dtype | str | None = None
                         ) -> ConversionConfig:
         """The conversion a level's :class:`~ampkit.levels.LevelProperties` stand for.
 
         ``keep_fp32_modules`` adds to the norms that ``keep_norms_fp32`` keeps;
         ``policy`` and the custom lists make the autocast policy of levels that patch
-        ops (a ``ValueError`` for levels that do not, where they would do nothing).
+        ops (a ``ValueError`` for levels that do not, where they would do nothing);
+        ``state_dict_dtype`` is the dtype ``model.state_dict()`` reports (apex: float32
+        wherever it casts the model). ``cast_model_type=False`` takes the model as
+        given (``params_as_given``).
 
         Example:
             >>> import torch
@@ -292,8 +302,9 @@ class ConversionConfig:
         # master_weights=True: the fp32 parameters are the truth and modules compute
         # with low-precision copies made on use (no second copy of anything).
         fp32_truth = low and props.master_weights is True
+        as_given = props.cast_model_type is False
         return cls(
-            param_dtype=None if fp32_truth else props.cast_model_type,
+            param_dtype=None if fp32_truth or as_given else props.cast_model_type,
             param_compute_dtype=props.cast_model_type if fp32_truth else None,
             keep_fp32_modules=tuple(norms) + keep,
             kept_output_dtype=props.cast_model_type if low else None,
@@ -302,6 +313,8 @@ class ConversionConfig:
                     if props.patch_ops else None),
             input_dtype=props.cast_model_type if low else None,
             output_dtype=props.cast_model_outputs,
+            state_dict_dtype=state_dict_dtype,
+            params_as_given=as_given,
         )
 
     @classmethod
@@ -1063,7 +1076,7 @@ def _check_tensors(model: nn.Module, config: ConversionConfig) -> None:
         if isinstance(param, nn.parameter.UninitializedParameter):
             raise ValueError(f"parameter {name!r} is uninitialized (a lazy module); run one "
                              f"forward pass before converting the model")
-    if not (config.casts_parameters or config.policy is not None
+    if config.params_as_given or not (config.casts_parameters or config.policy is not None
             or config.param_compute_dtype is not None
             or config.low_precision_modules is not None):
         return  # O0-like: casting whatever is there to fp32 loses nothing

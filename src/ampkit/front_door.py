@@ -56,7 +56,7 @@ __all__ = ["INITIALIZE_OVERRIDES", "initialize"]
 # apex's spelling -> ampkit's
 _ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"}
 _CONVERSION_OPTIONS = ("keep_fp32_modules", "policy", "custom_white_list",
-                       "custom_black_list")
+                       "custom_black_list", "state_dict_dtype")
 _LOSS_SCALING_OPTIONS = ("num_losses", "min_loss_scale", "max_loss_scale")
 _PURE_OPTIONS = ("rounding_seed",)  # master_weights="stochastic"/"kahan" only
 

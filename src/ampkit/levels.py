@@ -4,7 +4,9 @@ A level is a named set of defaults for how a whole model trains (apex's ``opt_le
 Paddle's ``level``, MindSpore's ``amp_level``). The properties:
 
 * ``cast_model_type``: the dtype parameters and floating buffers are stored in
-  (``None``: left as they are);
+  (``None``: left as they are; ``False``, as an override: left as they are *and* taken
+  in whatever floating dtype they have, float16 included: the model as given, apex's
+  ``cast_model_type=False`` with ``allow_incoming_model_not_fp32``);
 * ``keep_norms_fp32``: BatchNorm, LayerNorm, GroupNorm, InstanceNorm and RMSNorm
   modules keep fp32 parameters and statistics and compute in fp32; at O2 their input
   and output are low precision (a norm whose kernel computes in fp32 from a
@@ -154,6 +156,12 @@ def _float_dtype(value: Any, argument: str) -> torch.dtype | None:
                      f"torch.float32 (or their names), got {value!r}")
 
 
+def _cast_model_type(value: Any) -> torch.dtype | bool | None:
+    if value is False:
+        return False  # the model as given
+    return _float_dtype(value, "cast_model_type")
+
+
 def _loss_scale(value: Any) -> str | float | None:
     if value is None or value == "dynamic":
         return value
@@ -200,7 +208,7 @@ class LevelProperties:
 
     level: Level
     dtype: torch.dtype
-    cast_model_type: torch.dtype | None
+    cast_model_type: torch.dtype | bool | None
     keep_norms_fp32: bool | None
     master_weights: bool | str
     loss_scale: str | float | None
@@ -257,7 +265,7 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
     """apex's refusals, plus the combinations that cannot mean anything here."""
     low = props["cast_model_type"] in (torch.float16, torch.bfloat16)
     if level is Level.O1:
-        if props["cast_model_type"] not in (None, torch.float32):
+        if props["cast_model_type"] not in (None, torch.float32, False):
             raise ValueError(f"level O1 keeps fp32 parameters and casts ops instead, so "
                              f"cast_model_type must be None or torch.float32, got "
                              f"{given['cast_model_type']!r}; use level O2 or O3 for "
@@ -290,6 +298,9 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
                          f"parameters must be torch.bfloat16, got "
                          f"{_name(props['cast_model_type'])}; float16 has too little range "
                          f"for pure low-precision training: use master_weights=True")
+    if props["master_weights"] is True and level in (Level.O2, Level.O3) and \
+            props["cast_model_type"] in (torch.float32, False):
+        return  # fp32 (or as given) parameters are their own truth: nothing to copy
     if props["master_weights"] and not low:
         raise ValueError(f"master_weights=True needs low-precision parameters (level O2 or "
                          f"O3 with cast_model_type float16/bfloat16); level {level.value} "
@@ -336,7 +347,9 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
     given = {k: v for k, v in overrides.items() if v is not None}
     checked: dict[str, Any] = {}
     for name, value in given.items():
-        if name in ("cast_model_type", "cast_model_outputs"):
+        if name == "cast_model_type":
+            checked[name] = _cast_model_type(value)
+        elif name == "cast_model_outputs":
             checked[name] = _float_dtype(value, name)
         elif name == "loss_scale":
             checked[name] = _loss_scale(value)
