@@ -75,6 +75,7 @@ from ampkit.casting import cast_tree
 from ampkit.levels import LevelProperties, level_properties
 from ampkit.parameter_casts import (
     CastParametersOnUse,
+    end_forward_pass,
     new_forward_pass,
     restore_to,
     swap_depth,
@@ -743,12 +744,13 @@ class _Boundary:
             raise
         return entered, swaps, args, kwargs
 
-    @staticmethod
-    def leave(entered: list[Any], swaps: int) -> None:
+    def leave(self, entered: list[Any], swaps: int) -> None:
         """Eager: put swapped parameters back and close the contexts, in that order,
         each step even when an earlier one raised."""
         try:
             restore_to(swaps)
+            if self.root:
+                end_forward_pass()
         finally:
             while entered:
                 entered.pop().__exit__(None, None, None)
