@@ -19,7 +19,9 @@ machine, and the bytes they move are what a memory-bound accelerator pays for.
 backward pass, before the one optimizer step (gradient accumulation; ``delay_unscale``
 for every micro-batch but the last under ``ampkit.scale_loss``). Native autocast casts
 every weight in each forward and its gradient in each backward; O2 casts each weight
-once per step (the masters into the model) and each gradient once per backward pass.
+once per optimizer step (its low-precision copy, cached across the micro-batches) and
+its gradient once per backward pass, into the fp32 ``.grad`` (autograd's
+``ToCopyBackward``), where it accumulates in fp32.
 
 ``--by-op`` adds, per mode, the bytes by (source dtype -> destination dtype) and by op.
 

@@ -14,14 +14,15 @@ Each configuration starts from the same weights, takes two warm-up steps (so the
 optimizer state exists, as in any step of a real run), then one measured step:
 forward, backward, ``optimizer.step()``, ``zero_grad``.
 
-Peak = bytes held between steps (parameters, fp32 masters, optimizer state, buffers)
+Peak = bytes held between steps (parameters, optimizer state, buffers)
 + the highest point of the tensor allocations made during the step, as recorded by the
 PyTorch profiler (``profile_memory=True``); on CUDA the allocator's peak counter.
 Everything is measured in this one process, one configuration after the other.
 
-Target (issue 3): O2 <= 0.6x fp32. What O2 cannot save: the fp32 masters and fp32
-optimizer state (O2 holds 14 bytes per parameter between steps, fp32 training 12), and
-the fp32 loss path. Kept-fp32 norms cost no extra activation memory: autograd keeps
+Target (issue 3): O2 <= 0.6x fp32. What O2 cannot save: the fp32 parameters and
+optimizer state, fp32 training's 12 bytes per parameter between steps (since issue 21
+the fp32 parameters are the truth and O2 holds nothing else; with fp32 masters it held
+14), and the fp32 loss path. Kept-fp32 norms cost no extra activation memory: autograd keeps
 their low-precision input, not its fp32 copy (see ``ampkit.conversion``).
 
 Configurations: ``fp32``; ``native`` (an fp32 model under ``torch.autocast``, and

@@ -1,23 +1,26 @@
-"""What O2's fp32 master weights cost the host per training step, per parameter.
+"""What O2 costs the host per training step, per parameter.
 
-O2 keeps an fp32 master for each low-precision parameter. Each step, after the backward
-pass, the masters' gradients are derived from the model's (``pull``), the optimizer
-steps the masters, and the model parameters are refreshed from them. On an accelerator
-this bookkeeping runs on the host while the device works; when the host is the
-bottleneck (many small parameters, small batches), it shows in the step time.
+At O2 the fp32 parameters are the truth (issue 21): the user's optimizer steps them
+as it would an fp32 model's, and each module computes with low-precision copies of its
+weights, made in the forward (a pre-hook swaps them in, a post-hook puts the fp32
+parameters back) and cached across the micro-batches of one step. So O2's host cost is
+in the forward (the hooks and the model's boundary), and autograd's ``ToCopyBackward``
+in the backward; the step is an fp32 model's. (Before issue 21, O2 kept fp32 master
+copies: a gradient hook per parameter, a pull after the backward pass, a refresh after
+the step.) On an accelerator this runs on the host while the device works; when the
+host is the bottleneck (many small parameters, small batches), it shows.
 
 A dispatch-bound workload makes that cost visible: a stack of ``--layers`` tiny Linear
 layers (16x16, 2 parameters each) on a 4x16 batch, AdamW (foreach), one thread. Three
 configurations, timed side by side in one process, alternating round by round:
 
-* ``bf16``: the model in bf16, no masters (the same kernels, no bookkeeping: the floor);
+* ``bf16``: the model in bf16 (the same kernels, no casts and no bookkeeping: the floor);
 * ``native``: an fp32 model under ``torch.autocast`` (weights cast in every forward);
 * ``O2``: ``ampkit.initialize(level="O2", dtype=torch.bfloat16)``.
 
-Each configuration's step is timed in two parts, the backward pass (which ends with
-O2's ``pull``) and ``optimizer.step()`` (the masters' step and the refresh); the
-forward and ``zero_grad`` are not timed. Printed: median ms per part, and O2's host cost
-over ``bf16`` per parameter.
+Each configuration's step is timed in three parts: the forward (with the loss), the
+backward pass and ``optimizer.step()``; ``zero_grad`` is not timed. Printed: median ms
+per part, and O2's host cost over ``bf16`` per parameter.
 
 Run: ``python benchmarks/o2_step_overhead.py [--layers 150] [--rounds 15]``
 """
@@ -41,9 +44,10 @@ from ampkit.tools.cli_args import positive_int
 CONFIGS = ("bf16", "native", "O2")
 
 
-def make_step(config: str, layers: int) -> tuple[Callable[[], tuple[float, float]], int]:
-    """A function running one training step and returning (backward s, step s), and the
-    number of parameters."""
+def make_step(config: str, layers: int
+              ) -> tuple[Callable[[], tuple[float, float, float]], int]:
+    """A function running one training step and returning (forward s, backward s,
+    step s), and the number of parameters."""
     torch.manual_seed(0)
     model: nn.Module = nn.Sequential(*[nn.Linear(16, 16) for _ in range(layers)])
     x = torch.randn(4, 16)
@@ -58,7 +62,8 @@ def make_step(config: str, layers: int) -> tuple[Callable[[], tuple[float, float
         model, optimizer = ampkit.initialize(model, optimizer, level="O2",
                                              dtype=torch.bfloat16)
 
-    def step() -> tuple[float, float]:
+    def step() -> tuple[float, float, float]:
+        begin = time.perf_counter()
         with region():
             loss = model(x).float().square().mean()
         start = time.perf_counter()
@@ -67,7 +72,7 @@ def make_step(config: str, layers: int) -> tuple[Callable[[], tuple[float, float
         optimizer.step()
         step_done = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        return backward_done - start, step_done - backward_done
+        return start - begin, backward_done - start, step_done - backward_done
 
     return step, len(list(model.parameters()))
 
@@ -81,28 +86,27 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     steps = {config: make_step(config, args.layers) for config in CONFIGS}
     n_params = steps["O2"][1]
-    samples: dict[str, list[tuple[float, float]]] = {config: [] for config in CONFIGS}
+    samples: dict[str, list[tuple[float, ...]]] = {config: [] for config in CONFIGS}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for config, (step, _) in steps.items():
             times = [step() for _ in range(args.steps)]
             if round_:
-                samples[config].append((sum(t[0] for t in times) / args.steps,
-                                        sum(t[1] for t in times) / args.steps))
+                samples[config].append(tuple(sum(t[i] for t in times) / args.steps
+                                             for i in range(3)))
     print(f"torch {torch.__version__}; {args.layers} Linear(16, 16) layers, "
           f"{n_params} parameters; AdamW (foreach); 1 thread; median of {args.rounds} "
           f"rounds of {args.steps} steps")
-    print("| config | backward (ms) | optimizer.step (ms) | both (ms) |")
-    print("|---|---|---|---|")
-    medians: dict[str, tuple[float, float]] = {}
+    print("| config | forward (ms) | backward (ms) | optimizer.step (ms) | all (ms) |")
+    print("|---|---|---|---|---|")
+    medians: dict[str, tuple[float, ...]] = {}
     for config, rows in samples.items():
-        backward = statistics.median(r[0] for r in rows)
-        step = statistics.median(r[1] for r in rows)
-        medians[config] = (backward, step)
-        print(f"| {config} | {backward * 1e3:.3f} | {step * 1e3:.3f} | "
-              f"{(backward + step) * 1e3:.3f} |")
-    (b_o2, s_o2), (b_low, s_low) = medians["O2"], medians["bf16"]
-    print(f"O2 over bf16, per parameter: backward {(b_o2 - b_low) / n_params * 1e6:.1f} us, "
-          f"step {(s_o2 - s_low) / n_params * 1e6:.1f} us")
+        parts = tuple(statistics.median(r[i] for r in rows) for i in range(3))
+        medians[config] = parts
+        print("| " + " | ".join([config, *(f"{p * 1e3:.3f}" for p in parts),
+                                 f"{sum(parts) * 1e3:.3f}"]) + " |")
+    over = [(o - b) / n_params * 1e6 for o, b in zip(medians["O2"], medians["bf16"])]
+    print(f"O2 over bf16, per parameter: forward {over[0]:.1f} us, backward {over[1]:.1f} "
+          f"us, step {over[2]:.1f} us")
     return 0
 
 

@@ -85,8 +85,8 @@ def test_o2_step_overhead_reports_each_configuration(capsys):
     assert status == 0
     rows = _table_rows(out)
     for config in o2_step_overhead.CONFIGS:
-        backward, step, both = (float(cell) for cell in rows[config][1:4])
-        assert backward > 0 and step > 0
-        assert both == pytest.approx(backward + step, abs=0.002)
+        forward, backward, step, total = (float(cell) for cell in rows[config][1:5])
+        assert forward > 0 and backward > 0 and step > 0
+        assert total == pytest.approx(forward + backward + step, abs=0.003)
     assert "6 parameters" in out
     assert "O2 over bf16, per parameter" in out

@@ -621,3 +621,21 @@ def test_activation_checkpointing_still_works():
     out = checkpoint(model, x, use_reentrant=False)
     out.pow(2).sum().backward()
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), expected))
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_cast_model_type_false_takes_a_float16_model_as_given(level: str) -> None:
+    """``cast_model_type=False``: the model as given, float16 parameters included;
+    nothing is cast and the float16 parameter trains in place."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4).half())
+    model[1].register_forward_pre_hook(lambda m, a: tuple(t.half() for t in a))
+    weights = [p for p in model.parameters()]
+    model = ampkit.initialize(model, level=level, dtype=torch.float16, cast_model_type=False,
+                              cast_model_outputs=torch.float32)
+    assert [p.dtype for p in model.parameters()] == [torch.float32] * 2 + [torch.float16] * 2
+    assert all(p is q for p, q in zip(model.parameters(), weights))
+    out = model(torch.rand(2, 4, device="cpu"))
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    assert model[1].weight.grad.dtype == torch.float16

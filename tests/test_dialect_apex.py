@@ -396,6 +396,23 @@ def test_binary_cross_entropy_is_banned_on_half_inputs() -> None:
     handle._deactivate()
 
 
+def test_the_newest_handle_decides_whether_banned_functions_run() -> None:
+    """apex patched the banned functions again at each amp.init: a handle made with
+    allow_banned=True runs them in float32 even while an older one is active."""
+    target = torch.rand(3, 4)
+    older = amp.init(device_type="cpu")
+    newer = amp.init(allow_banned=True, device_type="cpu")
+    try:
+        assert nn.BCELoss()(torch.rand(3, 4, dtype=FP16), target).dtype == FP32
+    finally:
+        newer._deactivate()
+    try:
+        with pytest.raises(NotImplementedError, match="BCEWithLogitsLoss"):
+            F.binary_cross_entropy(torch.rand(3, 4, dtype=FP16), target)
+    finally:
+        older._deactivate()
+
+
 def test_in_place_float32_list_ops_refuse_half_tensors_under_o1() -> None:
     model = _o1_probe(lambda x: x.clone().exp_())
     with pytest.raises(NotImplementedError, match="in-place exp_"):
@@ -499,6 +516,39 @@ def test_larc_wrapped_optimizers_are_accepted(opt_level: str) -> None:
         scaled.backward()
     opt.step()
     assert not all(torch.equal(p, b) for p, b in zip(amp.master_params(opt), before))
+
+
+@pytest.mark.parametrize("opt_level", ["O0", "O1", "O2", "O3"])
+def test_a_float16_parameter_is_taken_as_given_when_apex_allows_it(opt_level: str) -> None:
+    """_amp_state.allow_incoming_model_not_fp32 with cast_model_type=False (apex's
+    multi-model tests): the float16 parameter stays float16 and trains; without the
+    switch apex's own check refuses the model."""
+    net = nn.Sequential(nn.Linear(2, 3).half())
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with pytest.raises(RuntimeError, match=r"expected torch\.float32"):
+        amp.initialize(net, opt, opt_level=opt_level, cast_model_type=False, verbosity=0)
+    amp._amp_state.allow_incoming_model_not_fp32 = True
+    try:
+        net, opt = amp.initialize(net, opt, opt_level=opt_level, cast_model_type=False,
+                                  loss_scale=128.0, verbosity=0)
+    finally:
+        amp._amp_state.allow_incoming_model_not_fp32 = False
+    assert net[0].weight.dtype == FP16
+    before = net[0].weight.detach().clone()
+    with amp.scale_loss(net(torch.ones(1, 2, dtype=FP16)).float().sum(), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert net[0].weight.dtype == FP16 and not torch.equal(net[0].weight, before)
+    if amp._amp_state.handle is not None:
+        amp._amp_state.handle._deactivate()
+
+
+def test_o3_state_dict_holds_float32_as_apex_did() -> None:
+    """apex's state_dict holds float32 wherever it casts the model (O2, O3); at O2 the
+    fp32 parameters are the truth anyway."""
+    net = amp.initialize(_net(), opt_level="O3", verbosity=0)
+    assert {v.dtype for k, v in net.state_dict().items() if v.is_floating_point()} == {FP32}
+    assert {p.dtype for p in net.parameters()} == {FP16}  # the truth stays float16
 
 
 @pytest.mark.parametrize("opt_level", ["O0", "O1", "O3"])

@@ -314,3 +314,43 @@ def test_an_optimizer_built_before_sharding_is_refused_at_its_first_step(
     fresh = torch.optim.AdamW(model.parameters(), lr=0.1)  # after sharding: trains
     fresh.step()
     assert not torch.equal(before[0], model[0].weight.full_tensor())
+
+
+def test_kept_norm_in_a_bf16_fsdp_group_is_a_clear_error(one_rank: Any) -> None:
+    """A kept-fp32 norm sharded in one group with bf16 Linears under torch's own
+    MixedPrecisionPolicy(param_dtype=bf16) would run on bf16-rounded weights: the first
+    forward names the module and the policy's dtype instead."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = ampkit.initialize(_mlp(0), level="O2", dtype=BF16)
+    fully_shard(model, mesh=one_rank,
+                mp_policy=MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32))
+    with pytest.raises(RuntimeError, match=r"keeps module '1' \(LayerNorm\) in float32 at "
+                                           r"O2, but FSDP2 gathered its parameter 'weight' "
+                                           r"as torch.bfloat16.*ampkit.fsdp.fully_shard"):
+        model(torch.rand(3, 16))
+
+
+def test_kept_norms_under_fsdp2_take_low_precision_input_as_unsharded(one_rank: Any) -> None:
+    """FSDP2 gives each sharded module a class of its own (FSDPBatchNorm1d): the kept
+    norms still take the low-precision activation as it is, as without FSDP."""
+    import ampkit.fsdp
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 8),
+                             nn.GroupNorm(2, 8), nn.Linear(8, 2))
+
+    seen: dict[str, dict[str, torch.dtype]] = {}
+    for label, sharded in (("plain", False), ("fsdp", True)):
+        model = ampkit.initialize(net(), level="O2", dtype=BF16)
+        if sharded:
+            ampkit.fsdp.fully_shard(model, blocks=[nn.Linear], mesh=one_rank)
+            assert type(model[1]).__name__ == "FSDPBatchNorm1d"
+        got = seen.setdefault(label, {})
+        for name in ("1", "3"):
+            model.get_submodule(name).register_forward_pre_hook(
+                lambda m, a, name=name, got=got: got.__setitem__(name, a[0].dtype))
+        model(torch.rand(4, 8))
+    assert seen["plain"] == {"1": BF16, "3": BF16}
+    assert seen["fsdp"] == seen["plain"]

@@ -89,11 +89,19 @@ def test_overrides_replace_defaults_and_none_keeps_them():
     ("O3", {"patch_ops": True}, "use level O2"),
     ("O0", {"cast_model_type": FP16}, "level O0 trains in float32"),
     ("O0", {"master_weights": True}, "needs low-precision parameters"),
-    ("O2", {"cast_model_type": FP32}, "needs low-precision parameters"),
 ])
 def test_nonsensical_overrides_are_refused_with_an_explanation(level, overrides, message):
     with pytest.raises(ValueError, match=message):
         level_properties(level, FP16, **overrides)
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+@pytest.mark.parametrize("cast", [FP32, False])
+def test_fp32_or_as_given_parameters_with_master_weights_are_their_own_truth(level, cast):
+    """apex accepts O2 with cast_model_type=float32 (or False) plus master weights; with
+    the parameters as the truth there is nothing to copy."""
+    props = level_properties(level, FP16, cast_model_type=cast, master_weights=True)
+    assert props.cast_model_type is cast and not props.casts_parameters
 
 
 def test_fp32_parameters_at_o2_are_fine_without_master_weights():

@@ -507,3 +507,33 @@ def test_scalar_state_stays_float32_and_exact_like_fp32(make, keys):
         assert all(torch.equal(a, b) for a, b in zip(model.parameters(), resumed.parameters()))
         assert opt.state[model[0].weight]["exp_avg" if "mu" not in keys else "ax"
                                           ].dtype is BF16
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "kahan"])
+def test_an_optimizer_built_after_initialize_must_be_made_pure(rounding: str) -> None:
+    """Built after ``initialize(master_weights=...)``, a plain optimizer would step the
+    bf16 weights with updates rounded to nearest: its first step raises, before any
+    change, and says how to build it; made pure as it says, it trains."""
+    torch.manual_seed(0)
+    model = ampkit.initialize(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)),
+                              level="O2", dtype=torch.bfloat16, master_weights=rounding,
+                              rounding_seed=3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # after initialize
+    before = [p.detach().clone() for p in model.parameters()]
+    model(torch.rand(2, 4, device="cpu")).sum().backward()
+    with pytest.raises(RuntimeError, match=rf"master_weights='{rounding}'.*"
+                                           rf"PureLowPrecisionOptimizer\(optimizer, "
+                                           rf"'{rounding}', seed=3\)"):
+        opt.step()
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert not opt.state
+    from ampkit.master_weights_pure import PureLowPrecisionOptimizer
+
+    opt = PureLowPrecisionOptimizer(opt, rounding, seed=3)
+    opt.step()
+    assert opt.state[model[0].weight]["exp_avg"].dtype == torch.bfloat16
+    # and an optimizer over a model not trained purely is left alone
+    plain = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.1)
+    plain(torch.ones(1, 2, dtype=torch.bfloat16)).sum().backward()
+    sgd.step()

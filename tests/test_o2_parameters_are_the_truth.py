@@ -301,3 +301,33 @@ def test_torch_amp_grad_scaler_works_at_o2_fp16():
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
     assert all(p.grad.dtype is FP32 for p in model.parameters())
+
+
+def test_a_discarded_model_leaves_no_cached_copy_behind() -> None:
+    """A copy that requires grad holds its parameter (through its autograd node): kept
+    in the cache past the forward pass of a model no optimizer steps, it would keep the
+    model's parameters alive for good. Copies of stepped parameters stay until the
+    step (gradient accumulation), then go too."""
+    import gc
+    import weakref
+
+    from ampkit.parameter_casts import cached_casts, forget_casts
+
+    forget_casts()
+    model = ampkit.initialize(torch.nn.Sequential(torch.nn.Linear(4, 4),
+                                                  torch.nn.Linear(4, 2)),
+                              level="O2", dtype=torch.bfloat16)
+    gone = weakref.ref(model[0].weight)
+    model(torch.rand(3, 4, device="cpu")).sum().backward()
+    assert cached_casts() == 0  # no optimizer steps it: nothing outlives the pass
+    del model
+    gc.collect()
+    assert gone() is None
+    stepped = ampkit.initialize(torch.nn.Linear(4, 2), level="O2", dtype=torch.bfloat16)
+    opt = torch.optim.SGD(stepped.parameters(), lr=0.1)
+    stepped(torch.rand(3, 4, device="cpu")).sum().backward()
+    opt.step()  # now a stepped parameter: cached across micro-batches until a step
+    stepped(torch.rand(3, 4, device="cpu")).sum().backward()
+    assert cached_casts() == 2
+    opt.step()
+    assert cached_casts() == 0

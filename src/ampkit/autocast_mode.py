@@ -54,6 +54,7 @@ from torch.overrides import TorchFunctionMode
 
 from ampkit.arguments import default_device_type
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
+from ampkit.compile_frames import not_traced
 from ampkit.policy import Policy, as_dtype
 from ampkit.presets import get_policy
 from ampkit.registry import AUTOCAST_KEYS as _AUTOCAST_KEYS
@@ -65,51 +66,6 @@ __all__ = ["UnsupportedDeviceError", "autocast", "current_policy", "innermost_po
            "native_op_names", "observe_regions"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-# -- keeping torch.compile out of the bookkeeping, without importing it ---------------------
-
-def _skip_recursively(code: Any) -> bool:
-    """Tell dynamo's frame evaluator, without importing ``torch._dynamo``, to run frames of
-    ``code`` and everything they call as plain Python: what ``torch.compiler.disable``
-    arranges at call time. False where this torch build lacks the hook."""
-    try:
-        ef = torch._C._dynamo.eval_frame
-        skip = ef._FrameAction.SKIP
-        ef.set_code_exec_strategy(code, ef._FrameExecStrategy(skip, skip))
-    except (AttributeError, RuntimeError, TypeError):
-        return False
-    return True
-
-
-def _not_traced(fn: F) -> F:
-    """``torch.compiler.disable(fn)`` without importing ``torch._dynamo``.
-
-    Dynamo must not trace ampkit's own bookkeeping (thread-local state, rule tables).
-    ``torch.compiler.disable`` at class definition imports ``torch._dynamo`` (and sympy,
-    onnx, ...) with ``import ampkit``: over a second. The same effect, import-free: the
-    wrapper carries the marker dynamo reads when it meets a call (it does not inline a
-    disabled function: a graph break) and its code is registered with the frame
-    evaluator as skipped, it and what it calls (so the call, run eagerly, is not
-    compiled as a frame of its own). Where this torch lacks that hook, the real
-    ``torch.compiler.disable`` is applied on first use once ``torch._dynamo`` is loaded
-    (until then nothing can be compiling).
-    """
-    disabled: Callable[..., Any] | None = None
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        nonlocal disabled
-        if skipped or "torch._dynamo" not in sys.modules:
-            return fn(*args, **kwargs)
-        if disabled is None:
-            disabled = torch.compiler.disable(fn)
-        return disabled(*args, **kwargs)
-
-    skipped = _skip_recursively(wrapper.__code__)  # type: ignore[attr-defined]
-    if skipped:
-        wrapper._torchdynamo_disable = True  # type: ignore[attr-defined]
-    return wrapper  # type: ignore[return-value]
 
 
 # -- what the schema says about an op: the registry's classification ------------------------
@@ -576,7 +532,7 @@ class autocast:
     # Inside compiled code a region's entry and exit are graph breaks, and the ops in
     # between are traced with the region active. A region around the compiled call
     # costs no graph break at all.
-    @_not_traced
+    @not_traced
     def __init__(self, device_type: str | None = None, dtype: torch.dtype | str | None = None,
                  enabled: bool = True, cache_enabled: bool | None = None, *,
                  policy: str | Policy = "torch",
@@ -603,7 +559,7 @@ class autocast:
         self.cache_enabled = cache_enabled
         self._rules = _compile_rules(self.policy, self.device_type) if enabled else _NO_RULES
 
-    @_not_traced
+    @not_traced
     def __enter__(self) -> autocast:
         cache = self.cache_enabled
         if cache and torch.is_autocast_enabled(self.device_type) and (
@@ -623,7 +579,7 @@ class autocast:
         _push(frame)
         return self
 
-    @_not_traced
+    @not_traced
     def __exit__(self, *exc: Any) -> None:
         _pop(self)
 

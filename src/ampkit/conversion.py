@@ -26,8 +26,11 @@ dtype changes, so every module receives inputs in the dtype its parameters have:
   the way in, by an autocast region that runs every op in ``compute_dtype``), and their
   floating outputs go back to float32; everything else is fp32.
 
-Casts happen in forward hooks, one pre- and one post-hook per boundary module: there is
-no Python work per op beyond what ``ampkit.autocast`` itself does.
+Each boundary module (the model, the outermost kept and white-listed modules) gets a
+subclass of its own class, with the same name, whose ``__call__`` runs the module's call
+inside its boundary as one ``with``-like block: a ``KeyboardInterrupt`` leaves nothing
+behind, and ``torch.compile`` traces it without a graph break. There is no Python work
+per op beyond what ``ampkit.autocast`` itself does.
 
 With ``param_compute_dtype`` set (O2) the parameters are not cast at all: they stay the
 fp32 truth, the module's own ``nn.Parameter`` objects that the optimizer steps, and each
@@ -69,13 +72,20 @@ import torch.nn.functional as F
 from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
 from ampkit.autocast_mode import autocast
 from ampkit.casting import cast_tree
+from ampkit.compile_frames import skip_frame_only, skip_recursively
 from ampkit.containers import iter_tensors
 from ampkit.levels import LevelProperties, level_properties
 from ampkit.module_selection import ModuleSelector
 from ampkit.module_selection import parse_module_selectors as _selectors
 from ampkit.module_selection import resolve_module_selectors as _resolve
 from ampkit.module_selection import selects as _matches
-from ampkit.parameter_casts import CastParametersOnUse, new_forward_pass
+from ampkit.parameter_casts import (
+    CastParametersOnUse,
+    end_forward_pass,
+    new_forward_pass,
+    restore_to,
+    swap_depth,
+)
 from ampkit.policy import Policy
 from ampkit.presets import get_policy
 from ampkit.registry import OpEntry
@@ -152,6 +162,10 @@ class ConversionConfig:
             :mod:`ampkit.parameter_casts`.
         state_dict_dtype: ``model.state_dict()`` reports floating values in this dtype
             (``None``: as stored).
+        params_as_given: take the model's floating parameters in whatever dtype they
+            have (float16 included) instead of refusing a model that is not fp32;
+            nothing is cast that ``param_dtype`` does not ask for (apex's
+            ``cast_model_type=False`` with ``allow_incoming_model_not_fp32``).
 
     Example:
         >>> import torch
@@ -173,6 +187,7 @@ class ConversionConfig:
     cast_buffers: bool = True
     param_compute_dtype: torch.dtype | None = None
     state_dict_dtype: torch.dtype | None = None
+    params_as_given: bool = False
 
     def __post_init__(self) -> None:
         put = functools.partial(object.__setattr__, self)
@@ -190,8 +205,9 @@ class ConversionConfig:
                                                 "low_precision_modules"))
         if self.policy is not None:
             put("policy", get_policy(self.policy))
-        if not isinstance(self.cast_buffers, bool):
-            raise TypeError(f"cast_buffers must be a bool, got {self.cast_buffers!r}")
+        for name in ("cast_buffers", "params_as_given"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         needs_compute = [n for n, v in (("policy", self.policy),
                                         ("low_precision_modules", self.low_precision_modules))
                          if v is not None]
@@ -229,13 +245,17 @@ class ConversionConfig:
                         keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
                         policy: str | Policy = "torch",
                         custom_white_list: Iterable[OpEntry] | None = None,
-                        custom_black_list: Iterable[OpEntry] | None = None
+                        custom_black_list: Iterable[OpEntry] | None = None,
+                        state_dict_dtype: torch.dtype | str | None = None
                         ) -> ConversionConfig:
         """The conversion a level's :class:`~ampkit.levels.LevelProperties` stand for.
 
         ``keep_fp32_modules`` adds to the norms that ``keep_norms_fp32`` keeps;
         ``policy`` and the custom lists make the autocast policy of levels that patch
-        ops (a ``ValueError`` for levels that do not, where they would do nothing).
+        ops (a ``ValueError`` for levels that do not, where they would do nothing);
+        ``state_dict_dtype`` is the dtype ``model.state_dict()`` reports (apex: float32
+        wherever it casts the model). ``cast_model_type=False`` takes the model as
+        given (``params_as_given``).
 
         Example:
             >>> import torch
@@ -256,16 +276,23 @@ class ConversionConfig:
         # master_weights=True: the fp32 parameters are the truth and modules compute
         # with low-precision copies made on use (no second copy of anything).
         fp32_truth = low and props.master_weights is True
+        as_given = props.cast_model_type is False
+        # False (as given) is no dtype: the fields below take a dtype or None.
+        model_dtype = (props.cast_model_type
+                       if isinstance(props.cast_model_type, torch.dtype) else None)
         return cls(
-            param_dtype=None if fp32_truth else props.cast_model_type,
-            param_compute_dtype=props.cast_model_type if fp32_truth else None,
+            param_dtype=None if fp32_truth else model_dtype,
+            param_compute_dtype=model_dtype if fp32_truth else None,
             keep_fp32_modules=tuple(norms) + keep,
-            kept_output_dtype=props.cast_model_type if low else None,
+            kept_output_dtype=model_dtype if low else None,
             compute_dtype=props.dtype,
             policy=(get_policy(policy).with_lists(custom_white_list, custom_black_list)
                     if props.patch_ops else None),
-            input_dtype=props.cast_model_type if low else None,
+            input_dtype=model_dtype if low else None,
             output_dtype=props.cast_model_outputs,
+            state_dict_dtype=parse_dtype(state_dict_dtype, "state_dict_dtype",
+                                         accept=FLOAT_DTYPES, allow_none=True),
+            params_as_given=as_given,
         )
 
     @classmethod
@@ -323,15 +350,6 @@ class _Region(enum.Enum):
     POLICY = "policy"  # ampkit.autocast with the conversion's policy (O1, O2)
     LOW = "low"  # ampkit.autocast running every op in low precision (white list)
     FP32 = "fp32"  # autocast off: a kept-fp32 module
-
-
-class _RegionStack(threading.local):
-    def __init__(self) -> None:
-        # (module, the contexts its boundary entered), innermost last
-        self.entries: list[tuple[nn.Module, list[Any]]] = []
-
-
-_regions = _RegionStack()
 
 
 @functools.lru_cache(maxsize=64)
@@ -543,14 +561,50 @@ class _LayerNormFromLowInput(torch.overrides.TorchFunctionMode):
 _LOW_INPUT_LAYER_NORM = _LayerNormFromLowInput()
 
 
-def _takes_low_input(module: nn.Module, device_type: str) -> bool:
+def _takes_low_input(module: nn.Module, device_type: str,
+                     module_type: type | None = None) -> bool:
+    # ``module_type``: the class the module had when converted; FSDP2 swaps in a
+    # subclass of its own (FSDPBatchNorm1d), which must still count as the norm it is.
     # Only with an fp32 weight or bias: without one (affine=False, the InstanceNorm
     # default) torch runs its all-low-precision kernels (running statistics alone do not
     # always switch InstanceNorm to the mixed one), several ulps off in output and
     # input gradient.
-    return (type(module) in MIXED_INPUT_NORMS.get(device_type, ()) or (
-        type(module) is nn.LayerNorm and device_type in LOW_INPUT_LAYER_NORM_DEVICES)) and any(
+    cls = module_type or _original_class(type(module))
+    return (cls in MIXED_INPUT_NORMS.get(device_type, ()) or (
+        cls is nn.LayerNorm and device_type in LOW_INPUT_LAYER_NORM_DEVICES)) and any(
         p is not None and p.dtype is torch.float32 for p in module._parameters.values())
+
+
+def _check_gathered_fp32(module: nn.Module) -> None:
+    """A kept-fp32 module in an FSDP2 group: its parameters, as FSDP gathered them for
+    this forward, must be fp32, or the group's ``MixedPrecisionPolicy`` rounds what the
+    level keeps in fp32."""
+    low = next(((n, p.dtype) for n, p in module._parameters.items()
+                if p is not None and p.is_floating_point() and p.dtype is not torch.float32),
+               None)
+    if low is None:
+        return
+    record = getattr(module, _MARK, None)
+    name = record.name if isinstance(record, _Record) else "?"
+    level = ""
+    if isinstance(record, _Record) and record.config.param_compute_dtype is not None:
+        level = " at O2"
+    raise RuntimeError(
+        f"ampkit keeps module {name!r} ({_original_class(type(module)).__name__}) in "
+        f"float32{level}, but FSDP2 gathered its parameter {low[0]!r} as {low[1]}: it is "
+        f"in a fully_shard group whose MixedPrecisionPolicy has param_dtype={low[1]}. "
+        f"Shard the model with ampkit.fsdp.fully_shard(model, blocks=...), which gives "
+        f"kept modules fp32 groups of their own, or call fully_shard on this module "
+        f"first with mp_policy=ampkit.fsdp.mixed_precision_policy(model, kept=True)")
+
+
+def _original_class(cls: type) -> type:
+    """``cls`` without the subclasses FSDP2 (``FSDP<Name>``) and a converted model's
+    own class swap put on top of the module's class."""
+    while (cls in _converted_classes or any(b.__name__ == "FSDPModule" for b in cls.__bases__)
+           ) and cls.__bases__:
+        cls = _converted_classes.get(cls) or cls.__bases__[-1]
+    return cls
 
 
 def _low_contiguous(args: Any, dtype: torch.dtype) -> bool:
@@ -564,80 +618,216 @@ def _low_contiguous(args: Any, dtype: torch.dtype) -> bool:
 
 
 class _Boundary:
-    """One module's forward hooks: casts on the way in, a region around the forward,
-    casts on the way out. Holds no reference to the module, so ``copy.deepcopy`` of a
-    converted model gets working hooks of its own.
+    """One module's boundary: casts on the way in, a region around the forward, casts
+    on the way out, as one ``try``/``finally`` around the module's call
+    (:func:`_converted_call`, the ``__call__`` of the module's converted class). Holds
+    no reference to the module, so ``copy.deepcopy`` of a converted model gets working
+    boundaries of its own.
+
+    A ``with`` around the call, not a pre-hook and a post-hook: torch runs
+    ``always_call`` post-hooks for ``Exception`` only, so after a ``KeyboardInterrupt``
+    a hook pair would leave its region entered and parameters swapped; and a region
+    entered in one hook and left in another cannot be traced by ``torch.compile``.
 
     A kept-fp32 norm in :data:`MIXED_INPUT_NORMS` gets its low-precision input as it is
     (its kernel computes in fp32 inside from fp32 parameters and statistics, and
     returns the input's dtype): no activation-sized cast on the way in, none on the way
     out, none in the backward pass."""
 
-    __slots__ = ("compute_dtype", "input_dtype", "output_dtype", "policy", "region", "root")
+    __slots__ = ("compute_dtype", "input_dtype", "module_type", "output_dtype", "policy",
+                 "region", "root")
 
     def __init__(self, region: _Region, input_dtype: torch.dtype | None,
                  output_dtype: torch.dtype | None, compute_dtype: torch.dtype | None = None,
-                 policy: Policy | None = None, *, root: bool = False) -> None:
+                 policy: Policy | None = None, *, root: bool = False,
+                 module_type: type | None = None) -> None:
         self.root = root  # the converted model's own boundary: a forward pass starts
         self.region = region
         self.input_dtype = input_dtype
         self.output_dtype = output_dtype
         self.compute_dtype = compute_dtype
         self.policy = policy
+        # The module's class when it was converted: the conversion's own class swap
+        # and FSDP2's later replace it with subclasses.
+        self.module_type = module_type
 
-    def before(self, module: nn.Module, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        entered: list[Any] = []
-        device_type = "cpu"
+    def _contexts(self, device_type: str) -> list[Any]:
+        if self.region is _Region.UNCHANGED:
+            return []
+        if self.region is _Region.FP32:
+            # Nothing to switch off when no autocast is on (O3, outside regions).
+            if torch.is_autocast_enabled(device_type):
+                return [_region_autocast(device_type, None, None)]
+            return []
+        policy = self.policy if self.region is _Region.POLICY else ALL_LOW_PRECISION
+        return [_region_autocast(device_type, self.compute_dtype, policy)]
+
+    def _low_input(self, module: nn.Module, device_type: str, args: Any) -> bool:
+        """A kept norm that takes its low-precision input as it is."""
+        return (self.region is _Region.FP32 and self.output_dtype in _LOW
+                and _takes_low_input(module, device_type, self.module_type)
+                and _low_contiguous(args, self.output_dtype))
+
+    def enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> tuple[list[Any], int, tuple[Any, ...], dict[str, Any]]:
+        """Eager: enter the boundary (all or nothing); ``(entered contexts, swap depth,
+        args, kwargs)`` for :meth:`leave` and the call."""
         if self.root:
             new_forward_pass()
-        if self.region is not _Region.UNCHANGED:
-            _regions.entries.append((module, entered))
-            device_type = _compute_device_type(module, (args, kwargs))
-            if self.region is _Region.FP32:
-                # Nothing to switch off when no autocast is on (O3, outside regions).
-                if torch.is_autocast_enabled(device_type):
-                    entered.append(_region_autocast(device_type, None, None))
-            else:
-                policy = self.policy if self.region is _Region.POLICY else ALL_LOW_PRECISION
-                entered.append(_region_autocast(device_type, self.compute_dtype, policy))
-            for context in entered:
+        elif self.region is _Region.FP32 and getattr(module, "_is_fsdp_managed_module", False):
+            _check_gathered_fp32(module)
+        swaps = swap_depth()
+        device_type = _compute_device_type(module, (args, kwargs))
+        entered: list[Any] = []
+        try:
+            for context in self._contexts(device_type):
                 context.__enter__()
-        if self.input_dtype is None:
-            return None
-        if (self.region is _Region.FP32 and self.output_dtype in _LOW
-                and _takes_low_input(module, device_type)
-                and _low_contiguous((args, kwargs), self.output_dtype)):
-            if type(module) is nn.LayerNorm:
-                _LOW_INPUT_LAYER_NORM.__enter__()  # type: ignore[no-untyped-call]
-                entered.append(_LOW_INPUT_LAYER_NORM)
-            return None
-        cast = cast_tree((args, kwargs), self.input_dtype)
-        if (self.region is _Region.FP32 and torch.is_grad_enabled()
-                and _saved_tensor_hooks_free()):
-            upcasts = {id(new): (new, old, new._version)
-                       for old, new in zip(iter_tensors((args, kwargs)), iter_tensors(cast))
-                       if new is not old and old.dtype in _LOW}
-            if upcasts:
-                hooks = _SaveLowCopies(upcasts)
-                hooks.__enter__()
-                entered.append(hooks)
-        return cast
+                entered.append(context)
+            if self.input_dtype is not None:
+                if self._low_input(module, device_type, (args, kwargs)):
+                    if issubclass(self.module_type or type(module), nn.LayerNorm):
+                        _LOW_INPUT_LAYER_NORM.__enter__()  # type: ignore[no-untyped-call]
+                        entered.append(_LOW_INPUT_LAYER_NORM)
+                else:
+                    cast = cast_tree((args, kwargs), self.input_dtype)
+                    if (self.region is _Region.FP32 and torch.is_grad_enabled()
+                            and _saved_tensor_hooks_free()):
+                        upcasts = {id(new): (new, old, new._version) for old, new in zip(
+                            iter_tensors((args, kwargs)), iter_tensors(cast))
+                            if new is not old and old.dtype in _LOW}
+                        if upcasts:
+                            hooks = _SaveLowCopies(upcasts)
+                            hooks.__enter__()
+                            entered.append(hooks)
+                    args, kwargs = cast
+        except BaseException:
+            self.leave(entered, swaps)
+            raise
+        return entered, swaps, args, kwargs
 
-    def after(self, module: nn.Module, args: Any, output: Any) -> Any:
-        # Runs even when the forward raised (always_call=True), so regions always close.
-        if self.region is not _Region.UNCHANGED:
-            entries = _regions.entries
-            if entries and entries[-1][0] is module:
-                for context in reversed(entries.pop()[1]):
-                    context.__exit__(None, None, None)
+    def leave(self, entered: list[Any], swaps: int) -> None:
+        """Eager: put swapped parameters back and close the contexts, in that order,
+        each step even when an earlier one raised."""
+        try:
+            restore_to(swaps)
+            if self.root:
+                end_forward_pass()
+        finally:
+            while entered:
+                entered.pop().__exit__(None, None, None)
+
+    def cast_output(self, module: nn.Module, args: Any, output: Any) -> Any:
+        """A forward hook, the first of the module's: the output cast. A hook, so that
+        forward hooks the user registered on the module see what it hands back."""
         if self.output_dtype is None or output is None:
             return None
         return cast_tree(output, self.output_dtype)
 
-    def install(self, module: nn.Module) -> list[Any]:
-        return [module.register_forward_pre_hook(self.before, prepend=True, with_kwargs=True),
-                module.register_forward_hook(self.after, prepend=True, always_call=True)]
+    def _call_traced(self, module: nn.Module, call: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> Any:
+        # Traced by dynamo (the module is called inside compiled code): only what it
+        # traces, regions as ``with torch.autocast`` blocks. torch.compile of the model
+        # itself runs the model's own call outside the graph (see _converted_call), so
+        # its region, whatever the policy, is in effect while the forward is traced.
+        # A policy with lists entered inside compiled code is an ampkit region, which
+        # dynamo does not trace: a graph break at its entry and exit.
+        device_type = _compute_device_type(module, (args, kwargs))
+        if self.input_dtype is not None and not (
+                self._low_input(module, device_type, (args, kwargs))
+                and not issubclass(self.module_type or type(module), nn.LayerNorm)):
+            # (LayerNorm's low-input kernel is entered through a function mode, which
+            # is not traced here: its input is cast, the forward is the same.)
+            args, kwargs = cast_tree((args, kwargs), self.input_dtype)
+        if self.region is _Region.UNCHANGED:
+            return call(*args, **kwargs)
+        if self.region is _Region.FP32:
+            if not torch.is_autocast_enabled(device_type):
+                return call(*args, **kwargs)
+            with torch.autocast(device_type, enabled=False):
+                return call(*args, **kwargs)
+        policy = self.policy if self.region is _Region.POLICY else ALL_LOW_PRECISION
+        if policy is None or policy.is_native:
+            with torch.autocast(device_type, self.compute_dtype):
+                return call(*args, **kwargs)
+        with _region_autocast(device_type, self.compute_dtype, policy):
+            return call(*args, **kwargs)
+
+
+def _converted_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``__call__`` of a module with a boundary (the converted model, a kept-fp32 or
+    white-listed module): the module's own call, inside its boundary, as one
+    ``try``/``finally``.
+
+    ``torch.compile(model)`` runs this frame and the boundary's bookkeeping as plain
+    Python (see :func:`skip_frame_only`) and compiles the module call it makes, so the
+    model's region is in effect when dynamo traces the forward: its policy is traced
+    and guarded on, with no graph break, and one graph serves every call under that
+    policy. Called from compiled code, it is traced (:meth:`_Boundary._call_traced`)."""
+    boundary = self.__dict__.get(_BOUNDARY)
+    call = super(_converted_in(type(self)), self).__call__  # type: ignore[arg-type]
+    if boundary is None:  # a copy made without the record: a plain module again
+        return call(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        return boundary._call_traced(self, call, args, kwargs)
+    entered, swaps, args, kwargs = boundary.enter(self, args, kwargs)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        boundary.leave(entered, swaps)
+
+
+skip_frame_only(_converted_call.__code__)
+for _eager in (_Boundary.enter, _Boundary.leave, _Boundary.cast_output):
+    # The boundary's eager bookkeeping and everything it calls: plain Python when
+    # dynamo meets it as a frame of its own (the model's hooks, which torch.compile of
+    # the model runs outside the graph); traced where compiled code calls it.
+    skip_recursively(_eager.__code__)
+_BOUNDARY = "_ampkit_boundary"
+# converted class -> the class it was made from (and its inverse below)
+_converted_classes: dict[type, type] = {}
+_converted_of: dict[type, type] = {}
+_converted_lock = threading.Lock()
+
+
+def _converted_in(cls: type) -> type:
+    """The converted class in ``cls``'s MRO (``cls`` itself, or FSDP2's subclass of it)."""
+    return next(klass for klass in cls.__mro__ if klass in _converted_classes)
+
+
+def _rebuild_converted(base: type) -> nn.Module:
+    """Unpickling a converted model: an empty instance of its converted class."""
+    return object.__new__(_converted_class(base))
+
+
+def _reduce_converted(self: nn.Module, protocol: int) -> Any:
+    converted = _converted_in(type(self))
+    if converted is not type(self):  # a further subclass (FSDP2's): pickled its own way
+        return super(converted, self).__reduce_ex__(protocol)  # type: ignore[arg-type]
+    return _rebuild_converted, (_converted_classes[converted],), self.__dict__.copy()
+
+
+def _converted_class(base: type) -> type:
+    """The subclass of ``base`` a converted model gets: the same name, with
+    :func:`_converted_call` as its ``__call__`` (made once per class)."""
+    with _converted_lock:
+        cls = _converted_of.get(base)
+        if cls is None:
+            cls = type(base.__name__, (base,), {
+                "__call__": _converted_call, "__reduce_ex__": _reduce_converted,
+                "__module__": base.__module__, "__qualname__": base.__qualname__,
+                "__doc__": base.__doc__})
+            _converted_of[base] = cls
+            _converted_classes[cls] = base
+        return cls
+
+
+def _install_boundary(module: nn.Module, boundary: _Boundary) -> None:
+    base = type(module)
+    if base not in _converted_classes:
+        module.__class__ = _converted_class(base)
+    object.__setattr__(module, _BOUNDARY, boundary)
+    if boundary.output_dtype is not None:
+        module.register_forward_hook(boundary.cast_output, prepend=True)
 
 
 # -- the conversion -----------------------------------------------------------------------
@@ -752,10 +942,11 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
         seen.add(id(module))
         boundary = None
         if kept and not in_kept:
-            boundary = _Boundary(_Region.FP32, torch.float32, config.kept_output_dtype)
+            boundary = _Boundary(_Region.FP32, torch.float32, config.kept_output_dtype,
+                                 module_type=type(module))
         elif whitelisted and not in_white:
             boundary = _Boundary(_Region.LOW, None, config.white_list_output_dtype,
-                                 config.compute_dtype)
+                                 config.compute_dtype, module_type=type(module))
         if boundary is not None:
             plan.boundaries[id(module)] = (module, boundary)
         if module._parameters or module._buffers:
@@ -802,7 +993,8 @@ def _merge_root(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None
             and config.param_compute_dtype is None):
         return
     plan.boundaries[id(model)] = (model, _Boundary(region, input_dtype, output_dtype,
-                                                   compute, config.policy, root=True))
+                                                   compute, config.policy, root=True,
+                                                   module_type=type(model)))
 
 
 def _check_tensors(model: nn.Module, config: ConversionConfig) -> None:
@@ -810,7 +1002,7 @@ def _check_tensors(model: nn.Module, config: ConversionConfig) -> None:
         if isinstance(param, nn.parameter.UninitializedParameter):
             raise ValueError(f"parameter {name!r} is uninitialized (a lazy module); run one "
                              f"forward pass before converting the model")
-    if not (config.casts_parameters or config.policy is not None
+    if config.params_as_given or not (config.casts_parameters or config.policy is not None
             or config.param_compute_dtype is not None
             or config.low_precision_modules is not None):
         return  # O0-like: casting whatever is there to fp32 loses nothing
@@ -864,7 +1056,7 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
         for module in plan.cast_on_use:
             cast.install(module)
     for module, boundary in plan.boundaries.values():
-        boundary.install(module)
+        _install_boundary(module, boundary)
     if config.state_dict_dtype is not None:
         report = _ReportDtype(config.state_dict_dtype)
         for module in plan.owners:

@@ -56,7 +56,7 @@ __all__ = ["INITIALIZE_OVERRIDES", "initialize"]
 # apex's spelling -> ampkit's
 _ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"}
 _CONVERSION_OPTIONS = ("keep_fp32_modules", "policy", "custom_white_list",
-                       "custom_black_list")
+                       "custom_black_list", "state_dict_dtype")
 _LOSS_SCALING_OPTIONS = ("num_losses", "min_loss_scale", "max_loss_scale")
 _PURE_OPTIONS = ("rounding_seed",)  # master_weights="stochastic"/"kahan" only
 
@@ -201,8 +201,9 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         if plan is not None:
             apply_conversion(model, config, plan)
     if isinstance(props.master_weights, str):  # pure low precision: no fp32 copies
-        from ampkit.master_weights_pure import pure_low_precision
+        from ampkit.master_weights_pure import mark_pure_models, pure_low_precision
 
+        mark_pure_models(model_list, props.master_weights, rounding_seed)
         opt_list = [pure_low_precision(model_list, opt, props.master_weights,
                                        seed=rounding_seed) for opt in opt_list]
     _configure_loss_scaling(props, scaling)

@@ -30,8 +30,9 @@ Other orders:
   each layer's low-precision copy lives from its forward to its backward.
 * ``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=<low>)`` over a group that
   holds a kept norm hands that norm low-precision parameters, which the level promises
-  to keep in fp32: shard with this module's :func:`fully_shard`, or give each norm a
-  group of its own with :func:`mixed_precision_policy` ``(model, kept=True)``.
+  to keep in fp32: the first forward raises ``RuntimeError`` naming the module and
+  the dtype it was gathered in. Shard with this module's :func:`fully_shard`, or give
+  each norm a group of its own with :func:`mixed_precision_policy` ``(model, kept=True)``.
 * ``fully_shard`` before ``initialize``: ``initialize`` raises ``RuntimeError`` (it
   converts the bare model; sharding comes second).
 

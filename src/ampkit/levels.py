@@ -1,17 +1,43 @@
 """Precision levels O0-O3 and the property table each one stands for.
 
 A level is a named set of defaults for how a whole model trains (apex's ``opt_level``,
-Paddle's ``level``, MindSpore's ``amp_level``). The properties:
+Paddle's ``level``, MindSpore's ``amp_level``). Every level is a point on two axes:
+**where the truth lives** (the dtype the parameters are stored in, which the optimizer
+steps and ``state_dict`` saves; ampkit never keeps a second copy) and **which ops run
+in low precision** (the policy):
+
+==============================  ==========  ===========================================
+level                           truth       ops that run low
+==============================  ==========  ===========================================
+O0                              fp32        none
+O1                              fp32        the policy's low list (``ampkit.autocast``
+                                            around the forward; default: native
+                                            autocast's); operands are cast per op
+O2                              fp32        every module outside the kept-fp32 norms,
+                                            with low-precision copies of its weights
+                                            made on use; the policy's fp32 list and the
+                                            kept norms stay fp32
+O2, ``master_weights=False`` /  low         as O2 (bf16 pure: the optimizer rounds its
+``"stochastic"`` / ``"kahan"``              updates into the bf16 truth)
+O3                              low         all, norms included
+==============================  ==========  ===========================================
+
+Every dialect's levels map onto these two axes (``docs/migration.md``, "Levels as two
+axes"). The properties below are the override vocabulary (apex's words) that picks a
+point:
 
 * ``cast_model_type``: the dtype parameters and floating buffers are stored in
-  (``None``: left as they are);
+  (``None``: left as they are; ``False``, as an override: left as they are *and* taken
+  in whatever floating dtype they have, float16 included: the model as given, apex's
+  ``cast_model_type=False`` with ``allow_incoming_model_not_fp32``);
 * ``keep_norms_fp32``: BatchNorm, LayerNorm, GroupNorm, InstanceNorm and RMSNorm
   modules keep fp32 parameters and statistics and compute in fp32; at O2 their input
   and output are low precision (a norm whose kernel computes in fp32 from a
   low-precision input gets it as it is; see ``ampkit.conversion``) (``None``: the
   level does not decide);
-* ``master_weights``: ``True``: the optimizer updates fp32 copies of low-precision
-  parameters; ``"stochastic"`` or ``"kahan"``: pure low precision, no fp32 copies: bf16
+* ``master_weights``: ``True``: the fp32 parameters are the truth and modules compute
+  with low-precision copies of them (no second copy is kept: apex's word for where the
+  truth lives); ``"stochastic"`` or ``"kahan"``: pure low precision, no fp32 copies: bf16
   parameters and optimizer state, each update rounded stochastically or
   Kahan-compensated (:mod:`ampkit.master_weights_pure`; bfloat16 only);
 * ``loss_scale``: ``"dynamic"``, a static scale (a positive number) or ``None``;
@@ -36,8 +62,11 @@ Pure low precision is level O2 (or O3) with ``master_weights="stochastic"`` or
 .. [1] ``"dynamic"`` for float16 only: bfloat16 has float32's range, so its default is
    ``None`` (no loss scaling). O3's ``None`` is the same numerics as a static scale of 1.
 
-O2 patches ops too (unlike apex's O2): its parameters are low precision, and the ops on
-the policy's float32 list still run in float32. ``ampkit.apex`` keeps apex's own table.
+At O2, ``cast_model_type`` names the dtype the modules compute their weights in; with
+``master_weights=True`` (the default) the truth stays fp32 and the weights are cast on
+use, with ``False`` the parameters are stored in that dtype. O2 patches ops too (unlike
+apex's O2): the ops on the policy's float32 list still run in float32. ``ampkit.apex``
+keeps apex's own table.
 
 ``dtype=None`` picks the device's autocast default: bfloat16 on CPU, float16 on CUDA.
 
@@ -85,7 +114,7 @@ class Level(enum.Enum):
 
     O0 = "O0"  # fp32 everywhere: the baseline
     O1 = "O1"  # fp32 parameters, ops cast by the policy lists
-    O2 = "O2"  # low-precision parameters with fp32 masters, norms and fp32-list ops in fp32
+    O2 = "O2"  # fp32 truth, modules compute with low copies; norms, fp32-list ops fp32
     O3 = "O3"  # everything low precision
 
     @classmethod
@@ -134,6 +163,12 @@ def default_dtype(device_type: str | None = None) -> torch.dtype:
     return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
+def _cast_model_type(value: Any) -> torch.dtype | bool | None:
+    if value is False:
+        return False  # the model as given (apex's cast_model_type=False)
+    return parse_dtype(value, "cast_model_type", accept=FLOAT_DTYPES, allow_none=True)
+
+
 def _master_weights(value: Any) -> bool | str | None:
     if value is None or isinstance(value, bool) or value in PURE_MASTER_WEIGHTS:
         return value  # type: ignore[no-any-return]  # one of the values just checked
@@ -170,7 +205,7 @@ class LevelProperties:
 
     level: Level
     dtype: torch.dtype
-    cast_model_type: torch.dtype | None
+    cast_model_type: torch.dtype | bool | None
     keep_norms_fp32: bool | None
     master_weights: bool | str
     loss_scale: str | float | None
@@ -228,7 +263,7 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
     """apex's refusals, plus the combinations that cannot mean anything here."""
     low = props["cast_model_type"] in (torch.float16, torch.bfloat16)
     if level is Level.O1:
-        if props["cast_model_type"] not in (None, torch.float32):
+        if props["cast_model_type"] not in (None, torch.float32, False):
             raise ValueError(f"level O1 keeps fp32 parameters and casts ops instead, so "
                              f"cast_model_type must be None or torch.float32, got "
                              f"{given['cast_model_type']!r}; use level O2 or O3 for "
@@ -261,6 +296,9 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
                          f"parameters must be torch.bfloat16, got "
                          f"{_name(props['cast_model_type'])}; float16 has too little range "
                          f"for pure low-precision training: use master_weights=True")
+    if props["master_weights"] is True and level in (Level.O2, Level.O3) and \
+            props["cast_model_type"] in (torch.float32, False):
+        return  # fp32 (or as given) parameters are their own truth: nothing to copy
     if props["master_weights"] and not low:
         raise ValueError(f"master_weights=True needs low-precision parameters (level O2 or "
                          f"O3 with cast_model_type float16/bfloat16); level {level.value} "
@@ -307,7 +345,9 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
     given = {k: v for k, v in overrides.items() if v is not None}
     checked: dict[str, Any] = {}
     for name, value in given.items():
-        if name in ("cast_model_type", "cast_model_outputs"):
+        if name == "cast_model_type":
+            checked[name] = _cast_model_type(value)
+        elif name == "cast_model_outputs":
             checked[name] = parse_dtype(value, name, accept=FLOAT_DTYPES, allow_none=True)
         elif name == "loss_scale":
             checked[name] = parse_loss_scale(value)

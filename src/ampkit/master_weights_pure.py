@@ -129,6 +129,7 @@ __all__ = [
     "PURE_ROUNDINGS",
     "PureLowPrecisionOptimizer",
     "check_pure_optimizer",
+    "mark_pure_models",
     "pure_low_precision",
     "pure_rounding",
     "stochastic_round",
@@ -960,6 +961,68 @@ def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:
                         f"{type(optimizer).__name__}")
     pure = optimizer.__dict__.get("_ampkit_pure")
     return None if pure is None else pure.rounding
+
+
+# parameters of models initialize() made pure -> (rounding, seed): an optimizer built
+# over them later must be pure too (see _check_pure_at_first_step)
+_PURE_PARAMS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_PURE_CHECKED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+_pure_hook: Any = None
+
+
+def _check_pure_at_first_step(optimizer: torch.optim.Optimizer, args: Any,
+                              kwargs: Any) -> None:
+    # A global optimizer step pre-hook, deciding once per optimizer, at its first step
+    # (before anything changed): a plain optimizer over parameters of a model trained
+    # purely would round every update to nearest, and small updates would stall.
+    if optimizer in _PURE_CHECKED or "_ampkit_pure" in optimizer.__dict__:
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            found = _PURE_PARAMS.get(p)
+            if found is not None:
+                rounding, seed = found
+                name = type(optimizer).__name__
+                raise RuntimeError(
+                    f"this {name} steps bf16 parameters of a model that "
+                    f"ampkit.initialize set up with master_weights={rounding!r}, but it was "
+                    f"built after initialize and is a plain optimizer: its steps would "
+                    f"round every update to nearest, and small updates would be lost. "
+                    f"Make it pure before its first step: optimizer = "
+                    f"ampkit.master_weights_pure.PureLowPrecisionOptimizer(optimizer, "
+                    f"{rounding!r}, seed={seed}), or pass it to ampkit.initialize(model, "
+                    f"optimizer, ...) with the same settings")
+    _PURE_CHECKED.add(optimizer)
+
+
+def mark_pure_models(models: list[nn.Module], rounding: str, seed: int | None) -> None:
+    """Record that ``models`` train purely with ``rounding``: an optimizer built over
+    their parameters later, and never made pure, raises ``RuntimeError`` at its first
+    step instead of training with updates rounded to nearest.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.master_weights_pure import mark_pure_models
+        >>> model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+        >>> mark_pure_models([model], "kahan", 0)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> model(torch.ones(1, 2, dtype=torch.bfloat16)).sum().backward()
+        >>> opt.step()
+        Traceback (most recent call last):
+        ...
+        RuntimeError: this SGD steps bf16 parameters of a model that ...
+    """
+    global _pure_hook
+    rounding = _check_rounding(rounding)
+    _check_seed(seed, "seed")
+    for model in models:
+        for p in model.parameters():
+            if p.dtype is torch.bfloat16:
+                _PURE_PARAMS[p] = (rounding, 0 if seed is None else seed)
+    if _pure_hook is None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        _pure_hook = register_optimizer_step_pre_hook(_check_pure_at_first_step)
 
 
 def pure_low_precision(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],

@@ -64,8 +64,11 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter", "forget_casts",
-           "is_cached", "new_forward_pass", "restore_until", "swap_depth"]
+from ampkit.compile_frames import skip_recursively
+
+__all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter", "end_forward_pass",
+           "forget_casts", "is_cached", "new_forward_pass", "restore_to", "restore_until",
+           "swap_depth"]
 
 
 class _Entry:
@@ -82,14 +85,65 @@ class _Entry:
         self.has_graph = low.requires_grad
 
 
-# parameter -> _Entry (weakly keyed by identity: a parameter that is gone takes its copy
-# with it)
-_CACHE: WeakIdKeyDictionary = WeakIdKeyDictionary()
+class _ById:
+    """A mapping keyed by tensor identity that drops an entry when its tensor dies.
+
+    ``WeakIdKeyDictionary`` makes a weak reference object for every lookup; this runs
+    twice per parameter per forward, so the lookup here is a plain ``dict`` keyed by
+    ``id()``, with the tensor's weak reference kept beside the value (checked on each
+    read: an id reused by a new tensor is not a hit) and its callback removing the
+    entry."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data: dict[int, tuple[weakref.ref[torch.Tensor], Any]] = {}
+
+    def get(self, key: torch.Tensor) -> Any:
+        found = self.data.get(id(key))
+        return found[1] if found is not None and found[0]() is key else None
+
+    def __contains__(self, key: torch.Tensor) -> bool:
+        found = self.data.get(id(key))
+        return found is not None and found[0]() is key
+
+    def __setitem__(self, key: torch.Tensor, value: Any) -> None:
+        ident = id(key)
+        data = self.data
+
+        def drop(ref: Any, ident: int = ident, data: dict[int, Any] = data) -> None:
+            found = data.get(ident)
+            if found is not None and found[0] is ref:
+                del data[ident]
+
+        found = data.get(ident)
+        ref = found[0] if found is not None and found[0]() is key else weakref.ref(key, drop)
+        data[ident] = (ref, value)
+
+    def pop(self, key: torch.Tensor, default: Any = None) -> Any:
+        found = self.data.get(id(key))
+        if found is None or found[0]() is not key:
+            return default
+        del self.data[id(key)]
+        return found[1]
+
+    def clear(self) -> None:
+        self.data.clear()
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+# parameter -> _Entry (by identity: a parameter that is gone takes its copy with it)
+_CACHE = _ById()
 # parameters some torch.optim.Optimizer has stepped: their changes are announced by the
 # step post-hook, so their copies may outlive one forward pass
-_STEPPED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_STEPPED = _ById()
 _LOCK = threading.Lock()
 _forwards = itertools.count(1)
+# parameters whose copy was made in the current pass and that no optimizer has stepped
+# (see end_forward_pass)
+_pass_only: list[torch.Tensor] = []
 _current_forward = 0
 _hook_handle: Any = None
 # parameter -> (weakref to the module that holds it, its name there), for every
@@ -109,6 +163,26 @@ def new_forward_pass() -> None:
     """
     global _current_forward
     _current_forward = next(_forwards)
+
+
+def end_forward_pass() -> None:
+    """End a converted model's forward pass: drop the copies of parameters no torch
+    optimizer steps, which no later pass may reuse. (A copy that requires grad holds
+    its parameter through its autograd node, so a cache entry kept longer would keep a
+    discarded model's parameters alive.) Copies of stepped parameters stay until the
+    optimizer's step, for the micro-batches of gradient accumulation.
+
+    Example:
+        >>> from ampkit.parameter_casts import cached_casts, end_forward_pass
+        >>> end_forward_pass()
+        >>> cached_casts() >= 0
+        True
+    """
+    with _LOCK:
+        while _pass_only:
+            p = _pass_only.pop()
+            if p not in _STEPPED:
+                _CACHE.pop(p, None)
 
 
 def forget_casts(params: Any = None) -> None:
@@ -229,13 +303,18 @@ def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = Tru
     """
     if not cache or torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
         return param.to(dtype)
-    grad_mode = torch.is_grad_enabled()
+    return _cached_cast(param, dtype, torch.is_grad_enabled())
+
+
+def _cached_cast(param: torch.Tensor, dtype: torch.dtype, grad_mode: bool) -> torch.Tensor:
     entry = _CACHE.get(param)
     if entry is not None and _valid(entry, param, dtype, grad_mode):
         cached: torch.Tensor = entry.low
         return cached
     low = param.to(dtype)
     _CACHE[param] = _Entry(low, param, _current_forward)
+    if param not in _STEPPED:
+        _pass_only.append(param)
     return low
 
 
@@ -273,12 +352,19 @@ class CastParametersOnUse:
         # FSDP all-gathered (fp32 when its policy has no param_dtype) and frees after
         # it: a copy kept past this forward would keep alive a whole layer FSDP has
         # just freed, and its optimizer steps the shards, never these tensors.
-        cache = not getattr(module, "_is_fsdp_managed_module", False)
+        # (FSDP2 sets the flag as a plain instance attribute: a dict lookup, not
+        # Module.__getattr__'s miss path.)
+        cache = not (module.__dict__.get("_is_fsdp_managed_module", False)
+                     or torch.compiler.is_compiling() or torch.is_inference_mode_enabled())
+        grad_mode = torch.is_grad_enabled()
+        dtype = self.dtype
         for name, p in params.items():
             if p is not None and p.dtype is torch.float32:
                 # Straight into the dict: the copy is not an nn.Parameter, and
-                # Module.__setattr__ would refuse it.
-                params[name] = cast_parameter(p, self.dtype, cache=cache)
+                # Module.__setattr__ would refuse it. (cast_parameter, with the
+                # per-call checks made once per module.)
+                params[name] = (_cached_cast(p, dtype, grad_mode) if cache
+                                else p.to(dtype))
                 swapped.append((name, p))
         _swaps.stack.append((module, swapped))
 
@@ -304,6 +390,18 @@ class _Swaps(threading.local):
 _swaps = _Swaps()
 
 
+def _eager_when_a_frame() -> None:
+    # The hooks of a model's own parameters run outside the graph under
+    # torch.compile(model) (torch runs the model's hooks, then compiles its forward):
+    # plain Python there, rather than graphs of their own; traced where compiled code
+    # calls the module.
+    for hook in (CastParametersOnUse.before, CastParametersOnUse.after):
+        skip_recursively(hook.__code__)
+
+
+_eager_when_a_frame()
+
+
 def _restore(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
     params: dict[str, Any] = module._parameters
     for name, p in swapped:
@@ -312,15 +410,16 @@ def _restore(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None
 
 def restore_until(module: nn.Module | None) -> None:
     """Put the fp32 parameters back in every module swapped since ``module``'s forward
-    began, ``module``'s own included (``None``: every module of this thread). Forward
-    post-hooks do not run on a ``KeyboardInterrupt``; the model's boundary calls this
-    on its way out, whatever ended the forward.
+    began, ``module``'s own included (``None``: every module of this thread).
 
     Example:
         >>> from ampkit.parameter_casts import restore_until
         >>> restore_until(None)
     """
     stack = _swaps.stack
+    if stack and stack[-1][0] is module:  # the usual case: its own swap, innermost
+        _restore(module, stack.pop()[1])
+        return
     if module is not None and not any(m is module for m, _ in stack):
         return
     while stack:
@@ -328,6 +427,22 @@ def restore_until(module: nn.Module | None) -> None:
         _restore(owner, swapped)
         if owner is module:
             return
+
+
+def restore_to(depth: int) -> None:
+    """Put the fp32 parameters back in every module of this thread swapped since
+    :func:`swap_depth` was ``depth`` (the model's boundary calls this on its way out,
+    whatever ended the forward: forward post-hooks do not run on a
+    ``KeyboardInterrupt``).
+
+    Example:
+        >>> from ampkit.parameter_casts import restore_to, swap_depth
+        >>> restore_to(swap_depth())
+    """
+    stack = _swaps.stack
+    while len(stack) > depth:
+        owner, swapped = stack.pop()
+        _restore(owner, swapped)
 
 
 def swap_depth() -> int:

@@ -65,8 +65,11 @@ What differs from apex, on purpose:
   ``master_weights=False`` at O1, ``patch_torch_functions=True`` at O2 (ops then cast by
   apex's O1 lists).
 * ``_amp_state.allow_incoming_model_not_fp32 = True`` lets a model that is not fp32
-  past apex's own check, but the core converts fp32 models only, so such a model is
-  still refused (with the core's reason) wherever a level casts or patches it.
+  past apex's own check. Where the level casts no parameter (O1, or
+  ``cast_model_type=False``) it is then taken as it is
+  (float16 parameters stay float16 and the optimizer steps them, with no fp32 master:
+  ampkit keeps no hidden copies); otherwise the core refuses it, with its reason,
+  wherever a level casts or patches it.
 
 Errors are apex's: a nonsensical override, an unknown ``opt_level``, a model that is not
 fp32 (or already wrapped in DataParallel/DDP) and ``scale_loss`` before ``initialize``
@@ -290,11 +293,14 @@ def _core_overrides(props: Properties, low: torch.dtype) -> dict[str, Any]:
     """apex's properties as the core's level overrides (names and meanings)."""
     level = props.opt_level
     cast = props.cast_model_type
-    if cast is False:
-        # Nothing cast: at O1 the level's own None; elsewhere the parameters stay fp32,
-        # which for the fp32 models the core takes is leaving them as they are.
-        cast = None if level == "O1" else torch.float32
+    # cast_model_type=False: the core's "the model as given" (nothing cast, float16
+    # parameters taken as they are once apex's own fp32 check let them through).
+    if cast is None and _amp_state.allow_incoming_model_not_fp32:
+        cast = False  # apex's O1 casts no parameter: a non-fp32 model runs as given
     overrides: dict[str, Any] = {"loss_scale": props.loss_scale}
+    if cast not in (None, False):
+        # apex's model.state_dict() holds float32 wherever it casts the model (O2, O3).
+        overrides["state_dict_dtype"] = torch.float32
     if level == "O1":
         overrides["cast_model_type"] = cast
         overrides["keep_norms_fp32"] = props.keep_batchnorm_fp32
@@ -516,7 +522,9 @@ def _refusals_for(handles: list[AmpHandle]) -> list[tuple[Any, str, str | None]]
             for owner in (torch, torch.Tensor):
                 if hasattr(owner, name):
                     wanted.append((owner, name, message))
-    if any(not h._allow_banned for h in handles):
+    # The newest handle decides, as in apex, where each amp.init() patched the banned
+    # functions again on top of the earlier handles' patches.
+    if handles and not handles[-1]._allow_banned:
         wanted += [(torch.nn.functional, op, message) for op, message in APEX_BANNED_FUNCS]
     return wanted
 
