@@ -60,12 +60,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import inspect
 import logging
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, overload
 
 import torch
@@ -74,7 +75,7 @@ from ampkit.scaling.distributed import agree_on_overflow_, check_process_group
 from ampkit.scaling.overflow import unscale_grads_
 from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
 
-__all__ = ["GradScaler", "OptState"]
+__all__ = ["GradScaler", "OptState", "scheduler_warning_suppressed"]
 
 
 class OptState(enum.Enum):
@@ -124,6 +125,29 @@ def _device_type(device: Any) -> str:
             pass
     raise ValueError(f"device must be None (cuda if available, else cpu), a device type "
                      f"such as 'cuda' or 'cpu', or a torch.device; got {device!r}")
+
+
+@contextlib.contextmanager
+def scheduler_warning_suppressed() -> Iterator[None]:
+    """Silence torch's "lr_scheduler.step() before optimizer.step()" warning: on a step
+    the scaler skipped, the optimizer did not step on purpose, and the warning would
+    blame the user's code. Integrations that step schedulers for the user wrap it too.
+
+    Example:
+        >>> import torch, warnings
+        >>> from ampkit.scaling.grad_scaler import scheduler_warning_suppressed
+        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0)
+        >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+        >>> with warnings.catch_warnings(record=True) as seen:
+        ...     warnings.simplefilter("always")
+        ...     with scheduler_warning_suppressed():
+        ...         sched.step()
+        >>> seen
+        []
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
+        yield
 
 
 class GradScaler:
@@ -732,9 +756,7 @@ class GradScaler:
         """
         if self.last_step_skipped and not on_skip:
             return False
-        with warnings.catch_warnings():
-            # The optimizer did not step, on purpose: the warning would blame the user.
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
+        with scheduler_warning_suppressed():
             scheduler.step(*args, **kwargs)
         return True
 
