@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -70,6 +70,17 @@ def missing_framework(module: str, extra: str) -> str:
             f"pip install 'ampkit[{extra}]'")
 
 
+def _as_config(config: Any) -> AmpConfig:
+    if isinstance(config, AmpConfig):
+        return config
+    if isinstance(config, str | os.PathLike):
+        return AmpConfig.from_file(config)
+    if isinstance(config, Mapping):
+        return AmpConfig.from_dict(config)
+    raise TypeError(f"config must be an ampkit.AmpConfig, the path of a config file or a "
+                    f"mapping of AmpConfig fields, got {type(config).__name__}")
+
+
 @dataclasses.dataclass(frozen=True)
 class AmpkitSettings:
     """An :class:`ampkit.AmpConfig` plus the rare ``initialize`` overrides it does not
@@ -84,9 +95,11 @@ class AmpkitSettings:
 
     @classmethod
     def build(cls, level: Any, dtype: torch.dtype | str | None, options: dict[str, Any], *,
-              owner: str, config: AmpConfig | str | os.PathLike[str] | None = None,
+              owner: str, config: AmpConfig | str | os.PathLike[str] | Mapping[str, Any]
+              | None = None,
               default_level: str = "O2") -> AmpkitSettings:
-        """Settings from ``config`` (an AmpConfig or the path of a config file) and/or
+        """Settings from ``config`` (an AmpConfig, the path of a config file or a
+        mapping of its fields) and/or
         ``level``, ``dtype`` and ``options`` (AmpConfig fields and the few other
         ``initialize`` overrides); ``None`` values count as not given. Without a config,
         the fields given make one (``level`` defaulting to ``default_level``); with one,
@@ -132,7 +145,7 @@ class AmpkitSettings:
             if config is None:
                 cfg = AmpConfig(**{"level": default_level, **fields})
             else:
-                cfg = config if isinstance(config, AmpConfig) else AmpConfig.from_file(config)
+                cfg = _as_config(config)
                 for name, value in fields.items():
                     if cfg.replace(**{name: value}) != cfg:
                         raise ValueError(f"{name}={value!r} contradicts the config's "
@@ -245,8 +258,9 @@ class AmpkitSettings:
             return None
         if props.loss_scale != "dynamic":
             options.update(init_scale=float(props.loss_scale), dynamic=False)
+        # a scaler here was asked for (bfloat16 scales only with loss_scale set)
         return ampkit.GradScaler(device_type, log_skipped_steps=self.config.log_skipped_steps,
-                                 **options)
+                                 scale_bfloat16=True, **options)
 
     @contextlib.contextmanager
     def autocast(self, device_type: str) -> Iterator[None]:

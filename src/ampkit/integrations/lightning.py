@@ -45,7 +45,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -65,6 +64,7 @@ except ImportError as error:  # pragma: no cover - exercised without the extra
 
 __all__ = ["AmpkitPrecision"]
 
+
 # Lightning's own words for what each level does, so that Lightning code reading
 # ``trainer.precision`` (model summary, throughput monitor) sees the right dtype.
 _LIGHTNING_NAMES = {("O0", torch.float16): "32-true", ("O0", torch.bfloat16): "32-true",
@@ -83,8 +83,9 @@ class AmpkitPrecision(Precision):
         dtype: ``torch.float16`` or ``torch.bfloat16`` (or their names); ``None`` is
             the config's, else the device's autocast default (bfloat16 on CPU,
             float16 on CUDA).
-        config: an :class:`ampkit.AmpConfig` or the path of a config file (JSON/YAML);
-            a parameter given as well must agree with it.
+        config: an :class:`ampkit.AmpConfig`, the path of a config file (JSON/YAML),
+            or a mapping of its fields (a YAML block under ``config:``); a parameter
+            given as well must agree with it.
         policy, custom_white_list, custom_black_list, keep_fp32_modules,
             keep_norms_fp32, master_weights, rounding_seed, loss_scale, init_scale,
             growth_factor, backoff_factor, growth_interval, hysteresis, min_scale,
@@ -119,7 +120,10 @@ class AmpkitPrecision(Precision):
     """
 
     def __init__(self, level: str | None = None, dtype: torch.dtype | str | None = None,
-                 *, config: AmpConfig | str | os.PathLike[str] | None = None,
+                 # Any, not AmpConfig | str: shown the dataclass, LightningCLI
+                 # (jsonargparse) would read a file path itself into an AmpConfig it
+                 # cannot build; the accepted types are checked when the plugin is made.
+                 *, config: Any = None,
                  policy: str | None = None,
                  custom_white_list: list[str] | None = None,
                  custom_black_list: list[str] | None = None,

@@ -183,6 +183,11 @@ class GradScaler:
             per check); ``None``: the ranks that share the parameters, as their
             gradients show (the mesh of sharded ``DTensor`` gradients; none for plain
             ones), see :mod:`ampkit.scaling.distributed`.
+        scale_bfloat16: scale the loss of a bfloat16 run too, as torch does. By
+            default a scaler whose first ``scale()`` sees a bfloat16 run (a bfloat16
+            loss, or a call inside a bfloat16 autocast region) warns and keeps a static
+            scale of 1.0: bfloat16 has float32's range, so scaling by 65536 buys
+            nothing; steps with inf/NaN gradients are still skipped.
         log_skipped_steps: log one line per skipped step (logger ``ampkit.scaling``,
             level WARNING: step index, scale before and after, skipped so far), like
             DeepSpeed's OVERFLOW line; costs one host sync per ``update()``.
@@ -210,7 +215,7 @@ class GradScaler:
                  enabled: bool = True, *, hysteresis: int = 1,
                  min_scale: float | None = None, max_scale: float | None = None,
                  dynamic: bool = True, process_group: Any = None,
-                 log_skipped_steps: bool = False) -> None:
+                 log_skipped_steps: bool = False, scale_bfloat16: bool = False) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
         self._device = _device_type(device)
@@ -230,6 +235,9 @@ class GradScaler:
             raise TypeError(f"log_skipped_steps must be a bool, got {log_skipped_steps!r}")
         #: print one line (logger ``ampkit.scaling``, level WARNING) per skipped step
         self.log_skipped_steps = log_skipped_steps
+        if not isinstance(scale_bfloat16, bool):
+            raise TypeError(f"scale_bfloat16 must be a bool, got {scale_bfloat16!r}")
+        self._scale_bfloat16 = scale_bfloat16
         # iterations ended by update(): a host int, so counting costs no sync
         self._steps = 0
         # Counters as plain ints until the scale tensor exists (lazily, on the loss's device).
@@ -303,6 +311,7 @@ class GradScaler:
             return outputs
         if isinstance(outputs, torch.Tensor):
             if self._scale is None:
+                self._bfloat16_run(outputs)
                 self._lazy_init(outputs.device)
             assert self._scale is not None
             return outputs * self._scale.to(outputs.device, non_blocking=True)
@@ -325,6 +334,25 @@ class GradScaler:
                              f"{type(value).__name__}")
 
         return apply(outputs)
+
+    def _bfloat16_run(self, loss: torch.Tensor) -> None:
+        """On the first ``scale()``: in a bfloat16 run (and unless ``scale_bfloat16``),
+        keep the scale at 1.0, with a warning, and still skip overflowing steps."""
+        if self._scale_bfloat16:
+            return
+        device = loss.device.type
+        in_bf16_region = (torch.is_autocast_enabled(device)
+                          and torch.get_autocast_dtype(device) is torch.bfloat16)
+        if loss.dtype is not torch.bfloat16 and not in_bf16_region:
+            return
+        warnings.warn("GradScaler: this is a bfloat16 run (the loss is bfloat16 or is "
+                      "scaled inside a bfloat16 autocast region); bfloat16 has float32's "
+                      "range, so scaling the loss would buy nothing. The scale stays 1.0 "
+                      "(static) and steps with inf/NaN gradients are still skipped; pass "
+                      "enabled=False to drop the checks too, or scale_bfloat16=True to "
+                      "scale anyway (torch.amp.GradScaler's behaviour).", stacklevel=3)
+        self._init_scale = 1.0
+        self._schedule = dataclasses.replace(self._schedule, dynamic=False)
 
     def _params_of(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         params = [p for group in optimizer.param_groups for p in group["params"]]
