@@ -225,6 +225,13 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         Traceback (most recent call last):
         ...
         ValueError: level must be one of ['O0', 'O1', 'O2', 'O3'], got 'O4'
+        >>> cfg = ampkit.AmpConfig(level="O3", dtype="bfloat16")
+        >>> ampkit.initialize(torch.nn.Linear(2, 2), config=cfg).weight.dtype
+        torch.bfloat16
+        >>> ampkit.initialize(torch.nn.Linear(2, 2), config=cfg, dtype="float16")
+        Traceback (most recent call last):
+        ...
+        ValueError: initialize: dtype='float16' contradicts config.dtype=torch.bfloat16; ...
     """
     config_scaling: dict[str, Any] = {}
     if config is not None:
