@@ -249,7 +249,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         check_not_wrapped(model, "model" if one_model else f"models[{i}]")
     device_type = next((p.device.type for m in model_list for p in m.parameters()), None)
     props = level_properties(level, dtype, device_type=device_type, **level_args)
-    config = ConversionConfig.from_properties(props, **conversion)
+    conversion_config = ConversionConfig.from_properties(props, **conversion)
     if rounding_seed is not None and not isinstance(props.master_weights, str):
         raise ValueError("rounding_seed seeds the stochastic rounding of "
                          "master_weights='stochastic' or 'kahan'; this call keeps "
@@ -262,12 +262,12 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, props.master_weights, seed=rounding_seed,
                                  seed_name="rounding_seed")
-    plans = [prepare_conversion(model, config) for model in model_list]
+    plans = [prepare_conversion(model, conversion_config) for model in model_list]
     if len({id(m) for m in model_list}) != len(model_list):
         raise ValueError("models: the same model is given twice")
     for model, plan in zip(model_list, plans):
         if plan is not None:
-            apply_conversion(model, config, plan)
+            apply_conversion(model, conversion_config, plan)
     if isinstance(props.master_weights, str):  # pure low precision: no fp32 copies
         from ampkit.master_weights_pure import pure_low_precision
 

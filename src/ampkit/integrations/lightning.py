@@ -221,9 +221,9 @@ class AmpkitPrecision(Precision):
         """Route the module's ``lr_scheduler_step`` hook through the scaler: a
         step-interval scheduler waits out a skipped step (torch's scheduler would
         otherwise warn that it stepped before the optimizer, and move on)."""
-        if getattr(module.lr_scheduler_step, "_ampkit_guard", False):
+        hook: Any = getattr(module, "lr_scheduler_step")  # noqa: B009 - typed Any on purpose
+        if getattr(hook, "_ampkit_guard", False):
             return
-        hook = module.lr_scheduler_step
 
         def lr_scheduler_step(scheduler: Any, metric: Any = None) -> None:
             trainer = getattr(module, "_trainer", None)
@@ -237,7 +237,8 @@ class AmpkitPrecision(Precision):
                 hook(scheduler, metric)
 
         lr_scheduler_step._ampkit_guard = True  # type: ignore[attr-defined]
-        module.lr_scheduler_step = lr_scheduler_step  # type: ignore[method-assign]
+        # an instance attribute: not in the module's state_dict, gone with the module
+        setattr(module, "lr_scheduler_step", lr_scheduler_step)  # noqa: B010
 
     # -- each step --------------------------------------------------------------------
 

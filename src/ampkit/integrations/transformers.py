@@ -288,7 +288,7 @@ class AmpkitTrainer(Trainer):
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         super()._save(output_dir, state_dict)
         out = output_dir if output_dir is not None else self.args.output_dir
-        if self.args.should_save:
+        if self.args.should_save and out is not None:
             self._ampkit.config.to_file(os.path.join(out, CONFIG_FILE))
         # save_pretrained records the parameters' dtype, but with master weights the
         # values written are the fp32 masters: say float32, so that from_pretrained
