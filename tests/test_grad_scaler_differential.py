@@ -117,7 +117,9 @@ def test_bfloat16_gradients_match_torch_on_cpu() -> None:
     settings = {"init_scale": 2.0 ** 10, "growth_interval": 5}
     stream = _grad_stream(500, seed=4, p_inf=0.03, p_nan=0.03, p_huge=0.0,
                           dtype=torch.bfloat16)
-    ours = _run(GradScaler("cpu", **settings), stream, "sgd", dtype=torch.bfloat16)
+    # scale_bfloat16: torch's behaviour (by default ampkit keeps a bfloat16 run at 1.0)
+    ours = _run(GradScaler("cpu", scale_bfloat16=True, **settings), stream, "sgd",
+                dtype=torch.bfloat16)
     theirs = _run(torch.amp.GradScaler("cpu", **settings), stream, "sgd",
                   dtype=torch.bfloat16)
     _assert_same(ours, theirs)

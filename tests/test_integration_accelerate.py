@@ -127,8 +127,9 @@ def test_save_state_and_load_state_continue_exactly(tmp_path) -> None:
 
 
 def test_refusals_are_clear() -> None:
-    with pytest.raises(ValueError, match="mixed_precision='fp16'"):
-        AmpkitAccelerator(level="O2", mixed_precision="fp16", cpu=True)
+    with pytest.raises(ValueError, match=r"mixed_precision='fp16' asks for torch.float16, "
+                                         r"but the ampkit config says dtype=torch\.bfloat16"):
+        AmpkitAccelerator(level="O2", dtype=torch.bfloat16, mixed_precision="fp16", cpu=True)
     with pytest.raises(ValueError, match="level must be one of"):
         AmpkitAccelerator(level="O5", cpu=True)
     accelerator = AmpkitAccelerator(level="O2", dtype=torch.bfloat16, cpu=True)

@@ -122,12 +122,14 @@ def test_fp16_resume_from_checkpoint_continues_exactly(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("flag", ["bf16", "fp16_full_eval"])
-def test_precision_flags_are_refused(tmp_path, flag) -> None:
+def test_contradicting_precision_flags_are_refused(tmp_path, flag) -> None:
+    # --bf16 against a float16 config, and a whole-model cast for evaluation
     args = _args(tmp_path, **{flag: True}) if flag == "bf16" else _args(tmp_path)
     if flag != "bf16":
         args.fp16_full_eval = True
     with pytest.raises(ValueError, match=f"TrainingArguments\\({flag}=True\\)"):
-        AmpkitTrainer(model=_gpt2(), args=args, train_dataset=DATA, level="O2")
+        AmpkitTrainer(model=_gpt2(), args=args, train_dataset=DATA, level="O2",
+                      dtype=torch.float16)
 
 
 def test_without_transformers_the_import_error_names_the_extra(monkeypatch) -> None:

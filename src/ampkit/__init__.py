@@ -32,6 +32,7 @@ _LAZY = {
     "convert_model": "ampkit.conversion",
     "PureLowPrecisionOptimizer": "ampkit.master_weights_pure",
     "initialize": "ampkit.front_door",
+    "AmpConfig": "ampkit.config",
     # loss scaling
     "GradScaler": "ampkit.scaling.grad_scaler",
     "StaticLossScale": "ampkit.scaling.loss_scale",
@@ -51,7 +52,7 @@ _LAZY = {
 # (``ampkit.tools.count_casts()``, ``ampkit.levels.describe_levels()``), as the README
 # and docs use them; each is imported on first use.
 _SUBMODULES = (
-    "tools", "levels", "integrations", "dialects", "scaling", "conversion", "front_door",
+    "tools", "config", "levels", "integrations", "dialects", "scaling", "conversion", "front_door",
     "master_weights", "master_weights_pure", "policy", "presets", "registry", "casting",
     "autocast_mode", "function_patching", "fsdp", "parameter_casts",
     # the dialects' import names
@@ -61,6 +62,7 @@ _SUBMODULES = (
 __getattr__, __dir__ = lazy_exports("ampkit", _LAZY, globals(), _SUBMODULES)
 
 __all__ = [
+    "AmpConfig",
     "CheckMode",
     "DynamicLossScale",
     "GradScaler",

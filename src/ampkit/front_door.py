@@ -37,8 +37,9 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -51,6 +52,9 @@ from ampkit.conversion import (
 )
 from ampkit.levels import LEVEL_PROPERTY_NAMES, LevelProperties, level_properties
 
+if TYPE_CHECKING:
+    from ampkit.config import AmpConfig
+
 __all__ = ["INITIALIZE_OVERRIDES", "initialize"]
 
 # apex's spelling -> ampkit's
@@ -58,7 +62,14 @@ _ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "
 _CONVERSION_OPTIONS = ("keep_fp32_modules", "policy", "custom_white_list",
                        "custom_black_list", "state_dict_dtype")
 _LOSS_SCALING_OPTIONS = ("num_losses", "min_loss_scale", "max_loss_scale")
+# scale_loss options only a config passes (the keywords stay apex's)
 _PURE_OPTIONS = ("rounding_seed",)  # master_weights="stochastic"/"kahan" only
+# AmpConfig's fields that initialize also takes as keywords
+_CONFIG_FIELDS = ("keep_norms_fp32", "master_weights", "loss_scale", "rounding_seed",
+                  "policy", "custom_white_list", "custom_black_list", "keep_fp32_modules",
+                  "fp8")
+# AmpConfig's GradScaler names -> configure_loss_scaling's
+_SCALE_LOSS_NAMES = {"min_scale": "min_loss_scale", "max_scale": "max_loss_scale"}
 
 #: Every keyword ``initialize`` accepts besides ``level`` and ``dtype``.
 INITIALIZE_OVERRIDES: tuple[str, ...] = (
@@ -98,6 +109,42 @@ def _split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[st
     return level_args, conversion, scaling
 
 
+def _from_config(config: Any, level: Any, dtype: Any, overrides: dict[str, Any]
+                 ) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    """``initialize``'s keywords from ``config``, with the keywords given alongside it
+    checked against it: a keyword that says the same is fine, one that says otherwise
+    is an error naming both."""
+    from ampkit.config import AmpConfig
+
+    if isinstance(config, str | os.PathLike):
+        config = AmpConfig.from_file(config)
+    if not isinstance(config, AmpConfig):
+        raise TypeError(f"config must be an ampkit.AmpConfig or the path of a config "
+                        f"file, got {type(config).__name__}")
+    given = {k: v for k, v in overrides.items() if k in _CONFIG_FIELDS}
+    if level is not None:
+        given["level"] = level
+    if dtype is not None:
+        given["dtype"] = dtype
+    for name, value in given.items():
+        if config.replace(**{name: value}) != config:
+            raise ValueError(f"initialize: {name}={value!r} contradicts config.{name}="
+                             f"{getattr(config, name)!r}; set it in the config only")
+    options = config.initialize_options()
+    scaling: dict[str, Any] = {}  # configure_loss_scaling's keywords
+    for name, value in config.scaler_options().items():
+        if name in ("growth_factor", "backoff_factor"):
+            raise ValueError(f"initialize: config.{name}={value!r} configures a "
+                             f"GradScaler, but ampkit.scale_loss's scalers grow by 2 and "
+                             f"back off by 0.5; leave it None here, or scale with an "
+                             f"ampkit.GradScaler of your own")
+        scaling[_SCALE_LOSS_NAMES.get(name, name)] = value
+    if config.log_skipped_steps:
+        scaling["log_skipped_steps"] = True
+    rest = {k: v for k, v in overrides.items() if k not in _CONFIG_FIELDS}
+    return options.pop("level"), options.pop("dtype"), {**options, **rest}, scaling
+
+
 def _check_optimizers(optimizers: list[torch.optim.Optimizer], models: list[nn.Module]) -> None:
     known: set[int] = set()
     for model in models:
@@ -115,16 +162,19 @@ def _check_optimizers(optimizers: list[torch.optim.Optimizer], models: list[nn.M
 
 
 def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any]) -> None:
+    log_skipped = scaling.pop("log_skipped_steps", False)
     if props.loss_scale is None and not scaling:
         return  # nothing to set up: scale_loss keeps whatever was configured
     from ampkit.scaling.multi_loss import configure_loss_scaling
 
-    configure_loss_scaling(props.loss_scale, **scaling)
+    for scaler in configure_loss_scaling(props.loss_scale, **scaling):
+        scaler.log_skipped_steps = log_skipped
 
 
 def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
                optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None
-               = None, *, level: Any = "O1", dtype: torch.dtype | str | None = None,
+               = None, *, level: Any = None, dtype: torch.dtype | str | None = None,
+               config: AmpConfig | str | os.PathLike[str] | None = None,
                **overrides: Any) -> Any:
     """Apply a precision level to models and their optimizers (apex's ``initialize``).
 
@@ -133,10 +183,13 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             wrapped in DataParallel/DistributedDataParallel/FSDP yet.
         optimizers: ``None``, a ``torch.optim.Optimizer`` or a list/tuple of them, over
             parameters of ``models``.
-        level: ``"O0"``, ``"O1"`` (default), ``"O2"``, ``"O3"``; the table is in
-            :mod:`ampkit.levels` (``ampkit.levels.describe_levels()`` prints it).
+        level: ``"O0"``, ``"O1"`` (``None``: the default, or the config's), ``"O2"``,
+            ``"O3"``; the table is in :mod:`ampkit.levels`
+            (``ampkit.levels.describe_levels()`` prints it).
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None`` is the autocast default
             of the models' device: bfloat16 on CPU, float16 on CUDA.
+        config: an :class:`ampkit.AmpConfig` (or the path of a config file) holding
+            every choice below; a keyword given as well must agree with it.
         **overrides: level properties ``cast_model_type``, ``keep_norms_fp32`` (apex:
             ``keep_batchnorm_fp32``), ``master_weights`` (``True``, ``False``, or
             ``"stochastic"``/``"kahan"`` for pure bfloat16 training, see
@@ -156,7 +209,8 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         TypeError: a model that is not an ``nn.Module``, an optimizer that is not an
             optimizer, or an unknown override (the accepted ones are listed).
         ValueError: an unknown level or dtype, a refused combination of overrides, an
-            optimizer over parameters outside the models, or a model that is not fp32.
+            optimizer over parameters outside the models, a model that is not fp32, or
+            a keyword that contradicts ``config`` (both named).
         RuntimeError: a model already wrapped in DDP/FSDP/DataParallel (call
             ``initialize`` first), or already converted with other settings.
 
@@ -171,17 +225,31 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         Traceback (most recent call last):
         ...
         ValueError: level must be one of ['O0', 'O1', 'O2', 'O3'], got 'O4'
+        >>> cfg = ampkit.AmpConfig(level="O3", dtype="bfloat16")
+        >>> ampkit.initialize(torch.nn.Linear(2, 2), config=cfg).weight.dtype
+        torch.bfloat16
+        >>> ampkit.initialize(torch.nn.Linear(2, 2), config=cfg, dtype="float16")
+        Traceback (most recent call last):
+        ...
+        ValueError: initialize: dtype='float16' contradicts config.dtype=torch.bfloat16; ...
     """
+    config_scaling: dict[str, Any] = {}
+    if config is not None:
+        level, dtype, overrides, config_scaling = _from_config(config, level, dtype,
+                                                               overrides)
+    elif level is None:
+        level = "O1"
     model_list, one_model = _as_list(models, nn.Module, "models")
     opt_list, one_opt = ([], True) if optimizers is None else _as_list(
         optimizers, torch.optim.Optimizer, "optimizers")
     rounding_seed = overrides.pop("rounding_seed", None)
     level_args, conversion, scaling = _split_overrides(overrides)
+    scaling.update(config_scaling)
     for i, model in enumerate(model_list):
         check_not_wrapped(model, "model" if one_model else f"models[{i}]")
     device_type = next((p.device.type for m in model_list for p in m.parameters()), None)
     props = level_properties(level, dtype, device_type=device_type, **level_args)
-    config = ConversionConfig.from_properties(props, **conversion)
+    conversion_config = ConversionConfig.from_properties(props, **conversion)
     if rounding_seed is not None and not isinstance(props.master_weights, str):
         raise ValueError("rounding_seed seeds the stochastic rounding of "
                          "master_weights='stochastic' or 'kahan'; this call keeps "
@@ -194,12 +262,12 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, props.master_weights, seed=rounding_seed,
                                  seed_name="rounding_seed")
-    plans = [prepare_conversion(model, config) for model in model_list]
+    plans = [prepare_conversion(model, conversion_config) for model in model_list]
     if len({id(m) for m in model_list}) != len(model_list):
         raise ValueError("models: the same model is given twice")
     for model, plan in zip(model_list, plans):
         if plan is not None:
-            apply_conversion(model, config, plan)
+            apply_conversion(model, conversion_config, plan)
     if isinstance(props.master_weights, str):  # pure low precision: no fp32 copies
         from ampkit.master_weights_pure import mark_pure_models, pure_low_precision
 

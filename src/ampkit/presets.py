@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -98,24 +99,60 @@ def available_policies() -> Mapping[str, Policy]:
     return MappingProxyType(_PRESETS)
 
 
-def get_policy(policy: str | Policy) -> Policy:
-    """A policy by name (or the policy itself); unknown names list the known ones.
+def get_policy(policy: str | os.PathLike[str] | Policy) -> Policy:
+    """A policy by name, by the path of a policy JSON file (as ``ampkit tune`` and
+    :meth:`Policy.save` write it), or the policy itself; unknown names list the known
+    ones. A name that is a registered preset is the preset, even if a file of that
+    name exists; a file is read again only when it changes.
 
     Example:
+        >>> import os, tempfile
+        >>> from ampkit.policy import Policy
         >>> from ampkit.presets import get_policy
         >>> get_policy("torch").name
         'torch'
+        >>> path = os.path.join(tempfile.mkdtemp(), "tuned-policy.json")
+        >>> Policy("tuned", fp32_ops={"exp"}).save(path)
+        >>> get_policy(path).fp32_ops
+        frozenset({'exp'})
     """
     if isinstance(policy, Policy):
         return policy
+    if isinstance(policy, os.PathLike):
+        return _policy_file(os.fspath(policy))
     if not isinstance(policy, str):
-        raise TypeError(f"policy must be a preset name or a Policy, got {type(policy).__name__}")
-    if policy not in _PRESETS:
-        close = difflib.get_close_matches(policy, list(_PRESETS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"policy: unknown preset {policy!r}{hint}; accepted values: "
-                         f"{sorted(_PRESETS)}")
-    return _PRESETS[policy]
+        raise TypeError(f"policy must be a preset name, the path of a policy file or a "
+                        f"Policy, got {type(policy).__name__}")
+    if policy in _PRESETS:
+        return _PRESETS[policy]
+    if policy.endswith(".json") or os.sep in policy or os.path.isfile(policy):
+        return _policy_file(policy)
+    close = difflib.get_close_matches(policy, list(_PRESETS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"policy: unknown preset {policy!r}{hint}; accepted values: "
+                     f"{sorted(_PRESETS)} or the path of a policy JSON file")
+
+
+# (absolute path, mtime, size) -> the policy read from it: autocast regions are entered
+# every step, and re-reading the file each time would cost a file read per step.
+_FILE_CACHE: dict[tuple[str, float, int], Policy] = {}
+
+
+def _policy_file(path: str) -> Policy:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        raise ValueError(f"policy: {path!r} is neither a preset {sorted(_PRESETS)} nor an "
+                         f"existing policy file") from None
+    key = (os.path.abspath(path), stat.st_mtime, stat.st_size)
+    found = _FILE_CACHE.get(key)
+    if found is None:
+        try:
+            found = Policy.load(path)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"policy: {path!r} is not a policy file: {error}") from None
+        _FILE_CACHE[key] = found
+    return found
 
 
 # -- the dialects' presets (data: each framework's default lists, in torch terms) -------

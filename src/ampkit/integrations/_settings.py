@@ -1,5 +1,6 @@
-"""What every integration is given: a level, a dtype, ``initialize`` overrides and loss
-scaling options, checked once, then turned into front-door calls.
+"""What every integration is given: an :class:`ampkit.AmpConfig` (built from a config,
+a config file or the integration's own typed parameters), checked once, then turned
+into front-door calls.
 
 An integration keeps one :class:`AmpkitSettings` and asks it, at the moment its
 framework's hook runs, to convert a model (:meth:`AmpkitSettings.initialize`), to make
@@ -20,29 +21,41 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import torch
 
 import ampkit
-from ampkit.front_door import INITIALIZE_OVERRIDES
+from ampkit.config import SCALER_FIELDS, AmpConfig
 from ampkit.levels import LEVEL_PROPERTY_NAMES, LevelProperties
 
-__all__ = ["OPTIONS", "SCALER_OPTIONS", "AmpkitSettings", "missing_framework"]
+__all__ = ["CONFIG_FIELDS", "OPTIONS", "SCALER_OPTIONS", "AmpkitSettings",
+           "missing_framework"]
 
 #: ``ampkit.GradScaler`` options an integration accepts (all but ``device`` and
 #: ``enabled``, which the integration decides).
-SCALER_OPTIONS: tuple[str, ...] = ("init_scale", "growth_factor", "backoff_factor",
-                                   "growth_interval", "hysteresis", "min_scale", "max_scale")
+SCALER_OPTIONS: tuple[str, ...] = SCALER_FIELDS
+#: AmpConfig's fields: every integration takes each as a typed parameter.
+CONFIG_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AmpConfig))
 # initialize's options for apex-style scale_loss: an integration scales with its own
 # GradScaler, so these would configure something it never uses.
 _SCALE_LOSS_OPTIONS = {"num_losses": None, "min_loss_scale": "min_scale",
                        "max_loss_scale": "max_scale"}
-_ACCEPTED = tuple(k for k in INITIALIZE_OVERRIDES if k not in _SCALE_LOSS_OPTIONS)
-#: Every option an integration accepts besides ``level`` and ``dtype``.
-OPTIONS: tuple[str, ...] = _ACCEPTED + SCALER_OPTIONS
+# initialize's overrides that AmpConfig does not hold (rarely needed level properties
+# and apex's spellings): still accepted as keywords, beside the config.
+_EXTRA = (*(n for n in LEVEL_PROPERTY_NAMES if n not in CONFIG_FIELDS),
+          "keep_batchnorm_fp32", "patch_torch_functions")
+_ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"}
+#: Every option an integration accepts besides ``level``, ``dtype`` and ``config``.
+OPTIONS: tuple[str, ...] = tuple(n for n in CONFIG_FIELDS if n not in ("level", "dtype")
+                                 ) + _EXTRA
+
+# host framework's precision word -> the dtype it asks for ("no": none)
+_HOST_DTYPES = {"no": None, "fp32": None, "32": None, "bf16": torch.bfloat16,
+                "fp16": torch.float16}
 
 
 def missing_framework(module: str, extra: str) -> str:
@@ -57,65 +70,130 @@ def missing_framework(module: str, extra: str) -> str:
             f"pip install 'ampkit[{extra}]'")
 
 
+def _as_config(config: Any) -> AmpConfig:
+    if isinstance(config, AmpConfig):
+        return config
+    if isinstance(config, str | os.PathLike):
+        return AmpConfig.from_file(config)
+    if isinstance(config, Mapping):
+        return AmpConfig.from_dict(config)
+    raise TypeError(f"config must be an ampkit.AmpConfig, the path of a config file or a "
+                    f"mapping of AmpConfig fields, got {type(config).__name__}")
+
+
 @dataclasses.dataclass(frozen=True)
 class AmpkitSettings:
-    """A level, a dtype, ``initialize`` overrides and loss scaling options (immutable).
+    """An :class:`ampkit.AmpConfig` plus the rare ``initialize`` overrides it does not
+    hold (immutable), and the integration that owns them (named in errors).
 
     Build it with :meth:`build`, which checks everything it can before any model exists.
     """
 
-    level: str
-    dtype: torch.dtype | str | None
-    overrides: MappingProxyType[str, Any]
-    scaler_options: MappingProxyType[str, Any]
+    config: AmpConfig
+    extra: MappingProxyType[str, Any]
     owner: str
 
     @classmethod
     def build(cls, level: Any, dtype: torch.dtype | str | None, options: dict[str, Any], *,
-              owner: str) -> AmpkitSettings:
-        """Split ``options`` into ``initialize`` overrides and ``GradScaler`` options and
-        check them; ``owner`` (the integration's class) names the errors.
+              owner: str, config: AmpConfig | str | os.PathLike[str] | Mapping[str, Any]
+              | None = None,
+              default_level: str = "O2") -> AmpkitSettings:
+        """Settings from ``config`` (an AmpConfig, the path of a config file or a
+        mapping of its fields) and/or
+        ``level``, ``dtype`` and ``options`` (AmpConfig fields and the few other
+        ``initialize`` overrides); ``None`` values count as not given. Without a config,
+        the fields given make one (``level`` defaulting to ``default_level``); with one,
+        each field given must agree with it.
 
         Raises:
             TypeError: an option that is neither, listing the accepted ones.
-            ValueError: a bad level, dtype, level property or scaler value, or scaler
-                options for a level and dtype that scale no loss (with ``dtype=None``
-                that is known, and refused, once the model's device is).
+            ValueError: a bad value, a field that contradicts ``config`` (both named),
+                or scaler options for a level and dtype that scale no loss (with
+                ``dtype=None`` that is known, and refused, once the model's device is).
 
         Example:
+            >>> from ampkit.config import AmpConfig
             >>> from ampkit.integrations._settings import AmpkitSettings
             >>> AmpkitSettings.build("O2", "bfloat16", {"min_loss_scale": 1.0}, owner="P")
             Traceback (most recent call last):
             ...
             TypeError: P: min_loss_scale configures ampkit.scale_loss, ...; pass min_scale ...
+            >>> AmpkitSettings.build("O3", None, {}, owner="P", config=AmpConfig("O2"))
+            Traceback (most recent call last):
+            ...
+            ValueError: P: level='O3' contradicts the config's level='O2'; ...
         """
         for name, instead in _SCALE_LOSS_OPTIONS.items():
-            if name in options:
+            if options.get(name) is not None:
                 hint = (f"; pass {instead} (an ampkit.GradScaler option)" if instead
                         else ": it scales one loss per optimizer step")
                 raise TypeError(f"{owner}: {name} configures ampkit.scale_loss, which "
                                 f"{owner} does not use{hint}")
-        unknown = sorted(set(options) - set(_ACCEPTED) - set(SCALER_OPTIONS))
+        unknown = sorted(set(options) - set(OPTIONS) - set(_SCALE_LOSS_OPTIONS))
         if unknown:
             raise TypeError(f"{owner} got unknown options {unknown}; accepted: "
-                            f"{list(_ACCEPTED) + list(SCALER_OPTIONS)}")
-        overrides = {k: v for k, v in options.items() if k in _ACCEPTED}
-        scaler = {k: v for k, v in options.items() if k in SCALER_OPTIONS}
-        settings = cls(str(getattr(level, "value", level)), dtype,
-                       MappingProxyType(overrides), MappingProxyType(scaler), owner)
-        props = settings.properties(None)  # a bad level, dtype or property fails here
-        if scaler:
-            if dtype is not None:  # else the device decides, once the model is there
-                settings._check_scales(props)
-            ampkit.GradScaler("cpu", **scaler)  # checks every value, naming it
+                            f"{['level', 'dtype', 'config', *OPTIONS]}")
+        fields = {k: v for k, v in options.items() if k in CONFIG_FIELDS and v is not None}
+        if level is not None:
+            fields["level"] = str(getattr(level, "value", level))
+        if dtype is not None:
+            fields["dtype"] = dtype
+        if fields.get("log_skipped_steps") is False:
+            del fields["log_skipped_steps"]  # the default: not a choice to check
+        extra = {k: v for k, v in options.items() if k in _EXTRA and v is not None}
+        try:
+            if config is None:
+                cfg = AmpConfig(**{"level": default_level, **fields})
+            else:
+                cfg = _as_config(config)
+                for name, value in fields.items():
+                    if cfg.replace(**{name: value}) != cfg:
+                        raise ValueError(f"{name}={value!r} contradicts the config's "
+                                         f"{name}={getattr(cfg, name)!r}; give it once")
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{owner}: {error}") from None
+        settings = cls(cfg, MappingProxyType(extra), owner)
+        settings.properties(None)  # a bad extra property fails here
         return settings
 
-    def _check_scales(self, props: LevelProperties) -> None:
-        if self.scaler_options and props.loss_scale is None:
-            raise ValueError(
-                f"{self.owner}: {sorted(self.scaler_options)} set up loss scaling, but level "
-                f"{props.level.value} with {props.dtype} scales no loss; pass "
-                f"loss_scale='dynamic' to scale it anyway")
+    def with_host_precision(self, setting: str, value: str | None) -> AmpkitSettings:
+        """These settings with the host framework's precision ``value`` (``"no"``,
+        ``"bf16"``, ``"fp16"``, ...; ``setting`` says where it was set) mapped onto
+        the dtype: the same meaning is taken over, a contradiction is an error naming
+        both settings, and a value ampkit has no meaning for is refused.
+
+        Example:
+            >>> from ampkit.integrations._settings import AmpkitSettings
+            >>> s = AmpkitSettings.build("O2", None, {}, owner="P")
+            >>> s.with_host_precision("mixed_precision='fp16'", "fp16").config.dtype
+            torch.float16
+            >>> s = AmpkitSettings.build("O2", "bfloat16", {}, owner="P")
+            >>> s.with_host_precision("mixed_precision='fp16'", "fp16")
+            Traceback (most recent call last):
+            ...
+            ValueError: P: mixed_precision='fp16' asks for torch.float16, but the ampkit ...
+        """
+        if value is None:
+            return self
+        key = str(value).lower()
+        if key not in _HOST_DTYPES:
+            raise ValueError(f"{self.owner}: {setting} has no ampkit meaning; "
+                             f"leave it out (or 'no') and set the precision in the ampkit "
+                             f"config ({self.describe()}); accepted: "
+                             f"{sorted(_HOST_DTYPES)}")
+        dtype = _HOST_DTYPES[key]
+        if dtype is None or self.config.dtype is dtype:
+            return self
+        if self.config.dtype is not None:
+            raise ValueError(f"{self.owner}: {setting} asks for {dtype}, but the "
+                             f"ampkit config says dtype={self.config.dtype}; set the "
+                             f"precision in one place")
+        try:
+            config = self.config.replace(dtype=dtype)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{self.owner}: {setting} (dtype {dtype}) does not "
+                             f"fit the ampkit config: {error}") from None
+        return dataclasses.replace(self, config=config)
 
     def properties(self, device_type: str | None) -> LevelProperties:
         """The level's properties on ``device_type`` (``None``: CUDA if available).
@@ -125,18 +203,21 @@ class AmpkitSettings:
             >>> AmpkitSettings.build("O3", None, {}, owner="P").properties("cpu").dtype
             torch.bfloat16
         """
-        level_args = {k: v for k, v in self.overrides.items() if k in LEVEL_PROPERTY_NAMES}
-        for alias, name in (("keep_batchnorm_fp32", "keep_norms_fp32"),
-                            ("patch_torch_functions", "patch_ops")):
-            if alias in self.overrides:
-                level_args[name] = self.overrides[alias]
-        return ampkit.level_properties(self.level, self.dtype, device_type=device_type,
-                                       **level_args)
+        cfg = self.config
+        level_args = {k: v for k, v in self.extra.items() if k in LEVEL_PROPERTY_NAMES}
+        for alias, name in _ALIASES.items():
+            if alias in self.extra:
+                level_args[name] = self.extra[alias]
+        return ampkit.level_properties(cfg.level, cfg.dtype, device_type=device_type,
+                                       keep_norms_fp32=cfg.keep_norms_fp32,
+                                       master_weights=cfg.master_weights,
+                                       loss_scale=cfg.loss_scale, **level_args)
 
     def initialize(self, models: Any, optimizers: Any = None) -> Any:
-        """``ampkit.initialize(models, optimizers, level, dtype, **overrides)``: calling it
-        again with the same models changes nothing, so an integration may call it first
-        with the model, then with the model and the optimizers.
+        """``ampkit.initialize`` with the config's choices (its loss-scale options left
+        out: the integration's own GradScaler takes them): calling it again with the
+        same models changes nothing, so an integration may call it first with the
+        model, then with the model and the optimizers.
 
         Example:
             >>> import torch
@@ -146,16 +227,18 @@ class AmpkitSettings:
             >>> net.weight.dtype  # O2: the fp32 truth, bf16 copies made on use
             torch.float32
         """
+        options = {**self.config.initialize_options(), **self.extra}
         if optimizers is None:
-            return ampkit.initialize(models, level=self.level, dtype=self.dtype,
-                                     **self.overrides)
-        return ampkit.initialize(models, optimizers, level=self.level, dtype=self.dtype,
-                                 **self.overrides)
+            return ampkit.initialize(models, **options)
+        return ampkit.initialize(models, optimizers, **options)
 
     def make_scaler(self, device_type: str) -> Any:
         """The ``ampkit.GradScaler`` the level calls for on ``device_type``, or ``None``
         (bfloat16, O0, O3, ``loss_scale=None``). A static ``loss_scale`` gives a scaler
         with ``dynamic=False``: overflowing steps are still skipped.
+
+        Raises:
+            ValueError: scaler options set, but the level scales no loss on this device.
 
         Example:
             >>> from ampkit.integrations._settings import AmpkitSettings
@@ -165,14 +248,19 @@ class AmpkitSettings:
             (128.0, False)
         """
         props = self.properties(device_type)
-        self._check_scales(props)
-        loss_scale = props.loss_scale
-        if loss_scale is None:
+        options: dict[str, Any] = self.config.scaler_options()
+        if props.loss_scale is None:
+            if options:
+                raise ValueError(
+                    f"{self.owner}: {sorted(options)} set up loss scaling, but level "
+                    f"{props.level.value} with {props.dtype} scales no loss; pass "
+                    f"loss_scale='dynamic' to scale it anyway")
             return None
-        options = dict(self.scaler_options)
-        if loss_scale != "dynamic":
-            options.update(init_scale=float(loss_scale), dynamic=False)
-        return ampkit.GradScaler(device_type, **options)
+        if props.loss_scale != "dynamic":
+            options.update(init_scale=float(props.loss_scale), dynamic=False)
+        # a scaler here was asked for (bfloat16 scales only with loss_scale set)
+        return ampkit.GradScaler(device_type, log_skipped_steps=self.config.log_skipped_steps,
+                                 scale_bfloat16=True, **options)
 
     @contextlib.contextmanager
     def autocast(self, device_type: str) -> Iterator[None]:
@@ -193,14 +281,15 @@ class AmpkitSettings:
         if not props.patch_ops:
             yield
             return
-        with ampkit.autocast(device_type, props.dtype,
-                             policy=self.overrides.get("policy", "torch"),
-                             custom_white_list=self.overrides.get("custom_white_list"),
-                             custom_black_list=self.overrides.get("custom_black_list")):
+        cfg = self.config
+        with ampkit.autocast(device_type, props.dtype, policy=cfg.policy,
+                             custom_white_list=cfg.custom_white_list or None,
+                             custom_black_list=cfg.custom_black_list or None):
             yield
 
     def describe(self) -> str:
-        """``level='O2', dtype=torch.bfloat16, ...``: for reprs and error messages.
+        """``level='O2', dtype=torch.bfloat16, ...`` (the fields that differ from
+        AmpConfig's defaults): for reprs and error messages.
 
         Example:
             >>> import torch
@@ -209,6 +298,10 @@ class AmpkitSettings:
             ...                      owner="P").describe()
             "level='O2', dtype=torch.float16, hysteresis=2"
         """
-        parts = [f"level={self.level!r}", f"dtype={self.dtype!r}"]
-        parts += [f"{k}={v!r}" for k, v in {**self.overrides, **self.scaler_options}.items()]
+        default = AmpConfig()
+        parts = [f"level={self.config.level!r}", f"dtype={self.config.dtype!r}"]
+        parts += [f"{f.name}={getattr(self.config, f.name)!r}"
+                  for f in dataclasses.fields(AmpConfig) if f.name not in ("level", "dtype")
+                  and getattr(self.config, f.name) != getattr(default, f.name)]
+        parts += [f"{k}={v!r}" for k, v in self.extra.items()]
         return ", ".join(parts)

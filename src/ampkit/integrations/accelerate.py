@@ -21,6 +21,16 @@ accelerate call                ampkit call
 ``save_state`` / ``load_state``  the scaler's ``state_dict``; the model's holds the masters
 =============================  =============================================================
 
+Configure it with an :class:`ampkit.AmpConfig` (``config=``: one or the path of a
+config file) or with ``level=``, ``dtype=`` and the config's fields as keywords. The
+host's precision setting is mapped, never ignored: ``mixed_precision=`` or
+``ACCELERATE_MIXED_PRECISION`` (which ``accelerate launch --mixed_precision`` and
+``accelerate config`` set) gives the config its dtype when it has none, and is refused,
+naming both settings, when it says otherwise (``"fp8"`` is refused: use the config's
+``fp8``). ``init_trackers`` adds the config to the trackers' hyperparameters,
+``save_state`` writes it beside the state (``ampkit_config.json``), and with loss
+scaling ``log`` adds ``amp/loss_scale`` and ``amp/skipped_steps`` to what you log.
+
 Without the subclass, bf16 needs nothing but order: ``Accelerator(mixed_precision="no")``,
 ``model.to(accelerator.device)``, ``ampkit.initialize(model, optimizer, level=...)``,
 then ``accelerator.prepare``. fp16 needs the subclass (or a loop of your own) because
@@ -43,11 +53,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from ampkit.config import AmpConfig
 from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
 
 try:
@@ -67,55 +79,68 @@ class AmpkitAccelerator(Accelerator):
     ``mixed_precision`` modes.
 
     Args:
-        level: ``"O0"``-``"O3"``; ``"O2"`` by default.
-        dtype: ``torch.float16`` or ``torch.bfloat16``; ``None`` is the device's
+        level: ``"O0"``-``"O3"``; ``None``: the config's, else ``"O2"``.
+        dtype: ``torch.float16`` or ``torch.bfloat16``; ``None``: the config's, or what
+            ``mixed_precision``/``ACCELERATE_MIXED_PRECISION`` say, else the device's
             autocast default (bfloat16 on CPU, float16 on CUDA).
-        **kwargs: ``ampkit.initialize`` overrides (``custom_white_list``,
-            ``custom_black_list``, ``policy``, ``keep_fp32_modules``, ``loss_scale``, ...)
-            and ``ampkit.GradScaler`` options (``init_scale``, ``hysteresis``,
-            ``min_scale``, ...); every other keyword goes to ``Accelerator``.
+        config: an :class:`ampkit.AmpConfig` or the path of a config file; keywords
+            given as well must agree with it.
+        **kwargs: :class:`ampkit.AmpConfig` fields (``custom_white_list``,
+            ``custom_black_list``, ``policy``, ``keep_fp32_modules``, ``loss_scale``,
+            ``init_scale``, ``hysteresis``, ``min_scale``, ...) and the rarer
+            ``initialize`` overrides; every other keyword goes to ``Accelerator``.
 
     Prepare each model before, or together with, its optimizers.
 
     Raises:
-        ValueError: ``mixed_precision`` other than ``"no"`` (ampkit's level replaces
-            it), a bad level, dtype or option value, or a distributed type ampkit does
-            not support.
+        ValueError: ``mixed_precision`` or ``ACCELERATE_MIXED_PRECISION`` contradicting
+            the config's dtype (both named), a bad level, dtype or option value, or a
+            distributed type ampkit does not support.
         TypeError: an unknown ampkit option (the accepted ones are listed).
 
     Example:
         >>> import torch
+        >>> from ampkit import AmpConfig
         >>> from ampkit.integrations.accelerate import AmpkitAccelerator
-        >>> AmpkitAccelerator(level="O2", mixed_precision="bf16")
+        >>> AmpkitAccelerator(config=AmpConfig("O2", "bfloat16"), mixed_precision="fp16")
         Traceback (most recent call last):
         ...
-        ValueError: AmpkitAccelerator replaces accelerate's mixed_precision='bf16' ...
+        ValueError: AmpkitAccelerator: mixed_precision='fp16' asks for torch.float16, ...
     """
 
     _ampkit: AmpkitSettings
     _ampkit_models: list[torch.nn.Module]
 
-    def __init__(self, *, level: str = "O2", dtype: torch.dtype | str | None = None,
+    def __init__(self, *, level: str | None = None, dtype: torch.dtype | str | None = None,
+                 config: AmpConfig | str | os.PathLike[str] | None = None,
                  **kwargs: Any) -> None:
         options = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTIONS}
-        settings = AmpkitSettings.build(level, dtype, options, owner="AmpkitAccelerator")
+        settings = AmpkitSettings.build(level, dtype, options, owner="AmpkitAccelerator",
+                                        config=config)
         mixed = kwargs.pop("mixed_precision", None)
-        if mixed not in (None, "no"):
-            raise ValueError(f"AmpkitAccelerator replaces accelerate's mixed_precision="
-                             f"{mixed!r} (its autocast and GradScaler) with the ampkit level; "
-                             f"leave mixed_precision out and pass level= and dtype=")
+        if mixed is not None:
+            settings = settings.with_host_precision(f"mixed_precision={mixed!r}", mixed)
+        elif os.environ.get("ACCELERATE_MIXED_PRECISION"):
+            # set by `accelerate launch --mixed_precision` and `accelerate config`
+            env = os.environ["ACCELERATE_MIXED_PRECISION"]
+            settings = settings.with_host_precision(f"ACCELERATE_MIXED_PRECISION={env!r}",
+                                                    env)
+        # ampkit replaces accelerate's autocast and GradScaler: its own mode stays off
         super().__init__(mixed_precision="no", **kwargs)
         self._ampkit_attach(settings)
 
     @classmethod
-    def adopt(cls, accelerator: Accelerator, level: str = "O2",
-              dtype: torch.dtype | str | None = None, **options: Any) -> AmpkitAccelerator:
+    def adopt(cls, accelerator: Accelerator, level: str | None = None,
+              dtype: torch.dtype | str | None = None, *,
+              config: AmpConfig | str | os.PathLike[str] | None = None,
+              **options: Any) -> AmpkitAccelerator:
         """Turn an existing ``Accelerator`` (made with ``mixed_precision="no"``) into an
         ``AmpkitAccelerator``, in place: for frameworks that build their own, such as
         Hugging Face ``Trainer``. Returns the same object.
 
         Raises:
-            ValueError: the accelerator runs a ``mixed_precision`` mode of its own.
+            ValueError: the accelerator runs a ``mixed_precision`` mode of its own
+                (named with the ampkit config it would run beside).
 
         Example:
             >>> from accelerate import Accelerator
@@ -124,7 +149,8 @@ class AmpkitAccelerator(Accelerator):
             >>> AmpkitAccelerator.adopt(plain, "O1", "bfloat16") is plain, type(plain).__name__
             (True, 'AmpkitAccelerator')
         """
-        settings = AmpkitSettings.build(level, dtype, options, owner=cls.__name__)
+        settings = AmpkitSettings.build(level, dtype, options, owner=cls.__name__,
+                                        config=config)
         if not isinstance(accelerator, Accelerator):
             raise TypeError(f"accelerator must be an accelerate.Accelerator, got "
                             f"{type(accelerator).__name__}")
@@ -140,9 +166,10 @@ class AmpkitAccelerator(Accelerator):
 
     def _ampkit_attach(self, settings: AmpkitSettings) -> None:
         if self.mixed_precision != "no":
-            raise ValueError(f"{type(self).__name__} replaces accelerate's mixed_precision="
-                             f"{self.mixed_precision!r}; make the Accelerator with "
-                             f"mixed_precision='no' (or no ACCELERATE_MIXED_PRECISION)")
+            raise ValueError(f"{type(self).__name__}: the Accelerator runs its own "
+                             f"mixed_precision={self.mixed_precision!r}, beside the ampkit "
+                             f"config ({settings.describe()}); make the Accelerator with "
+                             f"mixed_precision='no' and set the precision in the config")
         if self.distributed_type not in _SUPPORTED:
             raise ValueError(f"{type(self).__name__} supports distributed types "
                              f"{[d.value for d in _SUPPORTED]}, got {self.distributed_type}")
@@ -152,6 +179,46 @@ class AmpkitAccelerator(Accelerator):
 
     def __repr__(self) -> str:
         return f"AmpkitAccelerator({self._ampkit.describe()}, device={self.device})"
+
+    @property
+    def ampkit_config(self) -> AmpConfig:
+        """The :class:`ampkit.AmpConfig` this accelerator trains with (host setting
+        mapped).
+
+        Example:
+            >>> from ampkit.integrations.accelerate import AmpkitAccelerator
+            >>> AmpkitAccelerator(mixed_precision="bf16", cpu=True).ampkit_config.dtype
+            torch.bfloat16
+        """
+        return self._ampkit.config
+
+    # -- records and logs -------------------------------------------------------------
+
+    def init_trackers(self, project_name: str, config: dict | None = None,
+                      init_kwargs: dict | None = None) -> None:
+        """``Accelerator.init_trackers`` with the ampkit config added to ``config`` (the
+        trackers' hyperparameters) as ``ampkit/<field>`` entries."""
+        merged = {**self._ampkit.config.hyperparameters(), **(config or {})}
+        super().init_trackers(project_name, merged, init_kwargs or {})
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None
+            ) -> None:
+        """``Accelerator.log``, with ``amp/loss_scale`` and ``amp/skipped_steps`` added
+        when the level scales the loss (at your logging cadence)."""
+        if self.scaler is not None:
+            values = {"amp/loss_scale": self.scaler.get_scale(),
+                      "amp/skipped_steps": self.scaler.skipped_steps, **values}
+        super().log(values, step=step, log_kwargs=log_kwargs or {})
+
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> str:
+        """``Accelerator.save_state``, plus the config as ``ampkit_config.json`` in the
+        state's folder."""
+        location = super().save_state(output_dir, safe_serialization,
+                                      **save_model_func_kwargs)
+        if self.is_main_process:
+            self._ampkit.config.to_file(os.path.join(location, "ampkit_config.json"))
+        return location
 
     # -- prepare ----------------------------------------------------------------------
 

@@ -13,8 +13,19 @@ Lightning hook                   ampkit call
 ``optimizer_step``               ``unscale_``, clipping hooks, ``step`` (skipped on
                                  inf/NaN), ``update``
 ``clip_grad_by_norm``            ``ampkit.clip_master_grad_norm_`` (on the fp32 masters)
-``state_dict`` (checkpoints)     the scaler's ``state_dict``
+``state_dict`` (checkpoints)     the config (``ampkit_config``) and the scaler's state
 ===============================  ==========================================================
+
+Configure it with an :class:`ampkit.AmpConfig` (``config=`` takes one or the path of a
+config file) or with the same fields as typed parameters, which LightningCLI reads from
+YAML and flags (``--trainer.plugins+=ampkit.integrations.lightning.AmpkitPrecision
+--trainer.plugins.custom_black_list='[softmax]'``). The config is logged as
+hyperparameters (``ampkit/<field>``) and saved in every checkpoint. With loss
+scaling, ``amp/loss_scale`` and ``amp/skipped_steps`` are logged each step through
+``LightningModule.log`` (so at the Trainer's ``log_every_n_steps``), and a
+step-interval LR scheduler is not stepped on a skipped step (nor warned about)
+unless ``step_scheduler_on_skip=True``. ``Trainer(precision=...)`` beside the plugin
+is refused by Lightning itself ("Received both precision=... and plugins=...").
 
 The checkpoint's ``state_dict`` holds the exact fp32 values at O2 (the masters) and the
 optimizer state is the masters' (fp32), so ``trainer.fit(model, ckpt_path=...)``
@@ -28,7 +39,7 @@ Example:
     >>> from ampkit.integrations.lightning import AmpkitPrecision
     >>> plugin = AmpkitPrecision("O2", torch.float16, custom_black_list={"softmax"})
     >>> plugin.precision, plugin
-    ('16-mixed', AmpkitPrecision(level='O2', dtype=torch.float16, custom_black_list={'softmax'}))
+    ('16-mixed', AmpkitPrecision(level='O2', dtype=torch.float16, custom_black_list=('softmax',)))
 """
 
 from __future__ import annotations
@@ -39,7 +50,9 @@ from typing import Any
 
 import torch
 
+from ampkit.config import AmpConfig
 from ampkit.integrations._settings import AmpkitSettings, missing_framework
+from ampkit.scaling.grad_scaler import scheduler_warning_suppressed
 
 try:
     import lightning.pytorch as pl
@@ -50,6 +63,7 @@ except ImportError as error:  # pragma: no cover - exercised without the extra
     raise ImportError(missing_framework("lightning", "lightning")) from error
 
 __all__ = ["AmpkitPrecision"]
+
 
 # Lightning's own words for what each level does, so that Lightning code reading
 # ``trainer.precision`` (model summary, throughput monitor) sees the right dtype.
@@ -64,14 +78,23 @@ class AmpkitPrecision(Precision):
     """A Lightning ``Precision`` plugin that trains at an ampkit level.
 
     Args:
-        level: ``"O0"``-``"O3"`` (see ``ampkit.levels``); ``"O2"`` by default.
-        dtype: ``torch.float16`` or ``torch.bfloat16``; ``None`` is the device's
-            autocast default (bfloat16 on CPU, float16 on CUDA).
-        **options: ``ampkit.initialize`` overrides (``custom_white_list``,
-            ``custom_black_list``, ``policy``, ``keep_fp32_modules``, ``loss_scale``,
-            ``master_weights``, ...) and ``ampkit.GradScaler`` options for levels that
-            scale the loss (``init_scale``, ``growth_factor``, ``backoff_factor``,
-            ``growth_interval``, ``hysteresis``, ``min_scale``, ``max_scale``).
+        level: ``"O0"``-``"O3"`` (see ``ampkit.levels``); ``None``: the config's, else
+            ``"O2"``.
+        dtype: ``torch.float16`` or ``torch.bfloat16`` (or their names); ``None`` is
+            the config's, else the device's autocast default (bfloat16 on CPU,
+            float16 on CUDA).
+        config: an :class:`ampkit.AmpConfig`, the path of a config file (JSON/YAML),
+            or a mapping of its fields (a YAML block under ``config:``); a parameter
+            given as well must agree with it.
+        policy, custom_white_list, custom_black_list, keep_fp32_modules,
+            keep_norms_fp32, master_weights, rounding_seed, loss_scale, init_scale,
+            growth_factor, backoff_factor, growth_interval, hysteresis, min_scale,
+            max_scale, log_skipped_steps, fp8: the :class:`ampkit.AmpConfig` fields
+            (``None``: not given).
+        step_scheduler_on_skip: step step-interval LR schedulers on steps skipped for
+            an overflow too (default: they wait for a real optimizer step).
+        **options: the rarer ``ampkit.initialize`` overrides (``cast_model_type``,
+            ``patch_ops``, ``cast_model_outputs``, apex's spellings).
 
     Don't pass ``precision=`` to the ``Trainer`` as well: Lightning refuses both at once.
     Strategies: single device and DDP. At O3 (no autocast region) call ``self(x)`` in
@@ -79,27 +102,75 @@ class AmpkitPrecision(Precision):
 
     Raises:
         TypeError: an unknown option, listing the accepted ones.
-        ValueError: a bad level, dtype or option value (checked here, before training).
+        ValueError: a bad level, dtype or option value, or a parameter that
+            contradicts ``config`` (checked here, before training).
 
     Example:
         >>> import torch
+        >>> from ampkit import AmpConfig
         >>> from ampkit.integrations.lightning import AmpkitPrecision
         >>> AmpkitPrecision("O3", torch.bfloat16).precision
         'bf16-true'
+        >>> AmpkitPrecision(config=AmpConfig("O2", "float16", hysteresis=2))
+        AmpkitPrecision(level='O2', dtype=torch.float16, hysteresis=2)
         >>> AmpkitPrecision("O2", torch.bfloat16, init_scale=1024.0)
         Traceback (most recent call last):
         ...
         ValueError: AmpkitPrecision: ['init_scale'] set up loss scaling, but level O2 ...
     """
 
-    def __init__(self, level: str = "O2", dtype: torch.dtype | str | None = None,
+    def __init__(self, level: str | None = None, dtype: torch.dtype | str | None = None,
+                 # Any, not AmpConfig | str: shown the dataclass, LightningCLI
+                 # (jsonargparse) would read a file path itself into an AmpConfig it
+                 # cannot build; the accepted types are checked when the plugin is made.
+                 *, config: Any = None,
+                 policy: str | None = None,
+                 custom_white_list: list[str] | None = None,
+                 custom_black_list: list[str] | None = None,
+                 keep_fp32_modules: list[str] | None = None,
+                 keep_norms_fp32: bool | None = None,
+                 master_weights: bool | str | None = None,
+                 rounding_seed: int | None = None,
+                 loss_scale: float | str | None = None,
+                 init_scale: float | None = None,
+                 growth_factor: float | None = None,
+                 backoff_factor: float | None = None,
+                 growth_interval: int | None = None,
+                 hysteresis: int | None = None,
+                 min_scale: float | None = None,
+                 max_scale: float | None = None,
+                 log_skipped_steps: bool = False,
+                 fp8: str | None = None,
+                 step_scheduler_on_skip: bool = False,
                  **options: Any) -> None:
-        self._settings = AmpkitSettings.build(level, dtype, options, owner="AmpkitPrecision")
+        fields = dict(policy=policy, custom_white_list=custom_white_list,
+                      custom_black_list=custom_black_list,
+                      keep_fp32_modules=keep_fp32_modules, keep_norms_fp32=keep_norms_fp32,
+                      master_weights=master_weights, rounding_seed=rounding_seed,
+                      loss_scale=loss_scale, init_scale=init_scale,
+                      growth_factor=growth_factor, backoff_factor=backoff_factor,
+                      growth_interval=growth_interval, hysteresis=hysteresis,
+                      min_scale=min_scale, max_scale=max_scale,
+                      log_skipped_steps=log_skipped_steps, fp8=fp8)
+        self._settings = AmpkitSettings.build(level, dtype, {**fields, **options},
+                                              owner="AmpkitPrecision", config=config)
         props = self._settings.properties(None)
         self.precision = _LIGHTNING_NAMES[(props.level.value, props.dtype)]  # type: ignore[assignment]
+        self.step_scheduler_on_skip = bool(step_scheduler_on_skip)
         self.scaler: Any = None
         self._module: torch.nn.Module | None = None
         self._device_type: str | None = None
+
+    @property
+    def config(self) -> AmpConfig:
+        """The :class:`ampkit.AmpConfig` this plugin trains with.
+
+        Example:
+            >>> from ampkit.integrations.lightning import AmpkitPrecision
+            >>> AmpkitPrecision("O3", "bfloat16").config.level
+            'O3'
+        """
+        return self._settings.config
 
     def __repr__(self) -> str:
         return f"AmpkitPrecision({self._settings.describe()})"
@@ -129,6 +200,8 @@ class AmpkitPrecision(Precision):
                                    f"strategies, got {type(strategy).__name__}; FSDP and "
                                    f"DeepSpeed bring their own precision plugins")
             module.to(strategy.root_device)
+            for logger in trainer.loggers:  # merged with the module's own hparams
+                logger.log_hyperparams(self.config.hyperparameters())
         self._device_type = next((p.device.type for p in module.parameters()), "cpu")
         self._module = self._settings.initialize(module)
         if self.scaler is None:  # a second fit() keeps the scale it reached
@@ -141,7 +214,31 @@ class AmpkitPrecision(Precision):
         real = [opt for opt in optimizers if not isinstance(opt, _MockOptimizer)]
         if real and self._module is not None:
             self._settings.initialize(self._module, real)
+            self._guard_schedulers(self._module)
         return model, optimizers, lr_schedulers
+
+    def _guard_schedulers(self, module: torch.nn.Module) -> None:
+        """Route the module's ``lr_scheduler_step`` hook through the scaler: a
+        step-interval scheduler waits out a skipped step (torch's scheduler would
+        otherwise warn that it stepped before the optimizer, and move on)."""
+        hook: Any = getattr(module, "lr_scheduler_step")  # noqa: B009 - typed Any on purpose
+        if getattr(hook, "_ampkit_guard", False):
+            return
+
+        def lr_scheduler_step(scheduler: Any, metric: Any = None) -> None:
+            trainer = getattr(module, "_trainer", None)
+            configs = trainer.lr_scheduler_configs if trainer is not None else []
+            per_step = any(c.scheduler is scheduler and c.interval == "step"
+                           for c in configs)
+            if (per_step and self.scaler is not None and not self.step_scheduler_on_skip
+                    and self.scaler.last_step_skipped):
+                return
+            with scheduler_warning_suppressed():
+                hook(scheduler, metric)
+
+        lr_scheduler_step._ampkit_guard = True  # type: ignore[attr-defined]
+        # an instance attribute: not in the module's state_dict, gone with the module
+        setattr(module, "lr_scheduler_step", lr_scheduler_step)  # noqa: B010
 
     # -- each step --------------------------------------------------------------------
 
@@ -187,6 +284,8 @@ class AmpkitPrecision(Precision):
             return closure_result
         out = self.scaler.step(optimizer, **kwargs)
         self.scaler.update()
+        for name, value in self.scaler.metrics().items():  # tensors: read when written
+            model.log(f"amp/{name}", value, on_step=True, on_epoch=False)
         return out
 
     def clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
@@ -197,19 +296,23 @@ class AmpkitPrecision(Precision):
     # -- checkpoints ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The scaler's state (``{}`` without loss scaling).
+        """The config (``ampkit_config``, as :meth:`ampkit.AmpConfig.to_dict`) and the
+        scaler's state, if any.
 
         Example:
             >>> import torch
             >>> from ampkit.integrations.lightning import AmpkitPrecision
-            >>> AmpkitPrecision("O2", torch.bfloat16).state_dict()
-            {}
+            >>> AmpkitPrecision("O2", torch.bfloat16).state_dict()["ampkit_config"]["level"]
+            'O2'
             >>> plugin = AmpkitPrecision("O2", torch.float16, init_scale=8.0)
             >>> _ = plugin.convert_module(torch.nn.Linear(2, 2))  # makes the scaler
             >>> plugin.state_dict()["scale"]
             8.0
         """
-        return {} if self.scaler is None else self.scaler.state_dict()
+        state = {"ampkit_config": self.config.to_dict()}
+        if self.scaler is not None:
+            state.update(self.scaler.state_dict())
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the scaler's state from a checkpoint.
@@ -218,6 +321,8 @@ class AmpkitPrecision(Precision):
             ValueError: the checkpoint holds a scaler's state but this plugin's level
                 scales no loss.
         """
+        # the saved config is a record of the run; the plugin's own settings rule
+        state_dict = {k: v for k, v in state_dict.items() if k != "ampkit_config"}
         if not state_dict:
             return
         if self.scaler is None:

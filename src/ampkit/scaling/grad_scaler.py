@@ -16,7 +16,10 @@ for the same gradients. Beyond torch:
   parameters (FSDP2's shards: one all-reduce of ``found_inf`` over their mesh; DDP's
   replicas agree through their reduced gradients; a model on one rank waits for no
   one), see :mod:`ampkit.scaling.distributed`;
-* ``skipped_steps`` and ``last_step_skipped`` for reporting.
+* reporting: ``get_scale()``, ``skipped_steps``, ``last_step_skipped``,
+  ``last_overflow_step``, ``metrics()`` (for training logs, no host sync) and an
+  opt-in line per skipped step (``log_skipped_steps=True``, like DeepSpeed's OVERFLOW
+  line).
 
 Skipping. A skipped step never calls ``optimizer.step()``, so parameters and
 optimizer state (moments, ``state["step"]``) stay exactly as they were.
@@ -31,12 +34,13 @@ whose ``step`` takes a ``grad_scaler`` keyword is passed the scaler instead, wit
 torch's ``FutureWarning``, and does everything itself. Every other optimizer costs one
 host sync per ``step()`` (reading ``found_inf``), as in torch.
 
-LR schedulers are stepped by you. To leave a scheduler untouched on a skipped step::
+LR schedulers are stepped by you. To leave a scheduler untouched on a skipped step
+(and so never see torch's "lr_scheduler.step() before optimizer.step()" warning, which
+a skipped first step raises)::
 
     scaler.step(optimizer)
     scaler.update()
-    if not scaler.last_step_skipped:   # one host sync
-        scheduler.step()
+    scaler.step_scheduler(scheduler)   # not on a skipped step; one host sync
 
 (torch's own pattern, stepping the scheduler every iteration, is also fine: it shifts
 the schedule by the few skipped steps.)
@@ -56,11 +60,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import inspect
+import logging
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, overload
 
 import torch
@@ -71,7 +77,7 @@ from ampkit.scaling.distributed import agree_on_overflow_, check_process_group
 from ampkit.scaling.overflow import unscale_grads_
 from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
 
-__all__ = ["GradScaler", "OptState"]
+__all__ = ["GradScaler", "OptState", "scheduler_warning_suppressed"]
 
 
 class OptState(enum.Enum):
@@ -92,7 +98,9 @@ class _OptimizerRecord:
 # state_dict keys: torch's five, then ampkit's (optional on load, so torch checkpoints load)
 _TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 _EXTRA_KEYS = ("hysteresis", "min_scale", "max_scale", "dynamic", "_overflow_tracker",
-               "skipped_steps")
+               "skipped_steps", "steps", "last_overflow_step")
+
+_log = logging.getLogger("ampkit.scaling")
 
 
 def _takes_grad_scaler(optimizer: torch.optim.Optimizer) -> bool:
@@ -101,6 +109,29 @@ def _takes_grad_scaler(optimizer: torch.optim.Optimizer) -> bool:
         return "grad_scaler" in inspect.signature(optimizer.step).parameters
     except (TypeError, ValueError):  # a builtin without a signature
         return False
+
+
+@contextlib.contextmanager
+def scheduler_warning_suppressed() -> Iterator[None]:
+    """Silence torch's "lr_scheduler.step() before optimizer.step()" warning: on a step
+    the scaler skipped, the optimizer did not step on purpose, and the warning would
+    blame the user's code. Integrations that step schedulers for the user wrap it too.
+
+    Example:
+        >>> import torch, warnings
+        >>> from ampkit.scaling.grad_scaler import scheduler_warning_suppressed
+        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=1.0)
+        >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+        >>> with warnings.catch_warnings(record=True) as seen:
+        ...     warnings.simplefilter("always")
+        ...     with scheduler_warning_suppressed():
+        ...         sched.step()
+        >>> seen
+        []
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler")
+        yield
 
 
 class GradScaler:
@@ -136,6 +167,14 @@ class GradScaler:
             per check); ``None``: the ranks that share the parameters, as their
             gradients show (the mesh of sharded ``DTensor`` gradients; none for plain
             ones), see :mod:`ampkit.scaling.distributed`.
+        scale_bfloat16: scale the loss of a bfloat16 run too, as torch does. By
+            default a scaler whose first ``scale()`` sees a bfloat16 run (a bfloat16
+            loss, or a call inside a bfloat16 autocast region) warns and keeps a static
+            scale of 1.0: bfloat16 has float32's range, so scaling by 65536 buys
+            nothing; steps with inf/NaN gradients are still skipped.
+        log_skipped_steps: log one line per skipped step (logger ``ampkit.scaling``,
+            level WARNING: step index, scale before and after, skipped so far), like
+            DeepSpeed's OVERFLOW line; costs one host sync per ``update()``.
 
     Raises:
         ValueError: a bad value, naming the argument (see
@@ -159,7 +198,8 @@ class GradScaler:
                  backoff_factor: float = 0.5, growth_interval: int = 2000,
                  enabled: bool = True, *, hysteresis: int = 1,
                  min_scale: float | None = None, max_scale: float | None = None,
-                 dynamic: bool = True, process_group: Any = None) -> None:
+                 dynamic: bool = True, process_group: Any = None,
+                 log_skipped_steps: bool = False, scale_bfloat16: bool = False) -> None:
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
         self._device = parse_device_type(device)
@@ -175,14 +215,25 @@ class GradScaler:
                           "on CPU.", stacklevel=2)
             self._enabled = False
         self._process_group = check_process_group(process_group)
+        if not isinstance(log_skipped_steps, bool):
+            raise TypeError(f"log_skipped_steps must be a bool, got {log_skipped_steps!r}")
+        #: print one line (logger ``ampkit.scaling``, level WARNING) per skipped step
+        self.log_skipped_steps = log_skipped_steps
+        if not isinstance(scale_bfloat16, bool):
+            raise TypeError(f"scale_bfloat16 must be a bool, got {scale_bfloat16!r}")
+        self._scale_bfloat16 = scale_bfloat16
+        # iterations ended by update(): a host int, so counting costs no sync
+        self._steps = 0
         # Counters as plain ints until the scale tensor exists (lazily, on the loss's device).
         self._init_growth_tracker = 0
         self._init_overflow_tracker = 0
         self._init_skipped = 0
+        self._init_last_overflow = -1  # -1: none yet
         self._scale: torch.Tensor | None = None
         self._growth_tracker: torch.Tensor | None = None
         self._overflow_tracker: torch.Tensor | None = None
         self._skipped: torch.Tensor | None = None  # iterations that overflowed, int64
+        self._last_overflow: torch.Tensor | None = None  # its step index, int64 (-1: none)
         self._last_found_inf: torch.Tensor | None = None  # the last updated iteration's
         self._records: dict[int, _OptimizerRecord] = {}
 
@@ -195,6 +246,8 @@ class GradScaler:
         self._overflow_tracker = torch.full((), self._init_overflow_tracker,
                                             dtype=torch.int32, device=device)
         self._skipped = torch.full((), self._init_skipped, dtype=torch.int64, device=device)
+        self._last_overflow = torch.full((), self._init_last_overflow, dtype=torch.int64,
+                                         device=device)
 
     def _require_scale(self, method: str) -> torch.Tensor:
         if self._scale is None:
@@ -242,6 +295,7 @@ class GradScaler:
             return outputs
         if isinstance(outputs, torch.Tensor):
             if self._scale is None:
+                self._bfloat16_run(outputs)
                 self._lazy_init(outputs.device)
             assert self._scale is not None
             return outputs * self._scale.to(outputs.device, non_blocking=True)
@@ -263,6 +317,25 @@ class GradScaler:
                              f"{type(value).__name__}")
 
         return map_leaves(outputs, apply)
+
+    def _bfloat16_run(self, loss: torch.Tensor) -> None:
+        """On the first ``scale()``: in a bfloat16 run (and unless ``scale_bfloat16``),
+        keep the scale at 1.0, with a warning, and still skip overflowing steps."""
+        if self._scale_bfloat16:
+            return
+        device = loss.device.type
+        in_bf16_region = (torch.is_autocast_enabled(device)
+                          and torch.get_autocast_dtype(device) is torch.bfloat16)
+        if loss.dtype is not torch.bfloat16 and not in_bf16_region:
+            return
+        warnings.warn("GradScaler: this is a bfloat16 run (the loss is bfloat16 or is "
+                      "scaled inside a bfloat16 autocast region); bfloat16 has float32's "
+                      "range, so scaling the loss would buy nothing. The scale stays 1.0 "
+                      "(static) and steps with inf/NaN gradients are still skipped; pass "
+                      "enabled=False to drop the checks too, or scale_bfloat16=True to "
+                      "scale anyway (torch.amp.GradScaler's behaviour).", stacklevel=3)
+        self._init_scale = 1.0
+        self._schedule = dataclasses.replace(self._schedule, dynamic=False)
 
     def _params_of(self, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
         params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -462,6 +535,7 @@ class GradScaler:
         assert self._growth_tracker is not None and self._overflow_tracker is not None
         assert self._skipped is not None
         found_inf = self._current_found_inf()
+        before = scale.item() if self.log_skipped_steps and found_inf is not None else None
         if new_scale is not None:
             if isinstance(new_scale, torch.Tensor):
                 if (new_scale.numel() != 1 or new_scale.requires_grad
@@ -480,8 +554,18 @@ class GradScaler:
             update_scale_(scale, self._growth_tracker, self._overflow_tracker, found_inf,
                           self._schedule)
         if found_inf is not None:
-            self._skipped += (found_inf != 0).to(torch.int64)
+            overflowed = found_inf != 0
+            self._skipped += overflowed.to(torch.int64)
+            assert self._last_overflow is not None
+            self._last_overflow.copy_(torch.where(
+                overflowed, torch.full_like(self._last_overflow, self._steps),
+                self._last_overflow))
             self._last_found_inf = found_inf
+            if before is not None and overflowed.item():
+                _log.warning("ampkit: OVERFLOW at step %d, optimizer step skipped; loss "
+                             "scale %g -> %g (%d steps skipped so far)", self._steps,
+                             before, scale.item(), int(self._skipped.item()))
+        self._steps += 1
         self._records = {}
 
     def get_scale(self) -> float:
@@ -609,6 +693,87 @@ class GradScaler:
         return committed + (1 if current is not None and current.item() != 0 else 0)
 
     @property
+    def steps(self) -> int:
+        """Iterations ended by ``update()`` so far (the index the next one gets).
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu").steps
+            0
+        """
+        return self._steps
+
+    @property
+    def last_overflow_step(self) -> int | None:
+        """The index (counted by ``update()``, from 0) of the last iteration whose
+        gradients overflowed, or ``None``. Reading it is a host sync.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> w = torch.nn.Parameter(torch.ones(1))
+            >>> opt = torch.optim.SGD([w], lr=0.1)
+            >>> scaler = GradScaler("cpu")
+            >>> for x in (1.0, float("inf"), 1.0):
+            ...     scaler.scale((w * x).sum()).backward()
+            ...     scaler.step(opt)
+            ...     scaler.update()
+            ...     opt.zero_grad()
+            >>> scaler.last_overflow_step, scaler.skipped_steps, scaler.steps
+            (1, 1, 3)
+        """
+        if not self._enabled:
+            return None
+        index = (self._init_last_overflow if self._last_overflow is None
+                 else int(self._last_overflow.item()))
+        return None if index < 0 else index
+
+    def metrics(self) -> dict[str, torch.Tensor | float]:
+        """``{"loss_scale": ..., "skipped_steps": ...}`` for a training log, as tensors
+        on the scale's device (no host sync: the logger reads them when it writes);
+        plain numbers before the first ``scale()``. The integrations log them as
+        ``amp/loss_scale`` and ``amp/skipped_steps``.
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu", init_scale=4.0).metrics()
+            {'loss_scale': 4.0, 'skipped_steps': 0.0}
+        """
+        if not self._enabled:
+            return {"loss_scale": 1.0, "skipped_steps": 0.0}
+        if self._scale is None or self._skipped is None:
+            return {"loss_scale": self._init_scale, "skipped_steps": float(self._init_skipped)}
+        return {"loss_scale": self._scale.detach().clone(),
+                "skipped_steps": self._skipped.to(torch.float32)}
+
+    def step_scheduler(self, scheduler: Any, *args: Any, on_skip: bool = False,
+                       **kwargs: Any) -> bool:
+        """Step an LR scheduler after this iteration's optimizer steps, unless they were
+        skipped for an overflow (``on_skip=True`` steps it anyway, without torch's
+        "lr_scheduler.step() before optimizer.step()" warning, which a skipped step
+        would otherwise raise). Returns whether it stepped. One host sync.
+
+        Example:
+            >>> import torch, warnings
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> w = torch.nn.Parameter(torch.ones(1))
+            >>> opt = torch.optim.SGD([w], lr=1.0)
+            >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+            >>> scaler = GradScaler("cpu")
+            >>> scaler.scale((w * float("inf")).sum()).backward()
+            >>> scaler.step(opt); scaler.update()
+            >>> with warnings.catch_warnings():
+            ...     warnings.simplefilter("error")
+            ...     scaler.step_scheduler(sched), sched.get_last_lr()
+            (False, [1.0])
+        """
+        if self.last_step_skipped and not on_skip:
+            return False
+        with scheduler_warning_suppressed():
+            scheduler.step(*args, **kwargs)
+        return True
+
+    @property
     def last_step_skipped(self) -> bool:
         """Whether the latest checked iteration overflowed, so its optimizer steps were
         skipped: the current iteration once ``step``/``unscale_`` has run, else the one
@@ -655,6 +820,8 @@ class GradScaler:
             "_overflow_tracker": self._get_overflow_tracker(),
             "skipped_steps": (self._init_skipped if self._skipped is None
                               else int(self._skipped.item())),
+            "steps": self._steps,
+            "last_overflow_step": self.last_overflow_step,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -698,14 +865,22 @@ class GradScaler:
         scale = check_scale_value(state_dict["scale"], "state_dict['scale']")
         counters = {key: state_dict.get(key, 0) for key in
                     ("_growth_tracker", "_overflow_tracker", "skipped_steps")}
+        counters["steps"] = state_dict.get("steps", self._steps)
         for key, value in counters.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"state_dict[{key!r}] must be an int >= 0, got {value!r}")
+        last_overflow = state_dict.get("last_overflow_step")
+        if last_overflow is not None and (isinstance(last_overflow, bool) or not isinstance(
+                last_overflow, int) or last_overflow < 0):
+            raise ValueError(f"state_dict['last_overflow_step'] must be None or an int >= 0, "
+                             f"got {last_overflow!r}")
         self._schedule = schedule
         self._init_scale = scale
         self._init_growth_tracker = counters["_growth_tracker"]
         self._init_overflow_tracker = counters["_overflow_tracker"]
         self._init_skipped = counters["skipped_steps"]
+        self._steps = counters["steps"]
+        self._init_last_overflow = -1 if last_overflow is None else last_overflow
         if self._scale is not None:
             assert self._growth_tracker is not None and self._overflow_tracker is not None
             assert self._skipped is not None
@@ -713,6 +888,8 @@ class GradScaler:
             self._growth_tracker.fill_(self._init_growth_tracker)
             self._overflow_tracker.fill_(self._init_overflow_tracker)
             self._skipped.fill_(self._init_skipped)
+            assert self._last_overflow is not None
+            self._last_overflow.fill_(self._init_last_overflow)
         self._last_found_inf = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -731,8 +908,10 @@ class GradScaler:
             state["_init_growth_tracker"] = saved["_growth_tracker"]
             state["_init_overflow_tracker"] = saved["_overflow_tracker"]
             state["_init_skipped"] = saved["skipped_steps"]
+            last = saved["last_overflow_step"]
+            state["_init_last_overflow"] = -1 if last is None else last
         for name in ("_scale", "_growth_tracker", "_overflow_tracker", "_skipped",
-                     "_last_found_inf"):
+                     "_last_overflow", "_last_found_inf"):
             state[name] = None
         return state
 

@@ -1,0 +1,404 @@
+"""``AmpConfig``: everything a user chooses about mixed precision, as one typed value.
+
+One frozen dataclass holds the level, the dtype, the policy (a preset name or the path
+of a policy file, such as the one ``ampkit tune`` writes), the custom op lists, the
+modules kept in fp32, the master-weights mode, the loss-scale options and the fp8
+recipe. It is checked once, when it is made (by the same checks ``ampkit.initialize``
+runs), compares by value, and round-trips through a dict and a JSON or YAML file.
+
+The same object drives ``ampkit.initialize(model, optimizer, config=cfg)`` and the
+integrations (``AmpkitPrecision(config=cfg)``, ``AmpkitTrainer(..., config=cfg)``,
+``AmpkitAccelerator(config=cfg)``), which also save it with their checkpoints.
+
+A field left ``None`` keeps the level's default (as ``initialize``'s keywords do).
+The loss-scale options ``init_scale`` ... ``max_scale`` configure the integrations'
+``ampkit.GradScaler``; with ``ampkit.initialize`` they configure ``ampkit.scale_loss``.
+
+Example:
+    >>> import torch
+    >>> from ampkit.config import AmpConfig
+    >>> cfg = AmpConfig(level="O2", dtype="float16", custom_black_list=["softmax"],
+    ...                 hysteresis=2)
+    >>> cfg.dtype, cfg.custom_black_list
+    (torch.float16, ('softmax',))
+    >>> AmpConfig.from_dict(cfg.to_dict()) == cfg
+    True
+    >>> AmpConfig(level="O5")
+    Traceback (most recent call last):
+    ...
+    ValueError: level must be one of ['O0', 'O1', 'O2', 'O3'], got 'O5'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import numbers
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["FP8_RECIPES", "SCALER_FIELDS", "AmpConfig"]
+
+#: The fp8 recipes a config names (torchao's Float8Linear recipes, see ``ampkit.fp8``).
+FP8_RECIPES: tuple[str, ...] = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+#: The fields that configure an ``ampkit.GradScaler`` (its keyword names).
+SCALER_FIELDS: tuple[str, ...] = ("init_scale", "growth_factor", "backoff_factor",
+                                  "growth_interval", "hysteresis", "min_scale", "max_scale")
+
+# file suffix -> format
+_FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+
+
+def _op_list(value: Any, name: str) -> tuple[str, ...]:
+    from ampkit.registry import resolve_ops
+
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a list of op names, got {type(value).__name__}")
+    # canonical names, sorted: two configs naming the same ops compare equal
+    return tuple(sorted(resolve_ops(list(value), argument=name)))
+
+
+def _module_names(value: Any) -> tuple[str, ...]:
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, Iterable) or not all(isinstance(v, str) for v in items):
+        raise TypeError(f"keep_fp32_modules must be a list of qualified module names as "
+                        f"in model.named_modules() (e.g. ['lm_head']), got {value!r}; pass "
+                        f"module classes or instances to ampkit.initialize directly")
+    return tuple(items)
+
+
+def _optional(value: Any, name: str, kind: type, accepted: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {accepted} or None, got {value!r}")
+    return value
+
+
+def _check_policy(value: Any) -> str:
+    from ampkit.presets import available_policies, get_policy
+
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"policy must be a preset name {sorted(available_policies())} or "
+                        f"the path of a policy file, got {value!r}")
+    get_policy(value)  # an unknown preset or an unreadable file fails here, named
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class AmpConfig:
+    """Every mixed-precision choice, typed, frozen and checked when made.
+
+    Attributes:
+        level: ``"O0"``-``"O3"`` (``ampkit.levels``); ``"O1"`` by default, as
+            ``ampkit.initialize``.
+        dtype: ``torch.float16`` or ``torch.bfloat16`` (names accepted, stored as the
+            dtype); ``None``: the device's autocast default.
+        policy: a preset name (``"torch"``, ``"conservative"``, ...) or the path of a
+            policy JSON file (``ampkit tune --out``).
+        custom_white_list, custom_black_list: op names run in low precision / fp32
+            (stored as sorted canonical names).
+        keep_fp32_modules: qualified module names (as in ``model.named_modules()``)
+            kept in fp32.
+        keep_norms_fp32: ``None`` keeps the level's default.
+        master_weights: ``True``, ``False``, ``"stochastic"`` or ``"kahan"`` (pure
+            bfloat16); ``None`` keeps the level's default.
+        rounding_seed: seeds the rounding of ``"stochastic"``/``"kahan"``.
+        loss_scale: ``"dynamic"``, a positive number (static scaling), or ``None``
+            (the level's default: dynamic for float16, none for bfloat16).
+        init_scale, growth_factor, backoff_factor, growth_interval, hysteresis,
+            min_scale, max_scale: ``ampkit.GradScaler`` options; ``None``: its default.
+        log_skipped_steps: print one line for each step skipped on an overflow.
+        fp8: an fp8 recipe for Linear layers, one of :data:`FP8_RECIPES`, or ``None``.
+
+    Raises:
+        ValueError: a bad value or a combination that means nothing (the message names
+            the field and the accepted values).
+        TypeError: a value of the wrong type, naming the field.
+
+    Example:
+        >>> from ampkit.config import AmpConfig
+        >>> AmpConfig(level="O2", dtype="bfloat16") == AmpConfig("O2", "bf16")
+        True
+        >>> AmpConfig(level="O2", dtype="bfloat16", init_scale=1024.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: ['init_scale'] set up loss scaling, but level O2 with torch.bfloat16 ...
+    """
+
+    level: str = "O1"
+    dtype: torch.dtype | None = None
+    policy: str = "torch"
+    custom_white_list: tuple[str, ...] = ()
+    custom_black_list: tuple[str, ...] = ()
+    keep_fp32_modules: tuple[str, ...] = ()
+    keep_norms_fp32: bool | None = None
+    master_weights: bool | str | None = None
+    rounding_seed: int | None = None
+    loss_scale: str | float | None = None
+    init_scale: float | None = None
+    growth_factor: float | None = None
+    backoff_factor: float | None = None
+    growth_interval: int | None = None
+    hysteresis: int | None = None
+    min_scale: float | None = None
+    max_scale: float | None = None
+    log_skipped_steps: bool = False
+    fp8: str | None = None
+
+    def __post_init__(self) -> None:
+        # Every check is one that initialize, the level table or GradScaler already
+        # runs: the config calls them, so a config that is made is one they accept.
+        from ampkit.conversion import ConversionConfig
+        from ampkit.levels import Level, level_properties
+        from ampkit.policy import as_dtype
+        from ampkit.scaling.schedule import ScaleSchedule
+
+        put = object.__setattr__
+        put(self, "level", Level.parse(self.level).value)
+        put(self, "dtype", as_dtype(self.dtype, "dtype"))
+        put(self, "policy", _check_policy(self.policy))
+        put(self, "custom_white_list", _op_list(self.custom_white_list, "custom_white_list"))
+        put(self, "custom_black_list", _op_list(self.custom_black_list, "custom_black_list"))
+        put(self, "keep_fp32_modules", _module_names(self.keep_fp32_modules))
+        if self.keep_norms_fp32 is not None and not isinstance(self.keep_norms_fp32, bool):
+            raise TypeError(f"keep_norms_fp32 must be True, False or None, got "
+                            f"{self.keep_norms_fp32!r}")
+        _optional(self.rounding_seed, "rounding_seed", numbers.Integral, "an int")
+        if not isinstance(self.log_skipped_steps, bool):
+            raise TypeError(f"log_skipped_steps must be True or False, got "
+                            f"{self.log_skipped_steps!r}")
+        if self.fp8 is not None and self.fp8 not in FP8_RECIPES:
+            raise ValueError(f"fp8 must be None or one of {list(FP8_RECIPES)}, got "
+                             f"{self.fp8!r}")
+        for name in ("growth_interval", "hysteresis"):
+            _optional(getattr(self, name), name, numbers.Integral, "an int >= 1")
+        scaler = self.scaler_options()
+        schedule = ScaleSchedule(**{k: v for k, v in scaler.items() if k != "init_scale"})
+        if "init_scale" in scaler:
+            put(self, "init_scale", schedule.check_init_scale(scaler["init_scale"]))
+        for name in ("growth_factor", "backoff_factor", "min_scale", "max_scale"):
+            if getattr(self, name) is not None:
+                put(self, name, float(getattr(schedule, name)))
+        props = level_properties(self.level, self.dtype, device_type=None,
+                                 keep_norms_fp32=self.keep_norms_fp32,
+                                 master_weights=self.master_weights,
+                                 loss_scale=self.loss_scale)
+        if isinstance(self.loss_scale, numbers.Real):
+            put(self, "loss_scale", float(self.loss_scale))
+        ConversionConfig.from_properties(
+            props, keep_fp32_modules=self.keep_fp32_modules, policy=self.policy,
+            custom_white_list=self.custom_white_list or None,
+            custom_black_list=self.custom_black_list or None)
+        if self.rounding_seed is not None and not isinstance(props.master_weights, str):
+            raise ValueError(f"rounding_seed seeds the rounding of master_weights="
+                             f"'stochastic' or 'kahan'; this config keeps master_weights="
+                             f"{props.master_weights!r}")
+        if scaler and self.dtype is not None and props.loss_scale is None:
+            raise ValueError(f"{sorted(scaler)} set up loss scaling, but level "
+                             f"{self.level} with {self.dtype} scales no loss; set "
+                             f"loss_scale='dynamic' to scale it anyway")
+
+    # -- what each consumer is given ---------------------------------------------------
+
+    def scaler_options(self) -> dict[str, Any]:
+        """The ``ampkit.GradScaler`` options that are set (the others keep its defaults).
+
+        Example:
+            >>> from ampkit.config import AmpConfig
+            >>> AmpConfig(dtype="float16", hysteresis=2).scaler_options()
+            {'hysteresis': 2}
+        """
+        return {k: getattr(self, k) for k in SCALER_FIELDS if getattr(self, k) is not None}
+
+    def initialize_options(self) -> dict[str, Any]:
+        """``ampkit.initialize``'s keywords for this config, the GradScaler options left
+        out (each consumer scales the loss its own way), ``None`` fields left out.
+
+        Example:
+            >>> from ampkit.config import AmpConfig
+            >>> AmpConfig(level="O2", dtype="bfloat16", policy="conservative"
+            ...           ).initialize_options()
+            {'level': 'O2', 'dtype': torch.bfloat16, 'policy': 'conservative'}
+        """
+        out: dict[str, Any] = {"level": self.level, "dtype": self.dtype}
+        if self.policy != "torch":
+            out["policy"] = self.policy
+        for name in ("custom_white_list", "custom_black_list", "keep_fp32_modules"):
+            if getattr(self, name):
+                out[name] = list(getattr(self, name))
+        for name in ("keep_norms_fp32", "master_weights", "rounding_seed", "loss_scale"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.fp8 is not None:  # only then: initialize takes fp8= from the fp8 work on
+            out["fp8"] = self.fp8
+        return out
+
+    def replace(self, **changes: Any) -> AmpConfig:
+        """A copy with ``changes`` applied (and checked again).
+
+        Example:
+            >>> from ampkit.config import AmpConfig
+            >>> AmpConfig().replace(level="O2").level
+            'O2'
+        """
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TypeError(f"AmpConfig has no fields {unknown}; accepted: "
+                            f"{[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **changes)
+
+    def hyperparameters(self) -> dict[str, str | int | float | bool]:
+        """The config as flat ``ampkit/<field>`` entries of plain scalars, for the
+        hyperparameter logs of trackers that take only scalars (lists joined by commas,
+        ``None`` as ``"None"``).
+
+        Example:
+            >>> from ampkit.config import AmpConfig
+            >>> AmpConfig(custom_black_list=["exp", "softmax"]).hyperparameters()[
+            ...     "ampkit/custom_black_list"]
+            'exp,softmax'
+        """
+        out: dict[str, str | int | float | bool] = {}
+        for key, value in self.to_dict().items():
+            if isinstance(value, list):
+                value = ",".join(value)
+            out[f"ampkit/{key}"] = "None" if value is None else value
+        return out
+
+    # -- dicts and files ---------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every field (dtype by name, lists as lists);
+        :meth:`from_dict` reads it back.
+
+        Example:
+            >>> from ampkit.config import AmpConfig
+            >>> d = AmpConfig(dtype="bfloat16").to_dict()
+            >>> d["level"], d["dtype"], d["custom_white_list"]
+            ('O1', 'bfloat16', [])
+        """
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.dtype):
+                value = str(value).removeprefix("torch.")
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AmpConfig:
+        """A config from a mapping of field names (missing ones keep their defaults).
+
+        Raises:
+            ValueError: an unknown key or a bad value, naming the field and the
+                accepted values.
+
+        Example:
+            >>> from ampkit.config import AmpConfig
+            >>> AmpConfig.from_dict({"level": "O2", "dtype": "float16"}).dtype
+            torch.float16
+            >>> AmpConfig.from_dict({"levle": "O2"})
+            Traceback (most recent call last):
+            ...
+            ValueError: unknown AmpConfig fields ['levle'] (did you mean 'level'?); ...
+        """
+        import difflib
+
+        if not isinstance(data, Mapping):
+            raise ValueError(f"an ampkit config must be a mapping of field names to "
+                             f"values, got {type(data).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            close = difflib.get_close_matches(str(unknown[0]), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown AmpConfig fields {unknown}{hint}; accepted: {names}")
+        try:
+            return cls(**dict(data))
+        except TypeError as error:  # a file holds values, not types: one error type
+            raise ValueError(str(error)) from None
+
+    def to_file(self, path: str | os.PathLike[str]) -> None:
+        """Write the config to ``path``: JSON for ``.json``, YAML for ``.yaml``/``.yml``
+        (needs PyYAML: ``pip install 'ampkit[yaml]'``).
+
+        Example:
+            >>> import os, tempfile
+            >>> from ampkit.config import AmpConfig
+            >>> path = os.path.join(tempfile.mkdtemp(), "amp.json")
+            >>> AmpConfig(level="O2", dtype="bfloat16").to_file(path)
+            >>> AmpConfig.from_file(path) == AmpConfig(level="O2", dtype="bfloat16")
+            True
+        """
+        data = self.to_dict()
+        if _format(path) == "yaml":
+            text = _yaml().safe_dump(data, sort_keys=False)
+        else:
+            text = json.dumps(data, indent=2) + "\n"
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> AmpConfig:
+        """Read a config written by :meth:`to_file` (or by hand): a JSON or YAML mapping
+        of field names; fields left out keep their defaults.
+
+        Raises:
+            ValueError: the file is not a mapping of known fields with valid values
+                (the message names the file, the field and the accepted values).
+            FileNotFoundError: no such file.
+
+        Example:
+            >>> import os, tempfile
+            >>> from ampkit.config import AmpConfig
+            >>> path = os.path.join(tempfile.mkdtemp(), "amp.json")
+            >>> with open(path, "w") as f:
+            ...     _ = f.write('{"level": "O2", "master_weights": "fp32"}')
+            >>> AmpConfig.from_file(path)
+            Traceback (most recent call last):
+            ...
+            ValueError: .../amp.json: master_weights must be True (fp32 master copies), ...
+        """
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        try:
+            data = (_yaml().safe_load(text) if _format(path) == "yaml"
+                    else json.loads(text))
+        except ValueError as error:  # json.JSONDecodeError is one
+            raise ValueError(f"{os.fspath(path)}: not valid JSON: {error}") from None
+        except Exception as error:  # yaml.YAMLError
+            if type(error).__module__.startswith("yaml"):
+                raise ValueError(f"{os.fspath(path)}: not valid YAML: {error}") from None
+            raise
+        try:
+            return cls.from_dict(data)
+        except ValueError as error:
+            raise ValueError(f"{os.fspath(path)}: {error}") from None
+
+
+def _format(path: str | os.PathLike[str]) -> str:
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix not in _FORMATS:
+        raise ValueError(f"path: a config file ends in one of {sorted(_FORMATS)}, got "
+                         f"{os.fspath(path)!r}")
+    return _FORMATS[suffix]
+
+
+def _yaml() -> Any:
+    try:
+        import yaml
+    except ImportError as error:  # pragma: no cover - PyYAML ships with the extra
+        raise ImportError("YAML config files need PyYAML: pip install 'ampkit[yaml]' "
+                          "(or use a .json file)") from error
+    return yaml

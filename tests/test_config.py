@@ -1,0 +1,221 @@
+"""ampkit.AmpConfig: one typed value for every choice, from files; policy files by
+path; the GradScaler's reporting and the scheduler on skipped steps (CPU).
+
+Oracles: the same training run driven by keywords (for a config read from a file),
+hand-written expected values (the scale trajectory of a known overflow, the error
+texts), and torch's own scheduler warning (fired by plain torch code, absent with
+``step_scheduler``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+
+import pytest
+import torch
+
+import ampkit
+from ampkit import AmpConfig
+from ampkit.policy import Policy
+
+yaml = pytest.importorskip("yaml")
+
+
+def _full() -> AmpConfig:
+    return AmpConfig(level="O2", dtype="float16", policy="conservative",
+                     custom_white_list=["add"], custom_black_list=["softmax", "exp"],
+                     keep_fp32_modules=["head"], loss_scale="dynamic", init_scale=1024.0,
+                     growth_interval=10, hysteresis=2, min_scale=1.0, max_scale=2.0 ** 20,
+                     log_skipped_steps=True, fp8="rowwise")
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_config_written_to_a_file_reads_back_equal(tmp_path, suffix) -> None:
+    cfg = _full()
+    path = tmp_path / f"amp{suffix}"
+    cfg.to_file(path)
+    back = AmpConfig.from_file(path)
+    assert back == cfg and back is not cfg
+    assert back.dtype is torch.float16 and back.custom_black_list == ("exp", "softmax")
+    assert AmpConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert cfg != cfg.replace(hysteresis=3)
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16),
+                               torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+def _train(**initialize_kwargs) -> list[torch.Tensor]:
+    net = _net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt = ampkit.initialize(net, opt, **initialize_kwargs)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(4, 8, generator=gen)
+        net(x).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def test_a_config_from_a_file_trains_the_same_as_keywords(tmp_path) -> None:
+    path = tmp_path / "amp.yaml"
+    AmpConfig(level="O2", dtype="bfloat16", custom_black_list=["linear"]).to_file(path)
+    by_file = _train(config=str(path))
+    by_keywords = _train(level="O2", dtype=torch.bfloat16, custom_black_list=["linear"])
+    plain_o2 = _train(level="O2", dtype=torch.bfloat16)
+    for a, b in zip(by_file, by_keywords, strict=True):
+        assert torch.equal(a, b)
+    # the file's list was applied: linear in fp32 changes the run
+    assert any(not torch.equal(a, b) for a, b in zip(by_file, plain_o2, strict=True))
+
+
+def test_a_keyword_that_contradicts_the_config_is_an_error_naming_both() -> None:
+    cfg = AmpConfig(level="O2", dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"level='O3' contradicts config.level='O2'"):
+        ampkit.initialize(_net(), level="O3", config=cfg)
+    # the same value said twice is fine
+    net = ampkit.initialize(_net(), level="O2", dtype="bf16", config=cfg)
+    assert net[0].weight.dtype is torch.float32
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"level": "O4"}', r"amp.json: level must be one of \['O0', 'O1', 'O2', 'O3'\], "
+                        r"got 'O4'"),
+    ('{"level": "O2", "master_weights": "fp32"}',
+     r"amp.json: master_weights must be True .* or one of \['stochastic', 'kahan'\]"),
+    ('{"levle": "O2"}', r"amp.json: unknown AmpConfig fields \['levle'\] \(did you mean "
+                        r"'level'\?\); accepted: \['level', 'dtype'"),
+    ('{"dtype": "float64"}', r"amp.json: dtype must be torch.float16 or torch.bfloat16"),
+    ('{"growth_interval": "often"}', r"amp.json: growth_interval must be an int >= 1"),
+    ('{"fp8": "blockwise"}', r"amp.json: fp8 must be None or one of \['tensorwise', "
+                             r"'rowwise', 'rowwise_with_gw_hp'\]"),
+    ('{"policy": "fast"}', r"amp.json: policy: unknown preset 'fast'.*accepted values"),
+    ('[1, 2]', r"amp.json: an ampkit config must be a mapping"),
+    ('{"level": ', r"amp.json: not valid JSON"),
+])
+def test_a_bad_file_is_a_value_error_naming_the_field(tmp_path, text, message) -> None:
+    path = tmp_path / "amp.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        AmpConfig.from_file(path)
+
+
+def test_a_bad_yaml_file_is_a_value_error_too(tmp_path) -> None:
+    path = tmp_path / "amp.yml"
+    path.write_text("level: O2\ncustom_black_list: [not_an_op]\n")
+    with pytest.raises(ValueError, match=r"amp.yml: .*custom_black_list.*not_an_op"):
+        AmpConfig.from_file(path)
+    path.write_text("level: [O2\n")
+    with pytest.raises(ValueError, match=r"amp\.yml: not valid YAML"):
+        AmpConfig.from_file(path)
+
+
+def test_a_policy_file_loads_by_path(tmp_path) -> None:
+    path = tmp_path / "tuned-policy.json"
+    Policy("tuned", fp32_ops={"mm"}).save(path)  # the file `ampkit tune --out` writes
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with ampkit.autocast("cpu", torch.bfloat16):
+        assert torch.mm(a, b).dtype is torch.bfloat16  # native: mm runs low
+    with ampkit.autocast("cpu", torch.bfloat16, policy=str(path)):
+        assert torch.mm(a, b).dtype is torch.float32
+    assert AmpConfig(policy=str(path)).policy == str(path)
+    with pytest.raises(ValueError, match=r"neither a preset .* nor an existing policy file"):
+        AmpConfig(policy=str(tmp_path / "missing.json"))
+
+
+# -- GradScaler reporting --------------------------------------------------------------
+
+def _scaler_run(values, **scaler_kwargs):
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = ampkit.GradScaler("cpu", init_scale=8.0, **scaler_kwargs)
+    stepped = []
+    for x in values:
+        scaler.scale((w * x).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        stepped.append(scaler.step_scheduler(sched))
+        opt.zero_grad()
+    return scaler, sched, stepped
+
+
+def test_the_scaler_reports_scale_skips_and_the_last_overflow_step() -> None:
+    scaler, _, _ = _scaler_run([1.0, float("inf"), 1.0, float("nan"), 1.0])
+    assert scaler.get_scale() == 2.0  # 8 halved twice
+    assert scaler.skipped_steps == 2 and scaler.last_overflow_step == 3
+    assert scaler.steps == 5
+    metrics = scaler.metrics()
+    assert float(metrics["loss_scale"]) == 2.0 and float(metrics["skipped_steps"]) == 2.0
+    state = scaler.state_dict()
+    again = ampkit.GradScaler("cpu")
+    again.load_state_dict(state)
+    assert again.last_overflow_step == 3 and again.steps == 5
+
+
+def test_a_skipped_step_logs_one_line_when_asked(caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="ampkit.scaling"):
+        _scaler_run([1.0, float("inf"), 1.0])
+    assert caplog.records == []  # opt-in
+    with caplog.at_level(logging.WARNING, logger="ampkit.scaling"):
+        _scaler_run([1.0, float("inf"), 1.0], log_skipped_steps=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        "ampkit: OVERFLOW at step 1, optimizer step skipped; loss scale 8 -> 4 "
+        "(1 steps skipped so far)"]
+
+
+def test_a_skipped_step_neither_warns_nor_moves_the_scheduler() -> None:
+    # torch's own pattern warns on a skipped first step (PyTorch issue 44511) ...
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = ampkit.GradScaler("cpu")
+    scaler.scale((w * float("inf")).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    with pytest.warns(UserWarning, match="Detected call of `lr_scheduler.step"):
+        sched.step()
+    # ... step_scheduler neither warns nor advances; on_skip=True advances quietly
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scaler, sched, stepped = _scaler_run([float("inf"), 1.0, float("inf")])
+        assert stepped == [False, True, False]
+        assert sched.get_last_lr() == [0.05]
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = ampkit.GradScaler("cpu")
+    scaler.scale((w * float("inf")).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert scaler.step_scheduler(sched, on_skip=True)
+    assert sched.get_last_lr() == [0.05]
+
+
+def test_a_scaler_in_a_bfloat16_run_keeps_scale_one_and_still_skips() -> None:
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.5)
+    scaler = ampkit.GradScaler("cpu")
+    with ampkit.autocast("cpu", torch.bfloat16), pytest.warns(
+            UserWarning, match="bfloat16 run .* The scale stays 1.0"):
+        loss = scaler.scale((w * 2).sum())
+    assert loss.item() == 4.0  # not multiplied by 65536
+    loss.backward()
+    scaler.step(opt)
+    scaler.update()
+    assert w.tolist() == [0.0, 0.0] and scaler.get_scale() == 1.0
+    scaler.scale((w * float("inf")).sum()).backward()  # an overflow is still skipped
+    scaler.step(opt)
+    scaler.update()
+    assert w.tolist() == [0.0, 0.0] and scaler.skipped_steps == 1
+    assert scaler.get_scale() == 1.0  # static
+    forced = ampkit.GradScaler("cpu", scale_bfloat16=True)
+    with ampkit.autocast("cpu", torch.bfloat16):
+        assert forced.scale(w.sum() + 1).item() == 65536.0

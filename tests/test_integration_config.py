@@ -1,0 +1,227 @@
+"""The integrations configured by one ampkit.AmpConfig: from LightningCLI YAML, from
+HfArgumentParser flags, from accelerate's environment; the config in checkpoints and
+hyperparameters; the loss scale and skipped steps in the frameworks' logs (CPU).
+
+Oracles: hand-built AmpConfig values for what the files and flags say, the scale
+trajectory of a forced overflow (2**24 halves to 2**23 on the first step), and the
+LR a StepLR reaches when it steps only on the steps that ran.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+pl = pytest.importorskip("lightning.pytorch")
+pytest.importorskip("jsonargparse")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+pytest.importorskip("yaml")
+
+from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+
+from ampkit import AmpConfig  # noqa: E402
+from ampkit.integrations.accelerate import AmpkitAccelerator  # noqa: E402
+from ampkit.integrations.lightning import AmpkitPrecision  # noqa: E402
+from ampkit.integrations.transformers import AmpkitArguments, AmpkitTrainer  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning",
+                                        "ignore::FutureWarning",
+                                        "ignore:.*does not have many workers:UserWarning",
+                                        "ignore:.*LeafSpec.*")
+
+X = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+Y = X[:, :4].argmax(dim=1)
+LR = 0.1
+
+
+class Classifier(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.LayerNorm(32),
+                                       torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    def training_step(self, batch, _):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=LR)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y),
+                                           batch_size=8)
+
+
+# -- Lightning --------------------------------------------------------------------------
+
+_CLI_YAML = """\
+trainer:
+  accelerator: cpu
+  logger: false
+  enable_checkpointing: false
+  plugins:
+    - class_path: ampkit.integrations.lightning.AmpkitPrecision
+      init_args:
+"""
+
+
+def test_lightning_cli_builds_the_plugin_from_yaml_with_lists(tmp_path) -> None:
+    (tmp_path / "cli.yaml").write_text(_CLI_YAML + """\
+        level: O2
+        dtype: float16
+        custom_black_list: [softmax, exp]
+        custom_white_list:
+          - add
+        hysteresis: 2
+""")
+    cli = LightningCLI(Classifier, run=False, args=["--config", str(tmp_path / "cli.yaml")])
+    plugin = cli.trainer.precision_plugin
+    expected = AmpConfig(level="O2", dtype=torch.float16, hysteresis=2,
+                         custom_black_list=["exp", "softmax"], custom_white_list=["add"])
+    assert isinstance(plugin, AmpkitPrecision) and plugin.config == expected
+    assert cli.trainer.precision == "16-mixed"
+    # the same from a config file named in the YAML
+    expected.to_file(tmp_path / "amp.yaml")
+    (tmp_path / "cli.yaml").write_text(_CLI_YAML + f"        config: {tmp_path / 'amp.yaml'}\n")
+    cli = LightningCLI(Classifier, run=False, args=["--config", str(tmp_path / "cli.yaml")])
+    assert cli.trainer.precision_plugin.config == expected
+
+
+def test_a_plugin_parameter_that_contradicts_its_config_is_refused(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"AmpkitPrecision: level='O3' contradicts the "
+                                         r"config's level='O2'"):
+        AmpkitPrecision(level="O3", config=AmpConfig(level="O2"))
+
+
+def test_lightning_logs_scale_and_skips_keeps_the_scheduler_and_records_config(
+        tmp_path) -> None:
+    steps = 8
+    plugin = AmpkitPrecision("O2", torch.float16, init_scale=2.0 ** 24)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=steps, plugins=[plugin],
+                         logger=CSVLogger(tmp_path, name="run"), log_every_n_steps=1,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    model = Classifier()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit(model)
+    assert not [w for w in seen if "lr_scheduler.step()" in str(w.message)]
+    skipped = plugin.scaler.skipped_steps
+    assert 0 < skipped < steps  # 2**24 overflows fp16 gradients at first
+    # the scheduler stepped only on the steps that ran
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(
+        LR * 0.5 ** (steps - skipped))
+    log_dir = trainer.logger.log_dir
+    with open(os.path.join(log_dir, "metrics.csv")) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("amp/loss_scale")]
+    assert len(rows) == steps
+    assert float(rows[0]["amp/loss_scale"]) == 2.0 ** 23  # the first step overflowed
+    assert float(rows[0]["amp/skipped_steps"]) == 1.0
+    assert float(rows[-1]["amp/skipped_steps"]) == skipped
+    with open(os.path.join(log_dir, "hparams.yaml")) as f:
+        hparams = f.read()
+    assert "ampkit/level: O2" in hparams and "ampkit/dtype: float16" in hparams
+    ckpt_dir = os.path.join(log_dir, "checkpoints")
+    ckpt = torch.load(os.path.join(ckpt_dir, os.listdir(ckpt_dir)[0]), weights_only=False)
+    saved = ckpt["AmpkitPrecision"]["ampkit_config"]
+    assert AmpConfig.from_dict(saved) == plugin.config
+
+
+# -- Hugging Face -------------------------------------------------------------------------
+
+_BASE = torch.randint(0, 16, (8,), generator=torch.Generator().manual_seed(0))
+DATA = [{"input_ids": torch.roll(_BASE, i % 8).repeat(2),
+         "labels": torch.roll(_BASE, i % 8).repeat(2)} for i in range(16)]
+
+
+def _gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=16,
+                                     n_positions=16, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def test_hf_argument_parser_builds_the_config_from_flags(tmp_path) -> None:
+    parser = transformers.HfArgumentParser((transformers.TrainingArguments,
+                                            AmpkitArguments))
+    args, amp = parser.parse_args_into_dataclasses([
+        "--output_dir", str(tmp_path), "--use_cpu", "--report_to", "none",
+        "--max_steps", "4", "--logging_steps", "2", "--save_steps", "4",
+        "--per_device_train_batch_size", "4", "--learning_rate", "0.01",
+        "--ampkit_level", "O2", "--ampkit_dtype", "float16",
+        "--ampkit_custom_black_list", "softmax", "exp", "--ampkit_hysteresis", "2"])
+    expected = AmpConfig(level="O2", dtype="float16", custom_black_list=["softmax", "exp"],
+                         hysteresis=2)
+    assert amp.to_config() == expected
+    trainer = AmpkitTrainer(model=_gpt2(), args=args, train_dataset=DATA, config=amp)
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logs) == 2 and all("amp/loss_scale" in e and "amp/skipped_steps" in e
+                                  for e in logs)
+    assert logs[-1]["amp/loss_scale"] == trainer.accelerator.scaler.get_scale()
+    checkpoint = tmp_path / "checkpoint-4"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    recorded = state["stateful_callbacks"]["AmpkitConfigRecord"]["args"]["config"]
+    assert AmpConfig.from_dict(recorded) == expected
+    assert AmpConfig.from_file(checkpoint / "ampkit_config.json") == expected
+    assert json.loads((checkpoint / "config.json").read_text())["ampkit"]["level"] == "O2"
+
+
+def test_hf_bf16_flag_is_mapped_onto_the_config(tmp_path) -> None:
+    args = transformers.TrainingArguments(str(tmp_path), bf16=True, use_cpu=True,
+                                          report_to=[])
+    trainer = AmpkitTrainer(model=_gpt2(), args=args, level="O2")
+    assert trainer.ampkit_config.dtype is torch.bfloat16
+    assert trainer.accelerator.mixed_precision == "no"  # accelerate's own autocast off
+    assert args.bf16  # the caller's arguments are left as given
+
+
+# -- accelerate ---------------------------------------------------------------------------
+
+def test_accelerate_environment_is_mapped_or_refused(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    accelerator = AmpkitAccelerator(level="O2", cpu=True)
+    assert accelerator.ampkit_config.dtype is torch.float16
+    assert accelerator.scaler is not None and accelerator.mixed_precision == "no"
+    with pytest.raises(ValueError, match=r"ACCELERATE_MIXED_PRECISION='fp16' asks for "
+                                         r"torch.float16, but the ampkit config says "
+                                         r"dtype=torch.bfloat16"):
+        AmpkitAccelerator(config=AmpConfig(level="O2", dtype="bfloat16"), cpu=True)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="ACCELERATE_MIXED_PRECISION='fp8' has no ampkit "
+                                         "meaning"):
+        AmpkitAccelerator(level="O2", cpu=True)
+
+
+def test_accelerate_save_state_records_the_config(tmp_path) -> None:
+    cfg = AmpConfig(level="O2", dtype="bfloat16", custom_black_list=["softmax"])
+    accelerator = AmpkitAccelerator(config=cfg, cpu=True)
+    net = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    accelerator.prepare(net, opt)
+    accelerator.save_state(str(tmp_path / "state"))
+    assert AmpConfig.from_file(tmp_path / "state" / "ampkit_config.json") == cfg
+
+
+def test_hf_loss_scale_text_is_parsed_with_the_one_wording():
+    # The command line hands text: a number's text is the number; anything else gets
+    # the loss-scale error every other entry point gives, naming the flag.
+    args = AmpkitArguments(ampkit_dtype="float16", ampkit_loss_scale="128")
+    assert args.to_config().loss_scale == 128.0
+    with pytest.raises(ValueError, match=r"--ampkit_loss_scale must be 'dynamic', a "
+                                         r"positive finite number .*got 'big'"):
+        AmpkitArguments(ampkit_dtype="float16", ampkit_loss_scale="big").to_config()
+    with pytest.raises(ValueError, match=r"--ampkit_loss_scale must be .*got -2.0"):
+        AmpkitArguments(ampkit_dtype="float16", ampkit_loss_scale="-2").to_config()
