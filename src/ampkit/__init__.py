@@ -53,7 +53,7 @@ _LAZY = {
 _SUBMODULES = (
     "tools", "levels", "integrations", "dialects", "scaling", "conversion", "front_door",
     "master_weights", "master_weights_pure", "policy", "presets", "registry", "casting",
-    "autocast_mode", "function_patching", "fsdp", "parameter_casts",
+    "autocast_mode", "function_patching", "fsdp", "parameter_casts", "fp8",
     # the dialects' import names
     "apex", "paddle", "mindspore", "mxnet", "torch",
 )
