@@ -22,8 +22,8 @@
 Example:
     >>> import torch
     >>> from ampkit.fp8 import select_fp8_layers
-    >>> net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Linear(32, 32),
-    ...                           torch.nn.Linear(32, 30), torch.nn.Linear(30, 4))
+    >>> net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 32),
+    ...                           torch.nn.Linear(32, 30), torch.nn.Linear(32, 16))
     >>> for layer in select_fp8_layers(net):
     ...     print(layer.name, layer.fp8, layer.reason)
     0 False first Linear of the model (fp8_first_last=True converts it)
