@@ -6,7 +6,6 @@ layer here has its own pair, and the batch size is none of them)."""
 
 from __future__ import annotations
 
-import copy
 import io
 import sys
 

@@ -350,6 +350,9 @@ class Comparison:
     output: ErrorStats
     loss: tuple[float, float] | None  # (float32, low precision) with loss_fn
     unmatched_ops: int  # low-precision op calls with no float32 counterpart
+    # with fp8=: each fp8-capable Linear's local error in fp8 and in dtype, against fp32
+    # (ampkit.tools.fp8_errors.Fp8LayerError)
+    fp8_layers: tuple[Any, ...] = ()
 
     @property
     def divergence(self) -> ModuleError | None:
@@ -451,6 +454,10 @@ class Comparison:
                 ("gradient", "dtype", "max rel", "cosine"),
                 [(g.parameter, g.dtype, _fmt(g.error.max_rel), f"{g.error.cosine:.6f}")
                  for g in self.grads[:limit]], align="llrr")]
+        if self.fp8_layers:
+            from ampkit.tools.fp8_errors import fp8_layers_table
+
+            lines += ["", fp8_layers_table(self.fp8_layers)]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -477,6 +484,7 @@ class Comparison:
                          "added": m.added, **err(m.error)} for m in self.modules],
             "grads": [{"parameter": g.parameter, "dtype": g.dtype, **err(g.error)}
                       for g in self.grads],
+            "fp8_layers": [dataclasses.asdict(r) for r in self.fp8_layers],
         }
         return _finite_or_none(data)
 
@@ -676,7 +684,7 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
             custom_white_list: Iterable[OpEntry] | None = None,
             custom_black_list: Iterable[OpEntry] | None = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None,
-            threshold: float | None = None) -> Comparison:
+            threshold: float | None = None, fp8: Any = None) -> Comparison:
     """Run ``model(*inputs)`` in float32 and under ``precision``; compare op by op.
 
     Args:
@@ -693,6 +701,9 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
             ``.backward()`` on it and gradients are compared per parameter.
         threshold: the relative error that counts as diverged (default: 8 machine
             epsilons of ``dtype``: 0.0625 for bfloat16, 0.0078 for float16).
+        fp8: an fp8 recipe (as ``initialize``'s ``fp8=``); given, every Linear that can
+            run in fp8 is also measured alone in fp8 and in ``dtype`` against fp32
+            (:attr:`Comparison.fp8_layers`, see :mod:`ampkit.tools.fp8_errors`).
 
     Returns:
         a :class:`Comparison`.
@@ -710,6 +721,10 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
     device_type = _device_type(model)
     setup = _setup(precision, dtype, device_type, custom_white_list, custom_black_list)
     limit = _threshold(threshold, setup.dtype)
+    if fp8 is not None:  # a bad recipe or a missing torchao: refused before any run
+        from ampkit.fp8 import float8_linear_config
+
+        float8_linear_config(fp8)
 
     def run_fn(m: nn.Module) -> Any:
         return m(*inputs)
@@ -719,4 +734,10 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
                        recompute=False)
     low_model = setup.prepare(copy.deepcopy(model))
     low, _ = _run_once(low_model, run_fn, setup.region, loss_fn, device_type, recompute=True)
-    return _compare_runs(ref, low, setup.description, setup.dtype, limit)
+    result = _compare_runs(ref, low, setup.description, setup.dtype, limit)
+    if fp8 is None:
+        return result
+    from ampkit.tools.fp8_errors import fp8_layer_errors
+
+    return dataclasses.replace(result, fp8_layers=fp8_layer_errors(
+        model, *inputs, fp8=fp8, dtype=setup.dtype))

@@ -8,8 +8,8 @@ things can go wrong, and this watch counts both, per layer and per tensor, recom
 each cast with torchao's own scale function on the same values:
 
 * **saturated**: a value whose scaled magnitude is beyond the format's largest finite
-  value (torchao clamps it there) or is not finite. Dynamic scaling prevents it for
-  finite tensors; a NaN or Inf in the tensor saturates, and its Inf scale flushes
+  value by more than rounding would cover (torchao clamps it there), or is not
+  finite. Dynamic scaling prevents it for finite tensors; a NaN or Inf in the tensor saturates, and its Inf scale flushes
   every other value of the tensor to zero;
 * **underflowed**: a non-zero value that became zero in fp8. One large outlier in a
   tensor (or a row, with rowwise scaling) pushes the small values below fp8's
@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -109,8 +110,12 @@ def _count(hp: torch.Tensor, cast: Any, axiswise_dim: int, pow2: bool
                             axiswise_dim=get_maybe_axiswise_dim(axiswise_dim, gran),
                             round_scales_to_power_of_2=pow2)
     scaled = hp.to(torch.float32) * scale  # as torchao scales it
-    limit = torch.finfo(cast.target_dtype).max
-    saturated = int((~torch.isfinite(scaled) | (scaled.abs() > limit)).sum())
+    info = torch.finfo(cast.target_dtype)
+    # Beyond the largest value by more than rounding covers (half its spacing there):
+    # dynamic scaling lands the largest magnitude on the largest value, give or take
+    # the scale's own rounding, which is no saturation.
+    limit = info.max + 2.0 ** math.floor(math.log2(info.max)) * info.eps / 2
+    saturated = int((~torch.isfinite(scaled) | (scaled.abs() >= limit)).sum())
     low = to_fp8_saturated(scaled, cast.target_dtype).to(torch.float32)
     underflowed = int(((hp != 0) & torch.isfinite(hp) & (low == 0)).sum())
     return str(cast.target_dtype).removeprefix("torch."), hp.numel(), saturated, underflowed

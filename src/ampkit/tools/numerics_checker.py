@@ -131,6 +131,8 @@ class NonFiniteError(FloatingPointError):
 def _stats(index: int, op: str, introduced: bool, module: str, phase: str, grad_fn: str,
            t: torch.Tensor) -> OpRecord:
     flat = t.detach().reshape(-1)
+    if flat.dtype in _FP8_DTYPES:
+        flat = flat.to(torch.float32)  # fp8 kernels lack isnan & co.; the upcast is exact
     nan = torch.isnan(flat)
     inf = torch.isinf(flat)
     finite = flat[~(nan | inf)].double()
@@ -148,6 +150,7 @@ def _stats(index: int, op: str, introduced: bool, module: str, phase: str, grad_
 def _all_finite(t: torch.Tensor) -> bool:
     if type(t) not in _PLAIN_TENSORS:
         return True  # a wrapper subclass (fp8): its plain data is checked where made
+    # fp8 kernels lack isfinite; the upcast is exact
     return bool(torch.isfinite(t.to(torch.float32) if t.dtype in _FP8_DTYPES else t).all())
 
 
@@ -240,15 +243,13 @@ class NumericsChecker:
                 continue
             if type(t) not in _PLAIN_TENSORS:
                 continue  # a wrapper subclass (torchao's fp8 tensors): its data is seen
-            if t.dtype in _FP8_DTYPES:
-                t = t.to(torch.float32)  # fp8 kernels lack isfinite & co.; exact upcast
             if self.mode is CheckMode.CHECK_ALL:
-                introduced = not bool(torch.isfinite(t).all()) and all(
+                introduced = not _all_finite(t) and all(
                     _all_finite(i) for i in tree_leaves(inputs)
                     if isinstance(i, torch.Tensor) and i.is_floating_point())
                 self._record(_stats(index, op, introduced, module, phase, grad_fn, t))
                 continue
-            finite = bool(torch.isfinite(t).all())
+            finite = _all_finite(t)
             overflow = (self.mode is CheckMode.CHECK_ALL_FOR_OVERFLOW and finite
                         and t.dtype in (torch.float32, torch.float64)
                         and bool((t.detach().abs() > _FP16_MAX).any()))
