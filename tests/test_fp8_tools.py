@@ -83,7 +83,7 @@ def test_cast_watch_counts_an_inf_as_saturated_and_the_rest_as_flushed():
         net(x)
     record = next(r for r in watch.records if r.tensor == "input")
     assert record.layer == "1" and record.saturated == 4
-    assert record.underflowed == 64 - 4  # its Inf scale zeroes every finite value
+    assert record.underflowed == 64 - 4  # the Inf makes the scale 0: all else flushed
     assert "1      input" in watch.table()
 
 

@@ -9,8 +9,8 @@ each cast with torchao's own scale function on the same values:
 
 * **saturated**: a value whose scaled magnitude is beyond the format's largest finite
   value by more than rounding would cover (torchao clamps it there), or is not
-  finite. Dynamic scaling prevents it for finite tensors; a NaN or Inf in the tensor saturates, and its Inf scale flushes
-  every other value of the tensor to zero;
+  finite. Dynamic scaling prevents it for finite tensors; an Inf in the tensor
+  saturates, and the zero scale it causes flushes every other value to zero;
 * **underflowed**: a non-zero value that became zero in fp8. One large outlier in a
   tensor (or a row, with rowwise scaling) pushes the small values below fp8's
   smallest subnormal.
