@@ -281,3 +281,19 @@ def test_a_float8_config_object_is_accepted():
     x = torch.randn(BATCH, 16)
     counts = _scaled_mm_per_layer(model, lambda: _train_step(model, x))
     assert counts["2"] == 2  # the weight gradient's matmul stays high precision
+
+
+def test_benchmark_script_prints_every_configuration(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fp8.py"
+    spec = importlib.util.spec_from_file_location("fp8_benchmark", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--steps", "3", "--warmup", "1", "--dim", "32", "--seq", "8",
+                        "--batch", "2", "--layers", "1"]) == 0
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and not line.startswith("| configuration")}
+    assert list(rows) == ["fp32", "bf16 O2", "fp8 O2 tensorwise", "fp8 O2 rowwise",
+                          "fp8 O2 rowwise_with_gw_hp"]
