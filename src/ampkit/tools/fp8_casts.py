@@ -171,15 +171,19 @@ class Fp8CastWatch:
                 self._add(name, "input", args[0], config, "cast_config_input", -1)
                 self._add(name, "weight", mod.weight.t(), config, "cast_config_weight", 0)
 
-            def backward(mod: nn.Module, grad_output: Any, name: str = name,
-                         config: Any = config) -> None:
-                g = grad_output[0]
-                if g is not None:
-                    self._add(name, "grad_output", g.reshape(-1, g.shape[-1]),
-                              config, "cast_config_grad_output", -1)
+            def output(mod: nn.Module, args: Any, out: Any, name: str = name,
+                       config: Any = config) -> None:
+                # The gradient reaching the output is the one torchao casts (the bias
+                # add passes it through); a tensor hook, not a module backward hook,
+                # which would wrap the module's inputs and outputs.
+                if isinstance(out, torch.Tensor) and out.requires_grad:
+                    def grad(g: torch.Tensor) -> None:
+                        self._add(name, "grad_output", g.reshape(-1, g.shape[-1]),
+                                  config, "cast_config_grad_output", -1)
+                    out.register_hook(grad)
 
             self._handles.append(module.register_forward_pre_hook(forward))
-            self._handles.append(module.register_full_backward_pre_hook(backward))
+            self._handles.append(module.register_forward_hook(output))
         return self
 
     def __exit__(self, *exc: Any) -> None:
