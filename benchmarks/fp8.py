@@ -106,7 +106,7 @@ def run(name: str, base: nn.Module, teacher: nn.Module, args: argparse.Namespace
     def batch() -> torch.Tensor:
         return torch.randn(args.batch, args.seq, args.dim, generator=gen, device=args.device)
 
-    for i in range(args.steps):
+    for _ in range(args.steps):
         x = batch()
         with torch.no_grad():
             target = teacher(x)
