@@ -166,7 +166,7 @@ class Fp8CastWatch:
                 continue
             config = module.config
 
-            def forward(mod: nn.Module, args: Any, name: str = name, config: Any = config
+            def forward(mod: Any, args: Any, name: str = name, config: Any = config
                         ) -> None:
                 self._add(name, "input", args[0], config, "cast_config_input", -1)
                 self._add(name, "weight", mod.weight.t(), config, "cast_config_weight", 0)
