@@ -297,3 +297,25 @@ def test_benchmark_script_prints_every_configuration(capsys):
             if line.startswith("| ") and not line.startswith("| configuration")}
     assert list(rows) == ["fp32", "bf16 O2", "fp8 O2 tensorwise", "fp8 O2 rowwise",
                           "fp8 O2 rowwise_with_gw_hp"]
+
+
+def test_an_optimizer_built_before_follows_the_weights_torchao_replaces():
+    # With the FSDP2 fp8 all-gather torchao wraps each fp8 weight in a new Parameter
+    # (a WeightWithDynamicFloat8CastTensor); the optimizer given to initialize is
+    # pointed at it, so its steps change what the model uses.
+    from torchao.float8 import Float8LinearConfig
+
+    model = _mlp()
+    old = model[2].weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = ampkit.initialize(
+        model, opt, level="O2", dtype=torch.bfloat16,
+        fp8=Float8LinearConfig(enable_fsdp_float8_all_gather=True))
+    assert model[2].weight is not old
+    assert type(model[2].weight.data).__name__ == "WeightWithDynamicFloat8CastTensor"
+    stepped = {id(p) for group in opt.param_groups for p in group["params"]}
+    assert stepped == {id(p) for p in model.parameters()}
+    before = model[2].weight.detach().clone()
+    _train_step(model, torch.randn(BATCH, 16))
+    opt.step()
+    assert not torch.equal(model[2].weight.detach(), before)

@@ -49,6 +49,7 @@ from ampkit.conversion import (
     check_not_wrapped,
     prepare_conversion,
 )
+from ampkit.fp8.convert import FP8_OPTIONS, apply_fp8, prepare_fp8
 from ampkit.levels import LEVEL_PROPERTY_NAMES, LevelProperties, level_properties
 
 __all__ = ["INITIALIZE_OVERRIDES", "initialize"]
@@ -59,14 +60,11 @@ _CONVERSION_OPTIONS = ("keep_fp32_modules", "policy", "custom_white_list",
                        "custom_black_list")
 _LOSS_SCALING_OPTIONS = ("num_losses", "min_loss_scale", "max_loss_scale")
 _PURE_OPTIONS = ("rounding_seed",)  # master_weights="stochastic"/"kahan" only
-# fp8 training of Linears through torchao (ampkit.fp8.FP8_OPTIONS; kept literal here so
-# importing the front door does not import the fp8 package)
-_FP8_OPTIONS = ("fp8", "fp8_exclude_modules", "fp8_first_last")
 
 #: Every keyword ``initialize`` accepts besides ``level`` and ``dtype``.
 INITIALIZE_OVERRIDES: tuple[str, ...] = (
     *LEVEL_PROPERTY_NAMES, *_ALIASES, *_CONVERSION_OPTIONS, *_LOSS_SCALING_OPTIONS,
-    *_PURE_OPTIONS, *_FP8_OPTIONS)
+    *_PURE_OPTIONS, *FP8_OPTIONS)
 
 
 def _as_list(value: Any, kind: type, argument: str) -> tuple[list[Any], bool]:
@@ -123,20 +121,6 @@ def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any]) -> 
     from ampkit.scaling.multi_loss import configure_loss_scaling
 
     configure_loss_scaling(props.loss_scale, **scaling)
-
-
-def _prepare_fp8(models: list[nn.Module], config: ConversionConfig,
-                 fp8_args: dict[str, Any]) -> list[Any]:
-    if fp8_args.get("fp8") is None and not any(getattr(m, "_ampkit_fp8_plan", None)
-                                                for m in models):
-        if any(fp8_args.values()):
-            from ampkit.fp8 import prepare_fp8  # refuses fp8 options without fp8
-
-            prepare_fp8(models[0], config, **fp8_args)
-        return [None] * len(models)
-    from ampkit.fp8 import prepare_fp8
-
-    return [prepare_fp8(model, config, **fp8_args) for model in models]
 
 
 def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
@@ -198,7 +182,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     opt_list, one_opt = ([], True) if optimizers is None else _as_list(
         optimizers, torch.optim.Optimizer, "optimizers")
     rounding_seed = overrides.pop("rounding_seed", None)
-    fp8_args = {k: overrides.pop(k) for k in _FP8_OPTIONS if k in overrides}
+    fp8_args = {k: overrides.pop(k) for k in FP8_OPTIONS if k in overrides}
     level_args, conversion, scaling = _split_overrides(overrides)
     for i, model in enumerate(model_list):
         check_not_wrapped(model, "model" if one_model else f"models[{i}]")
@@ -217,13 +201,11 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, props.master_weights, seed=rounding_seed,
                                  seed_name="rounding_seed")
-    fp8_plans = _prepare_fp8(model_list, config, fp8_args)
+    fp8_plans = [prepare_fp8(model, config, **fp8_args) for model in model_list]
     plans = [prepare_conversion(model, config) for model in model_list]
     if len({id(m) for m in model_list}) != len(model_list):
         raise ValueError("models: the same model is given twice")
     if any(fp8_plans):  # swap the fp8 Linears, then plan the conversion of the result
-        from ampkit.fp8 import apply_fp8
-
         for model, fp8_plan in zip(model_list, fp8_plans):
             if fp8_plan is not None:
                 apply_fp8(model, fp8_plan, opt_list)
