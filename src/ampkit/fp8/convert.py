@@ -131,7 +131,7 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
     if config.casts_parameters:
         raise ValueError(f"fp8 trains Linears from their fp32 parameters (torchao casts "
                          f"them to fp8 itself), but this level stores parameters in "
-                         f"{config.param_dtype}; use level O1 or O2 (parameters stay fp32)")
+                         f"{config.param_dtype}; use level O0, O1 or O2 (parameters stay fp32)")
     float8_linear_config(fp8)  # torchao missing: an ImportError naming the extra
     settings = _settings(fp8, fp8_exclude_modules, fp8_first_last)
     earlier = getattr(model, _PLAN, None)
