@@ -92,8 +92,10 @@ def test_a_keyword_that_contradicts_the_config_is_an_error_naming_both() -> None
                         r"'level'\?\); accepted: \['level', 'dtype'"),
     ('{"dtype": "float64"}', r"amp.json: dtype must be torch.float16 or torch.bfloat16"),
     ('{"growth_interval": "often"}', r"amp.json: growth_interval must be an int >= 1"),
-    ('{"fp8": "blockwise"}', r"amp.json: fp8 must be None or one of \['tensorwise', "
-                             r"'rowwise', 'rowwise_with_gw_hp'\]"),
+    ('{"fp8": "blockwise"}', r"amp.json: fp8 must be None, a torchao Float8LinearConfig or "
+                             r"one of \['tensorwise', 'rowwise', 'rowwise_with_gw_hp'\]"),
+    ('{"level": "O3", "dtype": "bfloat16", "fp8": "rowwise"}',
+     r"amp.json: fp8 trains Linears from their fp32 parameters .* use level O0, O1 or O2"),
     ('{"policy": "fast"}', r"amp.json: policy: unknown preset 'fast'.*accepted values"),
     ('[1, 2]', r"amp.json: an ampkit config must be a mapping"),
     ('{"level": ', r"amp.json: not valid JSON"),
@@ -219,3 +221,24 @@ def test_a_scaler_in_a_bfloat16_run_keeps_scale_one_and_still_skips() -> None:
     forced = ampkit.GradScaler("cpu", scale_bfloat16=True)
     with ampkit.autocast("cpu", torch.bfloat16):
         assert forced.scale(w.sum() + 1).item() == 65536.0
+
+
+def test_a_config_object_holds_fp8_recipes_by_name_only() -> None:
+    # A config goes to files; a torchao config object does not, so it is refused with
+    # the way to pass one.
+    with pytest.raises(TypeError, match=r"fp8 must be None or a recipe name, one of "
+                                        r"\['tensorwise', .*pass a Float8LinearConfig to "
+                                        r"ampkit.initialize\(fp8=...\) directly"):
+        AmpConfig(level="O2", dtype="bfloat16", fp8=object())
+    assert AmpConfig(level="O2", dtype="bfloat16", fp8="RowWise").fp8 == "rowwise"
+
+
+def test_a_config_with_fp8_trains_its_linears_in_fp8() -> None:
+    pytest.importorskip("torchao.float8")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)]).to("cpu")
+    cfg = AmpConfig(level="O2", dtype="bfloat16", fp8="tensorwise")
+    net = ampkit.initialize(net, config=cfg)
+    # the middle Linear (first and last stay out by default) is torchao's Float8Linear
+    assert [type(m).__name__ for m in net] == ["Linear", "Float8Linear", "Linear"]
+    assert ampkit.fp8.get_fp8_plan(net).converted == ("1",)

@@ -54,7 +54,7 @@ _LAZY = {
 _SUBMODULES = (
     "tools", "config", "levels", "integrations", "dialects", "scaling", "conversion", "front_door",
     "master_weights", "master_weights_pure", "policy", "presets", "registry", "casting",
-    "autocast_mode", "function_patching", "fsdp", "parameter_casts",
+    "autocast_mode", "function_patching", "fsdp", "parameter_casts", "fp8",
     # the dialects' import names
     "apex", "paddle", "mindspore", "mxnet", "torch",
 )

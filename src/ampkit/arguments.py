@@ -36,6 +36,7 @@ __all__ = [
     "parse_device_type",
     "parse_dtype",
     "parse_loss_scale",
+    "non_negative_number",
     "positive_int",
     "positive_number",
 ]
@@ -232,6 +233,28 @@ def positive_number(value: Any, argument: str) -> float:
     number = float(value)
     if not math.isfinite(number) or number <= 0.0:
         raise ValueError(f"{argument} must be a positive finite number, got {value!r}")
+    return number
+
+
+def non_negative_number(value: Any, argument: str) -> float:
+    """``value`` as a float if it is a real number that is finite and >= 0 (a tolerance),
+    else raise (``TypeError`` for a non-number, ``ValueError`` for a bad value).
+
+    Example:
+        >>> from ampkit.arguments import non_negative_number
+        >>> non_negative_number(0, "tolerance")
+        0.0
+        >>> non_negative_number(-1, "tolerance")
+        Traceback (most recent call last):
+        ...
+        ValueError: tolerance must be a finite number >= 0, got -1
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{argument} must be a finite number >= 0, "
+                        f"got {type(value).__name__} {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0.0:
+        raise ValueError(f"{argument} must be a finite number >= 0, got {value!r}")
     return number
 
 

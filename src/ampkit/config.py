@@ -40,10 +40,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["FP8_RECIPES", "SCALER_FIELDS", "AmpConfig"]
+from ampkit.fp8.recipe import FP8_RECIPES
 
-#: The fp8 recipes a config names (torchao's Float8Linear recipes, see ``ampkit.fp8``).
-FP8_RECIPES: tuple[str, ...] = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+__all__ = ["SCALER_FIELDS", "AmpConfig"]
 
 #: The fields that configure an ``ampkit.GradScaler`` (its keyword names).
 SCALER_FIELDS: tuple[str, ...] = ("init_scale", "growth_factor", "backoff_factor",
@@ -117,7 +116,8 @@ class AmpConfig:
         init_scale, growth_factor, backoff_factor, growth_interval, hysteresis,
             min_scale, max_scale: ``ampkit.GradScaler`` options; ``None``: its default.
         log_skipped_steps: print one line for each step skipped on an overflow.
-        fp8: an fp8 recipe for Linear layers, one of :data:`FP8_RECIPES`, or ``None``.
+        fp8: an fp8 recipe for Linear layers, one of
+            :data:`ampkit.fp8.FP8_RECIPES`, or ``None``.
 
     Raises:
         ValueError: a bad value or a combination that means nothing (the message names
@@ -158,6 +158,7 @@ class AmpConfig:
         # Every check is one that initialize, the level table or GradScaler already
         # runs: the config calls them, so a config that is made is one they accept.
         from ampkit.conversion import ConversionConfig
+        from ampkit.fp8.convert import check_fp8_level
         from ampkit.levels import Level, level_properties
         from ampkit.policy import as_dtype
         from ampkit.scaling.schedule import ScaleSchedule
@@ -176,9 +177,11 @@ class AmpConfig:
         if not isinstance(self.log_skipped_steps, bool):
             raise TypeError(f"log_skipped_steps must be True or False, got "
                             f"{self.log_skipped_steps!r}")
-        if self.fp8 is not None and self.fp8 not in FP8_RECIPES:
-            raise ValueError(f"fp8 must be None or one of {list(FP8_RECIPES)}, got "
-                             f"{self.fp8!r}")
+        if self.fp8 is not None and not isinstance(self.fp8, str):
+            # a config is data that goes to files: recipes by name
+            raise TypeError(f"fp8 must be None or a recipe name, one of "
+                            f"{list(FP8_RECIPES)}, got {type(self.fp8).__name__}; pass a "
+                            f"Float8LinearConfig to ampkit.initialize(fp8=...) directly")
         for name in ("growth_interval", "hysteresis"):
             _optional(getattr(self, name), name, numbers.Integral, "an int >= 1")
         scaler = self.scaler_options()
@@ -194,10 +197,11 @@ class AmpConfig:
                                  loss_scale=self.loss_scale)
         if isinstance(self.loss_scale, numbers.Real):
             put(self, "loss_scale", float(self.loss_scale))
-        ConversionConfig.from_properties(
+        conversion = ConversionConfig.from_properties(
             props, keep_fp32_modules=self.keep_fp32_modules, policy=self.policy,
             custom_white_list=self.custom_white_list or None,
             custom_black_list=self.custom_black_list or None)
+        put(self, "fp8", check_fp8_level(self.fp8, conversion))
         if self.rounding_seed is not None and not isinstance(props.master_weights, str):
             raise ValueError(f"rounding_seed seeds the rounding of master_weights="
                              f"'stochastic' or 'kahan'; this config keeps master_weights="
@@ -238,7 +242,7 @@ class AmpConfig:
         for name in ("keep_norms_fp32", "master_weights", "rounding_seed", "loss_scale"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        if self.fp8 is not None:  # only then: initialize takes fp8= from the fp8 work on
+        if self.fp8 is not None:
             out["fp8"] = self.fp8
         return out
 

@@ -95,6 +95,7 @@ __all__ = [
     "LOW_INPUT_LAYER_NORM_DEVICES",
     "MIXED_INPUT_NORMS",
     "NORM_MODULES",
+    "OWN_PARAMETER_CASTS",
     "ConversionConfig",
     "ModuleSelector",
     "apply_conversion",
@@ -128,6 +129,11 @@ ALL_LOW_PRECISION = Policy(
 _LOW = LOW_PRECISION
 _FLOATS = FLOAT_DTYPES
 _MARK = "_ampkit_conversion"
+
+#: A module with this attribute set to True casts its fp32 parameters itself (torchao's
+#: ``Float8Linear``, from ``initialize(fp8=...)``): O2 does not cast them on use for it,
+#: which would round them twice.
+OWN_PARAMETER_CASTS = "_ampkit_casts_own_parameters"
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -952,7 +958,8 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
         if module._parameters or module._buffers:
             plan.owners.append(module)
         if (config.param_compute_dtype is not None and not kept
-                and not _updates_float_buffers(module) and any(
+                and not _updates_float_buffers(module)
+                and not getattr(module, OWN_PARAMETER_CASTS, False) and any(
                     p is not None and p.is_floating_point()
                     for p in module._parameters.values())):
             plan.cast_on_use.append(module)

@@ -50,6 +50,7 @@ from ampkit.conversion import (
     check_not_wrapped,
     prepare_conversion,
 )
+from ampkit.fp8.convert import FP8_OPTIONS, apply_fp8, prepare_fp8
 from ampkit.levels import LEVEL_PROPERTY_NAMES, LevelProperties, level_properties
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ _SCALE_LOSS_NAMES = {"min_scale": "min_loss_scale", "max_scale": "max_loss_scale
 #: Every keyword ``initialize`` accepts besides ``level`` and ``dtype``.
 INITIALIZE_OVERRIDES: tuple[str, ...] = (
     *LEVEL_PROPERTY_NAMES, *_ALIASES, *_CONVERSION_OPTIONS, *_LOSS_SCALING_OPTIONS,
-    *_PURE_OPTIONS)
+    *_PURE_OPTIONS, *FP8_OPTIONS)
 
 
 def _as_list(value: Any, kind: type, argument: str) -> tuple[list[Any], bool]:
@@ -199,7 +200,12 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             options ``keep_fp32_modules`` (module classes, qualified names or instances
             kept in fp32), ``policy``, ``custom_white_list``, ``custom_black_list``
             (the autocast policy of O1/O2); loss scaling options ``num_losses``,
-            ``min_loss_scale``, ``max_loss_scale``. ``None`` keeps a level default.
+            ``min_loss_scale``, ``max_loss_scale``; fp8 options ``fp8`` (a recipe
+            name, ``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, or a
+            torchao ``Float8LinearConfig``: the eligible Linears train in fp8 through
+            torchao, needs ``ampkit[fp8]``), ``fp8_exclude_modules`` (selectors kept
+            out of fp8) and ``fp8_first_last`` (convert the first and last Linear
+            too), see :mod:`ampkit.fp8`. ``None`` keeps a level default.
 
     Returns:
         ``models`` when ``optimizers`` is ``None``, else ``(models, optimizers)``, each
@@ -243,6 +249,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     opt_list, one_opt = ([], True) if optimizers is None else _as_list(
         optimizers, torch.optim.Optimizer, "optimizers")
     rounding_seed = overrides.pop("rounding_seed", None)
+    fp8_args = {k: overrides.pop(k) for k in FP8_OPTIONS if k in overrides}
     level_args, conversion, scaling = _split_overrides(overrides)
     scaling.update(config_scaling)
     for i, model in enumerate(model_list):
@@ -262,9 +269,15 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, props.master_weights, seed=rounding_seed,
                                  seed_name="rounding_seed")
+    fp8_plans = [prepare_fp8(model, conversion_config, **fp8_args) for model in model_list]
     plans = [prepare_conversion(model, conversion_config) for model in model_list]
     if len({id(m) for m in model_list}) != len(model_list):
         raise ValueError("models: the same model is given twice")
+    if any(fp8_plans):  # swap the fp8 Linears, then plan the conversion of the result
+        for model, fp8_plan in zip(model_list, fp8_plans):
+            if fp8_plan is not None:
+                apply_fp8(model, fp8_plan, opt_list)
+        plans = [prepare_conversion(model, conversion_config) for model in model_list]
     for model, plan in zip(model_list, plans):
         if plan is not None:
             apply_conversion(model, conversion_config, plan)

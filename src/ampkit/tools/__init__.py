@@ -1,6 +1,7 @@
 """ampkit's tools: operator statistics, cast traffic, list usage (which list entries
 matched no op call), the NaN/Inf checker with provenance, the fp32-vs-low-precision
-comparison and policy tuning, the ``ampkit demo`` training report, the CLI.
+comparison and policy tuning, the ``ampkit demo`` training report, the CLI, and for fp8
+layers which run fp8 and why, their per-layer error, which to convert, and their casts.
 
 Names are imported on first use, so ``import ampkit.tools`` loads neither matplotlib
 nor scikit-learn.
@@ -50,6 +51,14 @@ _LAZY = {
     "TuneResult": "ampkit.tools.tune",
     "TuneWarning": "ampkit.tools.tune",
     "aggressive_policy": "ampkit.tools.tune",
+    # fp8 (initialize(fp8=...), through torchao)
+    "fp8_report": "ampkit.tools.fp8_decisions",
+    "Fp8CastRecord": "ampkit.tools.fp8_casts",
+    "Fp8CastWatch": "ampkit.tools.fp8_casts",
+    "Fp8LayerError": "ampkit.tools.comparison",
+    "fp8_layer_errors": "ampkit.tools.fp8_errors",
+    "Fp8TuneResult": "ampkit.tools.fp8_tune",
+    "tune_fp8": "ampkit.tools.fp8_tune",
 }
 
 __all__ = sorted(_LAZY)

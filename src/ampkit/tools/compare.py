@@ -59,6 +59,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
 from ampkit.casting import map_floating
+from ampkit.fp8.recipe import float8_linear_config
 from ampkit.policy import Policy, as_dtype
 from ampkit.registry import OpEntry, is_compute
 from ampkit.tools._tracing import ModuleScope, OpWatch
@@ -71,6 +72,7 @@ from ampkit.tools.comparison import (
     OpError,
     OpRank,
 )
+from ampkit.tools.fp8_errors import fp8_layer_errors
 
 # The results are defined in ampkit.tools.comparison and re-exported here (their home
 # before the split); the rest are the runs that produce them, which tune reuses.
@@ -389,7 +391,7 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
             custom_white_list: Iterable[OpEntry] | None = None,
             custom_black_list: Iterable[OpEntry] | None = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None,
-            threshold: float | None = None) -> Comparison:
+            threshold: float | None = None, fp8: Any = None) -> Comparison:
     """Run ``model(*inputs)`` in float32 and under ``precision``; compare op by op.
 
     Args:
@@ -406,6 +408,9 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
             ``.backward()`` on it and gradients are compared per parameter.
         threshold: the relative error that counts as diverged (default: 8 machine
             epsilons of ``dtype``: 0.0625 for bfloat16, 0.0078 for float16).
+        fp8: an fp8 recipe (as ``initialize``'s ``fp8=``); given, every Linear that can
+            run in fp8 is also measured alone in fp8 and in ``dtype`` against fp32
+            (:attr:`Comparison.fp8_layers`, see :mod:`ampkit.tools.fp8_errors`).
 
     Returns:
         a :class:`Comparison`.
@@ -423,6 +428,8 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
     device_type = model_device_type(model)
     setup = _setup(precision, dtype, device_type, custom_white_list, custom_black_list)
     limit = resolve_threshold(threshold, setup.dtype)
+    if fp8 is not None:  # a bad recipe or a missing torchao: refused before any run
+        float8_linear_config(fp8)
 
     def run_fn(m: nn.Module) -> Any:
         return m(*inputs)
@@ -432,4 +439,8 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
                       recompute=False)
     low_model = setup.prepare(copy.deepcopy(model))
     low, _ = run_once(low_model, run_fn, setup.region, loss_fn, device_type, recompute=True)
-    return compare_runs(ref, low, setup.description, setup.dtype, limit)
+    result = compare_runs(ref, low, setup.description, setup.dtype, limit)
+    if fp8 is None:
+        return result
+    return dataclasses.replace(result, fp8_layers=fp8_layer_errors(
+        model, *inputs, fp8=fp8, dtype=setup.dtype))

@@ -26,8 +26,8 @@ import torch
 
 from ampkit.tools._text import finite_or_none, text_table
 
-__all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "GradError", "ModuleError",
-           "OpError", "OpRank"]
+__all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "Fp8LayerError", "GradError",
+           "ModuleError", "OpError", "OpRank", "fp8_layers_table"]
 
 JSON_SCHEMA_VERSION = 1
 
@@ -189,6 +189,54 @@ def _fmt(value: float) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class Fp8LayerError:
+    """One Linear's local error in fp8 and in the low dtype, against fp32.
+
+    Attributes:
+        layer: qualified name.
+        recipe: the fp8 recipe name (``"custom"`` for a config object).
+        low_dtype: the dtype of the low run (``"torch.bfloat16"``).
+        output_fp8, output_low: the forward output's error against fp32.
+        output_fp8_vs_low: fp8's output against the low run's.
+        grad_input_fp8, grad_input_low: the input gradient's error against fp32.
+        grad_weight_fp8, grad_weight_low: the weight gradient's error against fp32.
+
+    Example:
+        >>> from ampkit.tools.comparison import ErrorStats
+        >>> from ampkit.tools.comparison import Fp8LayerError
+        >>> e = ErrorStats(0.1, 0.02, 0.999, 0, 0)
+        >>> Fp8LayerError("1", "rowwise", "torch.bfloat16", *[e] * 7).worst_fp8
+        0.02
+    """
+
+    layer: str
+    recipe: str
+    low_dtype: str
+    output_fp8: ErrorStats
+    output_low: ErrorStats
+    output_fp8_vs_low: ErrorStats
+    grad_input_fp8: ErrorStats
+    grad_input_low: ErrorStats
+    grad_weight_fp8: ErrorStats
+    grad_weight_low: ErrorStats
+
+    @property
+    def worst_fp8(self) -> float:
+        """The largest fp8 relative error of the three (output, input gradient,
+        weight gradient).
+
+        Example:
+            >>> from ampkit.tools.comparison import ErrorStats
+            >>> from ampkit.tools.comparison import Fp8LayerError
+            >>> e, f = ErrorStats(0, 0.0, 1, 0, 0), ErrorStats(1, 0.5, 0.9, 0, 0)
+            >>> Fp8LayerError("1", "rowwise", "torch.bfloat16", e, e, e, f, e, e, e).worst_fp8
+            0.5
+        """
+        return max(self.output_fp8.max_rel, self.grad_input_fp8.max_rel,
+                   self.grad_weight_fp8.max_rel)
+
+
+@dataclasses.dataclass(frozen=True)
 class Comparison:
     """What :func:`compare` measured; see the module docstring for the definitions.
 
@@ -210,6 +258,9 @@ class Comparison:
     output: ErrorStats
     loss: tuple[float, float] | None  # (float32, low precision) with loss_fn
     unmatched_ops: int  # low-precision op calls with no float32 counterpart
+    # with fp8=: each fp8-capable Linear's local error in fp8 and in dtype, against fp32
+    # (ampkit.tools.fp8_errors.fp8_layer_errors)
+    fp8_layers: tuple[Fp8LayerError, ...] = ()
 
     @property
     def divergence(self) -> ModuleError | None:
@@ -309,6 +360,8 @@ class Comparison:
                 ("gradient", "dtype", "max rel", "cosine"),
                 [(g.parameter, g.dtype, _fmt(g.error.max_rel), f"{g.error.cosine:.6f}")
                  for g in self.grads[:limit]], align="llrr")]
+        if self.fp8_layers:
+            lines += ["", fp8_layers_table(self.fp8_layers)]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -335,6 +388,7 @@ class Comparison:
                          "added": m.added, **err(m.error)} for m in self.modules],
             "grads": [{"parameter": g.parameter, "dtype": g.dtype, **err(g.error)}
                       for g in self.grads],
+            "fp8_layers": [dataclasses.asdict(r) for r in self.fp8_layers],
         }
         return finite_or_none(data)
 
@@ -367,3 +421,27 @@ class Comparison:
         from ampkit.tools.compare_report import write_comparison_report
 
         return write_comparison_report(self, out_dir)
+
+
+def fp8_layers_table(rows: tuple[Fp8LayerError, ...]) -> str:
+    """Rows of :func:`ampkit.tools.fp8_errors.fp8_layer_errors` as a plain-text table
+    (relative errors).
+
+    Example:
+        >>> from ampkit.tools.comparison import fp8_layers_table
+        >>> fp8_layers_table(())
+        'fp8 per layer: no Linear can run in fp8'
+    """
+    if not rows:
+        return "fp8 per layer: no Linear can run in fp8"
+    def f(e: ErrorStats) -> str:
+        return f"{e.max_rel:.3g}"
+
+    low = rows[0].low_dtype.removeprefix("torch.")
+    return (f"fp8 per layer ({rows[0].recipe}; relative error against fp32, local to "
+            f"each layer)\n") + text_table(
+        ("layer", "out fp8", f"out {low}", f"fp8 vs {low}", "dx fp8", f"dx {low}",
+         "dw fp8", f"dw {low}"),
+        [(r.layer, f(r.output_fp8), f(r.output_low), f(r.output_fp8_vs_low),
+          f(r.grad_input_fp8), f(r.grad_input_low), f(r.grad_weight_fp8),
+          f(r.grad_weight_low)) for r in rows], align="lrrrrrrr")

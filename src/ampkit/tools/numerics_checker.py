@@ -43,6 +43,10 @@ from ampkit.tools._tracing import ModuleScope
 __all__ = ["CheckMode", "NonFiniteError", "NumericsChecker", "OpRecord"]
 
 _FP16_MAX = float(torch.finfo(torch.float16).max)
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter)
+_FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2",
+                                                "float8_e4m3fnuz", "float8_e5m2fnuz")
+                    if hasattr(torch, n))
 
 
 class CheckMode(enum.Enum):
@@ -127,6 +131,8 @@ class NonFiniteError(FloatingPointError):
 def _stats(index: int, op: str, introduced: bool, module: str, phase: str, grad_fn: str,
            t: torch.Tensor) -> OpRecord:
     flat = t.detach().reshape(-1)
+    if flat.dtype in _FP8_DTYPES:
+        flat = flat.to(torch.float32)  # fp8 kernels lack isnan & co.; the upcast is exact
     nan = torch.isnan(flat)
     inf = torch.isinf(flat)
     finite = flat[~(nan | inf)].double()
@@ -139,6 +145,13 @@ def _stats(index: int, op: str, introduced: bool, module: str, phase: str, grad_
         min=float(finite.min()) if finite.numel() else float("nan"),
         mean=float(finite.mean()) if finite.numel() else float("nan"),
     )
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    if type(t) not in _PLAIN_TENSORS:
+        return True  # a wrapper subclass (fp8): its plain data is checked where made
+    # fp8 kernels lack isfinite; the upcast is exact
+    return bool(torch.isfinite(t.to(torch.float32) if t.dtype in _FP8_DTYPES else t).all())
 
 
 class _Watch(TorchDispatchMode):
@@ -192,10 +205,19 @@ class NumericsChecker:
         self.ops_seen = 0
         self._scope = ModuleScope(model)
         self._mode: _Watch | None = None
+        # A model with fp8 layers: their casts to fp8 are watched too (fp8_casts).
+        self._fp8 = None
+        if model is not None and any(type(m).__name__ == "Float8Linear"
+                                     for m in model.modules()):
+            from ampkit.tools.fp8_casts import Fp8CastWatch
+
+            self._fp8 = Fp8CastWatch(model)
 
     # -- context manager ------------------------------------------------------------------
     def __enter__(self) -> NumericsChecker:
         self._scope.__enter__()
+        if self._fp8 is not None:
+            self._fp8.__enter__()
         self._mode = _Watch(self)
         self._mode.__enter__()
         return self
@@ -204,6 +226,8 @@ class NumericsChecker:
         if self._mode is not None:
             self._mode.__exit__(*exc)
             self._mode = None
+        if self._fp8 is not None:
+            self._fp8.__exit__(*exc)
         self._scope.__exit__(*exc)
 
     # -- inspection ------------------------------------------------------------------------
@@ -217,20 +241,22 @@ class NumericsChecker:
         for t in tree_leaves(out):
             if not (isinstance(t, torch.Tensor) and t.is_floating_point()) or t.numel() == 0:
                 continue
+            if type(t) not in _PLAIN_TENSORS:
+                continue  # a wrapper subclass (torchao's fp8 tensors): its data is seen
             if self.mode is CheckMode.CHECK_ALL:
-                introduced = not bool(torch.isfinite(t).all()) and all(
-                    bool(torch.isfinite(i).all()) for i in tree_leaves(inputs)
+                introduced = not _all_finite(t) and all(
+                    _all_finite(i) for i in tree_leaves(inputs)
                     if isinstance(i, torch.Tensor) and i.is_floating_point())
                 self._record(_stats(index, op, introduced, module, phase, grad_fn, t))
                 continue
-            finite = bool(torch.isfinite(t).all())
+            finite = _all_finite(t)
             overflow = (self.mode is CheckMode.CHECK_ALL_FOR_OVERFLOW and finite
                         and t.dtype in (torch.float32, torch.float64)
                         and bool((t.detach().abs() > _FP16_MAX).any()))
             if finite and not overflow:
                 continue
             introduced = not finite and all(
-                bool(torch.isfinite(i).all()) for i in tree_leaves(inputs)
+                _all_finite(i) for i in tree_leaves(inputs)
                 if isinstance(i, torch.Tensor) and i.is_floating_point())
             record = _stats(index, op, introduced, module, phase, grad_fn, t)
             if self.mode is CheckMode.CHECK_NAN_INF_AND_ABORT:
@@ -286,6 +312,21 @@ class NumericsChecker:
             '_softmax'
         """
         return next((r for r in self.records if not r.finite and r.module == module), None)
+
+    @property
+    def fp8_casts(self) -> Any:
+        """For a model with fp8 layers (``initialize(fp8=...)``), the
+        :class:`~ampkit.tools.fp8_casts.Fp8CastWatch` of their casts to fp8: its
+        ``worst`` names the layer and tensor whose cast saturated or underflowed most;
+        ``None`` for other models.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> NumericsChecker(torch.nn.Linear(2, 2)).fp8_casts is None
+            True
+        """
+        return self._fp8
 
     def bad_records(self) -> Iterator[OpRecord]:
         """Recorded outputs with NaN/Inf, in the order they happened (see :attr:`origin`)."""

@@ -66,6 +66,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ampkit.arguments import non_negative_number
 from ampkit.policy import Policy, as_dtype
 from ampkit.tools._text import finite_or_none, text_table
 from ampkit.tools.compare import (
@@ -77,7 +78,7 @@ from ampkit.tools.compare import (
 )
 from ampkit.tools.comparison import Comparison
 
-__all__ = ["Trial", "TuneResult", "TuneWarning", "aggressive_policy", "tune"]
+__all__ = ["Trial", "TuneResult", "TuneWarning", "aggressive_policy", "metric_value", "tune"]
 
 #: Why a search stopped.
 WITHIN_TOLERANCE = "within tolerance"
@@ -197,20 +198,22 @@ class TuneResult:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
 
-def _metric(value: Any, where: str) -> float:
+def metric_value(value: Any, where: str) -> float:
+    """What ``eval_fn`` returned, as a float (a number or a one-element tensor);
+    ``where`` names the run in the error.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools.tune import metric_value
+        >>> metric_value(torch.tensor([0.5]), "the fp32 run")
+        0.5
+    """
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return float(value.detach())
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
     raise TypeError(f"eval_fn must return a number or a one-element tensor, got "
                     f"{type(value).__name__} in {where}")
-
-
-def _check_number(value: Any, argument: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (float(value) >= 0) \
-            or math.isinf(value):
-        raise ValueError(f"{argument} must be a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def _start_policy(start: Policy | str | None, dtype: torch.dtype) -> Policy:
@@ -272,7 +275,7 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
                         f"{type(eval_fn).__name__}")
     low = as_dtype(dtype, allow_none=False)
     assert low is not None
-    tol = _check_number(tolerance, "tolerance")
+    tol = non_negative_number(tolerance, "tolerance")
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise ValueError(f"budget must be an int >= 1 (trials), got {budget!r}")
     if on_trial is not None and not callable(on_trial):
@@ -290,7 +293,7 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
             except Exception as error:
                 raise RuntimeError(f"eval_fn raised in {where}: "
                                    f"{type(error).__name__}: {error}") from error
-            return _metric(value, where)
+            return metric_value(value, where)
         return run
 
     ref_run, reference = run_once(copy.deepcopy(model).float(),

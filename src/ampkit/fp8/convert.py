@@ -1,0 +1,246 @@
+"""Swapping the selected Linears for torchao's ``Float8Linear``, inside ``initialize``.
+
+How fp8 composes with the level: the parameters stay the truth in fp32, as at O2. A
+``Float8Linear`` takes the module's own fp32 ``nn.Parameter`` objects (the optimizer
+keeps stepping the same tensors, ``state_dict`` keys do not change) and casts them to
+fp8 itself, with a scale computed from the fp32 values, once per use. So O2's cast on
+use (:mod:`ampkit.parameter_casts`) is skipped for these modules: a bf16 copy in
+between would round every weight twice (fp32 -> bf16 -> fp8) and cost a copy for
+nothing. Everything else follows the level: the activations a Float8Linear receives at
+O2 are bf16, its outputs come back in bf16, and norms, attention and the rest of the
+model run as the level's policy says.
+
+The decision (:func:`~ampkit.fp8.select_fp8_layers`) is stored on the model;
+:func:`fp8_layers` returns it, and ``ampkit.tools.fp8_report`` prints it.
+
+Example:
+    >>> import torch
+    >>> import ampkit
+    >>> from ampkit.fp8 import fp8_layers
+    >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+    >>> net = ampkit.initialize(net, level="O2", dtype=torch.bfloat16, fp8="tensorwise")
+    >>> [(x.name, x.fp8) for x in fp8_layers(net)]
+    [('0', False), ('1', True), ('2', False)]
+    >>> type(net[1]).__name__, net[1].weight.dtype
+    ('Float8Linear', torch.float32)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ampkit.conversion import OWN_PARAMETER_CASTS, ConversionConfig, get_conversion
+from ampkit.fp8.recipe import float8_linear_config, parse_fp8, recipe_name
+from ampkit.fp8.selection import Fp8Layer, is_float8, select_fp8_layers
+
+__all__ = ["FP8_OPTIONS", "Fp8Plan", "apply_fp8", "check_fp8_level", "fp8_layers", "get_fp8_plan",
+           "prepare_fp8"]
+
+#: The ``initialize`` keywords that choose fp8: ``fp8`` (the recipe),
+#: ``fp8_exclude_modules`` (selectors kept out of fp8), ``fp8_first_last`` (convert the
+#: first and last Linear too).
+FP8_OPTIONS: tuple[str, ...] = ("fp8", "fp8_exclude_modules", "fp8_first_last")
+
+_PLAN = "_ampkit_fp8_plan"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Plan:
+    """What fp8 does to one model: the recipe and the decision for every Linear.
+
+    Example:
+        >>> from ampkit.fp8 import Fp8Plan
+        >>> Fp8Plan("rowwise", ()).converted
+        ()
+    """
+
+    recipe: Any
+    layers: tuple[Fp8Layer, ...]
+    settings: tuple[Any, ...] = ()
+
+    @property
+    def recipe_name(self) -> str:
+        """``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"`` or ``"custom"``.
+
+        Example:
+            >>> from ampkit.fp8 import Fp8Plan
+            >>> Fp8Plan("rowwise", ()).recipe_name
+            'rowwise'
+        """
+        return recipe_name(self.recipe)
+
+    @property
+    def converted(self) -> tuple[str, ...]:
+        """The qualified names of the layers that run in fp8.
+
+        Example:
+            >>> from ampkit.fp8 import Fp8Layer, Fp8Plan
+            >>> Fp8Plan("rowwise", (Fp8Layer("a", 16, 16, True, "fp8"),)).converted
+            ('a',)
+        """
+        return tuple(layer.name for layer in self.layers if layer.fp8)
+
+
+def _settings(fp8: Any, exclude: Any, first_last: bool) -> tuple[Any, ...]:
+    # What a second initialize call is compared against (instances by identity).
+    items = () if exclude is None else (
+        (exclude,) if isinstance(exclude, str | type | nn.Module) else tuple(exclude))
+    return (fp8 if isinstance(fp8, str) else id(fp8),
+            tuple(id(x) if isinstance(x, nn.Module) else x for x in items), first_last)
+
+
+def check_fp8_level(fp8: Any, config: ConversionConfig) -> Any:
+    """``fp8`` checked (:func:`~ampkit.fp8.recipe.parse_fp8`) and refused at a level that
+    stores parameters in low precision; no torchao needed. Returns the canonical value.
+
+    Example:
+        >>> from ampkit.conversion import ConversionConfig
+        >>> from ampkit.fp8.convert import check_fp8_level
+        >>> check_fp8_level("RowWise", ConversionConfig.for_level("O2"))
+        'rowwise'
+        >>> check_fp8_level("rowwise", ConversionConfig.for_level("O3"))
+        Traceback (most recent call last):
+        ...
+        ValueError: fp8 trains Linears from their fp32 parameters (torchao casts them ...
+    """
+    fp8 = parse_fp8(fp8)
+    if fp8 is not None and config.casts_parameters:
+        raise ValueError(f"fp8 trains Linears from their fp32 parameters (torchao casts "
+                         f"them to fp8 itself), but this level stores parameters in "
+                         f"{config.param_dtype}; use level O0, O1 or O2 (parameters stay fp32)")
+    return fp8
+
+
+def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
+                fp8_exclude_modules: Iterable[Any] | Any = None,
+                fp8_first_last: bool = False) -> Fp8Plan | None:
+    """Check the fp8 options against ``model`` and the level's ``config`` and decide
+    which layers convert, changing nothing; ``None`` when there is nothing to do (no
+    fp8, or the model already carries this very plan).
+
+    Raises:
+        ImportError: torchao is missing (names the extra ``ampkit[fp8]``).
+        ValueError: an unknown recipe, a level that stores parameters in low precision,
+            fp8 options without ``fp8``, or a selector not in the model.
+        RuntimeError: the model was converted before with other fp8 settings.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import ConversionConfig
+        >>> from ampkit.fp8 import prepare_fp8
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+        >>> plan = prepare_fp8(net, ConversionConfig.for_level("O2"), fp8="rowwise")
+        >>> plan.converted, type(net[1]).__name__  # nothing changed yet
+        (('1',), 'Linear')
+    """
+    fp8 = parse_fp8(fp8)
+    if fp8 is None:
+        extra = [n for n, v in (("fp8_exclude_modules", fp8_exclude_modules),
+                                ("fp8_first_last", fp8_first_last)) if v]
+        if extra:
+            raise ValueError(f"{extra[0]} chooses which Linears train in fp8, but fp8 is "
+                             f"None; pass fp8= one of the recipes too")
+        if getattr(model, _PLAN, None) is not None:
+            raise RuntimeError("this model was converted with fp8 before; initialize it "
+                               "again with the same fp8 settings, or start from a fresh "
+                               "fp32 model")
+        return None
+    check_fp8_level(fp8, config)
+    float8_linear_config(fp8)  # torchao missing: an ImportError naming the extra
+    settings = _settings(fp8, fp8_exclude_modules, fp8_first_last)
+    earlier = getattr(model, _PLAN, None)
+    if earlier is not None:
+        if earlier.settings == settings:
+            return None
+        raise RuntimeError("this model was converted with other fp8 settings; converting "
+                           "again would swap its layers twice. Start from a fresh fp32 "
+                           "model")
+    if get_conversion(model) is not None:
+        raise RuntimeError("this model was converted without fp8 before; start from a "
+                           "fresh fp32 model to train it in fp8")
+    layers = select_fp8_layers(model, keep_fp32_modules=config.keep_fp32_modules,
+                               exclude=fp8_exclude_modules, first_last=fp8_first_last)
+    return Fp8Plan(fp8, layers, settings)
+
+
+def apply_fp8(model: nn.Module, plan: Fp8Plan,
+              optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
+    """Swap the planned layers for ``Float8Linear`` (torchao's
+    ``convert_to_float8_training``), mark them so O2 does not cast their parameters
+    on use, and store the plan on the model. A parameter that torchao replaces (its
+    FSDP2 float8 all-gather wraps weights in a new tensor subclass) is replaced in
+    ``optimizers`` too, state included.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion import ConversionConfig
+        >>> from ampkit.fp8 import apply_fp8, prepare_fp8
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+        >>> apply_fp8(net, prepare_fp8(net, ConversionConfig.for_level("O2"),
+        ...                            fp8="tensorwise", fp8_first_last=True))
+        >>> [type(m).__name__ for m in net]
+        ['Float8Linear', 'Float8Linear', 'Float8Linear']
+    """
+    from torchao.float8 import convert_to_float8_training
+
+    chosen = set(plan.converted)
+    before = {name: (m.weight, m.bias) for name, m in model.named_modules()
+              if name in chosen}
+    convert_to_float8_training(model, config=float8_linear_config(plan.recipe),
+                               module_filter_fn=lambda m, fqn: fqn in chosen
+                               and not is_float8(m))
+    replaced: dict[int, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        if is_float8(module):
+            object.__setattr__(module, OWN_PARAMETER_CASTS, True)
+        if name in before:
+            for old, new in zip(before[name], (module.weight, module.bias)):
+                if old is not None and new is not old:
+                    replaced[id(old)] = new
+    if replaced:
+        _replace_in_optimizers(optimizers, replaced)
+    object.__setattr__(model, _PLAN, plan)
+
+
+def _replace_in_optimizers(optimizers: Sequence[torch.optim.Optimizer],
+                           replaced: dict[int, torch.Tensor]) -> None:
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for i, p in enumerate(group["params"]):
+                new = replaced.get(id(p))
+                if new is not None:
+                    group["params"][i] = new
+                    if p in opt.state:
+                        opt.state[new] = opt.state.pop(p)
+
+
+def get_fp8_plan(model: nn.Module) -> Fp8Plan | None:
+    """The :class:`Fp8Plan` ``initialize`` applied to ``model``, or ``None``.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.fp8 import get_fp8_plan
+        >>> get_fp8_plan(torch.nn.Linear(2, 2)) is None
+        True
+    """
+    plan = getattr(model, _PLAN, None)
+    return plan if isinstance(plan, Fp8Plan) else None
+
+
+def fp8_layers(model: nn.Module) -> tuple[Fp8Layer, ...]:
+    """The fp8 decision ``initialize`` made for every Linear of ``model`` (empty when
+    it was not initialized with ``fp8=``).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.fp8 import fp8_layers
+        >>> fp8_layers(torch.nn.Linear(2, 2))
+        ()
+    """
+    plan = get_fp8_plan(model)
+    return () if plan is None else plan.layers

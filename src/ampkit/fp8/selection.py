@@ -1,0 +1,179 @@
+"""Which Linear layers train in fp8, and why the others do not.
+
+:func:`select_fp8_layers` looks at every ``nn.Linear`` of a model, in the order of
+``model.named_modules()``, and decides, without changing anything:
+
+* a layer kept in fp32 (``keep_fp32_modules``, or inside a kept module, the norms of
+  ``keep_norms_fp32`` included) computes in fp32, so not in fp8: the same selectors that
+  decide everything else decide this;
+* a layer named by ``exclude`` (``initialize(fp8_exclude_modules=...)``: module classes,
+  qualified names or instances, as ``keep_fp32_modules`` takes them), or inside one,
+  follows the level's policy instead of fp8 (bf16 at O2);
+* a subclass of ``nn.Linear`` (``MultiheadAttention``'s ``out_proj``, whose weight the
+  attention reads directly) is left alone: its forward may not be Linear's;
+* the model itself is never replaced (``initialize`` changes models in place): wrap a
+  bare ``nn.Linear`` in a container;
+* ``in_features`` and ``out_features`` must be multiples of 16, the shapes
+  ``torch._scaled_mm`` takes;
+* the first and the last Linear of the model stay out by default, as torchao's own
+  guidance advises (the input projection and the output head are the layers whose
+  error costs most); ``first_last=True`` lets them in.
+
+Example:
+    >>> import torch
+    >>> from ampkit.fp8 import select_fp8_layers
+    >>> net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 32),
+    ...                           torch.nn.Linear(32, 30), torch.nn.Linear(32, 16))
+    >>> for layer in select_fp8_layers(net):
+    ...     print(layer.name, layer.fp8, layer.reason)
+    0 False first Linear of the model (fp8_first_last=True converts it)
+    1 True fp8
+    2 False out_features=30 is not a multiple of 16 (torch._scaled_mm)
+    3 False last Linear of the model (fp8_first_last=True converts it)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import torch.nn as nn
+
+from ampkit.module_selection import (
+    ModuleSelector,
+    parse_module_selectors,
+    resolve_module_selectors,
+    selects,
+)
+
+__all__ = ["FP8_DIM_MULTIPLE", "Fp8Layer", "is_float8", "select_fp8_layers"]
+
+#: ``torch._scaled_mm`` takes matrices whose inner and output dimensions are multiples
+#: of 16, so a Linear's ``in_features`` and ``out_features`` must be.
+FP8_DIM_MULTIPLE = 16
+
+_FP8 = "fp8"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Layer:
+    """One ``nn.Linear`` of a model and whether it trains in fp8.
+
+    Attributes:
+        name: its qualified name, as in ``model.named_modules()``.
+        in_features, out_features: its shape.
+        fp8: True when its three matmuls (forward, input and weight gradients) run in
+            fp8.
+        reason: ``"fp8"``, or why it does not run in fp8.
+
+    Example:
+        >>> from ampkit.fp8 import Fp8Layer
+        >>> Fp8Layer("head", 64, 10, False, "last Linear of the model").fp8
+        False
+    """
+
+    name: str
+    in_features: int
+    out_features: int
+    fp8: bool
+    reason: str
+
+
+def _why_not_shape(module: nn.Linear) -> str | None:
+    for attr in ("in_features", "out_features"):
+        value = getattr(module, attr)
+        if value % FP8_DIM_MULTIPLE:
+            return (f"{attr}={value} is not a multiple of {FP8_DIM_MULTIPLE} "
+                    f"(torch._scaled_mm)")
+    return None
+
+
+def select_fp8_layers(model: nn.Module, *,
+                      keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
+                      exclude: Iterable[ModuleSelector] | ModuleSelector | None = None,
+                      first_last: bool = False) -> tuple[Fp8Layer, ...]:
+    """Every ``nn.Linear`` of ``model`` (its own forward included), with whether it
+    would train in fp8 and why not; see the module doc for the rules. Changes nothing.
+
+    Args:
+        model: the model ``initialize`` is given.
+        keep_fp32_modules: the modules kept in fp32 (with everything inside them).
+        exclude: modules (classes, qualified names, instances) that do not go to fp8.
+        first_last: also convert the model's first and last Linear.
+
+    Raises:
+        ValueError: a name or instance in ``keep_fp32_modules``/``exclude`` that is not
+            in the model.
+        TypeError: a selector of the wrong type, or ``first_last`` not a bool.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.fp8 import select_fp8_layers
+        >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+        >>> [(x.name, x.fp8) for x in select_fp8_layers(net, exclude=["1"],
+        ...                                                 first_last=True)]
+        [('0', True), ('1', False), ('2', True)]
+    """
+    if not isinstance(first_last, bool):
+        raise TypeError(f"fp8_first_last must be a bool, got {first_last!r}")
+    keep = resolve_module_selectors(
+        model, parse_module_selectors(keep_fp32_modules, "keep_fp32_modules") or (),
+        "keep_fp32_modules")
+    out = resolve_module_selectors(
+        model, parse_module_selectors(exclude, "fp8_exclude_modules") or (),
+        "fp8_exclude_modules")
+    linears: list[tuple[str, nn.Linear, str | None]] = []
+
+    def walk(module: nn.Module, name: str, kept: bool, excluded: bool, seen: set[int]
+             ) -> None:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        kept = kept or selects(module, name, keep)
+        excluded = excluded or selects(module, name, out)
+        if isinstance(module, nn.Linear):
+            why = None
+            if is_float8(module):
+                why = None  # converted by torchao already: it runs fp8 whatever we say
+            elif kept:
+                why = "kept in fp32 (keep_fp32_modules)"
+            elif excluded:
+                why = "excluded (fp8_exclude_modules)"
+            elif type(module) is not nn.Linear:
+                why = (f"{type(module).__name__} is a subclass of nn.Linear whose forward "
+                       f"may not be Linear's")
+            elif module is model:
+                why = ("the model itself (fp8 replaces submodules; wrap it in a "
+                       "container)")
+            else:
+                why = _why_not_shape(module)
+            linears.append((name, module, why))
+        for child_name, child in module.named_children():
+            walk(child, f"{name}.{child_name}" if name else child_name, kept, excluded,
+                 seen)
+
+    walk(model, "", False, False, set())
+    layers = []
+    for i, (name, module, why) in enumerate(linears):
+        if why is None and not first_last and not is_float8(module):
+            if i == 0:
+                why = "first Linear of the model (fp8_first_last=True converts it)"
+            elif i == len(linears) - 1:
+                why = "last Linear of the model (fp8_first_last=True converts it)"
+        layers.append(Fp8Layer(name, module.in_features, module.out_features, why is None,
+                               why or _FP8))
+    return tuple(layers)
+
+
+def is_float8(module: Any) -> bool:
+    """Whether ``module`` is torchao's ``Float8Linear`` (by name: no torchao import).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.fp8.selection import is_float8
+        >>> is_float8(torch.nn.Linear(16, 16))
+        False
+    """
+    cls = type(module)
+    return cls.__name__ == "Float8Linear" and cls.__module__.startswith("torchao.")
