@@ -234,6 +234,24 @@ def test_compiled_block_with_fullgraph_runs_fp8_and_matches_eager():
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5, msg=name)
 
 
+def test_the_whole_converted_model_compiles_with_fullgraph_and_matches_eager():
+    # The model's kept-fp32 LayerNorm is a boundary inside the graph: no break.
+    def make():
+        return ampkit.initialize(_mlp(), level="O2", dtype=torch.bfloat16, fp8="tensorwise")
+
+    eager, model = make(), make()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x = torch.randn(BATCH, 16)
+    compiled(x).float().pow(2).mean().backward()
+    eager(x).float().pow(2).mean().backward()
+    torch.testing.assert_close(compiled(x), eager(x), rtol=0, atol=0)
+    for (name, a), b in zip(model.named_parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5, msg=name)
+    # the fp8 layers (2, 4, 6) are still fp8 inside the graph
+    assert [n for n, m in model.named_children() if ampkit.fp8.selection.is_float8(m)] \
+        == ["2", "4", "6"]
+
+
 def test_without_torchao_fp8_raises_an_import_error_naming_the_extra(monkeypatch):
     for name in [n for n in sys.modules if n == "torchao" or n.startswith("torchao.")]:
         monkeypatch.delitem(sys.modules, name)
