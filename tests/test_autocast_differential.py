@@ -120,19 +120,24 @@ def test_mirror_policy_really_intercepts() -> None:
     assert {"mm", "conv2d", "linear", "mse_loss", "cat"} <= (
         MIRROR.lower_precision_ops | MIRROR.fp32_ops | MIRROR.promote_ops)
     calls = []
-    from ampkit import autocast_mode
+    from ampkit import _dispatch
 
-    original = autocast_mode._PolicyMode._apply
+    # The Autocast kernels cast through these two helpers: spy on them.
+    cast, promote = _dispatch.cast_op_args, _dispatch.promote_dtype
 
-    def spy(self: Any, spec: Any, func: Any, args: Any, kwargs: Any) -> Any:
-        calls.append(spec[0])  # (rule, dtype positions, inplace position)
-        return original(self, spec, func, args, kwargs)
+    def cast_spy(args: Any, kwargs: Any, dtype: Any, *rest: Any) -> Any:
+        calls.append(dtype)
+        return cast(args, kwargs, dtype, *rest)
 
-    autocast_mode._PolicyMode._apply = spy  # type: ignore[method-assign]
+    def promote_spy(*args: Any) -> Any:
+        calls.append("promote")
+        return promote(*args)
+
+    _dispatch.cast_op_args, _dispatch.promote_dtype = cast_spy, promote_spy
     try:
         with ampkit.autocast("cpu", torch.bfloat16, policy=MIRROR):
             torch.mm(torch.rand(2, 2), torch.rand(2, 2))
             torch.cat([torch.rand(2), torch.rand(2).bfloat16()])
     finally:
-        autocast_mode._PolicyMode._apply = original  # type: ignore[method-assign]
-    assert calls == ["lower", "promote"]
+        _dispatch.cast_op_args, _dispatch.promote_dtype = cast, promote
+    assert calls == [torch.bfloat16, "promote", torch.float32]

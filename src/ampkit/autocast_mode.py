@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 import sys
 import threading
 import warnings
@@ -52,6 +53,7 @@ import torch
 from torch.amp.autocast_mode import autocast as _native_autocast
 from torch.overrides import TorchFunctionMode
 
+from ampkit import _dispatch
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.policy import Policy, as_dtype
 from ampkit.presets import get_policy
@@ -231,13 +233,35 @@ def native_op_names(device_type: str) -> frozenset[str]:
 #: ``entry point -> (rule, positions of a positional dtype, position of inplace or -1)``.
 Spec = tuple[str, tuple[int, ...], int]
 
+# Which interception point takes an op with a dispatcher op of its own: "dispatch" (its
+# Autocast kernel) or "mode" (the Python mode, as before issue 24). Kept only for the
+# side-by-side benchmark; Python composites always go through the mode.
+_ENGINE = os.environ.get("AMPKIT_ENGINE", "dispatch")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Rules:
+    """What a policy intercepts on one device. Compared by identity: ``_compile_rules``
+    is cached by the policy's value, so equal policies share one object."""
+
+    #: Autocast kernels: canonical op name -> rule (ops with a dispatcher op).
+    ops: Mapping[str, str]
+    #: The Python mode: entry point -> spec (composites with no dispatcher op).
+    entry: Mapping[Any, Spec]
+    #: What compiled frames are guarded on while the kernels apply these rules.
+    token: Any
+
+    def __bool__(self) -> bool:
+        return bool(self.ops or self.entry)
+
 
 @functools.lru_cache(maxsize=64)
-def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, Spec]:
-    """``entry point -> spec`` for the ops this policy decides differently from native
-    autocast. Empty for a native-equal policy: then nothing is intercepted."""
+def _compile_rules(policy: Policy, device_type: str) -> _Rules:
+    """The ops this policy decides differently from native autocast, split by where
+    they are intercepted. Empty for a native-equal policy: then nothing is intercepted
+    and nothing is registered."""
     if policy.is_native:
-        return {}
+        return _NO_RULES
     native = native_op_names(device_type)
     listed = policy.lower_precision_ops | policy.fp32_ops | policy.promote_ops
     if policy.unlisted == "native":
@@ -247,21 +271,27 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, Spec]:
     else:
         names = listed | (native & all_op_names()) | {
             n for n in all_op_names() if _is_compute(n)}
-    rules: dict[Any, Spec] = {}
+    ops: dict[str, str] = {}
+    entry: dict[Any, Spec] = {}
     for name in names:
         rule = policy.rule_for(name)
         if name not in listed and not _is_compute(name):
             rule = "keep"  # an unlisted rule never casts views, queries, moves
         if rule == "native" or (rule == "keep" and name not in native):
             continue
+        if _ENGINE == "dispatch" and _op_schemas(name):
+            ops[name] = rule
+            continue
         for fn in entry_points(name):
-            rules[fn] = (rule, *_call_positions(fn, name))
-    # A plain dict (not a MappingProxyType): torch.compile can guard on a dict whose
-    # keys are functions, and nobody outside this module mutates it.
-    return rules
+            entry[fn] = (rule, *_call_positions(fn, name))
+    if ops:
+        _dispatch.register(device_type, ops, _op_schemas)
+    # Plain dicts (not MappingProxyType): torch.compile can guard on a dict whose keys
+    # are functions, and nobody outside this module mutates them.
+    return _Rules(ops, entry, (device_type, policy) if ops else None)
 
 
-_NO_RULES: Mapping[Any, Spec] = {}
+_NO_RULES = _Rules({}, {}, None)
 
 _LIST_TYPES = (list, tuple, set, frozenset)
 
@@ -295,7 +325,7 @@ class _PolicyMode(TorchFunctionMode):
         # The active policy's table, shared by every region with an equal policy
         # (``_compile_rules`` is cached by the policy's value), so torch.compile's guard
         # on it holds from one region to the next and a compiled graph is reused.
-        self.rules: Mapping[Any, Spec] = _NO_RULES
+        self.rules: Mapping[Any, Spec] = _NO_RULES.entry
         self.device_type = "cpu"
         self.cache: WeightCastCache | None = None
 
@@ -357,6 +387,11 @@ class _PolicyMode(TorchFunctionMode):
             torch.set_autocast_enabled(device, True)
 
 
+# A frame compiled after this line guards on the thread's ampkit policy, whether or not a
+# policy region was ever entered (its graph may later run inside one).
+_dispatch.install_compile_hooks()
+
+
 # -- thread state: one frame per entered region ---------------------------------------------
 
 @dataclasses.dataclass
@@ -364,11 +399,12 @@ class _Frame:
     owner: object  # the region (or carried state) that entered it
     device_type: str
     policy: Policy | None  # None: autocast off in this region
-    rules: Mapping[Any, Spec]
+    rules: _Rules
     cache_enabled: bool
     native: Any = None  # the entered native torch.autocast, if this frame entered one
     pushed: bool = False  # this frame pushed the thread's mode
     saved: tuple[Any, ...] | None = None  # the mode's state before this frame
+    dsaved: tuple[Any, ...] | None = None  # the Autocast kernels' state before it
 
 
 class _ThreadState(threading.local):
@@ -390,14 +426,18 @@ def _push(frame: _Frame) -> None:
     st = _state
     mode = st.mode
     try:
-        if frame.rules and mode is None:
+        rules = frame.rules
+        cache = st.cache if frame.cache_enabled else None
+        frame.dsaved = _dispatch.activate(rules.ops or None, frame.device_type, rules.token,
+                                          cache)
+        if rules.entry and mode is None:
             mode = _PolicyMode()
             mode.__enter__()
             st.mode, frame.pushed = mode, True
         if mode is not None:
             frame.saved = (mode.rules, mode.device_type, mode.cache)
-            mode.rules, mode.device_type = frame.rules, frame.device_type
-            mode.cache = st.cache if frame.cache_enabled else None
+            mode.rules, mode.device_type = rules.entry, frame.device_type
+            mode.cache = cache
         st.frames.append(frame)
     except BaseException:
         _undo(frame)
@@ -415,6 +455,9 @@ def _undo(frame: _Frame) -> None:
         if mode is not None and frame.saved is not None:
             mode.rules, mode.device_type, mode.cache = frame.saved
             frame.saved = None
+        if frame.dsaved is not None:
+            _dispatch.restore(frame.dsaved)
+            frame.dsaved = None
     finally:
         try:
             if frame.pushed:
@@ -464,7 +507,7 @@ class _Carried:
                     frames[-1].device_type == self.frame.device_type):
                 return fn(*args, **kwargs)  # the forward itself: already in effect
             _push(dataclasses.replace(self.frame, owner=self, native=None, pushed=False,
-                                      saved=None))
+                                      saved=None, dsaved=None))
             try:
                 return fn(*args, **kwargs)
             finally:
