@@ -37,6 +37,7 @@ from _interleaved import interleaved_medians, print_ratios
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import ampkit
+from ampkit import autocast_mode
 
 SIZES = {
     # name: (width, blocks, batch, steps per round)
@@ -62,8 +63,27 @@ def make_model(d: int, blocks: int) -> nn.Module:
     return nn.Sequential(*[Block(d) for _ in range(blocks)])
 
 
+def _mode_engine(make: Callable[[], ampkit.autocast]) -> Callable[[], ampkit.autocast]:
+    """The region ``make`` builds, on the engine before issue 24 (every listed op through
+    the Python mode). For the side-by-side comparison only."""
+    def region() -> ampkit.autocast:
+        r = make()
+        r._rules = autocast_mode._compile_rules(r.policy, r.device_type, "mode")
+        return r
+    return region
+
+
 def regions() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     # Lists written inline: new Python objects on every step, as a user writes them.
+    same = regions_new()
+    return {"native": same.pop("native"),
+            "ampkit": lambda: ampkit.autocast("cpu", torch.bfloat16),
+            "5same/mode": _mode_engine(same["ampkit+5same"]),
+            "5new/mode": _mode_engine(same["ampkit+5new"]),
+            **same}
+
+
+def regions_new() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     return {
         "native": lambda: torch.autocast("cpu", torch.bfloat16),
         "ampkit+5same": lambda: ampkit.autocast(

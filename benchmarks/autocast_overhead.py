@@ -42,6 +42,7 @@ from _interleaved import interleaved_medians, print_ratios
 from torch.overrides import TorchFunctionMode
 
 import ampkit
+from ampkit import _dispatch, autocast_mode
 
 # Five entries that change numerics: ops native autocast leaves alone on CPU.
 FIVE_NEW = {"custom_white_list": {"add", "mul"},
@@ -77,6 +78,28 @@ def _native_with_empty_mode() -> Iterator[None]:
         yield
 
 
+def _mode_engine(make: Callable[[], ampkit.autocast]) -> Callable[[], ampkit.autocast]:
+    """The region ``make`` builds, on the engine before issue 24 (every listed op through
+    the Python mode). For the side-by-side comparison only."""
+    def region() -> ampkit.autocast:
+        r = make()
+        r._rules = autocast_mode._compile_rules(r.policy, r.device_type, "mode")
+        return r
+    return region
+
+
+def _without_kernels(make: Callable[[], contextlib.AbstractContextManager]
+                     ) -> Callable[[], contextlib.AbstractContextManager]:
+    """Run with ampkit's Autocast kernels off the dispatcher (a listed op outside a
+    kernel region would pay a Python call to defer to native): the configurations that
+    use them register them again on their first step of each round, and pay for it."""
+    def region() -> contextlib.AbstractContextManager:
+        if _dispatch._registered:
+            _dispatch.release()
+        return make()
+    return region
+
+
 def step(model: nn.Module, x: torch.Tensor, region: Callable[[], contextlib.AbstractContextManager]
          ) -> None:
     with region():
@@ -94,12 +117,20 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
+    def same() -> ampkit.autocast:
+        return ampkit.autocast("cpu", torch.bfloat16, **FIVE_SAME)
+
+    def new() -> ampkit.autocast:
+        return ampkit.autocast("cpu", torch.bfloat16, **FIVE_NEW)
+
     regions: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
-        "native": lambda: torch.autocast("cpu", torch.bfloat16),
-        "empty-mode": _native_with_empty_mode,
-        "ampkit": lambda: ampkit.autocast("cpu", torch.bfloat16),
-        "ampkit+5same": lambda: ampkit.autocast("cpu", torch.bfloat16, **FIVE_SAME),
-        "ampkit+5new": lambda: ampkit.autocast("cpu", torch.bfloat16, **FIVE_NEW),
+        "native": _without_kernels(lambda: torch.autocast("cpu", torch.bfloat16)),
+        "empty-mode": _without_kernels(_native_with_empty_mode),
+        "ampkit": _without_kernels(lambda: ampkit.autocast("cpu", torch.bfloat16)),
+        "5same/mode": _without_kernels(_mode_engine(same)),
+        "5new/mode": _without_kernels(_mode_engine(new)),
+        "ampkit+5same": same,
+        "ampkit+5new": new,
     }
     print(f"machine: {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")

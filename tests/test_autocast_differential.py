@@ -122,22 +122,22 @@ def test_mirror_policy_really_intercepts() -> None:
     calls = []
     from ampkit import _dispatch
 
-    # The Autocast kernels cast through these two helpers: spy on them.
-    cast, promote = _dispatch.cast_op_args, _dispatch.promote_dtype
-
-    def cast_spy(args: Any, kwargs: Any, dtype: Any, *rest: Any) -> Any:
-        calls.append(dtype)
-        return cast(args, kwargs, dtype, *rest)
+    # The Autocast kernels own mm and cat under this policy; cat's promote rule asks
+    # promote_dtype for its target: spy on that.
+    promote = _dispatch.promote_dtype
 
     def promote_spy(*args: Any) -> Any:
         calls.append("promote")
         return promote(*args)
 
-    _dispatch.cast_op_args, _dispatch.promote_dtype = cast_spy, promote_spy
+    _dispatch.promote_dtype = promote_spy
     try:
         with ampkit.autocast("cpu", torch.bfloat16, policy=MIRROR):
+            table = dict(_dispatch._active.table or {})
             torch.mm(torch.rand(2, 2), torch.rand(2, 2))
             torch.cat([torch.rand(2), torch.rand(2).bfloat16()])
     finally:
-        _dispatch.cast_op_args, _dispatch.promote_dtype = cast, promote
-    assert calls == [torch.bfloat16, "promote", torch.float32]
+        _dispatch.promote_dtype = promote
+    assert (table["mm"], table["cat"]) == ("lower", "promote")
+    assert {("AutocastCPU", "aten::mm"), ("AutocastCPU", "aten::cat")} <= _dispatch.registered()
+    assert calls == ["promote"]

@@ -105,6 +105,48 @@ _libraries: dict[str, torch.library.Library] = {}  # namespace -> its IMPL libra
 _registered: set[tuple[str, str]] = set()  # (dispatch key, "ns::op.overload")
 
 
+_generation = 0  # bumped by release(): rule tables registered before must register again
+
+
+def generation() -> int:
+    """How many times :func:`release` has run: a rule table registered at an older
+    generation registers its ops again.
+
+    Example:
+        >>> from ampkit._dispatch import generation
+        >>> generation() >= 0
+        True
+    """
+    return _generation
+
+
+def release() -> None:
+    """Take all of ampkit's kernels off the dispatcher.
+
+    While registered, a listed op called under autocast outside any ampkit region pays
+    one Python call (the kernel defers to native autocast). This removes them; the next
+    region whose policy needs them registers them again. Call it outside any region
+    (a region active in another thread meanwhile computes as native autocast does).
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> from ampkit._dispatch import registered, release
+        >>> with ampkit.autocast("cpu", custom_black_list={"bmm"}):
+        ...     pass
+        >>> release()
+        >>> registered()
+        frozenset()
+    """
+    global _generation
+    with _lock:
+        for library in _libraries.values():
+            library._destroy()
+        _libraries.clear()
+        _registered.clear()
+        _generation += 1
+
+
 def registered() -> frozenset[tuple[str, str]]:
     """The ``(dispatch key, "ns::op.overload")`` pairs ampkit has kernels on.
 
@@ -141,15 +183,55 @@ def _kernel(device: str, key: str, name: str, op: Any, schema: Any) -> Callable[
         native = torch.library.get_kernel(full_name, key)
     dtype_at = tuple(i for i, a in enumerate(schema.arguments)
                      if a.name == "dtype" and not a.kwarg_only)
+    kinds = [str(a.type) for a in schema.arguments]
     # Tensor parameters that Python code may fill with a number (``x / 16``): the
     # dispatcher hands the kernel the number, and a redispatch needs a tensor again.
     # A 0-dim tensor of the number's kind promotes as the wrapped number did.
     number_at = tuple(i for i, a in enumerate(schema.arguments)
-                      if str(a.type) == "Tensor" and not a.kwarg_only)
+                      if kinds[i] == "Tensor" and not a.kwarg_only)
+    # Where a cast may apply, read once from the schema (this is the hot path):
+    # positional single tensors, positional tensor lists, keyword-only tensors.
+    tensor_at = tuple(i for i, a in enumerate(schema.arguments)
+                      if kinds[i] in ("Tensor", "Optional[Tensor]") and not a.kwarg_only)
+    tensors_at = tuple(i for i, a in enumerate(schema.arguments)
+                       if "Tensor" in kinds[i] and "[]" in kinds[i] and not a.kwarg_only)
+    has_kw_tensors = any("Tensor" in kinds[i] for i, a in enumerate(schema.arguments)
+                         if a.kwarg_only)
     numbers = (bool, int, float, complex)
+    tensor_type = torch.Tensor
+    float32, float64 = torch.float32, torch.float64
+    on_cpu = device == "cpu"
     exclude = torch._C._ExcludeDispatchKeyGuard
     get_dtype = torch.get_autocast_dtype
     is_compiling = torch.compiler.is_compiling
+    call = op._op  # the bound builtin, without OpOverload.__call__'s Python frame
+
+    def cast(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
+             cache: WeightCastCache | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # cast_op_args' rule (native autocast's eligibility), specialised by the schema.
+        out: list[Any] | None = None
+        n = len(args)
+        for p in tensor_at:
+            if p >= n:
+                break
+            a = args[p]
+            if (type(a) is not tensor_type and not isinstance(a, tensor_type)) or (
+                    a.dtype is dtype or a.dtype is float64 or not a.is_floating_point()
+                    or not (a.is_cpu if on_cpu else a.device.type == device)):
+                continue
+            if out is None:
+                out = list(args)
+            out[p] = cache.cast(a, dtype) if cache is not None and dtype is not float32 \
+                else a.to(dtype)
+        if tensors_at:
+            if out is None:
+                out = list(args)
+            for p in tensors_at:
+                if p < n:
+                    out[p] = cast_op_args((args[p],), {}, dtype, device, cache)[0][0]
+        if has_kw_tensors and kwargs:
+            kwargs = cast_op_args((), kwargs, dtype, device, cache)[1]
+        return (args if out is None else tuple(out)), kwargs
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         st = _active
@@ -173,15 +255,16 @@ def _kernel(device: str, key: str, name: str, op: Any, schema: Any) -> Callable[
                     # The dtype native autocast has now: the region's own, or that of a
                     # torch.autocast nested inside it (docs/policies.md, "Nesting").
                     # Traced code casts weights itself; eager regions share casts.
-                    args, kwargs = cast_op_args(args, kwargs, get_dtype(device), device,
-                                                None if is_compiling() else st.cache)
+                    cache = st.cache
+                    args, kwargs = cast(args, kwargs, get_dtype(device),
+                                        None if cache is None or is_compiling() else cache)
                 elif rule == "fp32":
-                    args, kwargs = cast_op_args(args, kwargs, torch.float32, device, None)
+                    args, kwargs = cast(args, kwargs, float32, None)
                 elif rule == "promote":
                     target = promote_dtype(args, kwargs, device)
                     if target is not None:
                         args, kwargs = cast_op_args(args, kwargs, target, device, None)
-            return op(*args, **kwargs)
+            return call(*args, **kwargs)
 
     return kernel
 
@@ -245,7 +328,7 @@ def _patch_guards(module: Any) -> None:
     if getattr(original, "_ampkit", False):
         return
 
-    def GLOBAL_STATE(self: Any, guard: Any) -> None:
+    def global_state(self: Any, guard: Any) -> None:
         original(self, guard)
         token = _active.token
 
@@ -256,8 +339,8 @@ def _patch_guards(module: Any) -> None:
         self.guard_manager.root.add_lambda_guard(
             check, [f"ampkit: active policy == {token!r}"], None)
 
-    GLOBAL_STATE._ampkit = True  # type: ignore[attr-defined]
-    builder.GLOBAL_STATE = GLOBAL_STATE
+    global_state._ampkit = True  # type: ignore[attr-defined]
+    builder.GLOBAL_STATE = global_state
 
 
 def _patch_aot_cache(module: Any) -> None:

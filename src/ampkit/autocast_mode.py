@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
 import sys
 import threading
 import warnings
@@ -233,13 +232,7 @@ def native_op_names(device_type: str) -> frozenset[str]:
 #: ``entry point -> (rule, positions of a positional dtype, position of inplace or -1)``.
 Spec = tuple[str, tuple[int, ...], int]
 
-# Which interception point takes an op with a dispatcher op of its own: "dispatch" (its
-# Autocast kernel) or "mode" (the Python mode, as before issue 24). Kept only for the
-# side-by-side benchmark; Python composites always go through the mode.
-_ENGINE = os.environ.get("AMPKIT_ENGINE", "dispatch")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False)
 class _Rules:
     """What a policy intercepts on one device. Compared by identity: ``_compile_rules``
     is cached by the policy's value, so equal policies share one object."""
@@ -250,16 +243,19 @@ class _Rules:
     entry: Mapping[Any, Spec]
     #: What compiled frames are guarded on while the kernels apply these rules.
     token: Any
+    #: The ``_dispatch.generation()`` at which ``ops`` were registered (-1: not yet).
+    registered: int = -1
 
     def __bool__(self) -> bool:
         return bool(self.ops or self.entry)
 
 
 @functools.lru_cache(maxsize=64)
-def _compile_rules(policy: Policy, device_type: str) -> _Rules:
+def _compile_rules(policy: Policy, device_type: str, engine: str = "dispatch") -> _Rules:
     """The ops this policy decides differently from native autocast, split by where
     they are intercepted. Empty for a native-equal policy: then nothing is intercepted
-    and nothing is registered."""
+    and nothing is registered. ``engine="mode"`` routes every op through the Python
+    mode, as before issue 24: for the side-by-side benchmark only."""
     if policy.is_native:
         return _NO_RULES
     native = native_op_names(device_type)
@@ -279,13 +275,11 @@ def _compile_rules(policy: Policy, device_type: str) -> _Rules:
             rule = "keep"  # an unlisted rule never casts views, queries, moves
         if rule == "native" or (rule == "keep" and name not in native):
             continue
-        if _ENGINE == "dispatch" and _op_schemas(name):
+        if engine == "dispatch" and _op_schemas(name):
             ops[name] = rule
             continue
         for fn in entry_points(name):
             entry[fn] = (rule, *_call_positions(fn, name))
-    if ops:
-        _dispatch.register(device_type, ops, _op_schemas)
     # Plain dicts (not MappingProxyType): torch.compile can guard on a dict whose keys
     # are functions, and nobody outside this module mutates them.
     return _Rules(ops, entry, (device_type, policy) if ops else None)
@@ -427,6 +421,10 @@ def _push(frame: _Frame) -> None:
     mode = st.mode
     try:
         rules = frame.rules
+        if rules.ops and rules.registered != _dispatch.generation():
+            # First entry of this policy (or the first since _dispatch.release()).
+            _dispatch.register(frame.device_type, rules.ops, _op_schemas)
+            rules.registered = _dispatch.generation()
         cache = st.cache if frame.cache_enabled else None
         frame.dsaved = _dispatch.activate(rules.ops or None, frame.device_type, rules.token,
                                           cache)
