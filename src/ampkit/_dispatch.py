@@ -298,9 +298,10 @@ def register(device: str, names: Iterable[str],
                     continue
                 namespace, _, op_name = full.partition("::")
                 try:
-                    kernel = _kernel(device, key, name, _overload(qualname, schema), schema)
-                except (RuntimeError, AttributeError):
+                    torch._C._dispatch_find_schema_or_throw(qualname, schema.overload_name)
+                except RuntimeError:
                     continue  # a TorchScript-only overload (aten::add.t): no dispatcher op
+                kernel = _kernel(device, key, name, _overload(qualname, schema), schema)
                 library = _libraries.get(namespace)
                 if library is None:
                     library = _libraries[namespace] = torch.library.Library(namespace, "IMPL")

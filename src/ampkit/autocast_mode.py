@@ -1,16 +1,27 @@
 """The op-level autocast engine: ``ampkit.autocast``.
 
-How it works, in one paragraph: every region enters native ``torch.autocast``, which
-keeps doing what it already does, at native speed. Only the ops whose rule under the
-region's :class:`~ampkit.policy.Policy` differs from native autocast are intercepted,
-by one ``TorchFunctionMode`` per thread; an intercepted op has its inputs cast by the
-policy's rule and then runs with native autocast switched off for that one call. A
-policy equal to native autocast (the default, ``"torch"``) pushes no mode at all.
+How it works: every region enters native ``torch.autocast``, which keeps doing what it
+already does, at native speed. Only the ops whose rule under the region's
+:class:`~ampkit.policy.Policy` differs from native autocast are intercepted; an
+intercepted op has its inputs cast by the policy's rule and runs with autocast off for
+that one call. A policy equal to native autocast (the default, ``"torch"``) intercepts
+nothing and registers nothing.
 
-Because interception happens above autograd, casts are differentiated and each
-parameter's gradient comes back in that parameter's own dtype. The mode stack is
-thread-local, so two threads can run different policies; an inner region (including
-``enabled=False``) overrides the outer one until it exits.
+Where: an op with a dispatcher op of its own (aten ops, custom ops from
+``torch.library``) by a kernel on the device's Autocast dispatch key
+(:mod:`ampkit._dispatch`), so unlisted ops never leave C++, eager or compiled; a
+Python-level composite with no dispatcher op (``F.interpolate``,
+``F.multi_head_attention_forward``) by one ``TorchFunctionMode`` per thread, pushed
+only while such an entry is listed. A listed dispatcher op therefore applies wherever
+it runs, inside composites too (as native autocast's lists do); a listed composite is
+one op: its rule applies to its inputs and the ops inside run with autocast off.
+
+The kernels read the calling thread's innermost region, so two threads can run
+different policies, an inner region (including ``enabled=False``) overrides the outer
+one until it exits, and code outside any region computes as under native autocast.
+Casts run above autograd, so each parameter's gradient comes back in that parameter's
+own dtype. Compiled frames guard on the thread's active policy: a graph is reused under
+an equal policy, never under another.
 
 What the engine knows about an op it reads from the op's schema, not from name lists:
 which ops return a view of their input (an unlisted rule never casts those, so a view
@@ -18,10 +29,6 @@ stays a view), where an explicit ``dtype`` argument sits (given by keyword or by
 position, it wins), and which ops native autocast covers on the device (the
 dispatcher's Autocast registrations). Custom ops (``torch.library``) are listed like any
 other op.
-
-Python-level composite functions (``F.multi_head_attention_forward``,
-``F.interpolate``) are one op to the engine: their own rule (if any) applies to their
-inputs, and the ops they call inside are left to native autocast.
 
 Example:
     >>> import torch
@@ -58,7 +65,8 @@ from ampkit.policy import Policy, as_dtype
 from ampkit.presets import get_policy
 from ampkit.registry import OpEntry, all_op_names, entry_points
 
-__all__ = ["UnsupportedDeviceError", "autocast", "current_policy", "native_op_names"]
+__all__ = ["UnsupportedDeviceError", "autocast", "current_policy", "native_op_names",
+           "release_kernels"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -609,6 +617,31 @@ def _check_device(device_type: Any) -> str:
         raise UnsupportedDeviceError(f"device_type: {reason}; device_type must be a device "
                                      f"type that torch.autocast supports, one of {accepted}")
     return device_type
+
+
+def release_kernels() -> None:
+    """Take ampkit's kernels off the dispatcher's Autocast keys.
+
+    A policy's first region registers a kernel for each op it decides differently from
+    native autocast. They stay registered: outside any ampkit region (or in another
+    thread) they compute what native autocast computes, but each such op call under
+    autocast pays one Python call to get there (on a 2-core CPU VM, 1.12x a
+    dispatch-bound native step with ten ops' kernels registered). Call this once the
+    custom-list regions are done, outside any region; a later region that needs the
+    kernels registers them again.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> from ampkit.autocast_mode import release_kernels
+        >>> with ampkit.autocast("cpu", torch.bfloat16, custom_black_list={"bmm"}):
+        ...     pass
+        >>> release_kernels()
+        >>> with torch.autocast("cpu", torch.bfloat16):  # native autocast, no Python call
+        ...     torch.bmm(torch.rand(1, 2, 2), torch.rand(1, 2, 2)).dtype
+        torch.bfloat16
+    """
+    _dispatch.release()
 
 
 def current_policy(device_type: str = "cpu") -> Policy | None:
