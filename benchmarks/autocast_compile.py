@@ -10,6 +10,7 @@ around the compiled call every step (the loop of issue 9), in two sizes:
 Configurations, measured in this one process, interleaved round by round:
 
 * ``native``: ``torch.autocast("cpu", torch.bfloat16)`` + compile;
+* ``ampkit``: ``ampkit.autocast("cpu", torch.bfloat16)`` (default policy) + compile;
 * ``ampkit+5same``: five custom entries re-listing ops native already runs in bf16
   (linear, matmul, bmm, baddbmm, addmm): the same graph, so any difference is the cost
   of the region's entry/exit and of the compiled code's guards on the policy;
@@ -37,7 +38,6 @@ from _interleaved import interleaved_medians, print_ratios
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import ampkit
-from ampkit import autocast_mode
 
 SIZES = {
     # name: (width, blocks, batch, steps per round)
@@ -63,29 +63,11 @@ def make_model(d: int, blocks: int) -> nn.Module:
     return nn.Sequential(*[Block(d) for _ in range(blocks)])
 
 
-def _mode_engine(make: Callable[[], ampkit.autocast]) -> Callable[[], ampkit.autocast]:
-    """The region ``make`` builds, on the engine before issue 24 (every listed op through
-    the Python mode). For the side-by-side comparison only."""
-    def region() -> ampkit.autocast:
-        r = make()
-        r._rules = autocast_mode._compile_rules(r.policy, r.device_type, "mode")
-        return r
-    return region
-
-
 def regions() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     # Lists written inline: new Python objects on every step, as a user writes them.
-    same = regions_new()
-    return {"native": same.pop("native"),
-            "ampkit": lambda: ampkit.autocast("cpu", torch.bfloat16),
-            "5same/mode": _mode_engine(same["ampkit+5same"]),
-            "5new/mode": _mode_engine(same["ampkit+5new"]),
-            **same}
-
-
-def regions_new() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     return {
         "native": lambda: torch.autocast("cpu", torch.bfloat16),
+        "ampkit": lambda: ampkit.autocast("cpu", torch.bfloat16),
         "ampkit+5same": lambda: ampkit.autocast(
             "cpu", torch.bfloat16,
             custom_white_list=["linear", "matmul", "bmm", "baddbmm", "addmm"]),

@@ -259,11 +259,10 @@ class _Rules:
 
 
 @functools.lru_cache(maxsize=64)
-def _compile_rules(policy: Policy, device_type: str, engine: str = "dispatch") -> _Rules:
+def _compile_rules(policy: Policy, device_type: str) -> _Rules:
     """The ops this policy decides differently from native autocast, split by where
     they are intercepted. Empty for a native-equal policy: then nothing is intercepted
-    and nothing is registered. ``engine="mode"`` routes every op through the Python
-    mode, as before issue 24: for the side-by-side benchmark only."""
+    and nothing is registered."""
     if policy.is_native:
         return _NO_RULES
     native = native_op_names(device_type)
@@ -283,7 +282,7 @@ def _compile_rules(policy: Policy, device_type: str, engine: str = "dispatch") -
             rule = "keep"  # an unlisted rule never casts views, queries, moves
         if rule == "native" or (rule == "keep" and name not in native):
             continue
-        if engine == "dispatch" and _op_schemas(name):
+        if _op_schemas(name):
             ops[name] = rule
             continue
         for fn in entry_points(name):
