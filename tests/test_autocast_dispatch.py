@@ -112,3 +112,15 @@ def test_ops_inside_python_composites_follow_the_lists() -> None:
     with torch.no_grad(), torch.autocast("cpu", BF16):
         native, _ = mha(q, q, q, need_weights=False)
     assert native.dtype == BF16 and out.dtype == F32
+
+
+def test_tensor_list_arguments_are_cast_and_torchscript_only_names_still_apply() -> None:
+    """``lstm_cell``'s hidden state is a ``Tensor[]`` argument; ``aten::cpu`` exists
+    only for TorchScript (no dispatcher op): the mode takes ``Tensor.cpu``."""
+    cell = torch.nn.LSTMCell(4, 4)
+    x, state = torch.rand(3, 4), (torch.zeros(3, 4), torch.zeros(3, 4))
+    with ampkit.autocast("cpu", BF16, custom_white_list=["lstm_cell"]):
+        h, c = cell(x, state)
+    assert (h.dtype, c.dtype) == (BF16, BF16)
+    with ampkit.autocast("cpu", BF16, custom_black_list=["cpu"]):
+        assert torch.rand(2).bfloat16().cpu().dtype == F32

@@ -194,7 +194,7 @@ def _kernel(device: str, key: str, name: str, op: Any, schema: Any) -> Callable[
     tensor_at = tuple(i for i, a in enumerate(schema.arguments)
                       if kinds[i] in ("Tensor", "Optional[Tensor]") and not a.kwarg_only)
     tensors_at = tuple(i for i, a in enumerate(schema.arguments)
-                       if "Tensor" in kinds[i] and "[]" in kinds[i] and not a.kwarg_only)
+                       if "Tensor" in kinds[i] and "List[" in kinds[i] and not a.kwarg_only)
     has_kw_tensors = any("Tensor" in kinds[i] for i, a in enumerate(schema.arguments)
                          if a.kwarg_only)
     numbers = (bool, int, float, complex)
@@ -277,13 +277,13 @@ def _autocast_key(device: str) -> str:
 
 def register(device: str, names: Iterable[str],
              schemas: Callable[[str], tuple[Any, ...]]) -> None:
-    """Put ampkit's kernel on ``device``'s Autocast key for every functional overload
-    (``schemas(name)``) of each op in ``names`` that does not have it yet.
+    """Put ampkit's kernel on ``device``'s Autocast key for every functional dispatcher
+    overload (``schemas(name)``) of each op in ``names`` that does not have it yet.
 
     Example:
         >>> from ampkit._dispatch import register, registered
-        >>> from ampkit.autocast_mode import _op_schemas
-        >>> register("cpu", ["baddbmm"], _op_schemas)
+        >>> from ampkit.autocast_mode import _dispatcher_schemas
+        >>> register("cpu", ["baddbmm"], _dispatcher_schemas)
         >>> ("AutocastCPU", "aten::baddbmm") in registered()
         True
     """
@@ -297,10 +297,6 @@ def register(device: str, names: Iterable[str],
                 if (key, full) in _registered:
                     continue
                 namespace, _, op_name = full.partition("::")
-                try:
-                    torch._C._dispatch_find_schema_or_throw(qualname, schema.overload_name)
-                except RuntimeError:
-                    continue  # a TorchScript-only overload (aten::add.t): no dispatcher op
                 kernel = _kernel(device, key, name, _overload(qualname, schema), schema)
                 library = _libraries.get(namespace)
                 if library is None:

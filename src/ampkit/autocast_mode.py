@@ -130,6 +130,21 @@ def _op_schemas(name: str) -> tuple[Any, ...]:
                             for a in s.arguments))  # out= / in-place: never autocast
 
 
+@functools.cache
+def _dispatcher_schemas(name: str) -> tuple[Any, ...]:
+    """Those of :func:`_op_schemas` that are dispatcher ops (an Autocast kernel can sit
+    on them); the rest are TorchScript-only (``aten::cpu``, ``aten::add.t``)."""
+    qualname = name if "::" in name else f"aten::{name}"
+    found = []
+    for schema in _op_schemas(name):
+        try:
+            torch._C._dispatch_find_schema_or_throw(qualname, schema.overload_name)
+        except RuntimeError:
+            continue
+        found.append(schema)
+    return tuple(found)
+
+
 def _returns_view(schemas: tuple[Any, ...]) -> bool:
     # ``Tensor(a) self -> Tensor(a)``: the result aliases the input (a view, or the input
     # itself). Casting such an op's input would hand back a copy instead.
@@ -282,7 +297,7 @@ def _compile_rules(policy: Policy, device_type: str) -> _Rules:
             rule = "keep"  # an unlisted rule never casts views, queries, moves
         if rule == "native" or (rule == "keep" and name not in native):
             continue
-        if _op_schemas(name):
+        if _dispatcher_schemas(name):
             ops[name] = rule
             continue
         for fn in entry_points(name):
@@ -430,7 +445,7 @@ def _push(frame: _Frame) -> None:
         rules = frame.rules
         if rules.ops and rules.registered != _dispatch.generation():
             # First entry of this policy (or the first since _dispatch.release()).
-            _dispatch.register(frame.device_type, rules.ops, _op_schemas)
+            _dispatch.register(frame.device_type, rules.ops, _dispatcher_schemas)
             rules.registered = _dispatch.generation()
         cache = st.cache if frame.cache_enabled else None
         frame.dsaved = _dispatch.activate(rules.ops or None, frame.device_type, rules.token,
