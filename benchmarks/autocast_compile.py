@@ -10,6 +10,7 @@ around the compiled call every step (the loop of issue 9), in two sizes:
 Configurations, measured in this one process, interleaved round by round:
 
 * ``native``: ``torch.autocast("cpu", torch.bfloat16)`` + compile;
+* ``ampkit``: ``ampkit.autocast("cpu", torch.bfloat16)`` (default policy) + compile;
 * ``ampkit+5same``: five custom entries re-listing ops native already runs in bf16
   (linear, matmul, bmm, baddbmm, addmm): the same graph, so any difference is the cost
   of the region's entry/exit and of the compiled code's guards on the policy;
@@ -66,6 +67,7 @@ def regions() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     # Lists written inline: new Python objects on every step, as a user writes them.
     return {
         "native": lambda: torch.autocast("cpu", torch.bfloat16),
+        "ampkit": lambda: ampkit.autocast("cpu", torch.bfloat16),
         "ampkit+5same": lambda: ampkit.autocast(
             "cpu", torch.bfloat16,
             custom_white_list=["linear", "matmul", "bmm", "baddbmm", "addmm"]),

@@ -120,19 +120,25 @@ def test_mirror_policy_really_intercepts() -> None:
     assert {"mm", "conv2d", "linear", "mse_loss", "cat"} <= (
         MIRROR.lower_precision_ops | MIRROR.fp32_ops | MIRROR.promote_ops)
     calls = []
-    from ampkit import autocast_mode
+    from ampkit import autocast_kernels
 
-    original = autocast_mode._PolicyMode._apply
+    # The Autocast kernels own mm and cat under this policy; cat's promote rule asks
+    # promote_dtype for its target: spy on that.
+    promote = autocast_kernels.promote_dtype
 
-    def spy(self: Any, spec: Any, func: Any, args: Any, kwargs: Any) -> Any:
-        calls.append(spec[0])  # (rule, dtype positions, inplace position)
-        return original(self, spec, func, args, kwargs)
+    def promote_spy(*args: Any) -> Any:
+        calls.append("promote")
+        return promote(*args)
 
-    autocast_mode._PolicyMode._apply = spy  # type: ignore[method-assign]
+    autocast_kernels.promote_dtype = promote_spy
     try:
         with ampkit.autocast("cpu", torch.bfloat16, policy=MIRROR):
+            table = dict(autocast_kernels._active.table or {})
             torch.mm(torch.rand(2, 2), torch.rand(2, 2))
             torch.cat([torch.rand(2), torch.rand(2).bfloat16()])
     finally:
-        autocast_mode._PolicyMode._apply = original  # type: ignore[method-assign]
-    assert calls == ["lower", "promote"]
+        autocast_kernels.promote_dtype = promote
+    assert (table["mm"], table["cat"]) == ("lower", "promote")
+    registered = autocast_kernels.registered()
+    assert {("AutocastCPU", "aten::mm"), ("AutocastCPU", "aten::cat")} <= registered
+    assert calls == ["promote"]

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 import ampkit
 import ampkit.torch as amp
-from ampkit import autocast_mode
+from ampkit import autocast_kernels, autocast_mode
 from ampkit.autocast_mode import UnsupportedDeviceError
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -28,7 +28,8 @@ def _clean() -> bool:
     """Nothing of any region is left on this thread."""
     return (not torch.is_autocast_enabled("cpu") and ampkit.current_policy("cpu") is None
             and torch._C._len_torch_function_stack() == 0
-            and not autocast_mode._state.frames)
+            and not autocast_mode._state.frames
+            and autocast_kernels._active.table is None and autocast_kernels._active.token is None)
 
 
 # -- torch's signature -------------------------------------------------------------------------
@@ -137,8 +138,21 @@ def test_interrupt_while_entering_leaves_nothing_behind(
     def interrupted(self: object) -> None:
         raise KeyboardInterrupt
 
-    # Ctrl-C lands after native autocast was entered, while the mode is being pushed.
+    # Ctrl-C lands after native autocast was entered and the Autocast kernels' rules
+    # were activated, while the mode (for a Python composite on the list) is pushed.
     monkeypatch.setattr(autocast_mode._PolicyMode, "__enter__", interrupted)
+    with pytest.raises(KeyboardInterrupt), ampkit.autocast(
+            "cpu", BF16, custom_white_list=["add", "interpolate"], custom_black_list=["mm"]):
+        pass
+    assert _clean()
+
+
+def test_interrupt_while_activating_kernel_rules_leaves_nothing_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(autocast_kernels, "activate", interrupted)
     with pytest.raises(KeyboardInterrupt), ampkit.autocast("cpu", BF16, **LISTS):
         pass
     assert _clean()

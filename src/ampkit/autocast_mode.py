@@ -1,16 +1,27 @@
 """The op-level autocast engine: ``ampkit.autocast``.
 
-How it works, in one paragraph: every region enters native ``torch.autocast``, which
-keeps doing what it already does, at native speed. Only the ops whose rule under the
-region's :class:`~ampkit.policy.Policy` differs from native autocast are intercepted,
-by one ``TorchFunctionMode`` per thread; an intercepted op has its inputs cast by the
-policy's rule and then runs with native autocast switched off for that one call. A
-policy equal to native autocast (the default, ``"torch"``) pushes no mode at all.
+How it works: every region enters native ``torch.autocast``, which keeps doing what it
+already does, at native speed. Only the ops whose rule under the region's
+:class:`~ampkit.policy.Policy` differs from native autocast are intercepted; an
+intercepted op has its inputs cast by the policy's rule and runs with autocast off for
+that one call. A policy equal to native autocast (the default, ``"torch"``) intercepts
+nothing and registers nothing.
 
-Because interception happens above autograd, casts are differentiated and each
-parameter's gradient comes back in that parameter's own dtype. The mode stack is
-thread-local, so two threads can run different policies; an inner region (including
-``enabled=False``) overrides the outer one until it exits.
+Where: an op with a dispatcher op of its own (aten ops, custom ops from
+``torch.library``) by a kernel on the device's Autocast dispatch key
+(:mod:`ampkit.autocast_kernels`), so unlisted ops never leave C++, eager or compiled; a
+Python-level composite with no dispatcher op (``F.interpolate``,
+``F.multi_head_attention_forward``) by one ``TorchFunctionMode`` per thread, pushed
+only while such an entry is listed. A listed dispatcher op therefore applies wherever
+it runs, inside composites too (as native autocast's lists do); a listed composite is
+one op: its rule applies to its inputs and the ops inside run with autocast off.
+
+The kernels read the calling thread's innermost region, so two threads can run
+different policies, an inner region (including ``enabled=False``) overrides the outer
+one until it exits, and code outside any region computes as under native autocast.
+Casts run above autograd, so each parameter's gradient comes back in that parameter's
+own dtype. Compiled frames guard on the thread's active policy: a graph is reused under
+an equal policy, never under another.
 
 What the engine knows about an op it reads from the op's schema, not from name lists:
 which ops return a view of their input (an unlisted rule never casts those, so a view
@@ -18,10 +29,6 @@ stays a view), where an explicit ``dtype`` argument sits (given by keyword or by
 position, it wins), and which ops native autocast covers on the device (the
 dispatcher's Autocast registrations). Custom ops (``torch.library``) are listed like any
 other op.
-
-Python-level composite functions (``F.multi_head_attention_forward``,
-``F.interpolate``) are one op to the engine: their own rule (if any) applies to their
-inputs, and the ops they call inside are left to native autocast.
 
 Example:
     >>> import torch
@@ -52,18 +59,25 @@ import torch
 from torch.amp.autocast_mode import autocast as _native_autocast
 from torch.overrides import TorchFunctionMode
 
+from ampkit import autocast_kernels
 from ampkit.arguments import default_device_type
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.compile_frames import not_traced
 from ampkit.policy import Policy, as_dtype
 from ampkit.presets import get_policy
 from ampkit.registry import AUTOCAST_KEYS as _AUTOCAST_KEYS
-from ampkit.registry import OpEntry, all_op_names, entry_points, native_op_names
+from ampkit.registry import (
+    OpEntry,
+    all_op_names,
+    dispatcher_schemas,
+    entry_points,
+    native_op_names,
+)
 from ampkit.registry import is_compute as _is_compute
 from ampkit.registry import op_schemas as _op_schemas
 
 __all__ = ["UnsupportedDeviceError", "autocast", "current_policy", "innermost_policy",
-           "native_op_names", "observe_regions"]
+           "native_op_names", "observe_regions", "release_kernels"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,13 +112,31 @@ def _call_positions(fn: Any, name: str) -> tuple[tuple[int, ...], int]:
 #: ``entry point -> (rule, positions of a positional dtype, position of inplace or -1)``.
 Spec = tuple[str, tuple[int, ...], int]
 
+@dataclasses.dataclass(eq=False)
+class _Rules:
+    """What a policy intercepts on one device. Compared by identity: ``_compile_rules``
+    is cached by the policy's value, so equal policies share one object."""
+
+    #: Autocast kernels: canonical op name -> rule (ops with a dispatcher op).
+    ops: Mapping[str, str]
+    #: The Python mode: entry point -> spec (composites with no dispatcher op).
+    entry: Mapping[Any, Spec]
+    #: What compiled frames are guarded on while the kernels apply these rules.
+    token: Any
+    #: The ``autocast_kernels.generation()`` at which ``ops`` were registered (-1: not yet).
+    registered: int = -1
+
+    def __bool__(self) -> bool:
+        return bool(self.ops or self.entry)
+
 
 @functools.lru_cache(maxsize=64)
-def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, Spec]:
-    """``entry point -> spec`` for the ops this policy decides differently from native
-    autocast. Empty for a native-equal policy: then nothing is intercepted."""
+def _compile_rules(policy: Policy, device_type: str) -> _Rules:
+    """The ops this policy decides differently from native autocast, split by where
+    they are intercepted. Empty for a native-equal policy: then nothing is intercepted
+    and nothing is registered."""
     if policy.is_native:
-        return {}
+        return _NO_RULES
     native = native_op_names(device_type)
     listed = policy.lower_precision_ops | policy.fp32_ops | policy.promote_ops
     if policy.unlisted == "native":
@@ -114,21 +146,25 @@ def _compile_rules(policy: Policy, device_type: str) -> Mapping[Any, Spec]:
     else:
         names = listed | (native & all_op_names()) | {
             n for n in all_op_names() if _is_compute(n)}
-    rules: dict[Any, Spec] = {}
+    ops: dict[str, str] = {}
+    entry: dict[Any, Spec] = {}
     for name in names:
         rule = policy.rule_for(name)
         if name not in listed and not _is_compute(name):
             rule = "keep"  # an unlisted rule never casts views, queries, moves
         if rule == "native" or (rule == "keep" and name not in native):
             continue
+        if dispatcher_schemas(name):
+            ops[name] = rule
+            continue
         for fn in entry_points(name):
-            rules[fn] = (rule, *_call_positions(fn, name))
-    # A plain dict (not a MappingProxyType): torch.compile can guard on a dict whose
-    # keys are functions, and nobody outside this module mutates it.
-    return rules
+            entry[fn] = (rule, *_call_positions(fn, name))
+    # Plain dicts (not MappingProxyType): torch.compile can guard on a dict whose keys
+    # are functions, and nobody outside this module mutates them.
+    return _Rules(ops, entry, (device_type, policy) if ops else None)
 
 
-_NO_RULES: Mapping[Any, Spec] = {}
+_NO_RULES = _Rules({}, {}, None)
 
 _LIST_TYPES = (list, tuple, set, frozenset)
 
@@ -162,7 +198,7 @@ class _PolicyMode(TorchFunctionMode):
         # The active policy's table, shared by every region with an equal policy
         # (``_compile_rules`` is cached by the policy's value), so torch.compile's guard
         # on it holds from one region to the next and a compiled graph is reused.
-        self.rules: Mapping[Any, Spec] = _NO_RULES
+        self.rules: Mapping[Any, Spec] = _NO_RULES.entry
         self.device_type = "cpu"
         self.cache: WeightCastCache | None = None
 
@@ -224,6 +260,11 @@ class _PolicyMode(TorchFunctionMode):
             torch.set_autocast_enabled(device, True)
 
 
+# A frame compiled after this line guards on the thread's ampkit policy, whether or not a
+# policy region was ever entered (its graph may later run inside one).
+autocast_kernels.install_compile_hooks()
+
+
 # -- thread state: one frame per entered region ---------------------------------------------
 
 @dataclasses.dataclass
@@ -231,11 +272,12 @@ class _Frame:
     owner: object  # the region (or carried state) that entered it
     device_type: str
     policy: Policy | None  # None: autocast off in this region
-    rules: Mapping[Any, Spec]
+    rules: _Rules
     cache_enabled: bool
     native: Any = None  # the entered native torch.autocast, if this frame entered one
     pushed: bool = False  # this frame pushed the thread's mode
     saved: tuple[Any, ...] | None = None  # the mode's state before this frame
+    dsaved: tuple[Any, ...] | None = None  # the Autocast kernels' state before it
 
 
 class _ThreadState(threading.local):
@@ -296,14 +338,22 @@ def _push(frame: _Frame) -> None:
     st = _state
     mode = st.mode
     try:
-        if frame.rules and mode is None:
+        rules = frame.rules
+        if rules.ops and rules.registered != autocast_kernels.generation():
+            # First entry of this policy (or the first since autocast_kernels.release()).
+            autocast_kernels.register(frame.device_type, rules.ops)
+            rules.registered = autocast_kernels.generation()
+        cache = st.cache if frame.cache_enabled else None
+        frame.dsaved = autocast_kernels.activate(rules.ops or None, frame.device_type, rules.token,
+                                          cache)
+        if rules.entry and mode is None:
             mode = _PolicyMode()
             mode.__enter__()  # type: ignore[no-untyped-call]  # torch's, unannotated
             st.mode, frame.pushed = mode, True
         if mode is not None:
             frame.saved = (mode.rules, mode.device_type, mode.cache)
-            mode.rules, mode.device_type = frame.rules, frame.device_type
-            mode.cache = st.cache if frame.cache_enabled else None
+            mode.rules, mode.device_type = rules.entry, frame.device_type
+            mode.cache = cache
         st.frames.append(frame)
     except BaseException:
         _undo(frame)
@@ -321,6 +371,9 @@ def _undo(frame: _Frame) -> None:
         if mode is not None and frame.saved is not None:
             mode.rules, mode.device_type, mode.cache = frame.saved
             frame.saved = None
+        if frame.dsaved is not None:
+            autocast_kernels.restore(frame.dsaved)
+            frame.dsaved = None
     finally:
         try:
             if frame.pushed:
@@ -370,7 +423,7 @@ class _Carried:
                     frames[-1].device_type == self.frame.device_type):
                 return fn(*args, **kwargs)  # the forward itself: already in effect
             _push(dataclasses.replace(self.frame, owner=self, native=None, pushed=False,
-                                      saved=None))
+                                      saved=None, dsaved=None))
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -470,6 +523,31 @@ def _check_device(device_type: Any) -> str:
         raise UnsupportedDeviceError(f"device_type: {reason}; device_type must be a device "
                                      f"type that torch.autocast supports, one of {accepted}")
     return device_type
+
+
+def release_kernels() -> None:
+    """Take ampkit's kernels off the dispatcher's Autocast keys.
+
+    A policy's first region registers a kernel for each op it decides differently from
+    native autocast. They stay registered: outside any ampkit region (or in another
+    thread) they compute what native autocast computes, but each such op call under
+    autocast pays one Python call to get there (on a 2-core CPU VM, 1.12x a
+    dispatch-bound native step with ten ops' kernels registered). Call this once the
+    custom-list regions are done, outside any region; a later region that needs the
+    kernels registers them again.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> from ampkit.autocast_mode import release_kernels
+        >>> with ampkit.autocast("cpu", torch.bfloat16, custom_black_list={"bmm"}):
+        ...     pass
+        >>> release_kernels()
+        >>> with torch.autocast("cpu", torch.bfloat16):  # native autocast, no Python call
+        ...     torch.bmm(torch.rand(1, 2, 2), torch.rand(1, 2, 2)).dtype
+        torch.bfloat16
+    """
+    autocast_kernels.release()
 
 
 def current_policy(device_type: str = "cpu") -> Policy | None:

@@ -53,6 +53,7 @@ __all__ = [
     "OpEntry",
     "aliases_input",
     "all_op_names",
+    "dispatcher_schemas",
     "entry_points",
     "is_compute",
     "native_op_names",
@@ -533,6 +534,27 @@ def op_schemas(name: str) -> tuple[Any, ...]:
     return tuple(s for s in torch._C._jit_get_schemas_for_operator(qualname)
                  if not any(a.alias_info is not None and a.alias_info.is_write
                             for a in s.arguments))  # out= / in-place: never autocast
+
+
+@functools.cache
+def dispatcher_schemas(name: str) -> tuple[Any, ...]:
+    """Those of :func:`op_schemas` that are dispatcher ops (an Autocast kernel can sit on
+    them); the rest are TorchScript-only (``aten::cpu``, ``aten::add.t``).
+
+    Example:
+        >>> from ampkit.registry import dispatcher_schemas
+        >>> [s.overload_name for s in dispatcher_schemas("linear")], dispatcher_schemas("cpu")
+        ([''], ())
+    """
+    qualname = name if "::" in name else f"aten::{name}"
+    found = []
+    for schema in op_schemas(name):
+        try:
+            torch._C._dispatch_find_schema_or_throw(qualname, schema.overload_name)
+        except RuntimeError:
+            continue
+        found.append(schema)
+    return tuple(found)
 
 
 def aliases_input(name: str) -> bool:

@@ -1,0 +1,415 @@
+"""The engine's interception point below Python: kernels on the dispatcher's Autocast keys.
+
+For each op a policy decides differently from native autocast, ampkit registers one
+kernel per functional overload on the device's Autocast key (``AutocastCPU``,
+``AutocastCUDA``, ...), the key native autocast itself uses. The dispatcher calls it only
+while autocast is on for that device, and only for those ops: every other op never
+leaves C++.
+
+Registrations are process-wide, but what a kernel does is thread-local: it reads the
+policy table of the innermost ampkit region entered in the calling thread (see
+:func:`activate`). With no table, a table from another device, or a table without the
+op, it does exactly what native autocast does: it calls native's kernel (taken from the
+dispatcher before ampkit's registration replaced it) or, where native's entry is a
+fallthrough, redispatches below the Autocast key. So a registration never changes what
+code outside an ampkit region, or in another thread, computes. A policy equal to native
+registers nothing.
+
+With a rule, the kernel does what native autocast's kernels do: with the Autocast key
+excluded (the op's inner calls and the casts are not autocast again), it casts the
+eligible inputs by the rule and calls the op. Casts run above autograd, so they are
+differentiated and a parameter's gradient comes back in its own dtype.
+
+Compiled code. A compiled graph has the casts of the policy it was traced under baked
+in (AOTAutograd traces through these kernels). Dynamo knows nothing of the thread's
+table, so :func:`install_compile_hooks` adds two things to torch.compile: a guard on the
+thread's active policy token next to the global-state guard every compiled frame has
+(a graph is reused under an equal policy and never under another), and the token in
+AOTAutograd's cache key (whose key is the dynamo graph, the same for every policy).
+Frames compiled before ``import ampkit`` lack that guard.
+
+Example:
+    >>> import torch
+    >>> import ampkit
+    >>> from ampkit.autocast_kernels import registered
+    >>> with ampkit.autocast("cpu", torch.bfloat16, custom_black_list={"bmm"}):
+    ...     torch.bmm(torch.rand(1, 2, 2), torch.rand(1, 2, 2)).dtype
+    torch.float32
+    >>> ("AutocastCPU", "aten::bmm") in registered()
+    True
+    >>> with torch.autocast("cpu", torch.bfloat16):  # outside ampkit: native's kernel
+    ...     torch.bmm(torch.rand(1, 2, 2), torch.rand(1, 2, 2)).dtype
+    torch.bfloat16
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
+from ampkit.compile_frames import skip_recursively
+from ampkit.registry import AUTOCAST_KEYS, dispatcher_schemas
+
+__all__ = ["activate", "install_compile_hooks", "register", "registered"]
+
+
+class _Active(threading.local):
+    """What the calling thread's innermost ampkit region asks of the kernels."""
+
+    def __init__(self) -> None:
+        self.table: Mapping[str, str] | None = None  # canonical op name -> rule
+        self.device: str | None = None
+        self.token: Any = None  # what compiled frames are guarded on
+        self.cache: WeightCastCache | None = None
+
+
+_active = _Active()
+
+
+def activate(table: Mapping[str, str] | None, device: str | None, token: Any,
+             cache: WeightCastCache | None) -> tuple[Any, ...]:
+    """Make ``table`` the calling thread's rules; returns what to pass to :func:`restore`.
+
+    Example:
+        >>> from ampkit.autocast_kernels import activate, restore
+        >>> saved = activate({"add": "lower"}, "cpu", ("cpu", "p"), None)
+        >>> restore(saved)
+    """
+    st = _active
+    saved = (st.table, st.device, st.token, st.cache)
+    st.table, st.device, st.token, st.cache = table, device, token, cache
+    return saved
+
+
+def restore(saved: tuple[Any, ...]) -> None:
+    """Undo :func:`activate`.
+
+    Example:
+        >>> from ampkit.autocast_kernels import activate, restore
+        >>> restore(activate(None, None, None, None))
+    """
+    st = _active
+    st.table, st.device, st.token, st.cache = saved
+
+
+# -- registration ---------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_libraries: dict[str, torch.library.Library] = {}  # namespace -> its IMPL library
+_registered: set[tuple[str, str]] = set()  # (dispatch key, "ns::op.overload")
+
+
+_generation = 0  # bumped by release(): rule tables registered before must register again
+
+
+def generation() -> int:
+    """How many times :func:`release` has run: a rule table registered at an older
+    generation registers its ops again.
+
+    Example:
+        >>> from ampkit.autocast_kernels import generation
+        >>> generation() >= 0
+        True
+    """
+    return _generation
+
+
+def release() -> None:
+    """Take all of ampkit's kernels off the dispatcher.
+
+    While registered, a listed op called under autocast outside any ampkit region pays
+    one Python call (the kernel defers to native autocast). This removes them; the next
+    region whose policy needs them registers them again. Call it outside any region
+    (a region active in another thread meanwhile computes as native autocast does).
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> from ampkit.autocast_kernels import registered, release
+        >>> with ampkit.autocast("cpu", custom_black_list={"bmm"}):
+        ...     pass
+        >>> release()
+        >>> registered()
+        frozenset()
+    """
+    global _generation
+    with _lock:
+        for library in _libraries.values():
+            library._destroy()
+        _libraries.clear()
+        _registered.clear()
+        _generation += 1
+
+
+def registered() -> frozenset[tuple[str, str]]:
+    """The ``(dispatch key, "ns::op.overload")`` pairs ampkit has kernels on.
+
+    Example:
+        >>> from ampkit.autocast_kernels import registered
+        >>> isinstance(registered(), frozenset)
+        True
+    """
+    return frozenset(_registered)
+
+
+def _qualname(name: str) -> str:
+    return name if "::" in name else f"aten::{name}"
+
+
+def _overload(qualname: str, schema: Any) -> Any:
+    namespace, _, op = qualname.partition("::")
+    packet = getattr(getattr(torch.ops, namespace), op)
+    return getattr(packet, schema.overload_name or "default")
+
+
+def _kernel(device: str, key: str, name: str, op: Any, schema: Any) -> Callable[..., Any]:
+    """The Autocast kernel of one overload ``op`` of canonical op ``name``."""
+    dispatch_key = getattr(torch._C.DispatchKey, key)
+    below = torch._C.DispatchKeySet(dispatch_key)
+    # What a fallthrough at this key would go on with: the keys after it. Without the
+    # Python dispatcher (tracing enables it), which would resolve the op to this key again.
+    after = torch._C._dispatch_keyset_full_after(dispatch_key).remove(
+        torch._C.DispatchKey.PythonDispatcher)
+    full_name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+    native: Any = None
+    if torch._C._dispatch_has_kernel_for_dispatch_key(full_name, key) and not (
+            torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough(full_name, key)):
+        native = torch.library.get_kernel(full_name, key)
+    dtype_at = tuple(i for i, a in enumerate(schema.arguments)
+                     if a.name == "dtype" and not a.kwarg_only)
+    kinds = [str(a.type) for a in schema.arguments]
+    # Tensor parameters that Python code may fill with a number (``x / 16``): the
+    # dispatcher hands the kernel the number, and a redispatch needs a tensor again.
+    # A 0-dim tensor of the number's kind promotes as the wrapped number did.
+    number_at = tuple(i for i, a in enumerate(schema.arguments)
+                      if kinds[i] == "Tensor" and not a.kwarg_only)
+    # Where a cast may apply, read once from the schema (this is the hot path):
+    # positional single tensors, positional tensor lists, keyword-only tensors.
+    tensor_at = tuple(i for i, a in enumerate(schema.arguments)
+                      if kinds[i] in ("Tensor", "Optional[Tensor]") and not a.kwarg_only)
+    tensors_at = tuple(i for i, a in enumerate(schema.arguments)
+                       if "Tensor" in kinds[i] and "List[" in kinds[i] and not a.kwarg_only)
+    has_kw_tensors = any("Tensor" in kinds[i] for i, a in enumerate(schema.arguments)
+                         if a.kwarg_only)
+    numbers = (bool, int, float, complex)
+    tensor_type = torch.Tensor
+    float32, float64 = torch.float32, torch.float64
+    on_cpu = device == "cpu"
+    exclude = torch._C._ExcludeDispatchKeyGuard
+    get_dtype = torch.get_autocast_dtype
+    is_compiling = torch.compiler.is_compiling
+    call = op._op  # the bound builtin, without OpOverload.__call__'s Python frame
+
+    def cast(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
+             cache: WeightCastCache | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # cast_op_args' rule (native autocast's eligibility), specialised by the schema.
+        out: list[Any] | None = None
+        n = len(args)
+        for p in tensor_at:
+            if p >= n:
+                break
+            a = args[p]
+            if (type(a) is not tensor_type and not isinstance(a, tensor_type)) or (
+                    a.dtype is dtype or a.dtype is float64 or not a.is_floating_point()
+                    or not (a.is_cpu if on_cpu else a.device.type == device)):
+                continue
+            if out is None:
+                out = list(args)
+            out[p] = cache.cast(a, dtype) if cache is not None and dtype is not float32 \
+                else a.to(dtype)
+        if tensors_at:
+            if out is None:
+                out = list(args)
+            for p in tensors_at:
+                if p < n:
+                    out[p] = cast_op_args((args[p],), {}, dtype, device, cache)[0][0]
+        if has_kw_tensors and kwargs:
+            kwargs = cast_op_args((), kwargs, dtype, device, cache)[1]
+        return (args if out is None else tuple(out)), kwargs
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        st = _active
+        table = st.table
+        rule = table.get(name) if table is not None and st.device == device else None
+        if rule is None:  # not this thread's policy's business: native autocast's
+            if native is not None:
+                return native.call_boxed(keyset, *args, **kwargs)
+            for p in number_at:
+                if p < len(args) and isinstance(args[p], numbers):
+                    args = (*args[:p], torch.tensor(args[p]), *args[p + 1:])
+            return op.redispatch(keyset & after, *args, **kwargs)
+        with exclude(below):
+            # An explicit dtype, by keyword or by position, is honoured as given.
+            explicit = kwargs.get("dtype") is not None if kwargs else False
+            for p in dtype_at:
+                if p < len(args) and args[p] is not None:
+                    explicit = True
+            if not explicit:
+                if rule == "lower":
+                    # The dtype native autocast has now: the region's own, or that of a
+                    # torch.autocast nested inside it (docs/policies.md, "Nesting").
+                    # Traced code casts weights itself; eager regions share casts.
+                    cache = st.cache
+                    args, kwargs = cast(args, kwargs, get_dtype(device),
+                                        None if cache is None or is_compiling() else cache)
+                elif rule == "fp32":
+                    args, kwargs = cast(args, kwargs, float32, None)
+                elif rule == "promote":
+                    target = promote_dtype(args, kwargs, device)
+                    if target is not None:
+                        args, kwargs = cast_op_args(args, kwargs, target, device, None)
+            return call(*args, **kwargs)
+
+    # Called from C++ while a compiled function runs (dynamo's frame callback on), the
+    # kernel's frame would be handed to dynamo as a new frame to compile: it must run as
+    # plain Python, and so must what it calls (each closure shares this code object).
+    skip_recursively(kernel.__code__)
+    return kernel
+
+
+def _autocast_key(device: str) -> str:
+    return AUTOCAST_KEYS.get(device, "AutocastPrivateUse1")
+
+
+def register(device: str, names: Iterable[str]) -> None:
+    """Put ampkit's kernel on ``device``'s Autocast key for every functional dispatcher
+    overload (:func:`ampkit.registry.dispatcher_schemas`) of each op in ``names`` that
+    does not have it yet.
+
+    Example:
+        >>> from ampkit.autocast_kernels import register, registered
+        >>> register("cpu", ["baddbmm"])
+        >>> ("AutocastCPU", "aten::baddbmm") in registered()
+        True
+    """
+    key = _autocast_key(device)
+    with _lock:
+        for name in names:
+            qualname = _qualname(name)
+            for schema in dispatcher_schemas(name):
+                full = (f"{qualname}.{schema.overload_name}" if schema.overload_name
+                        else qualname)
+                if (key, full) in _registered:
+                    continue
+                namespace, _, op_name = full.partition("::")
+                kernel = _kernel(device, key, name, _overload(qualname, schema), schema)
+                library = _libraries.get(namespace)
+                if library is None:
+                    library = _libraries[namespace] = torch.library.Library(namespace, "IMPL")
+                with warnings.catch_warnings():
+                    # "Overriding a previously registered kernel": by design, and
+                    # native's kernel was taken above to defer to.
+                    warnings.simplefilter("ignore", UserWarning)
+                    library.impl(op_name, kernel, key, with_keyset=True)
+                _registered.add((key, full))
+    install_compile_hooks()
+
+
+# -- torch.compile: a guard on the thread's policy, and the policy in the cache key -----------
+
+_hooks_installed = False
+
+
+def _token() -> Any:
+    return _active.token
+
+
+def _patch_guards(module: Any) -> None:
+    builder = module.GuardBuilder
+    original = builder.GLOBAL_STATE
+    if getattr(original, "_ampkit", False):
+        return
+
+    def global_state(self: Any, guard: Any) -> None:
+        original(self, guard)
+        token = _active.token
+
+        def check(_: Any, token: Any = token) -> bool:
+            now = _active.token
+            return now is token or now == token
+
+        self.guard_manager.root.add_lambda_guard(
+            check, [f"ampkit: active policy == {token!r}"], None)
+
+    global_state._ampkit = True  # type: ignore[attr-defined]
+    builder.GLOBAL_STATE = global_state
+
+
+def _patch_aot_cache(module: Any) -> None:
+    details = module.AOTAutogradCacheDetails
+    original = details._record_runtime_state
+    if getattr(original, "_ampkit", False):
+        return
+
+    def _record_runtime_state(self: Any, gm: Any) -> None:
+        original(self, gm)
+        # The dynamo graph is the same under every policy; the traced casts are not.
+        self.ampkit_policy = repr(_active.token)
+
+    _record_runtime_state._ampkit = True  # type: ignore[attr-defined]
+    details._record_runtime_state = _record_runtime_state
+
+
+_PATCHES: dict[str, Callable[[Any], None]] = {
+    "torch._dynamo.guards": _patch_guards,
+    "torch._functorch._aot_autograd.autograd_cache": _patch_aot_cache,
+}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Patches a module of ``_PATCHES`` right after it is first imported, so that
+    ``import ampkit`` does not import torch._dynamo (over a second)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        patch = _PATCHES.get(fullname)
+        if patch is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module: Any) -> None:
+            exec_module(module)
+            _apply(patch, module)
+
+        loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def _apply(patch: Callable[[Any], None], module: Any) -> None:
+    try:
+        patch(module)
+    except AttributeError as error:  # a torch whose internals moved
+        warnings.warn(f"ampkit: cannot guard compiled graphs on the ampkit policy with "
+                      f"this torch ({error}); a graph compiled under one ampkit policy "
+                      f"may be reused under another: call torch._dynamo.reset() between "
+                      f"policies", RuntimeWarning, stacklevel=3)
+
+
+def install_compile_hooks() -> None:
+    """Make torch.compile guard on (and cache by) the calling thread's ampkit policy:
+    now for what is imported, on import for the rest. Idempotent.
+
+    Example:
+        >>> from ampkit.autocast_kernels import install_compile_hooks
+        >>> install_compile_hooks()
+    """
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    for name, patch in _PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            _apply(patch, module)
+    sys.meta_path.insert(0, _AfterImport())
