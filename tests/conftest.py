@@ -1,5 +1,12 @@
 """Shared test settings: small thread count, deterministic seeds, the devices present,
-and the headless browser for the pages the tools write."""
+and the headless browser for the pages the tools write.
+
+The folders follow the layers (DESIGN.md): ``engine/`` (registry, policy, casting, the
+autocast engine), ``levels/`` (initialize, conversion, O0-O3, pure bf16, fp8, configs),
+``scaling/`` (GradScaler, loss scaling), ``dialects/``, ``integrations/``, ``tools/``,
+``distributed/`` (DDP, FSDP2, DCP over gloo) and ``project/`` (the README's examples,
+the import graph, the benchmark scripts). Models shared by core tests live in
+``helpers_models.py``, never in ``ampkit.tools``."""
 
 from __future__ import annotations
 

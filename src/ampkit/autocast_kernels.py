@@ -345,17 +345,20 @@ def _patch_guards(module: Any) -> None:
 
 def _patch_aot_cache(module: Any) -> None:
     details = module.AOTAutogradCacheDetails
-    original = details._record_runtime_state
+    original = details.__init__
     if getattr(original, "_ampkit", False):
         return
 
-    def _record_runtime_state(self: Any, gm: Any) -> None:
-        original(self, gm)
+    def init_with_policy(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
         # The dynamo graph is the same under every policy; the traced casts are not.
+        # The cache key is the hash of this object's fields, taken once it is built
+        # (wrapping __init__, which every torch release has, rather than a helper
+        # that only some have: torch 2.11/2.12 lack _record_runtime_state).
         self.ampkit_policy = repr(_active.token)
 
-    _record_runtime_state._ampkit = True  # type: ignore[attr-defined]
-    details._record_runtime_state = _record_runtime_state
+    init_with_policy._ampkit = True  # type: ignore[attr-defined]
+    details.__init__ = init_with_policy
 
 
 _PATCHES: dict[str, Callable[[Any], None]] = {

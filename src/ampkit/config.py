@@ -202,7 +202,7 @@ class AmpConfig:
             custom_white_list=self.custom_white_list or None,
             custom_black_list=self.custom_black_list or None)
         put(self, "fp8", check_fp8_level(self.fp8, conversion))
-        if self.rounding_seed is not None and not isinstance(props.master_weights, str):
+        if self.rounding_seed is not None and not props.master_weights_mode.pure:
             raise ValueError(f"rounding_seed seeds the rounding of master_weights="
                              f"'stochastic' or 'kahan'; this config keeps master_weights="
                              f"{props.master_weights!r}")

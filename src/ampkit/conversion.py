@@ -74,7 +74,7 @@ from ampkit.autocast_mode import autocast
 from ampkit.casting import cast_tree
 from ampkit.compile_frames import skip_frame_only, skip_recursively
 from ampkit.containers import iter_tensors
-from ampkit.levels import LevelProperties, level_properties
+from ampkit.levels import LevelProperties, MasterWeights, level_properties
 from ampkit.module_selection import ModuleSelector
 from ampkit.module_selection import parse_module_selectors as _selectors
 from ampkit.module_selection import resolve_module_selectors as _resolve
@@ -281,7 +281,7 @@ class ConversionConfig:
         low = props.casts_parameters
         # master_weights=True: the fp32 parameters are the truth and modules compute
         # with low-precision copies made on use (no second copy of anything).
-        fp32_truth = low and props.master_weights is True
+        fp32_truth = low and props.master_weights_mode is MasterWeights.FP32
         as_given = props.cast_model_type is False
         # False (as given) is no dtype: the fields below take a dtype or None.
         model_dtype = (props.cast_model_type

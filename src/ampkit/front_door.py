@@ -257,17 +257,18 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     device_type = next((p.device.type for m in model_list for p in m.parameters()), None)
     props = level_properties(level, dtype, device_type=device_type, **level_args)
     conversion_config = ConversionConfig.from_properties(props, **conversion)
-    if rounding_seed is not None and not isinstance(props.master_weights, str):
+    if rounding_seed is not None and not props.master_weights_mode.pure:
         raise ValueError("rounding_seed seeds the stochastic rounding of "
                          "master_weights='stochastic' or 'kahan'; this call keeps "
                          f"master_weights={props.master_weights!r}")
     # Check everything before changing anything: a refused call leaves all as it was.
     _check_optimizers(opt_list, model_list)
-    if isinstance(props.master_weights, str):
+    mode = props.master_weights_mode
+    if mode.pure:
         from ampkit.master_weights_pure import check_pure_optimizer
 
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
-            check_pure_optimizer(opt, props.master_weights, seed=rounding_seed,
+            check_pure_optimizer(opt, mode.value, seed=rounding_seed,
                                  seed_name="rounding_seed")
     fp8_plans = [prepare_fp8(model, conversion_config, **fp8_args) for model in model_list]
     plans = [prepare_conversion(model, conversion_config) for model in model_list]
@@ -281,11 +282,11 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     for model, plan in zip(model_list, plans):
         if plan is not None:
             apply_conversion(model, conversion_config, plan)
-    if isinstance(props.master_weights, str):  # pure low precision: no fp32 copies
+    if mode.pure:  # pure low precision: no fp32 copies
         from ampkit.master_weights_pure import mark_pure_models, pure_low_precision
 
-        mark_pure_models(model_list, props.master_weights, rounding_seed)
-        opt_list = [pure_low_precision(model_list, opt, props.master_weights,
+        mark_pure_models(model_list, mode.value, rounding_seed)
+        opt_list = [pure_low_precision(model_list, opt, mode.value,
                                        seed=rounding_seed) for opt in opt_list]
     _configure_loss_scaling(props, scaling)
     out_models = model_list[0] if one_model else type(models)(model_list)

@@ -95,6 +95,7 @@ from ampkit.policy import as_dtype
 __all__ = [
     "LEVEL_PROPERTY_NAMES",
     "PURE_MASTER_WEIGHTS",
+    "MasterWeights",
     "Level",
     "LevelProperties",
     "default_dtype",
@@ -146,6 +147,41 @@ LEVEL_PROPERTY_NAMES: tuple[str, ...] = (
 
 #: The pure low-precision values ``master_weights`` takes besides True/False/None.
 PURE_MASTER_WEIGHTS: tuple[str, ...] = ("stochastic", "kahan")
+
+
+class MasterWeights(enum.Enum):
+    """What a ``master_weights`` value (apex's ``True``/``False``, or a pure mode's
+    name) means for where the truth lives: the one place that value is read.
+
+    Example:
+        >>> from ampkit.levels import MasterWeights
+        >>> MasterWeights.of(True), MasterWeights.of("kahan").pure
+        (<MasterWeights.FP32: 'fp32'>, True)
+    """
+
+    #: ``False``: no second copy; parameters are stored in the level's dtype.
+    NONE = "none"
+    #: ``True``: the fp32 parameters are the truth; modules compute with low copies.
+    FP32 = "fp32"
+    #: ``"stochastic"``: bf16 parameters and state, updates stochastically rounded.
+    STOCHASTIC = "stochastic"
+    #: ``"kahan"``: bf16 parameters and state, Kahan-compensated updates.
+    KAHAN = "kahan"
+
+    @classmethod
+    def of(cls, value: bool | str) -> MasterWeights:
+        """The mode of a checked ``master_weights`` value (``True``, ``False`` or one of
+        :data:`PURE_MASTER_WEIGHTS`)."""
+        if value is True:
+            return cls.FP32
+        if value is False:
+            return cls.NONE
+        return cls(value)
+
+    @property
+    def pure(self) -> bool:
+        """Parameters and optimizer state in bfloat16 with no fp32 copy."""
+        return self in (MasterWeights.STOCHASTIC, MasterWeights.KAHAN)
 
 
 def default_dtype(device_type: str | None = None) -> torch.dtype:
@@ -211,6 +247,17 @@ class LevelProperties:
     loss_scale: str | float | None
     patch_ops: bool
     cast_model_outputs: torch.dtype | None
+
+    @property
+    def master_weights_mode(self) -> MasterWeights:
+        """:attr:`master_weights` as a :class:`MasterWeights`.
+
+        Example:
+            >>> from ampkit.levels import level_properties
+            >>> level_properties("O2").master_weights_mode
+            <MasterWeights.FP32: 'fp32'>
+        """
+        return MasterWeights.of(self.master_weights)
 
     @property
     def casts_parameters(self) -> bool:
@@ -284,13 +331,13 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
         raise ValueError(f"patch_ops=True casts each op by the policy lists, which level "
                          f"{level.value} does not do (O0: all fp32, O3: all low precision); "
                          f"use level {hint}")
-    if isinstance(props["master_weights"], str) and not low:
+    pure = MasterWeights.of(props["master_weights"]).pure
+    if pure and not low:
         raise ValueError(f"master_weights={props['master_weights']!r} trains bfloat16 "
                          f"parameters without fp32 copies, so it needs level O2 or O3 "
                          f"with dtype torch.bfloat16; level {level.value} stores them as "
                          f"{_name(props['cast_model_type'])}")
-    if isinstance(props["master_weights"], str) and props["cast_model_type"] is not \
-            torch.bfloat16:
+    if pure and props["cast_model_type"] is not torch.bfloat16:
         raise ValueError(f"master_weights={props['master_weights']!r} trains bfloat16 "
                          f"parameters and optimizer state without fp32 copies, so the "
                          f"parameters must be torch.bfloat16, got "

@@ -280,7 +280,7 @@ class DemoSettings:
 TRAINING_CODE_CONTEXT = ("after import ampkit, torch and import torch.nn.functional as F; "
                          "model, optimizer and batches are yours")
 
-# The printed code and the code run below are kept equal by tests/test_demo.py, which
+# The printed code and the code run below are kept equal by tests/tools/test_demo.py, which
 # runs the printed text and compares its losses with the demo's, step for step.
 _TRAINING_CODE = """\
 model, optimizer = ampkit.initialize(model, optimizer, level="{level}", dtype=torch.{dtype})

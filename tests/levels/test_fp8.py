@@ -308,7 +308,7 @@ def test_benchmark_script_prints_every_configuration(capsys):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "fp8.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "fp8.py"
     spec = importlib.util.spec_from_file_location("fp8_benchmark", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _script(name: str) -> ModuleType:

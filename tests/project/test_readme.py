@@ -16,7 +16,7 @@ TARGET, is accepted by the command line's parser).
 * ``text`` blocks and blocks without a language are output or messages, not code.
 
 A block that needs what CI's CPU machine does not have is marked in the markdown by an
-HTML comment on the line before it, ``<!-- not run by tests/test_readme.py: needs ...
+HTML comment on the line before it, ``<!-- not run by tests/project/test_readme.py: needs ...
 -->``; only those are skipped, with that reason.
 """
 
@@ -38,12 +38,12 @@ import torch
 
 from conftest import DEVICES
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 _FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
-_MARK = re.compile(r"<!--\s*not run by tests/test_readme\.py:\s*(.*?)\s*-->\s*$", re.S)
+_MARK = re.compile(r"<!--\s*not run by tests/project/test_readme\.py:\s*(.*?)\s*-->\s*$", re.S)
 _PYTHON, _SHELL, _OUTPUT = {"python", "py"}, {"bash", "sh", "shell", "console"}, {"text", ""}
 # A block using ampkit.integrations.X runs where X's framework is installed (CI installs
 # them with the test extra).

@@ -114,7 +114,7 @@ def test_conservative_preset_documented_lists_match(tmp_path: object) -> None:
     """docs/policies.md writes the preset's lists out; they must not drift."""
     from pathlib import Path
 
-    doc = (Path(__file__).parents[1] / "docs" / "policies.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "policies.md").read_text()
     p = ampkit.get_policy("conservative")
     for label, ops in (("lower precision", p.lower_precision_ops), ("float32", p.fp32_ops),
                        ("promote", p.promote_ops)):

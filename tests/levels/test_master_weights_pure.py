@@ -1,5 +1,6 @@
 """Pure low-precision training (master_weights="stochastic" / "kahan"): rounding,
-checkpoints, skipped steps, memory and convergence against plain fp32 training."""
+checkpoints, skipped steps and memory against plain fp32 training (convergence on the
+demo's tasks: tests/tools/test_pure_curves.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers_models import TinyTransformer
 
 import ampkit
 from ampkit.master_weights_pure import (
@@ -18,7 +20,6 @@ from ampkit.master_weights_pure import (
     pure_rounding,
     stochastic_round,
 )
-from ampkit.tools.pure_curves import CharGPT, digits_accuracy, train_curves
 
 DEVICE = "cpu"
 BF16 = torch.bfloat16
@@ -175,7 +176,7 @@ def test_found_inf_handed_to_the_step_skips_it():
 
 def _char_gpt() -> torch.nn.Module:
     torch.manual_seed(0)
-    return CharGPT(vocab=16, dim=16, heads=2, layers=1, context=8).to(DEVICE)
+    return TinyTransformer(vocab=16, dim=16, heads=2, layers=1, max_len=8).to(DEVICE)
 
 
 def _train(model, opt, steps: int, start: int) -> None:
@@ -391,7 +392,7 @@ def _held_and_peak(mode: str, **adamw) -> tuple[float, int]:
     from torch.profiler import ProfilerActivity, profile
 
     torch.manual_seed(0)
-    model = CharGPT(vocab=64, dim=64, heads=2, layers=4, context=16).to(DEVICE)
+    model = TinyTransformer(vocab=64, dim=64, heads=2, layers=4, max_len=16).to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, **adamw)
     if mode != "fp32":
         model, opt = ampkit.initialize(model, opt, level="O2", dtype=BF16,
@@ -432,44 +433,6 @@ def test_memory_per_parameter_and_peak_against_fp32():
     # chunk of the step's fp32 working copies (see benchmarks/RESULTS.md).
     assert sr_peak <= 0.70 * fp32_peak, (sr_peak, fp32_peak)
     assert kahan_peak <= 0.85 * fp32_peak, (kahan_peak, fp32_peak)
-
-
-# -- convergence ----------------------------------------------------------------------
-
-def test_digits_accuracy_matches_fp32():
-    fp32 = digits_accuracy("fp32", epochs=2)
-    for mode in ("stochastic", "kahan"):
-        assert abs(digits_accuracy(mode, epochs=2) - fp32) <= 0.02, mode
-
-
-def test_char_gpt_loss_tracks_fp32_where_round_to_nearest_stalls():
-    curves = train_curves(("fp32", "nearest", "stochastic", "kahan"), steps=60, lr=3e-4,
-                          dim=32, layers=1, context=32, batch=8)
-    fp32 = curves["fp32"].eval_loss
-    assert curves["nearest"].eval_loss > 1.01 * fp32
-    for mode in ("stochastic", "kahan"):
-        assert abs(curves[mode].eval_loss - fp32) <= 0.02 * fp32, mode
-
-
-# -- the demo report ------------------------------------------------------------------
-
-def test_the_demo_report_plots_the_three_curves(tmp_path):
-    import json
-
-    from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
-    from ampkit.tools.report import write_report
-
-    result = run_demo(DemoSettings(epochs=1, device="cpu", pure_bf16_steps=15,
-                                   configurations=demo_configurations(["fp32"])))
-    assert sorted(result.pure_bf16_curves) == ["fp32", "nearest", "stochastic"]
-    assert all(len(v) == 15 for v in result.pure_bf16_curves.values())
-    files = write_report(result, tmp_path)
-    assert files.pure_bf16_png is not None and files.pure_bf16_png.stat().st_size > 1000
-    assert 'id="pure-bf16"' in files.html.read_text()
-    data = json.loads(files.json.read_text())
-    assert len(data["pure_bf16_curves"]["nearest"]) == 15
-    with pytest.raises(ValueError, match="pure_bf16_steps"):
-        DemoSettings(pure_bf16_steps=-1)
 
 
 # -- the rest of the optimizer API ----------------------------------------------------

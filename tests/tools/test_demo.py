@@ -315,3 +315,13 @@ def test_default_epochs_give_real_accuracies_in_the_json(tmp_path: Path) -> None
     for name, value in accuracy.items():
         assert value > 0.8, (name, value)
         assert value >= accuracy["fp32"] - 0.05, (name, value)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_demo_auto_runs_on_cuda(tmp_path: Path) -> None:
+    settings = DemoSettings(epochs=1, configurations=demo_configurations(["fp32", "O2"],
+                                                                         ["fp16"]))
+    result = run_demo(settings)
+    assert result.device.startswith("cuda")
+    assert [run.name for run in result.runs] == ["fp32", "O2-fp16"]
+    assert all(run.test_accuracy > 0.5 for run in result.runs)

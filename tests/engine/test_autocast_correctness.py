@@ -18,7 +18,6 @@ from torch.utils.checkpoint import checkpoint
 
 import ampkit
 import ampkit.paddle as paddle_amp
-from ampkit.tools.tune import aggressive_policy
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -108,7 +107,7 @@ VIEWS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "resolve_neg": lambda t: t.resolve_neg(),
 }
 CASTING_UNLISTED = {"paddle-O2-no-promote": lambda: ampkit.get_policy("paddle-O2-no-promote"),
-                    "tuned": lambda: aggressive_policy(BF16)}
+                    "tuned": lambda: ampkit.Policy(name="tuned", dtype=BF16, unlisted="lower")}
 
 
 @pytest.mark.parametrize("policy", list(CASTING_UNLISTED), ids=list(CASTING_UNLISTED))

@@ -8,8 +8,6 @@ cast on a CUDA machine too, and a model on the GPU needs ``device_type="cuda"`` 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn as nn
@@ -66,14 +64,3 @@ def test_paddle_o2_training_step_on_cuda() -> None:
     scaler.minimize(opt, scaled)
     assert net[0].weight.dtype is FP16 and net[1].weight.dtype is FP32
     assert not torch.equal(before, net[0].weight.detach())
-
-
-def test_demo_auto_runs_on_cuda(tmp_path: Path) -> None:
-    from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
-
-    settings = DemoSettings(epochs=1, configurations=demo_configurations(["fp32", "O2"],
-                                                                         ["fp16"]))
-    result = run_demo(settings)
-    assert result.device.startswith("cuda")
-    assert [run.name for run in result.runs] == ["fp32", "O2-fp16"]
-    assert all(run.test_accuracy > 0.5 for run in result.runs)

@@ -19,7 +19,7 @@ ranks with each other and with the twin, which it trains itself.
   ends there too: the rounding seed is a parameter-group hyper-parameter and the counts
   are per-parameter state, the only parts of an optimizer state_dict that DCP keeps.
 
-The children never see a GPU (see ``tests/test_distributed_scaling.py`` for why).
+The children never see a GPU (see ``tests/distributed/test_distributed_scaling.py`` for why).
 """
 
 from __future__ import annotations
