@@ -309,26 +309,28 @@ MXNET_BF16_FUNCS: tuple[str, ...] = ("Convolution", "FullyConnected")
 MXNET_BF16_FP32_FUNCS: tuple[str, ...] = (
     *MXNET_FP32_FUNCS, "Deconvolution", "RNN", "Dropout", "Embedding", "UpSampling")
 
-MXNET_FLOAT16 = Policy(
-    name="mxnet-float16", dtype=torch.float16,
-    lower_precision_ops=resolve_ops(MXNET_FP16_FUNCS, framework="mxnet"),
-    fp32_ops=resolve_ops(MXNET_FP32_FUNCS, framework="mxnet") | frozenset(
-        MXNET_CONDITIONAL_FP32_OPS),
-    promote_ops=resolve_ops(MXNET_WIDEST_TYPE_CASTS, framework="mxnet"),
-    unlisted="keep",
-    description="MXNet contrib.amp float16 lists: convolutions, dense and RNN layers in "
-                "float16, sensitive ops float32, multi-input ops widest type, all else "
-                "untouched.")
-MXNET_BFLOAT16 = Policy(
-    name="mxnet-bfloat16", dtype=torch.bfloat16,
-    lower_precision_ops=resolve_ops(MXNET_BF16_FUNCS, framework="mxnet"),
-    fp32_ops=resolve_ops(MXNET_BF16_FP32_FUNCS, framework="mxnet") | frozenset(
-        MXNET_CONDITIONAL_FP32_OPS),
-    promote_ops=resolve_ops(MXNET_WIDEST_TYPE_CASTS, framework="mxnet"),
-    unlisted="keep",
-    description="MXNet contrib.amp bfloat16 lists: convolutions and dense layers in "
-                "bfloat16, deconvolutions, RNNs and sensitive ops float32, multi-input "
-                "ops widest type, all else untouched.")
+def _mxnet_policy(dtype: torch.dtype, low: tuple[str, ...], fp32: tuple[str, ...],
+                  what: str) -> Policy:
+    """One of MXNet's contrib.amp list pairs as a policy (its conditional fp32 ops and
+    widest-type casts are the same for both dtypes)."""
+    name = str(dtype).removeprefix("torch.")
+    return Policy(
+        name=f"mxnet-{name}", dtype=dtype,
+        lower_precision_ops=resolve_ops(low, framework="mxnet"),
+        fp32_ops=resolve_ops(fp32, framework="mxnet") | frozenset(MXNET_CONDITIONAL_FP32_OPS),
+        promote_ops=resolve_ops(MXNET_WIDEST_TYPE_CASTS, framework="mxnet"),
+        unlisted="keep",
+        description=f"MXNet contrib.amp {name} lists: {what}, multi-input ops widest "
+                    f"type, all else untouched.")
+
+
+MXNET_FLOAT16 = _mxnet_policy(
+    torch.float16, MXNET_FP16_FUNCS, MXNET_FP32_FUNCS,
+    "convolutions, dense and RNN layers in float16, sensitive ops float32")
+MXNET_BFLOAT16 = _mxnet_policy(
+    torch.bfloat16, MXNET_BF16_FUNCS, MXNET_BF16_FP32_FUNCS,
+    "convolutions and dense layers in bfloat16, deconvolutions, RNNs and sensitive ops "
+    "float32")
 
 # NVIDIA apex's own O1 lists (apex/amp/lists/{functional,torch,tensor}_overrides.py and
 # rnn_compat.py at apex commit e13873de, the last before amp was removed). apex applied
