@@ -77,3 +77,15 @@ def headless_chromium() -> Iterator[Any]:
             yield chrome
         finally:
             chrome.quit()
+
+
+@pytest.fixture(autouse=True)
+def _registered_policies_stay_local() -> Iterator[None]:
+    """A policy a test registers is gone after it: listings of the presets (the CLI's
+    choices, for one) must not depend on which tests ran before in the same worker."""
+    import ampkit
+
+    before = set(ampkit.available_policies())
+    yield
+    for name in set(ampkit.available_policies()) - before:
+        ampkit.unregister_policy(name)

@@ -18,7 +18,7 @@ from ampkit._lazy import lazy_exports
 from ampkit.autocast_mode import autocast, current_policy
 from ampkit.casting import amp_cast, amp_multicast, cast_tree
 from ampkit.policy import Policy
-from ampkit.presets import available_policies, get_policy, register_policy
+from ampkit.presets import available_policies, get_policy, register_policy, unregister_policy
 from ampkit.registry import resolve_op, resolve_ops
 
 __version__ = "0.1.0"
@@ -91,4 +91,5 @@ __all__ = [
     "register_policy",
     "resolve_op",
     "resolve_ops",
+    "unregister_policy",
 ]

@@ -29,7 +29,8 @@ import torch
 from ampkit.policy import Policy
 from ampkit.registry import resolve_ops
 
-__all__ = ["CONSERVATIVE", "TORCH", "available_policies", "get_policy", "register_policy"]
+__all__ = ["CONSERVATIVE", "TORCH", "available_policies", "get_policy", "register_policy",
+           "unregister_policy"]
 
 TORCH = Policy(
     name="torch",
@@ -78,6 +79,7 @@ def register_policy(policy: Policy, *, overwrite: bool = False) -> Policy:
         >>> _ = register_policy(Policy("doc-example", fp32_ops={"exp"}), overwrite=True)
         >>> get_policy("doc-example").fp32_ops
         frozenset({'exp'})
+        >>> unregister_policy("doc-example")  # (keeps other examples' listings as shipped)
     """
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be an ampkit Policy, got {type(policy).__name__}")
@@ -86,6 +88,30 @@ def register_policy(policy: Policy, *, overwrite: bool = False) -> Policy:
                          f"pass overwrite=True to replace it")
     _PRESETS[policy.name] = policy
     return policy
+
+
+def unregister_policy(name: str) -> None:
+    """Remove the policy registered as ``name`` (the presets ampkit ships stay).
+
+    Raises:
+        KeyError: nothing is registered as ``name``.
+        ValueError: ``name`` is one of the presets ampkit ships.
+
+    Example:
+        >>> from ampkit.policy import Policy
+        >>> from ampkit.presets import available_policies, register_policy, unregister_policy
+        >>> _ = register_policy(Policy("short-lived", fp32_ops={"exp"}))
+        >>> unregister_policy("short-lived")
+        >>> "short-lived" in available_policies()
+        False
+    """
+    if name in _SHIPPED:
+        raise ValueError(f"{name!r} is one of the presets ampkit ships "
+                         f"{sorted(_SHIPPED)}; only policies registered later can be removed")
+    if name not in _PRESETS:
+        raise KeyError(f"no policy is registered as {name!r}; registered: "
+                       f"{sorted(set(_PRESETS) - _SHIPPED)}")
+    del _PRESETS[name]
 
 
 def available_policies() -> Mapping[str, Policy]:
@@ -407,3 +433,6 @@ __all__ += [
     "PADDLE_OD", "PADDLE_WHITE_LIST", "TORCH_CPU_LEGACY", "TORCH_CPU_LEGACY_FP32",
     "TORCH_CPU_LEGACY_LOWER", "TORCH_CPU_LEGACY_PROMOTE",
 ]
+
+#: The presets ampkit ships: unregister_policy leaves them alone.
+_SHIPPED: frozenset[str] = frozenset(_PRESETS)

@@ -131,3 +131,15 @@ def test_builtins_equal_under_two_names_share_one_name_and_rule() -> None:
     p = Policy(lower_precision_ops={"mm"}, unlisted="fp32")
     with ampkit.autocast("cpu", torch.bfloat16, policy=p):
         assert torch.mm(torch.rand(2, 2), torch.rand(2, 2)).dtype == torch.bfloat16
+
+
+def test_unregister_policy_removes_registered_ones_only() -> None:
+    ampkit.register_policy(Policy("test-short-lived", fp32_ops={"exp"}))
+    assert "test-short-lived" in ampkit.available_policies()
+    ampkit.unregister_policy("test-short-lived")
+    assert "test-short-lived" not in ampkit.available_policies()
+    with pytest.raises(KeyError, match="no policy is registered as 'test-short-lived'"):
+        ampkit.unregister_policy("test-short-lived")
+    with pytest.raises(ValueError, match="'torch' is one of the presets ampkit ships"):
+        ampkit.unregister_policy("torch")
+    assert ampkit.get_policy("torch").is_native
