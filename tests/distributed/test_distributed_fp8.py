@@ -48,13 +48,17 @@ def _run(rank: int, fp8_gather: bool) -> dict[str, Any]:
     fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gathered: list[tuple[str, int]] = []
-    original = dist.all_gather_single  # what fully_shard all-gathers with (torch 2.13)
+    # what fully_shard all-gathers with: all_gather_single on torch 2.13,
+    # all_gather_into_tensor before (both take the output first, then the input)
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") \
+        else "all_gather_into_tensor"
+    original = getattr(dist, name)
 
     def spy(output: torch.Tensor, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         gathered.append((str(input.dtype), input.numel() * input.element_size()))
         return original(output, input, *args, **kwargs)
 
-    dist.all_gather_single = spy
+    setattr(dist, name, spy)
     losses = []
     try:
         for step in range(STEPS):
@@ -66,7 +70,7 @@ def _run(rank: int, fp8_gather: bool) -> dict[str, Any]:
             opt.step()
             losses.append(loss.item())
     finally:
-        dist.all_gather_single = original
+        setattr(dist, name, original)
     return {"losses": losses, "gathered": gathered,
             "weights": [type(layer.weight._local_tensor).__name__ for layer in model],
             "params": [p.full_tensor().detach() for p in model.parameters()]}
