@@ -7,6 +7,9 @@
   (canonical names of :mod:`ampkit.registry`, the names policies list) with its
   arguments and result. It watches at the level the autocast engine works at, so what
   it names is exactly what a ``custom_black_list`` can move.
+* :class:`DispatchRegion` is the base of the counters that watch below autocast and
+  autograd (:mod:`~ampkit.tools.op_stats`, :mod:`~ampkit.tools.cast_traffic`): a region
+  entered once, handing every aten call that ran inside it to ``_on_call``.
 
 Example:
     >>> import torch
@@ -24,12 +27,13 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["ModuleScope", "OpWatch"]
+__all__ = ["DispatchRegion", "ModuleScope", "OpWatch"]
 
 EnterHook = Callable[[str, nn.Module, Any], None]
 ExitHook = Callable[[str, nn.Module, Any, Any], None]
@@ -128,3 +132,75 @@ class OpWatch(TorchFunctionMode):
             else:
                 self.callback(name, args, kwargs, out)
         return out
+
+
+_Region = TypeVar("_Region", bound="DispatchRegion")
+
+
+class _DispatchMode(TorchDispatchMode):
+    def __init__(self, region: DispatchRegion) -> None:
+        super().__init__()
+        self.region = region
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.region._on_call(func, args, kwargs, out)
+        return out
+
+
+class DispatchRegion:
+    """Context manager, entered once, that hands every aten call run inside it (forward,
+    backward and optimizer alike, of the thread that entered it) to ``_on_call``, which
+    subclasses define.
+
+    It watches in a ``TorchDispatchMode``, below autocast and autograd, so what it sees
+    is what ran. Subclasses keep what ``_on_call`` sees; they can be read during and
+    after the region. ``entered_twice`` is the message of the ``RuntimeError`` a second
+    entry raises, and ``active`` the word for the state inside the region (``ready``
+    before, ``finished`` after).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools._tracing import DispatchRegion
+        >>> class Names(DispatchRegion):
+        ...     def __init__(self):
+        ...         super().__init__("a Names region can be entered only once")
+        ...         self.seen = []
+        ...     def _on_call(self, func, args, kwargs, out):
+        ...         self.seen.append(func.overloadpacket.__name__)
+        >>> with Names() as names:
+        ...     _ = torch.ones(2) * 2
+        >>> names.seen
+        ['ones', 'mul']
+        >>> with names:
+        ...     pass
+        Traceback (most recent call last):
+        ...
+        RuntimeError: a Names region can be entered only once
+    """
+
+    def __init__(self, entered_twice: str, active: str = "counting") -> None:
+        self._entered_twice = entered_twice
+        self._active = active
+        self._mode: _DispatchMode | None = None
+        self._state = "ready"
+
+    def _on_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 out: Any) -> None:
+        """Called after each aten call ``func(*args, **kwargs)`` that returned ``out``."""
+
+    def __enter__(self: _Region) -> _Region:
+        if self._state != "ready":
+            raise RuntimeError(self._entered_twice)
+        self._mode = _DispatchMode(self)
+        self._mode.__enter__()
+        self._state = self._active
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self._mode is not None
+        self._mode.__exit__(*exc)
+        self._mode = None
+        self._state = "finished"

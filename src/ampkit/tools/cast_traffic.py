@@ -37,14 +37,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampkit.tools._tracing import DispatchRegion
 
 __all__ = ["CastTraffic", "count_casts"]
 
@@ -54,12 +54,6 @@ class _Cast:
     op: str
     source: torch.dtype
     destination: torch.dtype
-
-
-class _State(enum.Enum):
-    READY = "ready"
-    COUNTING = "counting"
-    FINISHED = "finished"
 
 
 def _pairs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
@@ -77,30 +71,7 @@ def _pairs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
             yield "_foreach_copy_", src, dst.dtype
 
 
-class _CastCountingMode(TorchDispatchMode):
-    def __init__(self, tally: Counter[_Cast], nbytes: Counter[_Cast],
-                 scalar_bytes: Counter[_Cast]) -> None:
-        super().__init__()
-        self.tally, self.nbytes, self.scalar_bytes = tally, nbytes, scalar_bytes
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        for op, source, dtype in _pairs(func, args, kwargs, out):
-            if not isinstance(source, torch.Tensor) or source.dtype == dtype:
-                continue
-            key = _Cast(op, source.dtype, dtype)
-            self.tally[key] += 1
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            moved = source.numel() * (source.element_size() + itemsize)
-            self.nbytes[key] += moved
-            if source.numel() <= 1:
-                self.scalar_bytes[key] += moved
-        return out
-
-
-class CastTraffic:
+class CastTraffic(DispatchRegion):
     """The dtype-changing copies of one region; made by :func:`count_casts`.
 
     A region is entered once; the counts can be read during and after it.
@@ -116,26 +87,24 @@ class CastTraffic:
     """
 
     def __init__(self) -> None:
+        super().__init__("a CastTraffic region can be entered only once; call "
+                         "count_casts() again for a new count")
         self._tally: Counter[_Cast] = Counter()
         self._bytes: Counter[_Cast] = Counter()
         self._scalar_bytes: Counter[_Cast] = Counter()
-        self._mode: _CastCountingMode | None = None
-        self._state = _State.READY
 
-    def __enter__(self) -> CastTraffic:
-        if self._state is not _State.READY:
-            raise RuntimeError("a CastTraffic region can be entered only once; call "
-                               "count_casts() again for a new count")
-        self._mode = _CastCountingMode(self._tally, self._bytes, self._scalar_bytes)
-        self._mode.__enter__()
-        self._state = _State.COUNTING
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        assert self._mode is not None
-        self._mode.__exit__(*exc)
-        self._mode = None
-        self._state = _State.FINISHED
+    def _on_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 out: Any) -> None:
+        for op, source, dtype in _pairs(func, args, kwargs, out):
+            if not isinstance(source, torch.Tensor) or source.dtype == dtype:
+                continue
+            key = _Cast(op, source.dtype, dtype)
+            self._tally[key] += 1
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            moved = source.numel() * (source.element_size() + itemsize)
+            self._bytes[key] += moved
+            if source.numel() <= 1:
+                self._scalar_bytes[key] += moved
 
     @property
     def casts(self) -> int:
@@ -181,7 +150,7 @@ class CastTraffic:
 
     def __repr__(self) -> str:
         return (f"CastTraffic(casts={self.casts}, bytes={self.bytes}, "
-                f"state={self._state.value!r})")
+                f"state={self._state!r})")
 
 
 def count_casts() -> CastTraffic:

@@ -21,7 +21,7 @@ import argparse
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -85,6 +85,8 @@ MISSING = 1
 #: numpy's and scikit-learn's seeds are 32-bit.
 MAX_SEED = 2**32 - 1
 
+_Number = TypeVar("_Number", int, float)
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, with every error on one line: ``ampkit demo: error: ...``, exit 2.
@@ -101,6 +103,19 @@ class Parser(argparse.ArgumentParser):
         self.exit(BAD_INPUT, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
 
 
+def _checked(text: str, convert: Callable[[str], _Number], accept: Callable[[_Number], bool],
+             expected: str) -> _Number:
+    # The one shape of every numeric argument type: convert, check, or refuse in the
+    # shared wording "must be <expected>, got '<text>'".
+    try:
+        value: _Number | None = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not accept(value):
+        raise argparse.ArgumentTypeError(f"must be {expected}, got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argument type: an integer >= 1.
 
@@ -109,13 +124,7 @@ def positive_int(text: str) -> int:
         >>> positive_int("3")
         3
     """
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+    return _checked(text, int, lambda value: value >= 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
@@ -126,13 +135,7 @@ def non_negative_int(text: str) -> int:
         >>> non_negative_int("0")
         0
     """
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return value
+    return _checked(text, int, lambda value: value >= 0, "a non-negative integer")
 
 
 def number(text: str) -> float:
@@ -143,13 +146,8 @@ def number(text: str) -> float:
         >>> number("1e-3")
         0.001
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+    return _checked(text, float, lambda value: 0 <= value < float("inf"),
+                    "a finite number >= 0")
 
 
 def seed(text: str) -> int:
@@ -162,14 +160,8 @@ def seed(text: str) -> int:
         ...
         argparse.ArgumentTypeError: must be an integer from 0 to 4294967295 (2**32 - 1), got '-5'
     """
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(
-            f"must be an integer from 0 to {MAX_SEED} (2**32 - 1), got {text!r}")
-    return value
+    return _checked(text, int, lambda value: 0 <= value <= MAX_SEED,
+                    f"an integer from 0 to {MAX_SEED} (2**32 - 1)")
 
 
 def output_path(text: str) -> str:

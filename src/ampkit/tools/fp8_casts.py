@@ -65,8 +65,8 @@ class Fp8CastRecord:
     Example:
         >>> from ampkit.tools.fp8_casts import Fp8CastRecord
         >>> r = Fp8CastRecord("1", "input", "float8_e4m3fn", 100, 0, 25, 0)
-        >>> r.underflowed_fraction
-        0.25
+        >>> r.saturated_fraction, r.underflowed_fraction
+        (0.0, 0.25)
     """
 
     layer: str
@@ -79,25 +79,16 @@ class Fp8CastRecord:
 
     @property
     def saturated_fraction(self) -> float:
-        """``saturated / numel``.
-
-        Example:
-            >>> from ampkit.tools.fp8_casts import Fp8CastRecord
-            >>> Fp8CastRecord("1", "input", "float8_e4m3fn", 4, 1, 0, 0).saturated_fraction
-            0.25
-        """
-        return self.saturated / self.numel if self.numel else 0.0
+        """``saturated / numel`` (0.0 for an empty cast)."""
+        return self._share(self.saturated)
 
     @property
     def underflowed_fraction(self) -> float:
-        """``underflowed / numel``.
+        """``underflowed / numel`` (0.0 for an empty cast)."""
+        return self._share(self.underflowed)
 
-        Example:
-            >>> from ampkit.tools.fp8_casts import Fp8CastRecord
-            >>> Fp8CastRecord("1", "input", "float8_e4m3fn", 4, 0, 0, 0).underflowed_fraction
-            0.0
-        """
-        return self.underflowed / self.numel if self.numel else 0.0
+    def _share(self, count: int) -> float:
+        return count / self.numel if self.numel else 0.0
 
 
 def _count(hp: torch.Tensor, cast: Any, axiswise_dim: int, pow2: bool

@@ -45,7 +45,7 @@ from ampkit.arguments import non_negative_number
 from ampkit.fp8.recipe import float8_linear_config, parse_fp8, recipe_name
 from ampkit.fp8.selection import select_fp8_layers
 from ampkit.tools._text import finite_or_none, text_table
-from ampkit.tools.tune import metric_value
+from ampkit.tools.tune import evaluate_metric
 
 __all__ = ["Fp8Trial", "Fp8TuneResult", "tune_fp8"]
 
@@ -226,12 +226,7 @@ def tune_fp8(model: nn.Module, eval_fn: Callable[[nn.Module], Any], fp8: Any = "
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(rng)
             where = f"the trial with {list(layers)} in fp8" if layers else "the reference"
-            try:
-                value = eval_fn(trial)
-            except Exception as error:
-                raise RuntimeError(f"eval_fn raised in {where}: "
-                                   f"{type(error).__name__}: {error}") from error
-            return metric_value(value, where)
+            return evaluate_metric(eval_fn, trial, where)
 
     reference = evaluate(())
     limit = tol * abs(reference) if relative else tol

@@ -43,8 +43,9 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from ampkit.tools._tracing import DispatchRegion
 
 __all__ = ["OpCallCounts", "OpStats", "Precision", "collect_op_stats"]
 
@@ -103,12 +104,6 @@ class OpCallCounts:
         return self.float16 + self.bfloat16
 
 
-class _State(enum.Enum):
-    READY = "ready"
-    COLLECTING = "collecting"
-    FINISHED = "finished"
-
-
 def _op_name(func: Any) -> str:
     # Overloads (add.Tensor, add.Scalar) are one op to a reader; the aten namespace is
     # implied, other namespaces are kept so custom ops stay recognisable.
@@ -143,22 +138,7 @@ def _precision_of_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     return _PRECISION_OF_DTYPE.get(dtype, Precision.OTHER)
 
 
-class _CountingMode(TorchDispatchMode):
-    def __init__(self, tally: Counter[tuple[str, Precision]]) -> None:
-        super().__init__()
-        self.tally = tally
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if func.namespace == "profiler":
-            return out
-        self.tally[_op_name(func), _precision_of_call(func, args, kwargs, out)] += 1
-        return out
-
-
-class OpStats:
+class OpStats(DispatchRegion):
     """Op-call counts of one region; made by :func:`collect_op_stats`.
 
     A region is entered once; the counts can be read during and after it.
@@ -178,24 +158,14 @@ class OpStats:
     """
 
     def __init__(self) -> None:
+        super().__init__("an OpStats region can be entered only once; call "
+                         "collect_op_stats() again for a new count", active="collecting")
         self._tally: Counter[tuple[str, Precision]] = Counter()
-        self._mode: _CountingMode | None = None
-        self._state = _State.READY
 
-    def __enter__(self) -> OpStats:
-        if self._state is not _State.READY:
-            raise RuntimeError("an OpStats region can be entered only once; call "
-                               "collect_op_stats() again for a new count")
-        self._mode = _CountingMode(self._tally)
-        self._mode.__enter__()
-        self._state = _State.COLLECTING
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        assert self._mode is not None
-        self._mode.__exit__(*exc)
-        self._mode = None
-        self._state = _State.FINISHED
+    def _on_call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 out: Any) -> None:
+        if func.namespace != "profiler":
+            self._tally[_op_name(func), _precision_of_call(func, args, kwargs, out)] += 1
 
     @property
     def counts(self) -> Mapping[str, OpCallCounts]:
@@ -245,7 +215,7 @@ class OpStats:
     def __repr__(self) -> str:
         t = self.total
         return (f"OpStats(float16={t.float16}, bfloat16={t.bfloat16}, float32={t.float32}, "
-                f"other={t.other}, state={self._state.value!r})")
+                f"other={t.other}, state={self._state!r})")
 
 
 def collect_op_stats() -> OpStats:

@@ -21,16 +21,11 @@ It writes those names only (:func:`report_file_names`) and deletes nothing.
 
 :func:`summary_table` is the table the CLI prints and the page shows.
 
-Example:
-    >>> import tempfile
-    >>> from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
-    >>> from ampkit.tools.report import write_report
-    >>> result = run_demo(DemoSettings(epochs=1, device="cpu",
-    ...                                configurations=demo_configurations(["fp32"])))
-    >>> with tempfile.TemporaryDirectory() as out:
-    ...     files = write_report(result, out)
-    ...     sorted(p.name for p in files.all())
-    ['accuracy.png', 'loss_curves.png', 'report.html', 'results.json']
+Example (:func:`write_report` runs the demo and writes these):
+    >>> from ampkit.tools.demo import DemoSettings, demo_configurations
+    >>> from ampkit.tools.report import report_file_names
+    >>> report_file_names(DemoSettings(configurations=demo_configurations(["fp32"])))
+    ('loss_curves.png', 'accuracy.png', 'report.html', 'results.json')
 """
 
 from __future__ import annotations
@@ -356,10 +351,10 @@ def report_data(result: DemoResult) -> dict[str, Any]:
     Example:
         >>> from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
         >>> from ampkit.tools.report import report_data
-        >>> result = run_demo(DemoSettings(epochs=1, device="cpu",
-        ...                                configurations=demo_configurations(["fp32"])))
-        >>> data = report_data(result)
-        >>> data["runs"][0]["name"], len(data["runs"][0]["losses"])
+        >>> settings = DemoSettings(epochs=1, device="cpu",
+        ...                         configurations=demo_configurations(["fp32"]))
+        >>> run = report_data(run_demo(settings))["runs"][0]
+        >>> run["name"], len(run["losses"])
         ('fp32', 21)
     """
     settings = result.settings
@@ -620,7 +615,9 @@ def write_report(result: DemoResult, out_dir: str | os.PathLike[str]) -> ReportF
         ...                                configurations=demo_configurations(["fp32"])))
         >>> with tempfile.TemporaryDirectory() as out:
         ...     files = write_report(result, out)
+        ...     sorted(p.name for p in files.all())
         ...     json.loads(files.json.read_text())["runs"][0]["name"]
+        ['accuracy.png', 'loss_curves.png', 'report.html', 'results.json']
         'fp32'
     """
     folder = check_output_dir(out_dir)

@@ -78,7 +78,8 @@ from ampkit.tools.compare import (
 )
 from ampkit.tools.comparison import Comparison
 
-__all__ = ["Trial", "TuneResult", "TuneWarning", "aggressive_policy", "metric_value", "tune"]
+__all__ = ["Trial", "TuneResult", "TuneWarning", "aggressive_policy", "evaluate_metric",
+           "metric_value", "tune"]
 
 #: Why a search stopped.
 WITHIN_TOLERANCE = "within tolerance"
@@ -216,6 +217,30 @@ def metric_value(value: Any, where: str) -> float:
                     f"{type(value).__name__} in {where}")
 
 
+def evaluate_metric(eval_fn: Callable[[nn.Module], Any], model: nn.Module,
+                    where: str) -> float:
+    """``eval_fn(model)`` as a float (:func:`metric_value`); ``where`` names the run in
+    the errors.
+
+    Raises:
+        RuntimeError: ``eval_fn`` raised; the message names ``where``, and the original
+            error is its ``__cause__``.
+        TypeError: as :func:`metric_value`.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools.tune import evaluate_metric
+        >>> evaluate_metric(lambda m: m.weight.sum(), torch.nn.PReLU(init=0.5), "trial 0")
+        0.5
+    """
+    try:
+        value = eval_fn(model)
+    except Exception as error:
+        raise RuntimeError(f"eval_fn raised in {where}: "
+                           f"{type(error).__name__}: {error}") from error
+    return metric_value(value, where)
+
+
 def _start_policy(start: Policy | str | None, dtype: torch.dtype) -> Policy:
     from ampkit.presets import get_policy
 
@@ -287,14 +312,7 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
     threshold = resolve_threshold(None, low)
 
     def evaluate(where: str) -> Callable[[nn.Module], float]:
-        def run(m: nn.Module) -> float:
-            try:
-                value = eval_fn(m)
-            except Exception as error:
-                raise RuntimeError(f"eval_fn raised in {where}: "
-                                   f"{type(error).__name__}: {error}") from error
-            return metric_value(value, where)
-        return run
+        return functools.partial(evaluate_metric, eval_fn, where=where)
 
     ref_run, reference = run_once(copy.deepcopy(model).float(),
                                   evaluate("the float32 reference run"),
