@@ -26,6 +26,20 @@ torch.set_num_threads(1)
 #: Tests import it as ``from conftest import DEVICES``.
 DEVICES: tuple[str, ...] = ("cpu",) + (("cuda",) if torch.cuda.is_available() else ())
 
+
+def _cpu_rowwise_fp8() -> bool:
+    from ampkit.fp8.recipe import cpu_scaled_mm_takes_rowwise_scales
+
+    return cpu_scaled_mm_takes_rowwise_scales()
+
+
+#: For fp8 tests that train a per-row recipe on the CPU: torch 2.11's CPU
+#: torch._scaled_mm takes per-tensor scales only (ampkit refuses the recipe there,
+#: tested in tests/levels/test_fp8.py). Tests import it as ``from conftest import ...``.
+NEEDS_CPU_ROWWISE_FP8 = pytest.mark.skipif(
+    not _cpu_rowwise_fp8(),
+    reason=f"torch {torch.__version__}'s CPU torch._scaled_mm takes per-tensor scales only")
+
 #: Set by ``.ci/run``: a missing browser fails the browser tests instead of skipping them.
 REQUIRE_BROWSER_VARIABLE = "AMPKIT_REQUIRE_BROWSER"
 BROWSER_MISSING = ("chromium/chromedriver not found; install Debian's chromium and "

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import ampkit
 from ampkit.tools import Fp8CastWatch, fp8_report, tune_fp8
+from conftest import NEEDS_CPU_ROWWISE_FP8
 
 pytest.importorskip("torchao.float8")
 
@@ -87,6 +88,7 @@ def test_cast_watch_counts_an_inf_as_saturated_and_the_rest_as_flushed():
     assert "1      input" in watch.table()
 
 
+@NEEDS_CPU_ROWWISE_FP8
 def test_numerics_checker_check_all_runs_through_fp8_layers():
     net = ampkit.initialize(nn.Sequential(*[nn.Linear(16, 16) for _ in range(3)]),
                             level="O2", dtype=torch.bfloat16, fp8="rowwise")
@@ -112,6 +114,7 @@ def test_compare_reports_fp8_error_per_layer_against_bf16_and_fp32():
     assert c.to_dict()["fp8_layers"][2]["layer"] == "2"
 
 
+@NEEDS_CPU_ROWWISE_FP8
 def test_rowwise_with_gw_hp_keeps_the_weight_gradient_at_bf16_error():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 16))

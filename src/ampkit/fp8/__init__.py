@@ -18,7 +18,7 @@ Example:
     >>> net = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
     >>> opt = torch.optim.AdamW(net.parameters())
     >>> net, opt = ampkit.initialize(net, opt, level="O2", dtype=torch.bfloat16,
-    ...                              fp8="rowwise")
+    ...                              fp8="tensorwise")
     >>> ampkit.fp8.get_fp8_plan(net).converted
     ('1', '2')
 """

@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from ampkit.conversion import OWN_PARAMETER_CASTS, ConversionConfig, get_conversion
-from ampkit.fp8.recipe import float8_linear_config, parse_fp8, recipe_name
+from ampkit.fp8.recipe import check_fp8_device, float8_linear_config, parse_fp8, recipe_name
 from ampkit.fp8.selection import Fp8Layer, is_float8, select_fp8_layers
 
 __all__ = ["FP8_OPTIONS", "Fp8Plan", "apply_fp8", "check_fp8_level", "fp8_layers", "get_fp8_plan",
@@ -134,7 +134,7 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
         >>> from ampkit.conversion import ConversionConfig
         >>> from ampkit.fp8 import prepare_fp8
         >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
-        >>> plan = prepare_fp8(net, ConversionConfig.for_level("O2"), fp8="rowwise")
+        >>> plan = prepare_fp8(net, ConversionConfig.for_level("O2"), fp8="tensorwise")
         >>> plan.converted, type(net[1]).__name__  # nothing changed yet
         (('1',), 'Linear')
     """
@@ -152,6 +152,7 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
         return None
     check_fp8_level(fp8, config)
     float8_linear_config(fp8)  # torchao missing: an ImportError naming the extra
+    check_fp8_device(fp8, next((p.device.type for p in model.parameters()), None))
     settings = _settings(fp8, fp8_exclude_modules, fp8_first_last)
     earlier = getattr(model, _PLAN, None)
     if earlier is not None:

@@ -20,12 +20,16 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import importlib
 from types import ModuleType
 from typing import Any
 
-__all__ = ["FP8_EXTRA", "FP8_RECIPES", "TORCHAO_TESTED", "float8_linear_config",
-           "parse_fp8", "recipe_name", "require_torchao"]
+import torch
+
+__all__ = ["FP8_EXTRA", "FP8_RECIPES", "TORCHAO_TESTED", "check_fp8_device",
+           "cpu_scaled_mm_takes_rowwise_scales", "float8_linear_config", "parse_fp8",
+           "recipe_name", "require_torchao", "uses_rowwise_scales"]
 
 #: The recipe names ``fp8=`` accepts: torchao's ``Float8LinearRecipeName`` values.
 #: ``tensorwise``: one scale per tensor; ``rowwise``: one scale per row, power-of-two
@@ -128,3 +132,60 @@ def float8_linear_config(fp8: Any) -> Any:
     if isinstance(fp8, str):
         return float8.Float8LinearConfig.from_recipe_name(fp8)
     return fp8
+
+
+def uses_rowwise_scales(config: Any) -> bool:
+    """Whether a torchao ``Float8LinearConfig`` scales any of its casts per row
+    (``rowwise``, ``rowwise_with_gw_hp``), which ``torch._scaled_mm`` must support.
+
+    Example:
+        >>> from ampkit.fp8.recipe import float8_linear_config, uses_rowwise_scales
+        >>> uses_rowwise_scales(float8_linear_config("tensorwise"))
+        False
+    """
+    casts = (config.cast_config_input, config.cast_config_weight,
+             config.cast_config_grad_output, config.cast_config_input_for_grad_weight,
+             config.cast_config_weight_for_grad_input,
+             config.cast_config_grad_output_for_grad_weight)
+    return any(c is not None and c.scaling_granularity.value == "axiswise" for c in casts)
+
+
+@functools.cache
+def cpu_scaled_mm_takes_rowwise_scales() -> bool:
+    """Whether this torch's CPU ``torch._scaled_mm`` takes per-row scales (torch 2.12
+    and later; torch 2.11's CPU kernel takes one scale per tensor only). Probed once,
+    on a 16 x 16 product.
+
+    Example:
+        >>> from ampkit.fp8.recipe import cpu_scaled_mm_takes_rowwise_scales
+        >>> isinstance(cpu_scaled_mm_takes_rowwise_scales(), bool)
+        True
+    """
+    a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16),
+                         out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
+
+
+def check_fp8_device(fp8: Any, device_type: str | None) -> None:
+    """Refuse, before anything changes, a per-row recipe on a CPU whose
+    ``torch._scaled_mm`` takes per-tensor scales only (it would fail at the first
+    forward). Needs torchao; ``fp8`` is a parsed value or a config.
+
+    Raises:
+        RuntimeError: naming the recipe, this torch and what works instead.
+
+    Example:
+        >>> from ampkit.fp8.recipe import check_fp8_device
+        >>> check_fp8_device("tensorwise", "cpu")  # every torch's CPU kernel takes it
+    """
+    if device_type != "cpu" or cpu_scaled_mm_takes_rowwise_scales():
+        return
+    if uses_rowwise_scales(float8_linear_config(fp8)):
+        raise RuntimeError(
+            f"fp8={recipe_name(fp8)!r} scales per row, but this torch's "
+            f"({torch.__version__}) CPU torch._scaled_mm takes one scale per tensor only; "
+            f"use fp8='tensorwise' on CPU, or torch >= 2.12")

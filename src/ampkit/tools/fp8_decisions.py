@@ -4,9 +4,9 @@ Example:
     >>> import torch
     >>> import ampkit
     >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
-    >>> net = ampkit.initialize(net, level="O2", dtype=torch.bfloat16, fp8="rowwise")
+    >>> net = ampkit.initialize(net, level="O2", dtype=torch.bfloat16, fp8="tensorwise")
     >>> print(ampkit.tools.fp8_report(net))
-    fp8 (rowwise): 1 of 3 Linear layers
+    fp8 (tensorwise): 1 of 3 Linear layers
     layer  shape    fp8  why not
     0      16 x 16  no   first Linear of the model (fp8_first_last=True converts it)
     1      16 x 16  yes

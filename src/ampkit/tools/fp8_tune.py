@@ -23,7 +23,7 @@ Example:
     >>> net = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(3)])
     >>> x = torch.randn(16, 32)
     >>> result = ampkit.tools.tune_fp8(net, lambda m: m(x).float().pow(2).mean(),
-    ...                                "rowwise", tolerance=0.5, relative=True)
+    ...                                "tensorwise", tolerance=0.5, relative=True)
     >>> result.layers, result.within_tolerance
     (('0', '1', '2'), True)
     >>> sorted(result.initialize_kwargs())
