@@ -286,12 +286,13 @@ def test_bad_fp8_values_and_combinations_are_refused_clearly():
 
 
 def test_a_second_initialize_changes_nothing_or_refuses_other_fp8_settings():
-    model = ampkit.initialize(_mlp(), level="O2", dtype=torch.bfloat16, fp8="rowwise")
+    model = ampkit.initialize(_mlp(), level="O2", dtype=torch.bfloat16, fp8="tensorwise")
     layer = model[2]
-    assert ampkit.initialize(model, level="O2", dtype=torch.bfloat16, fp8="rowwise") is model
+    assert ampkit.initialize(model, level="O2", dtype=torch.bfloat16,
+                             fp8="tensorwise") is model
     assert model[2] is layer
     with pytest.raises(RuntimeError, match="other fp8 settings"):
-        ampkit.initialize(model, level="O2", dtype=torch.bfloat16, fp8="tensorwise")
+        ampkit.initialize(model, level="O2", dtype=torch.bfloat16, fp8="rowwise")
     with pytest.raises(RuntimeError, match="converted with fp8 before"):
         ampkit.initialize(model, level="O2", dtype=torch.bfloat16)
     plain = ampkit.initialize(_mlp(), level="O2", dtype=torch.bfloat16)

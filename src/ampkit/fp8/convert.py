@@ -152,7 +152,6 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
         return None
     check_fp8_level(fp8, config)
     float8_linear_config(fp8)  # torchao missing: an ImportError naming the extra
-    check_fp8_device(fp8, next((p.device.type for p in model.parameters()), None))
     settings = _settings(fp8, fp8_exclude_modules, fp8_first_last)
     earlier = getattr(model, _PLAN, None)
     if earlier is not None:
@@ -166,6 +165,8 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
                            "fresh fp32 model to train it in fp8")
     layers = select_fp8_layers(model, keep_fp32_modules=config.keep_fp32_modules,
                                exclude=fp8_exclude_modules, first_last=fp8_first_last)
+    # last: the caller's argument errors come first, whatever the machine
+    check_fp8_device(fp8, next((p.device.type for p in model.parameters()), None))
     return Fp8Plan(fp8, layers, settings)
 
 
