@@ -29,7 +29,7 @@ _LAZY = {
     "Level": "ampkit.levels",
     "LevelProperties": "ampkit.levels",
     "level_properties": "ampkit.levels",
-    "convert_model": "ampkit.conversion",
+    "convert_model": "ampkit.front_door",
     "PureLowPrecisionOptimizer": "ampkit.master_weights_pure",
     "initialize": "ampkit.front_door",
     "AmpConfig": "ampkit.config",

@@ -157,9 +157,8 @@ class AmpConfig:
     def __post_init__(self) -> None:
         # Every check is one that initialize, the level table or GradScaler already
         # runs: the config calls them, so a config that is made is one they accept.
-        from ampkit.conversion import ConversionConfig
         from ampkit.fp8.convert import check_fp8_level
-        from ampkit.levels import Level, level_properties
+        from ampkit.levels import Level, conversion_config, level_properties
         from ampkit.policy import as_dtype
         from ampkit.scaling.schedule import ScaleSchedule
 
@@ -197,7 +196,7 @@ class AmpConfig:
                                  loss_scale=self.loss_scale)
         if isinstance(self.loss_scale, numbers.Real):
             put(self, "loss_scale", float(self.loss_scale))
-        conversion = ConversionConfig.from_properties(
+        conversion = conversion_config(
             props, keep_fp32_modules=self.keep_fp32_modules, policy=self.policy,
             custom_white_list=self.custom_white_list or None,
             custom_black_list=self.custom_black_list or None)

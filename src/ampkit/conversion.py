@@ -1,6 +1,6 @@
 """Model conversion: a precision level applied to a whole ``nn.Module``.
 
-:func:`convert_model` decides, module by module, where parameters live and in which
+:func:`ampkit.convert_model` decides, module by module, where parameters live and in which
 dtype each module computes, then installs casts at the few module boundaries where the
 dtype changes, so every module receives inputs in the dtype its parameters have:
 
@@ -40,7 +40,7 @@ parameters, made on use and cached for one optimizer step
 Floating buffers are never cast at O2: an op that mixes one with low-precision
 activations follows torch's type promotion, and the policy's region decides the rest.
 
-Converting is done once: calling :func:`convert_model` again on the same model with the
+Converting is done once: calling :func:`ampkit.convert_model` again on the same model with the
 same settings returns it unchanged; different settings, or converting a module inside
 (or around) an already-converted one, is a ``RuntimeError``, never a second cast.
 
@@ -62,7 +62,7 @@ import dataclasses
 import enum
 import functools
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -74,7 +74,6 @@ from ampkit.autocast_mode import autocast
 from ampkit.casting import cast_tree
 from ampkit.compile_frames import skip_frame_only, skip_recursively
 from ampkit.containers import iter_tensors
-from ampkit.levels import LevelProperties, MasterWeights, level_properties
 from ampkit.module_selection import ModuleSelector
 from ampkit.module_selection import parse_module_selectors as _selectors
 from ampkit.module_selection import resolve_module_selectors as _resolve
@@ -88,7 +87,6 @@ from ampkit.parameter_casts import (
 )
 from ampkit.policy import Policy
 from ampkit.presets import get_policy
-from ampkit.registry import OpEntry
 
 __all__ = [
     "ALL_LOW_PRECISION",
@@ -100,7 +98,6 @@ __all__ = [
     "ModuleSelector",
     "apply_conversion",
     "check_not_wrapped",
-    "convert_model",
     "get_conversion",
     "prepare_conversion",
 ]
@@ -140,7 +137,7 @@ OWN_PARAMETER_CASTS = "_ampkit_casts_own_parameters"
 
 @dataclasses.dataclass(frozen=True)
 class ConversionConfig:
-    """What :func:`convert_model` does to a model (immutable). Every field has a name
+    """What :func:`ampkit.convert_model` does to a model (immutable). Every field has a name
     that says what it controls, so dialects only translate their own words into these.
 
     Attributes:
@@ -175,8 +172,8 @@ class ConversionConfig:
 
     Example:
         >>> import torch
-        >>> from ampkit.conversion import ConversionConfig
-        >>> cfg = ConversionConfig.for_level("O2", torch.bfloat16)
+        >>> from ampkit.levels import conversion_for_level
+        >>> cfg = conversion_for_level("O2", torch.bfloat16)
         >>> cfg.param_dtype, cfg.param_compute_dtype, cfg.output_dtype, cfg.policy.name
         (None, torch.bfloat16, torch.float32, 'torch')
     """
@@ -238,92 +235,13 @@ class ConversionConfig:
         """True when parameters are stored in a low-precision dtype.
 
         Example:
-            >>> from ampkit.conversion import ConversionConfig
-            >>> ConversionConfig.for_level("O1").casts_parameters
+            >>> from ampkit.levels import conversion_for_level
+            >>> conversion_for_level("O1").casts_parameters
             False
-            >>> ConversionConfig.for_level("O2").casts_parameters  # cast on use instead
+            >>> conversion_for_level("O2").casts_parameters  # cast on use instead
             False
         """
         return self.param_dtype in _LOW
-
-    @classmethod
-    def from_properties(cls, props: LevelProperties, *,
-                        keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
-                        policy: str | Policy = "torch",
-                        custom_white_list: Iterable[OpEntry] | None = None,
-                        custom_black_list: Iterable[OpEntry] | None = None,
-                        state_dict_dtype: torch.dtype | str | None = None
-                        ) -> ConversionConfig:
-        """The conversion a level's :class:`~ampkit.levels.LevelProperties` stand for.
-
-        ``keep_fp32_modules`` adds to the norms that ``keep_norms_fp32`` keeps;
-        ``policy`` and the custom lists make the autocast policy of levels that patch
-        ops (a ``ValueError`` for levels that do not, where they would do nothing);
-        ``state_dict_dtype`` is the dtype ``model.state_dict()`` reports (apex: float32
-        wherever it casts the model). ``cast_model_type=False`` takes the model as
-        given (``params_as_given``).
-
-        Example:
-            >>> import torch
-            >>> from ampkit.conversion import ConversionConfig
-            >>> from ampkit.levels import level_properties
-            >>> cfg = ConversionConfig.from_properties(level_properties("O3", "float16"))
-            >>> cfg.param_dtype, cfg.keep_fp32_modules, cfg.policy
-            (torch.float16, (), None)
-        """
-        white_or_black = custom_white_list is not None or custom_black_list is not None
-        if not props.patch_ops and (white_or_black or policy != "torch"):
-            raise ValueError(f"policy, custom_white_list and custom_black_list choose how "
-                             f"ops are cast, which level {props.level.value} with "
-                             f"patch_ops=False does not do; use level O1 or O2")
-        keep = _selectors(keep_fp32_modules, "keep_fp32_modules") or ()
-        norms = NORM_MODULES if props.keep_norms_fp32 else ()
-        low = props.casts_parameters
-        # master_weights=True: the fp32 parameters are the truth and modules compute
-        # with low-precision copies made on use (no second copy of anything).
-        fp32_truth = low and props.master_weights_mode is MasterWeights.FP32
-        as_given = props.cast_model_type is False
-        # False (as given) is no dtype: the fields below take a dtype or None.
-        model_dtype = (props.cast_model_type
-                       if isinstance(props.cast_model_type, torch.dtype) else None)
-        return cls(
-            param_dtype=None if fp32_truth else model_dtype,
-            param_compute_dtype=model_dtype if fp32_truth else None,
-            keep_fp32_modules=tuple(norms) + keep,
-            kept_output_dtype=model_dtype if low else None,
-            compute_dtype=props.dtype,
-            policy=(get_policy(policy).with_lists(custom_white_list, custom_black_list)
-                    if props.patch_ops else None),
-            input_dtype=model_dtype if low else None,
-            output_dtype=props.cast_model_outputs,
-            state_dict_dtype=parse_dtype(state_dict_dtype, "state_dict_dtype",
-                                         accept=FLOAT_DTYPES, allow_none=True),
-            params_as_given=as_given,
-        )
-
-    @classmethod
-    def for_level(cls, level: Any = "O2", dtype: torch.dtype | str | None = None, *,
-                  device_type: str | None = None,
-                  keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
-                  policy: str | Policy = "torch",
-                  custom_white_list: Iterable[OpEntry] | None = None,
-                  custom_black_list: Iterable[OpEntry] | None = None,
-                  **level_overrides: Any) -> ConversionConfig:
-        """The conversion for ``level`` and ``dtype``: :func:`~ampkit.levels.
-        level_properties` (with ``level_overrides``) then :meth:`from_properties`.
-
-        Example:
-            >>> import torch
-            >>> from ampkit.conversion import ConversionConfig
-            >>> cfg = ConversionConfig.for_level("O2", "bfloat16", keep_norms_fp32=False,
-            ...                                  keep_fp32_modules=["head"])
-            >>> cfg.keep_fp32_modules
-            ('head',)
-        """
-        props = level_properties(level, dtype, device_type=device_type, **level_overrides)
-        return cls.from_properties(props, keep_fp32_modules=keep_fp32_modules, policy=policy,
-                                   custom_white_list=custom_white_list,
-                                   custom_black_list=custom_black_list)
 
 
 # -- reported dtype -----------------------------------------------------------------------
@@ -1078,7 +996,8 @@ def get_conversion(model: nn.Module) -> ConversionConfig | None:
 
     Example:
         >>> import torch
-        >>> from ampkit.conversion import convert_model, get_conversion
+        >>> from ampkit.conversion import get_conversion
+        >>> from ampkit.front_door import convert_model
         >>> model = convert_model(torch.nn.Linear(2, 2), "O3", torch.bfloat16)
         >>> get_conversion(model).param_dtype, get_conversion(torch.nn.Linear(2, 2))
         (torch.bfloat16, None)
@@ -1094,60 +1013,6 @@ def _iter_records(model: nn.Module) -> Iterator[tuple[str, _Record]]:
             yield name, record
 
 
-def convert_model(model: nn.Module, level: Any = "O2", dtype: torch.dtype | str | None = None,
-                  **overrides: Any) -> nn.Module:
-    """Apply a precision level (or a :class:`ConversionConfig`) to ``model``, in place,
-    and return it.
-
-    Args:
-        model: an fp32 ``nn.Module`` on its final device, not yet wrapped in
-            DataParallel/DistributedDataParallel/FSDP.
-        level: ``"O0"`` .. ``"O3"``, a :class:`~ampkit.levels.Level`, or a
-            :class:`ConversionConfig` (then ``dtype`` and ``overrides`` must be absent).
-        dtype: the low-precision dtype; ``None``: the autocast default of the model's
-            device (bfloat16 on CPU, float16 on CUDA).
-        **overrides: level properties (``cast_model_type``, ``keep_norms_fp32``,
-            ``master_weights``, ``patch_ops``, ``cast_model_outputs``) and
-            ``keep_fp32_modules``, ``policy``, ``custom_white_list``,
-            ``custom_black_list``; see :meth:`ConversionConfig.for_level`.
-
-    Returns:
-        ``model`` itself, converted. Converting it again with the same settings returns
-        it unchanged.
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Module``, or an unknown override.
-        ValueError: unknown level or dtype, a refused combination, a module name not in
-            the model, a non-fp32 model, or a tied tensor asked to be in two dtypes.
-        RuntimeError: the model is wrapped (DDP & co.), or already converted otherwise.
-
-    Example:
-        >>> import torch
-        >>> from ampkit.conversion import convert_model
-        >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
-        >>> net = convert_model(net, "O2", torch.bfloat16)
-        >>> net[0].weight.dtype, net(torch.rand(1, 1, 5, 5)).dtype  # fp32 truth
-        (torch.float32, torch.float32)
-        >>> convert_model(net, "O3", torch.bfloat16)
-        Traceback (most recent call last):
-        ...
-        RuntimeError: this model was already converted with different settings; ...
-    """
-    _check_model(model)
-    if isinstance(level, ConversionConfig):
-        if dtype is not None or overrides:
-            raise TypeError("convert_model: pass either a ConversionConfig or a level with "
-                            "dtype and overrides, not both")
-        config = level
-    else:
-        device_type = next((t.device.type for t in model.parameters()), None)
-        config = ConversionConfig.for_level(level, dtype, device_type=device_type, **overrides)
-    plan = prepare_conversion(model, config)
-    if plan is not None:
-        apply_conversion(model, config, plan)
-    return model
-
-
 def prepare_conversion(model: nn.Module, config: ConversionConfig) -> Any:
     """Check ``model`` against ``config`` and plan its conversion without changing
     anything; ``None`` when it is already converted with ``config``. With
@@ -1155,9 +1020,10 @@ def prepare_conversion(model: nn.Module, config: ConversionConfig) -> Any:
 
     Example:
         >>> import torch
-        >>> from ampkit.conversion import ConversionConfig, prepare_conversion
+        >>> from ampkit.conversion import prepare_conversion
+        >>> from ampkit.levels import conversion_for_level
         >>> model = torch.nn.Linear(2, 2)
-        >>> _ = prepare_conversion(model, ConversionConfig.for_level("O3", "bfloat16"))
+        >>> _ = prepare_conversion(model, conversion_for_level("O3", "bfloat16"))
         >>> model.weight.dtype
         torch.float32
     """
@@ -1182,9 +1048,9 @@ def apply_conversion(model: nn.Module, config: ConversionConfig, plan: Any) -> N
 
     Example:
         >>> import torch
-        >>> from ampkit.conversion import (ConversionConfig, apply_conversion,
-        ...                                prepare_conversion)
-        >>> model, cfg = torch.nn.Linear(2, 2), ConversionConfig.for_level("O3", "float16")
+        >>> from ampkit.conversion import apply_conversion, prepare_conversion
+        >>> from ampkit.levels import conversion_for_level
+        >>> model, cfg = torch.nn.Linear(2, 2), conversion_for_level("O3", "float16")
         >>> apply_conversion(model, cfg, prepare_conversion(model, cfg))
         >>> model.weight.dtype
         torch.float16

@@ -7,7 +7,7 @@ One call applies a precision level to one or several models and their optimizers
 2. every model is checked (an ``nn.Module``, fp32, not yet wrapped in DDP/FSDP) and
    every optimizer's parameters are checked to belong to the models, all before
    anything is changed;
-3. the models are converted (:func:`ampkit.conversion.convert_model`);
+3. the models are converted (:func:`convert_model`);
 4. optimizers are returned as they are: at O1 and O2 the fp32 parameters are the truth
    and the user's optimizer steps them directly (O2's modules compute with
    low-precision copies made on use, :mod:`ampkit.parameter_casts`); only with
@@ -51,12 +51,18 @@ from ampkit.conversion import (
     prepare_conversion,
 )
 from ampkit.fp8.convert import FP8_OPTIONS, apply_fp8, prepare_fp8
-from ampkit.levels import LEVEL_PROPERTY_NAMES, LevelProperties, level_properties
+from ampkit.levels import (
+    LEVEL_PROPERTY_NAMES,
+    LevelProperties,
+    conversion_config,
+    conversion_for_level,
+    level_properties,
+)
 
 if TYPE_CHECKING:
     from ampkit.config import AmpConfig
 
-__all__ = ["INITIALIZE_OVERRIDES", "initialize"]
+__all__ = ["INITIALIZE_OVERRIDES", "convert_model", "initialize"]
 
 # apex's spelling -> ampkit's
 _ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"}
@@ -256,7 +262,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         check_not_wrapped(model, "model" if one_model else f"models[{i}]")
     device_type = next((p.device.type for m in model_list for p in m.parameters()), None)
     props = level_properties(level, dtype, device_type=device_type, **level_args)
-    conversion_config = ConversionConfig.from_properties(props, **conversion)
+    converting = conversion_config(props, **conversion)
     if rounding_seed is not None and not props.master_weights_mode.pure:
         raise ValueError("rounding_seed seeds the stochastic rounding of "
                          "master_weights='stochastic' or 'kahan'; this call keeps "
@@ -270,18 +276,18 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, mode.value, seed=rounding_seed,
                                  seed_name="rounding_seed")
-    fp8_plans = [prepare_fp8(model, conversion_config, **fp8_args) for model in model_list]
-    plans = [prepare_conversion(model, conversion_config) for model in model_list]
+    fp8_plans = [prepare_fp8(model, converting, **fp8_args) for model in model_list]
+    plans = [prepare_conversion(model, converting) for model in model_list]
     if len({id(m) for m in model_list}) != len(model_list):
         raise ValueError("models: the same model is given twice")
     if any(fp8_plans):  # swap the fp8 Linears, then plan the conversion of the result
         for model, fp8_plan in zip(model_list, fp8_plans):
             if fp8_plan is not None:
                 apply_fp8(model, fp8_plan, opt_list)
-        plans = [prepare_conversion(model, conversion_config) for model in model_list]
+        plans = [prepare_conversion(model, converting) for model in model_list]
     for model, plan in zip(model_list, plans):
         if plan is not None:
-            apply_conversion(model, conversion_config, plan)
+            apply_conversion(model, converting, plan)
     if mode.pure:  # pure low precision: no fp32 copies
         from ampkit.master_weights_pure import mark_pure_models, pure_low_precision
 
@@ -294,3 +300,60 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         return out_models
     out_opts = opt_list[0] if one_opt else type(optimizers)(opt_list)  # type: ignore[call-arg]
     return out_models, out_opts
+
+
+def convert_model(model: nn.Module, level: Any = "O2", dtype: torch.dtype | str | None = None,
+                  **overrides: Any) -> nn.Module:
+    """Apply a precision level (or a :class:`~ampkit.conversion.ConversionConfig`) to
+    ``model``, in place, and return it.
+
+    Args:
+        model: an fp32 ``nn.Module`` on its final device, not yet wrapped in
+            DataParallel/DistributedDataParallel/FSDP.
+        level: ``"O0"`` .. ``"O3"``, a :class:`~ampkit.levels.Level`, or a
+            :class:`~ampkit.conversion.ConversionConfig` (then ``dtype`` and ``overrides``
+            must be absent).
+        dtype: the low-precision dtype; ``None``: the autocast default of the model's
+            device (bfloat16 on CPU, float16 on CUDA).
+        **overrides: level properties (``cast_model_type``, ``keep_norms_fp32``,
+            ``master_weights``, ``patch_ops``, ``cast_model_outputs``) and
+            ``keep_fp32_modules``, ``policy``, ``custom_white_list``,
+            ``custom_black_list``; see :func:`~ampkit.levels.conversion_for_level`.
+
+    Returns:
+        ``model`` itself, converted. Converting it again with the same settings returns
+        it unchanged.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, or an unknown override.
+        ValueError: unknown level or dtype, a refused combination, a module name not in
+            the model, a non-fp32 model, or a tied tensor asked to be in two dtypes.
+        RuntimeError: the model is wrapped (DDP & co.), or already converted otherwise.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.front_door import convert_model
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2))
+        >>> net = convert_model(net, "O2", torch.bfloat16)
+        >>> net[0].weight.dtype, net(torch.rand(1, 1, 5, 5)).dtype  # fp32 truth
+        (torch.float32, torch.float32)
+        >>> convert_model(net, "O3", torch.bfloat16)
+        Traceback (most recent call last):
+        ...
+        RuntimeError: this model was already converted with different settings; ...
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check_not_wrapped(model)
+    if isinstance(level, ConversionConfig):
+        if dtype is not None or overrides:
+            raise TypeError("convert_model: pass either a ConversionConfig or a level with "
+                            "dtype and overrides, not both")
+        config = level
+    else:
+        device_type = next((t.device.type for t in model.parameters()), None)
+        config = conversion_for_level(level, dtype, device_type=device_type, **overrides)
+    plan = prepare_conversion(model, config)
+    if plan is not None:
+        apply_conversion(model, config, plan)
+    return model

@@ -84,18 +84,24 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
 from ampkit.arguments import FLOAT_DTYPES, default_device_type, parse_dtype, parse_loss_scale
-from ampkit.policy import as_dtype
+from ampkit.conversion import NORM_MODULES, ConversionConfig
+from ampkit.module_selection import ModuleSelector, parse_module_selectors
+from ampkit.policy import Policy, as_dtype
+from ampkit.presets import get_policy
+from ampkit.registry import OpEntry
 
 __all__ = [
     "LEVEL_PROPERTY_NAMES",
     "PURE_MASTER_WEIGHTS",
     "MasterWeights",
+    "conversion_config",
+    "conversion_for_level",
     "Level",
     "LevelProperties",
     "default_dtype",
@@ -432,3 +438,85 @@ def describe_levels(dtype: torch.dtype | str | None = None) -> str:
             cells = [_name(getattr(props, n)) for n in LEVEL_PROPERTY_NAMES]
             rows.append("| O2 | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+# -- the level, in the conversion's own words ---------------------------------------------
+
+def conversion_config(props: LevelProperties, *,
+                    keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
+                    policy: str | Policy = "torch",
+                    custom_white_list: Iterable[OpEntry] | None = None,
+                    custom_black_list: Iterable[OpEntry] | None = None,
+                    state_dict_dtype: torch.dtype | str | None = None
+                    ) -> ConversionConfig:
+    """The conversion (:class:`~ampkit.conversion.ConversionConfig`, in its own
+    vocabulary) that a level's :class:`LevelProperties` (apex's vocabulary) stand for:
+    the one place the two meet.
+
+    ``keep_fp32_modules`` adds to the norms that ``keep_norms_fp32`` keeps;
+    ``policy`` and the custom lists make the autocast policy of levels that patch
+    ops (a ``ValueError`` for levels that do not, where they would do nothing);
+    ``state_dict_dtype`` is the dtype ``model.state_dict()`` reports (apex: float32
+    wherever it casts the model). ``cast_model_type=False`` takes the model as
+    given (``params_as_given``).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.levels import conversion_config, level_properties
+        >>> cfg = conversion_config(level_properties("O3", "float16"))
+        >>> cfg.param_dtype, cfg.keep_fp32_modules, cfg.policy
+        (torch.float16, (), None)
+    """
+    white_or_black = custom_white_list is not None or custom_black_list is not None
+    if not props.patch_ops and (white_or_black or policy != "torch"):
+        raise ValueError(f"policy, custom_white_list and custom_black_list choose how "
+                         f"ops are cast, which level {props.level.value} with "
+                         f"patch_ops=False does not do; use level O1 or O2")
+    keep = parse_module_selectors(keep_fp32_modules, "keep_fp32_modules") or ()
+    norms = NORM_MODULES if props.keep_norms_fp32 else ()
+    low = props.casts_parameters
+    # master_weights=True: the fp32 parameters are the truth and modules compute
+    # with low-precision copies made on use (no second copy of anything).
+    fp32_truth = low and props.master_weights_mode is MasterWeights.FP32
+    as_given = props.cast_model_type is False
+    # False (as given) is no dtype: the fields below take a dtype or None.
+    model_dtype = (props.cast_model_type
+                   if isinstance(props.cast_model_type, torch.dtype) else None)
+    return ConversionConfig(
+        param_dtype=None if fp32_truth else model_dtype,
+        param_compute_dtype=model_dtype if fp32_truth else None,
+        keep_fp32_modules=tuple(norms) + keep,
+        kept_output_dtype=model_dtype if low else None,
+        compute_dtype=props.dtype,
+        policy=(get_policy(policy).with_lists(custom_white_list, custom_black_list)
+                if props.patch_ops else None),
+        input_dtype=model_dtype if low else None,
+        output_dtype=props.cast_model_outputs,
+        state_dict_dtype=parse_dtype(state_dict_dtype, "state_dict_dtype",
+                                     accept=FLOAT_DTYPES, allow_none=True),
+        params_as_given=as_given,
+    )
+
+
+def conversion_for_level(level: Any = "O2", dtype: torch.dtype | str | None = None, *,
+                         device_type: str | None = None,
+                         keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
+                         policy: str | Policy = "torch",
+                         custom_white_list: Iterable[OpEntry] | None = None,
+                         custom_black_list: Iterable[OpEntry] | None = None,
+                         **level_overrides: Any) -> ConversionConfig:
+    """The conversion for ``level`` and ``dtype``: :func:`level_properties` (with
+    ``level_overrides``), then :func:`conversion_config`.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.levels import conversion_for_level
+        >>> cfg = conversion_for_level("O2", "bfloat16", keep_norms_fp32=False,
+        ...                            keep_fp32_modules=["head"])
+        >>> cfg.keep_fp32_modules
+        ('head',)
+    """
+    props = level_properties(level, dtype, device_type=device_type, **level_overrides)
+    return conversion_config(props, keep_fp32_modules=keep_fp32_modules, policy=policy,
+                             custom_white_list=custom_white_list,
+                             custom_black_list=custom_black_list)

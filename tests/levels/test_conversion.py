@@ -14,11 +14,9 @@ import torch.nn.functional as F
 from helpers_models import DigitsCNN, TinyTransformer
 
 import ampkit
-from ampkit.conversion import (
-    ConversionConfig,
-    convert_model,
-    get_conversion,
-)
+from ampkit.conversion import ConversionConfig, get_conversion
+from ampkit.front_door import convert_model
+from ampkit.levels import conversion_for_level
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 NORMS = (nn.BatchNorm2d, nn.LayerNorm)
@@ -547,7 +545,7 @@ def test_config_field_checks():
     with pytest.raises(ValueError, match="policy needs compute_dtype"):
         ConversionConfig(policy="torch")
     with pytest.raises(ValueError, match="patch_ops=False does not do"):
-        ConversionConfig.for_level("O3", BF16, custom_white_list=["add"])
+        conversion_for_level("O3", BF16, custom_white_list=["add"])
 
 
 # -- kept-fp32 modules save their low-precision input, not its fp32 copy ----------------

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ampkit.conversion import convert_model
+from ampkit.front_door import convert_model
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 DTYPES = [BF16, FP16]

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from helpers_models import DigitsCNN, TinyTransformer
 
 import ampkit
-from ampkit.conversion import MIXED_INPUT_NORMS, convert_model
+from ampkit.conversion import MIXED_INPUT_NORMS
+from ampkit.front_door import convert_model
 from ampkit.tools.cast_traffic import count_casts
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32

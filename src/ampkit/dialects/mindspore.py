@@ -67,7 +67,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ampkit import conversion
+from ampkit import front_door
 from ampkit.arguments import LOW_PRECISION, parse_dtype, positive_int
 from ampkit.conversion import ALL_LOW_PRECISION, ConversionConfig
 from ampkit.policy import Policy
@@ -192,7 +192,7 @@ def _black_list_config(black_list: Any, low: torch.dtype, argument: str) -> Conv
 
 
 def _convert(network: nn.Module, config: ConversionConfig) -> nn.Module:
-    return conversion.convert_model(network, config)
+    return front_door.convert_model(network, config)
 
 
 def auto_mixed_precision(network: nn.Module, amp_level: str = "O0",

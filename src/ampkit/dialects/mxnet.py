@@ -63,7 +63,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ampkit import casting, conversion
+from ampkit import casting, front_door
 from ampkit.arguments import parse_dtype
 from ampkit.autocast_mode import autocast, current_policy
 from ampkit.conversion import ConversionConfig
@@ -507,7 +507,7 @@ def convert_hybrid_block(block: nn.Module, target_dtype: str | torch.dtype = "fl
     config = ConversionConfig(
         param_dtype=low if cast_optional_params else None, keep_fp32_modules=keep,
         compute_dtype=low, policy=policy, output_dtype=torch.float32)
-    return conversion.convert_model(block, config)
+    return front_door.convert_model(block, config)
 
 
 def convert_model(block: nn.Module, target_dtype: str | torch.dtype = "float16",

@@ -99,11 +99,11 @@ def check_fp8_level(fp8: Any, config: ConversionConfig) -> Any:
     stores parameters in low precision; no torchao needed. Returns the canonical value.
 
     Example:
-        >>> from ampkit.conversion import ConversionConfig
+        >>> from ampkit.levels import conversion_for_level
         >>> from ampkit.fp8.convert import check_fp8_level
-        >>> check_fp8_level("RowWise", ConversionConfig.for_level("O2"))
+        >>> check_fp8_level("RowWise", conversion_for_level("O2"))
         'rowwise'
-        >>> check_fp8_level("rowwise", ConversionConfig.for_level("O3"))
+        >>> check_fp8_level("rowwise", conversion_for_level("O3"))
         Traceback (most recent call last):
         ...
         ValueError: fp8 trains Linears from their fp32 parameters (torchao casts them ...
@@ -131,10 +131,10 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
 
     Example:
         >>> import torch
-        >>> from ampkit.conversion import ConversionConfig
+        >>> from ampkit.levels import conversion_for_level
         >>> from ampkit.fp8 import prepare_fp8
         >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
-        >>> plan = prepare_fp8(net, ConversionConfig.for_level("O2"), fp8="tensorwise")
+        >>> plan = prepare_fp8(net, conversion_for_level("O2"), fp8="tensorwise")
         >>> plan.converted, type(net[1]).__name__  # nothing changed yet
         (('1',), 'Linear')
     """
@@ -180,10 +180,10 @@ def apply_fp8(model: nn.Module, plan: Fp8Plan,
 
     Example:
         >>> import torch
-        >>> from ampkit.conversion import ConversionConfig
+        >>> from ampkit.levels import conversion_for_level
         >>> from ampkit.fp8 import apply_fp8, prepare_fp8
         >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
-        >>> apply_fp8(net, prepare_fp8(net, ConversionConfig.for_level("O2"),
+        >>> apply_fp8(net, prepare_fp8(net, conversion_for_level("O2"),
         ...                            fp8="tensorwise", fp8_first_last=True))
         >>> [type(m).__name__ for m in net]
         ['Float8Linear', 'Float8Linear', 'Float8Linear']

@@ -221,12 +221,12 @@ def _setup(precision: Any, dtype: Any, device_type: str,
 
     chosen = as_dtype(dtype)
     if _is_level(precision):
-        from ampkit.conversion import ConversionConfig, convert_model
-        from ampkit.levels import Level
+        from ampkit.front_door import convert_model
+        from ampkit.levels import Level, conversion_for_level
 
         level = Level.parse(precision)
-        config = ConversionConfig.for_level(level, chosen, device_type=device_type,
-                                            custom_white_list=white, custom_black_list=black)
+        config = conversion_for_level(level, chosen, device_type=device_type,
+                                      custom_white_list=white, custom_black_list=black)
         low = config.compute_dtype or torch.get_autocast_dtype(device_type)
         policy = config.policy
         # Entering the conversion's own region before the op watch keeps the engine
