@@ -69,6 +69,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# Mutated in place by torch, never rebound: nn.Module._call_impl reads them the same way.
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
+
 from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
 from ampkit.autocast_mode import autocast
 from ampkit.casting import cast_tree
@@ -79,9 +87,11 @@ from ampkit.module_selection import parse_module_selectors as _selectors
 from ampkit.module_selection import resolve_module_selectors as _resolve
 from ampkit.module_selection import selects as _matches
 from ampkit.parameter_casts import (
+    CAST_HOOKS,
     CastParametersOnUse,
     end_forward_pass,
     new_forward_pass,
+    restore_swapped,
     restore_to,
     swap_depth,
 )
@@ -707,9 +717,48 @@ for _eager in (_Boundary.enter, _Boundary.leave, _Boundary.cast_output):
     # the model runs outside the graph); traced where compiled code calls it.
     skip_recursively(_eager.__code__)
 _BOUNDARY = "_ampkit_boundary"
+
+
+def _cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``__call__`` of a module whose parameters are cast on use (and that has no
+    boundary): while the pair of forward hooks :class:`CastParametersOnUse` installed
+    are its only hooks (and no global module hooks are set), their work done here
+    instead, around the module's forward, as ``nn.Module.__call__`` would call it.
+
+    Host cost: a module with hooks takes ``nn.Module._call_impl``'s slow path and two
+    Python hook calls; here, one frame and a ``try``/``finally``. The outcome is the
+    hooks': the copies are swapped in where the pre-hook (first of the module's) would
+    swap them, and the parameters are back before anything after the forward runs,
+    exceptions of every kind (``KeyboardInterrupt`` too) included. With any other
+    hook on the module (FSDP2's unshard, which must come before the swap, a user's, a
+    checkpointing hook) or under tracing (``torch.compile``, ``torch.jit.trace``), or
+    with ``module.compile()``, the module's ordinary call runs, hooks and all."""
+    own = self.__dict__.get(CAST_HOOKS)
+    if (own is None or torch.compiler.is_compiling() or _tracing_state() is not None
+            or len(self._forward_pre_hooks) != 1 or len(self._forward_hooks) != 1
+            or own[1] not in self._forward_pre_hooks or own[2] not in self._forward_hooks
+            or self._backward_pre_hooks or self._backward_hooks
+            or self._compiled_call_impl is not None
+            or _global_forward_pre_hooks or _global_forward_hooks
+            or _global_backward_pre_hooks or _global_backward_hooks):
+        return super(_converted_in(type(self)), self).__call__(  # type: ignore[arg-type]
+            *args, **kwargs)
+    swapped: list[tuple[str, torch.Tensor]] = []
+    try:
+        own[0].swap_in(self, swapped)
+        return self.forward(*args, **kwargs)
+    finally:
+        restore_swapped(self, swapped)
+
+
+# Run as plain Python when dynamo meets it as a frame of its own
+# (torch.compile(module) of such a module: the swap made eagerly and the forward
+# compiled, as the hooks were); traced, taking the ordinary call, inside compiled code.
+skip_frame_only(_cast_call.__code__)
+_tracing_state = torch._C._get_tracing_state
 # converted class -> the class it was made from (and its inverse below)
 _converted_classes: dict[type, type] = {}
-_converted_of: dict[type, type] = {}
+_converted_of: dict[tuple[type, Any], type] = {}
 _converted_lock = threading.Lock()
 
 
@@ -718,37 +767,43 @@ def _converted_in(cls: type) -> type:
     return next(klass for klass in cls.__mro__ if klass in _converted_classes)
 
 
-def _rebuild_converted(base: type) -> nn.Module:
-    """Unpickling a converted model: an empty instance of its converted class."""
-    return object.__new__(_converted_class(base))
+def _rebuild_converted(base: type, call: Any = None) -> nn.Module:
+    """Unpickling a converted model: an empty instance of its converted class
+    (``call``: its ``__call__``; ``None``, as pickles made before it was recorded have
+    it: :func:`_converted_call`)."""
+    return object.__new__(_converted_class(base, call or _converted_call))
 
 
 def _reduce_converted(self: nn.Module, protocol: int) -> Any:
     converted = _converted_in(type(self))
     if converted is not type(self):  # a further subclass (FSDP2's): pickled its own way
         return super(converted, self).__reduce_ex__(protocol)  # type: ignore[arg-type]
-    return _rebuild_converted, (_converted_classes[converted],), self.__dict__.copy()
+    call = converted.__dict__["__call__"]
+    base = _converted_classes[converted]
+    return (_rebuild_converted, (base,) if call is _converted_call else (base, call),
+            self.__dict__.copy())
 
 
-def _converted_class(base: type) -> type:
-    """The subclass of ``base`` a converted model gets: the same name, with
-    :func:`_converted_call` as its ``__call__`` (made once per class)."""
+def _converted_class(base: type, call: Any = _converted_call) -> type:
+    """The subclass of ``base`` a converted model gets: the same name, with ``call``
+    (:func:`_converted_call` for a boundary, :func:`_cast_call` for a module cast on
+    use) as its ``__call__`` (made once per class and call)."""
     with _converted_lock:
-        cls = _converted_of.get(base)
+        cls = _converted_of.get((base, call))
         if cls is None:
             cls = type(base.__name__, (base,), {
-                "__call__": _converted_call, "__reduce_ex__": _reduce_converted,
+                "__call__": call, "__reduce_ex__": _reduce_converted,
                 "__module__": base.__module__, "__qualname__": base.__qualname__,
                 "__doc__": base.__doc__})
-            _converted_of[base] = cls
+            _converted_of[(base, call)] = cls
             _converted_classes[cls] = base
         return cls
 
 
 def _install_boundary(module: nn.Module, boundary: _Boundary) -> None:
     base = type(module)
-    if base not in _converted_classes:
-        module.__class__ = _converted_class(base)
+    if base.__dict__.get("__call__") is not _converted_call:
+        module.__class__ = _converted_class(_converted_classes.get(base, base))
     object.__setattr__(module, _BOUNDARY, boundary)
     if boundary.output_dtype is not None:
         module.register_forward_hook(boundary.cast_output, prepend=True)
@@ -980,6 +1035,12 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
         cast = CastParametersOnUse(config.param_compute_dtype)
         for module in plan.cast_on_use:
             cast.install(module)
+            # The hooks' work done in the module's own call while they are its only
+            # hooks (_cast_call). Not for a boundary (its call does more: the hooks
+            # stay its route) nor a class with a __call__ of its own.
+            if (id(module) not in plan.boundaries and type(module) not in _converted_classes
+                    and type(module).__call__ is nn.Module.__call__):
+                module.__class__ = _converted_class(type(module), _cast_call)
     for module, boundary in plan.boundaries.values():
         _install_boundary(module, boundary)
     if config.state_dict_dtype is not None:
