@@ -99,6 +99,48 @@ def test_lightning_cli_builds_the_plugin_from_yaml_with_lists(tmp_path) -> None:
     assert cli.trainer.precision_plugin.config == expected
 
 
+def test_the_fp8_and_output_fields_reach_every_integration(tmp_path) -> None:
+    # The same fields from LightningCLI YAML, HfArgumentParser flags, accelerate
+    # keywords and a config file (whose True is not contradicted by a flag left at
+    # its False default) make one config, which then converts the model.
+    pytest.importorskip("torchao.float8")
+    expected = AmpConfig(level="O2", dtype="bfloat16", fp8="tensorwise",
+                         fp8_exclude_modules=["1"], fp8_first_last=True,
+                         cast_model_outputs=torch.bfloat16)
+    (tmp_path / "cli.yaml").write_text(_CLI_YAML + """\
+        level: O2
+        dtype: bfloat16
+        fp8: tensorwise
+        fp8_exclude_modules: ["1"]
+        fp8_first_last: true
+        cast_model_outputs: bfloat16
+""")
+    cli = LightningCLI(Classifier, run=False, args=["--config", str(tmp_path / "cli.yaml")])
+    assert cli.trainer.precision_plugin.config == expected
+    (amp,) = transformers.HfArgumentParser(AmpkitArguments).parse_args_into_dataclasses([
+        "--ampkit_level", "O2", "--ampkit_dtype", "bfloat16", "--ampkit_fp8", "tensorwise",
+        "--ampkit_fp8_exclude_modules", "1", "--ampkit_fp8_first_last",
+        "--ampkit_cast_model_outputs", "bfloat16"])
+    assert amp.to_config() == expected
+    accelerator = AmpkitAccelerator(level="O2", dtype="bfloat16", cpu=True, fp8="tensorwise",
+                                    fp8_exclude_modules=["1"], fp8_first_last=True,
+                                    cast_model_outputs="bf16")
+    assert accelerator.ampkit_config == expected
+    expected.to_file(tmp_path / "amp.json")
+    assert AmpkitArguments(ampkit_config=str(tmp_path / "amp.json")).to_config() == expected
+    plugin = AmpkitPrecision(config=str(tmp_path / "amp.json"))
+    assert plugin.config == expected
+    with pytest.raises(ValueError, match=r"AmpkitPrecision: cast_model_outputs=torch.float32 "
+                                         r"contradicts the config's cast_model_outputs="
+                                         r"torch.bfloat16"):
+        AmpkitPrecision(config=expected, cast_model_outputs=torch.float32)
+    torch.manual_seed(0)
+    net = plugin.convert_module(torch.nn.Sequential(*[torch.nn.Linear(16, 16)
+                                                      for _ in range(3)]))
+    assert [type(m).__name__ for m in net] == ["Float8Linear", "Linear", "Float8Linear"]
+    assert net(torch.randn(4, 16)).dtype is torch.bfloat16  # O2 alone: float32
+
+
 def test_a_plugin_parameter_that_contradicts_its_config_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"AmpkitPrecision: level='O3' contradicts the "
                                          r"config's level='O2'"):
