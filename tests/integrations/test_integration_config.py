@@ -25,8 +25,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("yaml")
 
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from accelerate.tracking import GeneralTracker  # noqa: E402
+from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
 from ampkit import AmpConfig  # noqa: E402

@@ -312,6 +312,7 @@ def test_a_file_with_the_fp8_and_output_fields_trains_as_the_keywords(tmp_path,
     # each field took effect: first and last in fp8, the excluded middle one not, and
     # outputs in bf16 where O2 alone gives float32
     assert [type(m).__name__ for m in by_file] == ["Float8Linear", "Linear", "Float8Linear"]
+    assert [type(m) for m in by_keywords] == [type(m) for m in by_file]
     assert a[0].dtype is torch.bfloat16
     plain, c = _train_fp8(level="O2", dtype=torch.bfloat16, fp8="tensorwise")
     assert [type(m).__name__ for m in plain] == ["Linear", "Float8Linear", "Linear"]

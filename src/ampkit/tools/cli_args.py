@@ -208,7 +208,7 @@ def fp8_recipe(text: str) -> str:
         >>> fp8_recipe("e4m3")
         Traceback (most recent call last):
         ...
-        argparse.ArgumentTypeError: invalid choice: 'e4m3' (choose from tensorwise, rowwise, rowwise_with_gw_hp; case does not matter)
+        argparse.ArgumentTypeError: invalid choice: 'e4m3' (choose from tensorwise, rowwise, ...
     """
     from ampkit.fp8.recipe import FP8_RECIPES, parse_fp8
 
