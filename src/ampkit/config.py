@@ -2,9 +2,10 @@
 
 One frozen dataclass holds the level, the dtype, the policy (a preset name or the path
 of a policy file, such as the one ``ampkit tune`` writes), the custom op lists, the
-modules kept in fp32, the master-weights mode, the loss-scale options and the fp8
-recipe. It is checked once, when it is made (by the same checks ``ampkit.initialize``
-runs), compares by value, and round-trips through a dict and a JSON or YAML file.
+modules kept in fp32, the master-weights mode, the loss-scale options, the fp8
+recipe with the choice of its layers, and the dtype of the model's outputs. It is
+checked once, when it is made (by the same checks ``ampkit.initialize`` runs), compares
+by value, and round-trips through a dict and a JSON or YAML file.
 
 The same object drives ``ampkit.initialize(model, optimizer, config=cfg)`` and the
 integrations (``AmpkitPrecision(config=cfg)``, ``AmpkitTrainer(..., config=cfg)``,
@@ -63,10 +64,10 @@ def _op_list(value: Any, name: str) -> tuple[str, ...]:
     return tuple(sorted(resolve_ops(list(value), argument=name)))
 
 
-def _module_names(value: Any) -> tuple[str, ...]:
+def _module_names(value: Any, name: str) -> tuple[str, ...]:
     items = (value,) if isinstance(value, str) else value
     if not isinstance(items, Iterable) or not all(isinstance(v, str) for v in items):
-        raise TypeError(f"keep_fp32_modules must be a list of qualified module names as "
+        raise TypeError(f"{name} must be a list of qualified module names as "
                         f"in model.named_modules() (e.g. ['lm_head']), got {value!r}; pass "
                         f"module classes or instances to ampkit.initialize directly")
     return tuple(items)
@@ -118,6 +119,13 @@ class AmpConfig:
         log_skipped_steps: print one line for each step skipped on an overflow.
         fp8: an fp8 recipe for Linear layers, one of
             :data:`ampkit.fp8.FP8_RECIPES`, or ``None``.
+        fp8_exclude_modules: qualified module names kept out of fp8 (they follow the
+            level instead); needs ``fp8``.
+        fp8_first_last: also train the model's first and last Linear in fp8; needs
+            ``fp8``.
+        cast_model_outputs: the dtype the model's floating outputs are cast to
+            (``float16``, ``bfloat16`` or ``float32``, names accepted, stored as the
+            dtype); ``None`` keeps the level's default.
 
     Raises:
         ValueError: a bad value or a combination that means nothing (the message names
@@ -153,11 +161,14 @@ class AmpConfig:
     max_scale: float | None = None
     log_skipped_steps: bool = False
     fp8: str | None = None
+    fp8_exclude_modules: tuple[str, ...] = ()
+    fp8_first_last: bool = False
+    cast_model_outputs: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         # Every check is one that initialize, the level table or GradScaler already
         # runs: the config calls them, so a config that is made is one they accept.
-        from ampkit.fp8.convert import check_fp8_level
+        from ampkit.fp8.convert import check_fp8_level, check_fp8_options
         from ampkit.levels import Level, conversion_config, level_properties
         from ampkit.policy import as_dtype
         from ampkit.scaling.schedule import ScaleSchedule
@@ -168,7 +179,10 @@ class AmpConfig:
         put(self, "policy", _check_policy(self.policy))
         put(self, "custom_white_list", _op_list(self.custom_white_list, "custom_white_list"))
         put(self, "custom_black_list", _op_list(self.custom_black_list, "custom_black_list"))
-        put(self, "keep_fp32_modules", _module_names(self.keep_fp32_modules))
+        put(self, "keep_fp32_modules", _module_names(self.keep_fp32_modules,
+                                                     "keep_fp32_modules"))
+        put(self, "fp8_exclude_modules", _module_names(self.fp8_exclude_modules,
+                                                       "fp8_exclude_modules"))
         if self.keep_norms_fp32 is not None and not isinstance(self.keep_norms_fp32, bool):
             raise TypeError(f"keep_norms_fp32 must be True, False or None, got "
                             f"{self.keep_norms_fp32!r}")
@@ -193,14 +207,18 @@ class AmpConfig:
         props = level_properties(self.level, self.dtype, device_type=None,
                                  keep_norms_fp32=self.keep_norms_fp32,
                                  master_weights=self.master_weights,
-                                 loss_scale=self.loss_scale)
+                                 loss_scale=self.loss_scale,
+                                 cast_model_outputs=self.cast_model_outputs)
+        if self.cast_model_outputs is not None:  # the dtype the level table parsed
+            put(self, "cast_model_outputs", props.cast_model_outputs)
         if isinstance(self.loss_scale, numbers.Real):
             put(self, "loss_scale", float(self.loss_scale))
         conversion = conversion_config(
             props, keep_fp32_modules=self.keep_fp32_modules, policy=self.policy,
             custom_white_list=self.custom_white_list or None,
             custom_black_list=self.custom_black_list or None)
-        put(self, "fp8", check_fp8_level(self.fp8, conversion))
+        fp8 = check_fp8_options(self.fp8, self.fp8_exclude_modules, self.fp8_first_last)
+        put(self, "fp8", check_fp8_level(fp8, conversion))
         if self.rounding_seed is not None and not props.master_weights_mode.pure:
             raise ValueError(f"rounding_seed seeds the rounding of master_weights="
                              f"'stochastic' or 'kahan'; this config keeps master_weights="
@@ -243,6 +261,12 @@ class AmpConfig:
                 out[name] = getattr(self, name)
         if self.fp8 is not None:
             out["fp8"] = self.fp8
+        if self.fp8_exclude_modules:
+            out["fp8_exclude_modules"] = list(self.fp8_exclude_modules)
+        if self.fp8_first_last:
+            out["fp8_first_last"] = True
+        if self.cast_model_outputs is not None:
+            out["cast_model_outputs"] = self.cast_model_outputs
         return out
 
     def replace(self, **changes: Any) -> AmpConfig:

@@ -74,7 +74,7 @@ _PURE_OPTIONS = ("rounding_seed",)  # master_weights="stochastic"/"kahan" only
 # AmpConfig's fields that initialize also takes as keywords
 _CONFIG_FIELDS = ("keep_norms_fp32", "master_weights", "loss_scale", "rounding_seed",
                   "policy", "custom_white_list", "custom_black_list", "keep_fp32_modules",
-                  "fp8")
+                  "fp8", "fp8_exclude_modules", "fp8_first_last", "cast_model_outputs")
 # AmpConfig's GradScaler names -> configure_loss_scaling's
 _SCALE_LOSS_NAMES = {"min_scale": "min_loss_scale", "max_scale": "max_loss_scale"}
 

@@ -25,6 +25,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 pytest.importorskip("yaml")
 
+from accelerate.tracking import GeneralTracker  # noqa: E402
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 
@@ -97,6 +98,48 @@ def test_lightning_cli_builds_the_plugin_from_yaml_with_lists(tmp_path) -> None:
     (tmp_path / "cli.yaml").write_text(_CLI_YAML + f"        config: {tmp_path / 'amp.yaml'}\n")
     cli = LightningCLI(Classifier, run=False, args=["--config", str(tmp_path / "cli.yaml")])
     assert cli.trainer.precision_plugin.config == expected
+
+
+def test_the_fp8_and_output_fields_reach_every_integration(tmp_path) -> None:
+    # The same fields from LightningCLI YAML, HfArgumentParser flags, accelerate
+    # keywords and a config file (whose True is not contradicted by a flag left at
+    # its False default) make one config, which then converts the model.
+    pytest.importorskip("torchao.float8")
+    expected = AmpConfig(level="O2", dtype="bfloat16", fp8="tensorwise",
+                         fp8_exclude_modules=["1"], fp8_first_last=True,
+                         cast_model_outputs=torch.bfloat16)
+    (tmp_path / "cli.yaml").write_text(_CLI_YAML + """\
+        level: O2
+        dtype: bfloat16
+        fp8: tensorwise
+        fp8_exclude_modules: ["1"]
+        fp8_first_last: true
+        cast_model_outputs: bfloat16
+""")
+    cli = LightningCLI(Classifier, run=False, args=["--config", str(tmp_path / "cli.yaml")])
+    assert cli.trainer.precision_plugin.config == expected
+    (amp,) = transformers.HfArgumentParser(AmpkitArguments).parse_args_into_dataclasses([
+        "--ampkit_level", "O2", "--ampkit_dtype", "bfloat16", "--ampkit_fp8", "tensorwise",
+        "--ampkit_fp8_exclude_modules", "1", "--ampkit_fp8_first_last",
+        "--ampkit_cast_model_outputs", "bfloat16"])
+    assert amp.to_config() == expected
+    accelerator = AmpkitAccelerator(level="O2", dtype="bfloat16", cpu=True, fp8="tensorwise",
+                                    fp8_exclude_modules=["1"], fp8_first_last=True,
+                                    cast_model_outputs="bf16")
+    assert accelerator.ampkit_config == expected
+    expected.to_file(tmp_path / "amp.json")
+    assert AmpkitArguments(ampkit_config=str(tmp_path / "amp.json")).to_config() == expected
+    plugin = AmpkitPrecision(config=str(tmp_path / "amp.json"))
+    assert plugin.config == expected
+    with pytest.raises(ValueError, match=r"AmpkitPrecision: cast_model_outputs=torch.float32 "
+                                         r"contradicts the config's cast_model_outputs="
+                                         r"torch.bfloat16"):
+        AmpkitPrecision(config=expected, cast_model_outputs=torch.float32)
+    torch.manual_seed(0)
+    net = plugin.convert_module(torch.nn.Sequential(*[torch.nn.Linear(16, 16)
+                                                      for _ in range(3)]))
+    assert [type(m).__name__ for m in net] == ["Float8Linear", "Linear", "Float8Linear"]
+    assert net(torch.randn(4, 16)).dtype is torch.bfloat16  # O2 alone: float32
 
 
 def test_a_plugin_parameter_that_contradicts_its_config_is_refused(tmp_path) -> None:
@@ -213,6 +256,82 @@ def test_accelerate_save_state_records_the_config(tmp_path) -> None:
     accelerator.prepare(net, opt)
     accelerator.save_state(str(tmp_path / "state"))
     assert AmpConfig.from_file(tmp_path / "state" / "ampkit_config.json") == cfg
+
+
+class _Recorder(GeneralTracker):
+    """A tracker that keeps what it is given: the hyperparameters and each log call."""
+
+    name = "recorder"
+    requires_logging_directory = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hparams: dict = {}
+        self.logged: list[tuple[int | None, dict]] = []
+
+    @property
+    def tracker(self):
+        return self
+
+    def store_init_configuration(self, values: dict) -> None:
+        self.hparams = dict(values)
+
+    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
+        self.logged.append((step, dict(values)))
+
+
+def _accelerate_run(accelerator, steps_with_inf: set[int], steps: int) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt = accelerator.prepare(net, opt)
+    for step in range(steps):
+        x = torch.ones(2, 4)
+        if step in steps_with_inf:
+            x[0, 0] = float("inf")  # an overflow: the step is skipped, the scale backs off
+        with accelerator.autocast():
+            loss = net(x).float().pow(2).mean()
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        accelerator.log({"step_loss": step}, step=step)
+
+
+def test_accelerate_trackers_get_the_config_and_the_amp_values(tmp_path) -> None:
+    recorder = _Recorder()
+    cfg = AmpConfig(level="O2", dtype="float16", init_scale=1024.0, hysteresis=1,
+                    custom_black_list=["softmax", "exp"])
+    accelerator = AmpkitAccelerator(config=cfg, cpu=True, log_with=[recorder],
+                                    project_dir=str(tmp_path))
+    accelerator.init_trackers("amp", config={"lr": 0.1})
+    # the config as flat scalars beside the caller's own hyperparameters
+    assert recorder.hparams["lr"] == 0.1
+    assert recorder.hparams["ampkit/level"] == "O2"
+    assert recorder.hparams["ampkit/dtype"] == "float16"
+    assert recorder.hparams["ampkit/init_scale"] == 1024.0
+    assert recorder.hparams["ampkit/custom_black_list"] == "exp,softmax"
+    assert recorder.hparams["ampkit/fp8"] == "None"
+    assert all(isinstance(v, str | int | float | bool) for v in recorder.hparams.values())
+    _accelerate_run(accelerator, steps_with_inf={1}, steps=3)
+    # hand-written trajectory: 1024 until the overflow at step 1 halves it (hysteresis 1)
+    assert recorder.logged == [
+        (0, {"amp/loss_scale": 1024.0, "amp/skipped_steps": 0, "step_loss": 0}),
+        (1, {"amp/loss_scale": 512.0, "amp/skipped_steps": 1, "step_loss": 1}),
+        (2, {"amp/loss_scale": 512.0, "amp/skipped_steps": 1, "step_loss": 2}),
+    ]
+    accelerator.end_training()
+
+
+def test_accelerate_log_adds_nothing_when_no_loss_is_scaled(tmp_path) -> None:
+    recorder = _Recorder()
+    accelerator = AmpkitAccelerator(level="O2", dtype="bfloat16", cpu=True,
+                                    log_with=[recorder], project_dir=str(tmp_path))
+    accelerator.init_trackers("amp")
+    assert recorder.hparams["ampkit/dtype"] == "bfloat16"
+    assert recorder.hparams["ampkit/loss_scale"] == "None"
+    _accelerate_run(accelerator, steps_with_inf=set(), steps=1)
+    assert recorder.logged == [(0, {"step_loss": 0})]
+    accelerator.end_training()
 
 
 def test_hf_loss_scale_text_is_parsed_with_the_one_wording():

@@ -28,7 +28,8 @@ def _full() -> AmpConfig:
                      custom_white_list=["add"], custom_black_list=["softmax", "exp"],
                      keep_fp32_modules=["head"], loss_scale="dynamic", init_scale=1024.0,
                      growth_interval=10, hysteresis=2, min_scale=1.0, max_scale=2.0 ** 20,
-                     log_skipped_steps=True, fp8="rowwise")
+                     log_skipped_steps=True, fp8="rowwise", fp8_exclude_modules=["body"],
+                     fp8_first_last=True, cast_model_outputs="float16")
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])
@@ -39,6 +40,8 @@ def test_a_config_written_to_a_file_reads_back_equal(tmp_path, suffix) -> None:
     back = AmpConfig.from_file(path)
     assert back == cfg and back is not cfg
     assert back.dtype is torch.float16 and back.custom_black_list == ("exp", "softmax")
+    assert back.cast_model_outputs is torch.float16
+    assert back.fp8_exclude_modules == ("body",) and back.fp8_first_last is True
     assert AmpConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     assert cfg != cfg.replace(hysteresis=3)
 
@@ -96,6 +99,15 @@ def test_a_keyword_that_contradicts_the_config_is_an_error_naming_both() -> None
                              r"one of \['tensorwise', 'rowwise', 'rowwise_with_gw_hp'\]"),
     ('{"level": "O3", "dtype": "bfloat16", "fp8": "rowwise"}',
      r"amp.json: fp8 trains Linears from their fp32 parameters .* use level O0, O1 or O2"),
+    ('{"fp8_first_last": true}', r"amp.json: fp8_first_last chooses which Linears train "
+                                 r"in fp8, but fp8 is None; pass fp8= one of the recipes"),
+    ('{"fp8": "tensorwise", "fp8_first_last": "yes"}',
+     r"amp.json: fp8_first_last must be a bool, got 'yes'"),
+    ('{"fp8": "tensorwise", "fp8_exclude_modules": [3]}',
+     r"amp.json: fp8_exclude_modules must be a list of qualified module names"),
+    ('{"cast_model_outputs": "float64"}',
+     r"amp.json: cast_model_outputs must be None or one of torch.float16, torch.bfloat16, "
+     r"torch.float32 .*got 'float64'"),
     ('{"policy": "fast"}', r"amp.json: policy: unknown preset 'fast'.*accepted values"),
     ('[1, 2]', r"amp.json: an ampkit config must be a mapping"),
     ('{"level": ', r"amp.json: not valid JSON"),
@@ -242,3 +254,66 @@ def test_a_config_with_fp8_trains_its_linears_in_fp8() -> None:
     # the middle Linear (first and last stay out by default) is torchao's Float8Linear
     assert [type(m).__name__ for m in net] == ["Linear", "Float8Linear", "Linear"]
     assert ampkit.fp8.get_fp8_plan(net).converted == ("1",)
+
+
+@pytest.mark.parametrize("bad", [
+    {"fp8_first_last": True},
+    {"fp8": "tensorwise", "fp8_first_last": "yes"},
+    {"fp8_exclude_modules": ["0"]},
+    {"cast_model_outputs": "float64"},
+    {"cast_model_outputs": "int8"},
+])
+def test_the_new_fields_are_refused_with_initializes_own_words(bad) -> None:
+    # One wording per field: the config runs the checks initialize runs, so a bad
+    # value reads the same whichever way it is given.
+    pytest.importorskip("torchao.float8")
+    with pytest.raises((TypeError, ValueError)) as by_keyword:
+        ampkit.initialize(_net(), level="O2", dtype="bfloat16", **bad)
+    with pytest.raises(type(by_keyword.value)) as by_config:
+        AmpConfig(level="O2", dtype="bfloat16", **bad)
+    assert str(by_config.value) == str(by_keyword.value)
+    name = "fp8_exclude_modules" if "fp8_exclude_modules" in bad else (
+        "fp8_first_last" if "fp8_first_last" in bad else "cast_model_outputs")
+    assert str(by_config.value).startswith(name)
+
+
+def _fp8_net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)]).to("cpu")
+
+
+def _train_fp8(**initialize_kwargs) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    net = _fp8_net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt = ampkit.initialize(net, opt, **initialize_kwargs)
+    gen = torch.Generator().manual_seed(1)
+    outputs = []
+    for _ in range(3):
+        out = net(torch.randn(8, 16, generator=gen))
+        outputs.append(out.detach())
+        out.float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return net, outputs + [p.detach().clone() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_file_with_the_fp8_and_output_fields_trains_as_the_keywords(tmp_path,
+                                                                      suffix) -> None:
+    pytest.importorskip("torchao.float8")
+    chosen = dict(fp8="tensorwise", fp8_exclude_modules=["1"], fp8_first_last=True,
+                  cast_model_outputs="bfloat16")
+    path = tmp_path / f"amp{suffix}"
+    AmpConfig(level="O2", dtype="bfloat16", **chosen).to_file(path)
+    by_file, a = _train_fp8(config=str(path))
+    by_keywords, b = _train_fp8(level="O2", dtype=torch.bfloat16, **chosen)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+    # each field took effect: first and last in fp8, the excluded middle one not, and
+    # outputs in bf16 where O2 alone gives float32
+    assert [type(m).__name__ for m in by_file] == ["Float8Linear", "Linear", "Float8Linear"]
+    assert [type(m) for m in by_keywords] == [type(m) for m in by_file]
+    assert a[0].dtype is torch.bfloat16
+    plain, c = _train_fp8(level="O2", dtype=torch.bfloat16, fp8="tensorwise")
+    assert [type(m).__name__ for m in plain] == ["Linear", "Float8Linear", "Linear"]
+    assert c[0].dtype is torch.float32

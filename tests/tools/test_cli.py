@@ -68,6 +68,16 @@ class Nested:
     build = staticmethod(build)
 
 
+def mlp():
+    # two Linears whose sizes are multiples of 16: both can run in fp8
+    return torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 16))
+
+
+def mlp_batch():
+    return (torch.randn(8, 32, generator=torch.Generator().manual_seed(2)),)
+
+
 NUMBER = 3
 '''
 
@@ -182,6 +192,48 @@ def test_compare_prints_the_table_and_writes_the_report(
     page = (out / "compare.html").read_text()
     assert page.count('src="data:image/png;base64,') == 2
     assert json.loads((out / "compare.json").read_text())["divergence"]["module"] == "0"
+
+
+def test_compare_fp8_prints_and_writes_the_per_layer_fp8_errors(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torchao.float8")
+    out = tmp_path / "cmp"
+    # tensorwise: the recipe every torch's CPU torch._scaled_mm takes
+    status = _status(["compare", "userpkg.models:mlp", "--inputs", "userpkg.models:mlp_batch",
+                      "--precision", "O2", "--dtype", "bf16", "--fp8", "TensorWise",
+                      "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert status == 0
+    lines = printed.splitlines()
+    header = lines.index("fp8 per layer (tensorwise; relative error against fp32, local "
+                         "to each layer)")
+    assert lines[header + 1].split() == ["layer", "out", "fp8", "out", "bfloat16", "fp8",
+                                         "vs", "bfloat16", "dx", "fp8", "dx", "bfloat16",
+                                         "dw", "fp8", "dw", "bfloat16"]
+    assert [line.split()[0] for line in lines[header + 2:header + 4]] == ["0", "2"]
+    rows = json.loads((out / "compare.json").read_text())["fp8_layers"]
+    assert [(r["layer"], r["recipe"]) for r in rows] == [("0", "tensorwise"),
+                                                         ("2", "tensorwise")]
+    # fp8 rounds more than bf16: its output error is the larger one, on both layers
+    assert all(r["output_fp8"]["max_rel"] > r["output_low"]["max_rel"] > 0 for r in rows)
+    # without --fp8, neither the table nor rows
+    assert _status(["compare", "userpkg.models:mlp", "--inputs", "userpkg.models:mlp_batch",
+                    "--out", str(out), "--overwrite"]) == 0
+    assert "fp8 per layer" not in capsys.readouterr().out
+    assert json.loads((out / "compare.json").read_text())["fp8_layers"] == []
+
+
+def test_compare_fp8_without_torchao_names_the_extra(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchao.float8", None)  # import fails, as uninstalled
+    status = _status(["compare", "userpkg.models:mlp", "--inputs", "userpkg.models:mlp_batch",
+                      "--fp8", "tensorwise", "--out", str(tmp_path / "cmp")])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 1
+    assert len(err) == 1 and err[0].startswith("ampkit compare: error: --fp8: ")
+    assert "pip install 'ampkit[fp8]'" in err[0]
+    assert not (tmp_path / "cmp").exists()  # refused before anything was written
 
 
 def test_compare_refuses_an_out_holding_its_files_and_keeps_other_files(
@@ -398,6 +450,9 @@ def test_an_out_under_a_file_is_a_one_line_error(
      "paddle-O2-no-promote, mxnet-float16, mxnet-bfloat16, apex-O1; or a policy file such as "
      "ampkit tune writes)"),
     (["compare", "m:f"], "the following arguments are required: --inputs"),
+    (["compare", "m:f", "--inputs", "m:g", "--fp8", "e4m3"],
+     "argument --fp8: invalid choice: 'e4m3' (choose from tensorwise, rowwise, "
+     "rowwise_with_gw_hp; case does not matter)"),
 ])
 def test_a_bad_option_is_a_one_line_error_listing_the_choices(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,10 +36,10 @@ import torch.nn as nn
 
 from ampkit.conversion import OWN_PARAMETER_CASTS, ConversionConfig, get_conversion
 from ampkit.fp8.recipe import check_fp8_device, float8_linear_config, parse_fp8, recipe_name
-from ampkit.fp8.selection import Fp8Layer, is_float8, select_fp8_layers
+from ampkit.fp8.selection import Fp8Layer, check_first_last, is_float8, select_fp8_layers
 
-__all__ = ["FP8_OPTIONS", "Fp8Plan", "apply_fp8", "check_fp8_level", "fp8_layers", "get_fp8_plan",
-           "prepare_fp8"]
+__all__ = ["FP8_OPTIONS", "Fp8Plan", "apply_fp8", "check_fp8_level", "check_fp8_options",
+           "fp8_layers", "get_fp8_plan", "prepare_fp8"]
 
 #: The ``initialize`` keywords that choose fp8: ``fp8`` (the recipe),
 #: ``fp8_exclude_modules`` (selectors kept out of fp8), ``fp8_first_last`` (convert the
@@ -116,6 +116,32 @@ def check_fp8_level(fp8: Any, config: ConversionConfig) -> Any:
     return fp8
 
 
+def check_fp8_options(fp8: Any, fp8_exclude_modules: Any = None,
+                      fp8_first_last: Any = False) -> Any:
+    """``fp8`` checked (:func:`~ampkit.fp8.recipe.parse_fp8`) with the options that
+    choose its layers, before any model is seen: they mean nothing without a recipe,
+    and ``fp8_first_last`` is a bool. Returns the canonical recipe.
+
+    Example:
+        >>> from ampkit.fp8.convert import check_fp8_options
+        >>> check_fp8_options("TensorWise", ["head"], True)
+        'tensorwise'
+        >>> check_fp8_options(None, fp8_first_last=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: fp8_first_last chooses which Linears train in fp8, but fp8 is None; ...
+    """
+    fp8 = parse_fp8(fp8)
+    if fp8 is None:
+        extra = [n for n, v in (("fp8_exclude_modules", fp8_exclude_modules),
+                                ("fp8_first_last", fp8_first_last)) if v]
+        if extra:
+            raise ValueError(f"{extra[0]} chooses which Linears train in fp8, but fp8 is "
+                             f"None; pass fp8= one of the recipes too")
+    check_first_last(fp8_first_last)
+    return fp8
+
+
 def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
                 fp8_exclude_modules: Iterable[Any] | Any = None,
                 fp8_first_last: bool = False) -> Fp8Plan | None:
@@ -138,13 +164,8 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
         >>> plan.converted, type(net[1]).__name__  # nothing changed yet
         (('1',), 'Linear')
     """
-    fp8 = parse_fp8(fp8)
+    fp8 = check_fp8_options(fp8, fp8_exclude_modules, fp8_first_last)
     if fp8 is None:
-        extra = [n for n, v in (("fp8_exclude_modules", fp8_exclude_modules),
-                                ("fp8_first_last", fp8_first_last)) if v]
-        if extra:
-            raise ValueError(f"{extra[0]} chooses which Linears train in fp8, but fp8 is "
-                             f"None; pass fp8= one of the recipes too")
         if getattr(model, _PLAN, None) is not None:
             raise RuntimeError("this model was converted with fp8 before; initialize it "
                                "again with the same fp8 settings, or start from a fresh "

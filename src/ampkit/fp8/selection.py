@@ -89,6 +89,21 @@ def _why_not_shape(module: nn.Linear) -> str | None:
     return None
 
 
+def check_first_last(value: Any) -> bool:
+    """``fp8_first_last`` checked: a bool, named in the ``TypeError`` otherwise.
+
+    Example:
+        >>> from ampkit.fp8.selection import check_first_last
+        >>> check_first_last("yes")
+        Traceback (most recent call last):
+        ...
+        TypeError: fp8_first_last must be a bool, got 'yes'
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"fp8_first_last must be a bool, got {value!r}")
+    return value
+
+
 def select_fp8_layers(model: nn.Module, *,
                       keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
                       exclude: Iterable[ModuleSelector] | ModuleSelector | None = None,
@@ -115,8 +130,7 @@ def select_fp8_layers(model: nn.Module, *,
         ...                                                 first_last=True)]
         [('0', True), ('1', False), ('2', True)]
     """
-    if not isinstance(first_last, bool):
-        raise TypeError(f"fp8_first_last must be a bool, got {first_last!r}")
+    check_first_last(first_last)
     keep = resolve_module_selectors(
         model, parse_module_selectors(keep_fp32_modules, "keep_fp32_modules") or (),
         "keep_fp32_modules")

@@ -53,6 +53,11 @@ _ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "
 OPTIONS: tuple[str, ...] = tuple(n for n in CONFIG_FIELDS if n not in ("level", "dtype")
                                  ) + _EXTRA
 
+# AmpConfig's bool fields that default to False: a typed parameter or flag left at
+# False says nothing (it cannot contradict a config that sets True)
+_FALSE_BY_DEFAULT = tuple(f.name for f in dataclasses.fields(AmpConfig)
+                          if f.default is False)
+
 # host framework's precision word -> the dtype it asks for ("no": none)
 _HOST_DTYPES = {"no": None, "fp32": None, "32": None, "bf16": torch.bfloat16,
                 "fp16": torch.float16}
@@ -138,8 +143,9 @@ class AmpkitSettings:
             fields["level"] = str(getattr(level, "value", level))
         if dtype is not None:
             fields["dtype"] = dtype
-        if fields.get("log_skipped_steps") is False:
-            del fields["log_skipped_steps"]  # the default: not a choice to check
+        for name in _FALSE_BY_DEFAULT:
+            if fields.get(name) is False:
+                del fields[name]  # the default: not a choice to check
         extra = {k: v for k, v in options.items() if k in _EXTRA and v is not None}
         try:
             if config is None:
@@ -211,7 +217,9 @@ class AmpkitSettings:
         return ampkit.level_properties(cfg.level, cfg.dtype, device_type=device_type,
                                        keep_norms_fp32=cfg.keep_norms_fp32,
                                        master_weights=cfg.master_weights,
-                                       loss_scale=cfg.loss_scale, **level_args)
+                                       loss_scale=cfg.loss_scale,
+                                       cast_model_outputs=cfg.cast_model_outputs,
+                                       **level_args)
 
     def initialize(self, models: Any, optimizers: Any = None) -> Any:
         """``ampkit.initialize`` with the config's choices (its loss-scale options left

@@ -89,12 +89,13 @@ class AmpkitPrecision(Precision):
         policy, custom_white_list, custom_black_list, keep_fp32_modules,
             keep_norms_fp32, master_weights, rounding_seed, loss_scale, init_scale,
             growth_factor, backoff_factor, growth_interval, hysteresis, min_scale,
-            max_scale, log_skipped_steps, fp8: the :class:`ampkit.AmpConfig` fields
-            (``None``: not given).
+            max_scale, log_skipped_steps, fp8, fp8_exclude_modules, fp8_first_last,
+            cast_model_outputs: the :class:`ampkit.AmpConfig` fields (``None``: not
+            given).
         step_scheduler_on_skip: step step-interval LR schedulers on steps skipped for
             an overflow too (default: they wait for a real optimizer step).
         **options: the rarer ``ampkit.initialize`` overrides (``cast_model_type``,
-            ``patch_ops``, ``cast_model_outputs``, apex's spellings).
+            ``patch_ops``, apex's spellings).
 
     Don't pass ``precision=`` to the ``Trainer`` as well: Lightning refuses both at once.
     Strategies: single device and DDP. At O3 (no autocast region) call ``self(x)`` in
@@ -141,6 +142,9 @@ class AmpkitPrecision(Precision):
                  max_scale: float | None = None,
                  log_skipped_steps: bool = False,
                  fp8: str | None = None,
+                 fp8_exclude_modules: list[str] | None = None,
+                 fp8_first_last: bool = False,
+                 cast_model_outputs: torch.dtype | str | None = None,
                  step_scheduler_on_skip: bool = False,
                  **options: Any) -> None:
         fields = dict(policy=policy, custom_white_list=custom_white_list,
@@ -151,7 +155,9 @@ class AmpkitPrecision(Precision):
                       growth_factor=growth_factor, backoff_factor=backoff_factor,
                       growth_interval=growth_interval, hysteresis=hysteresis,
                       min_scale=min_scale, max_scale=max_scale,
-                      log_skipped_steps=log_skipped_steps, fp8=fp8)
+                      log_skipped_steps=log_skipped_steps, fp8=fp8,
+                      fp8_exclude_modules=fp8_exclude_modules,
+                      fp8_first_last=fp8_first_last, cast_model_outputs=cast_model_outputs)
         self._settings = AmpkitSettings.build(level, dtype, {**fields, **options},
                                               owner="AmpkitPrecision", config=config)
         props = self._settings.properties(None)

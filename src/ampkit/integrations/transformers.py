@@ -137,6 +137,14 @@ class AmpkitArguments:
     ampkit_fp8: str | None = dataclasses.field(
         default=None, metadata={"help": "fp8 recipe for Linear layers",
                                 "choices": ["tensorwise", "rowwise", "rowwise_with_gw_hp"]})
+    ampkit_fp8_exclude_modules: list[str] | None = dataclasses.field(
+        default=None, metadata=_help("qualified module names kept out of fp8"))
+    ampkit_fp8_first_last: bool = dataclasses.field(
+        default=False, metadata=_help("train the first and last Linear in fp8 too"))
+    ampkit_cast_model_outputs: str | None = dataclasses.field(
+        default=None, metadata={"help": "dtype of the model's outputs (default: the "
+                                        "level's)",
+                                "choices": ["float16", "bfloat16", "float32"]})
 
     def to_config(self) -> AmpConfig:
         """The :class:`ampkit.AmpConfig` these flags stand for (level ``O2`` unless

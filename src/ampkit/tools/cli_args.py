@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["BAD_INPUT", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG", "Parser",
-           "choice_list", "console", "fail", "low_dtype", "missing_modules",
+           "choice_list", "console", "fail", "fp8_recipe", "low_dtype", "missing_modules",
            "non_negative_int", "number", "output_path", "positive_int", "seed", "spelled"]
 
 #: The command's name in messages.
@@ -195,6 +195,29 @@ def low_dtype(text: str) -> Any:
         raise argparse.ArgumentTypeError(
             f"invalid choice: {text!r} (choose from {spelled(('bf16', 'fp16'), DTYPE_SPELLINGS)}"
             f"; case does not matter)") from None
+
+
+def fp8_recipe(text: str) -> str:
+    """An argument type: an fp8 recipe name (:data:`ampkit.fp8.FP8_RECIPES`, any case),
+    checked by ``ampkit.fp8.parse_fp8`` as ``initialize(fp8=...)`` checks it.
+
+    Example:
+        >>> from ampkit.tools.cli_args import fp8_recipe
+        >>> fp8_recipe("RowWise")
+        'rowwise'
+        >>> fp8_recipe("e4m3")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: invalid choice: 'e4m3' (choose from tensorwise, rowwise, ...
+    """
+    from ampkit.fp8.recipe import FP8_RECIPES, parse_fp8
+
+    try:
+        return str(parse_fp8(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {spelled(FP8_RECIPES, {})}; case does "
+            f"not matter)") from None
 
 
 def fail(command: str, message: str, status: int = BAD_INPUT) -> int:

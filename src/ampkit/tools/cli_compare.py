@@ -6,7 +6,11 @@ arguments), both as ``package.module:attribute`` (see :mod:`ampkit.tools.cli_tar
 runs it in float32 and under ``--precision`` (a level ``O1``-``O3``, a preset name, or
 a policy file written by ``ampkit tune`` / ``Policy.save``; default ``torch``, native
 autocast's lists) in ``--dtype``, with ``--custom-white-list`` / ``--custom-black-list``
-added, and ``--loss-fn`` for gradients. It prints :meth:`Comparison.table
+added, and ``--loss-fn`` for gradients. With ``--fp8 RECIPE`` (``tensorwise``,
+``rowwise``, ``rowwise_with_gw_hp``; needs ``ampkit[fp8]``) every Linear that can run
+in fp8 is also measured alone in fp8 and in ``--dtype`` against float32
+(:attr:`Comparison.fp8_layers <ampkit.tools.compare.Comparison.fp8_layers>`), a table
+of its own and a ``fp8_layers`` key in ``compare.json``. It prints :meth:`Comparison.table
 <ampkit.tools.compare.Comparison.table>` and writes the HTML report, its two plots and
 ``compare.json`` into ``--out`` (default ``compare-report``); report files already
 there are replaced only with ``--overwrite``, and no other file is touched.
@@ -35,6 +39,7 @@ from ampkit.tools.cli_args import (
     MISSING,
     console,
     fail,
+    fp8_recipe,
     low_dtype,
     missing_modules,
     number,
@@ -117,6 +122,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     compare.add_argument("--loss-fn", metavar="FN",
                          help="package.module:attribute of loss_fn(output) -> scalar tensor; "
                               "given, gradients are compared too")
+    compare.add_argument("--fp8", type=fp8_recipe, metavar="RECIPE",
+                         help="also measure each fp8-capable Linear alone in fp8 with this "
+                              "torchao recipe (tensorwise, rowwise, rowwise_with_gw_hp), "
+                              "against float32 and --dtype; needs ampkit[fp8]")
     compare.add_argument("--threshold", type=number,
                          help="relative error that counts as diverged (default: 8 machine "
                               "epsilons of the dtype)")
@@ -139,6 +148,13 @@ def run(args: argparse.Namespace) -> int:
     needs = missing_modules("matplotlib", "rich")
     if needs:
         return fail("compare", f"ampkit compare {needs}", MISSING)
+    if args.fp8 is not None:
+        from ampkit.fp8.recipe import require_torchao
+
+        try:
+            require_torchao()
+        except ImportError as error:
+            return fail("compare", f"--fp8: {error}", MISSING)
     try:
         loss_fn = None if args.loss_fn is None else load_callable(args.loss_fn, "--loss-fn")
         make_inputs = inputs_factory(args.inputs)
@@ -170,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     report = ampkit.compare(model, *inputs, precision=args.precision, dtype=args.dtype,
                             custom_white_list=args.custom_white_list,
                             custom_black_list=args.custom_black_list, loss_fn=loss_fn,
-                            threshold=args.threshold)
+                            threshold=args.threshold, fp8=args.fp8)
     out = console()
     out.print(report.table(limit=args.limit), highlight=False, soft_wrap=True)
     page = report.write_report(args.out)
