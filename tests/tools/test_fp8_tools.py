@@ -141,3 +141,19 @@ def test_tune_fp8_leaves_out_the_layer_fp8_breaks():
                               **result.initialize_kwargs())
     assert ampkit.fp8.get_fp8_plan(model).converted == ("0", "1", "3")
     assert eval_fn(model).item() <= result.reference_metric + 0.01
+
+
+def test_compare_refuses_a_per_row_recipe_where_the_cpu_kernel_takes_tensor_scales(
+        monkeypatch):
+    # torch 2.11's CPU torch._scaled_mm (pretended here on every torch): a clear error
+    # before either run, as initialize gives, instead of a failure inside torchao.
+    monkeypatch.setattr(ampkit.fp8.recipe, "cpu_scaled_mm_takes_rowwise_scales",
+                        lambda: False)
+    net = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32)).to("cpu")
+    with pytest.raises(RuntimeError, match=r"fp8='rowwise' scales per row, but this "
+                                           r"torch's .* use fp8='tensorwise' on CPU"):
+        ampkit.compare(net, torch.randn(8, 32), precision="O2", dtype="bfloat16",
+                       fp8="rowwise")
+    rows = ampkit.compare(net, torch.randn(8, 32), precision="O2", dtype="bfloat16",
+                          fp8="tensorwise").fp8_layers
+    assert [r.layer for r in rows] == ["0", "2"]

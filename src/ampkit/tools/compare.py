@@ -59,7 +59,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
 from ampkit.casting import map_floating
-from ampkit.fp8.recipe import float8_linear_config
+from ampkit.fp8.recipe import check_fp8_device, float8_linear_config
 from ampkit.policy import Policy, as_dtype
 from ampkit.registry import OpEntry, is_compute
 from ampkit.tools._tracing import ModuleScope, OpWatch
@@ -428,8 +428,9 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
     device_type = model_device_type(model)
     setup = _setup(precision, dtype, device_type, custom_white_list, custom_black_list)
     limit = resolve_threshold(threshold, setup.dtype)
-    if fp8 is not None:  # a bad recipe or a missing torchao: refused before any run
-        float8_linear_config(fp8)
+    if fp8 is not None:  # a bad recipe, a missing torchao or this CPU's kernel: refused
+        float8_linear_config(fp8)  # before any run
+        check_fp8_device(fp8, device_type)
 
     def run_fn(m: nn.Module) -> Any:
         return m(*inputs)
