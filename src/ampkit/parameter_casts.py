@@ -200,9 +200,9 @@ def forget_casts(params: Any = None) -> None:
                 entry.low = None
             return
         for p in params:
-            entry = _CACHE.get(p)
-            if entry is not None:
-                entry.low = None
+            found = _CACHE.get(p)
+            if found is not None:
+                found.low = None
 
 
 def cached_casts() -> int:
