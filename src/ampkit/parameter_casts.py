@@ -68,7 +68,8 @@ from ampkit.compile_frames import skip_recursively
 
 __all__ = ["CAST_HOOKS", "CastParametersOnUse", "cached_casts", "cast_parameter",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
-           "restore_swapped", "restore_to", "restore_until", "swap_depth"]
+           "restore_swapped", "restore_to", "restore_until", "swap_depth",
+           "swap_params"]
 
 
 class _Entry:
@@ -233,11 +234,13 @@ def _forget_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) ->
     # A global optimizer step post-hook: the stepped parameters changed, and holding
     # their copies until the next forward would cost memory between steps.
     # The slot stays (see _Entry): only the copy goes.
-    slot = _CACHE.slot
+    data = _CACHE_DATA
     with _LOCK:
         for group in optimizer.param_groups:
             for p in group["params"]:
-                entry = slot(p)
+                entry = data.get(id(p))
+                if entry is None or entry.ref() is not p:
+                    entry = _CACHE.slot(p)
                 entry.low = None
                 entry.stepped = True
 
@@ -380,26 +383,7 @@ class CastParametersOnUse:
             >>> lin.weight.dtype
             torch.float32
         """
-        # Any: the low-precision copies put here are plain tensors, not Parameters.
-        params: dict[str, Any] = module._parameters
-        # A module FSDP2 manages holds, during its forward, the unsharded parameters
-        # FSDP all-gathered (fp32 when its policy has no param_dtype) and frees after
-        # it: a copy kept past this forward would keep alive a whole layer FSDP has
-        # just freed, and its optimizer steps the shards, never these tensors.
-        # (FSDP2 sets the flag as a plain instance attribute: a dict lookup, not
-        # Module.__getattr__'s miss path.)
-        cache = not (module.__dict__.get("_is_fsdp_managed_module", False)
-                     or torch.compiler.is_compiling() or torch.is_inference_mode_enabled())
-        grad_mode = torch.is_grad_enabled()
-        dtype = self.dtype
-        for name, p in params.items():
-            if p is not None and p.dtype is torch.float32:
-                # Straight into the dict: the copy is not an nn.Parameter, and
-                # Module.__setattr__ would refuse it. (cast_parameter, with the
-                # per-call checks made once per module.)
-                params[name] = (_cached_cast(p, dtype, grad_mode) if cache
-                                else p.to(dtype))
-                swapped.append((name, p))
+        swap_params(module, swapped, self.dtype, torch.compiler.is_compiling())
 
     def before(self, module: nn.Module, args: Any) -> None:
         swapped: list[tuple[str, torch.Tensor]] = []
@@ -423,6 +407,40 @@ class CastParametersOnUse:
         object.__setattr__(module, CAST_HOOKS, (self, before.id, after.id))
 
 
+def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
+                dtype: torch.dtype, compiling: bool) -> None:
+    """:meth:`CastParametersOnUse.swap_in` with its settings given (``compiling``:
+    :func:`torch.compiler.is_compiling`, which a caller may know already).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import restore_swapped, swap_params
+        >>> lin, swapped = torch.nn.Linear(2, 2), []
+        >>> swap_params(lin, swapped, torch.bfloat16, compiling=False)
+        >>> lin.bias.dtype
+        torch.bfloat16
+        >>> restore_swapped(lin, swapped)
+    """
+    # Any: the low-precision copies put here are plain tensors, not Parameters.
+    params: dict[str, Any] = module._parameters
+    # A module FSDP2 manages holds, during its forward, the unsharded parameters FSDP
+    # all-gathered (fp32 when its policy has no param_dtype) and frees after it: a
+    # copy kept past this forward would keep alive a whole layer FSDP has just freed,
+    # and its optimizer steps the shards, never these tensors. (FSDP2 sets the flag as
+    # a plain instance attribute: a dict lookup, not Module.__getattr__'s miss path.)
+    cache = not (compiling or module.__dict__.get("_is_fsdp_managed_module", False)
+                 or torch.is_inference_mode_enabled())
+    grad_mode = torch.is_grad_enabled()
+    append = swapped.append
+    for name, p in params.items():
+        if p is not None and p.dtype is torch.float32:
+            # Straight into the dict: the copy is not an nn.Parameter, and
+            # Module.__setattr__ would refuse it. (cast_parameter, with the per-call
+            # checks made once per module.)
+            params[name] = _cached_cast(p, dtype, grad_mode) if cache else p.to(dtype)
+            append((name, p))
+
+
 class _Swaps(threading.local):
     def __init__(self) -> None:
         # (module, [(name, fp32 parameter)]) for every module whose forward is running
@@ -438,7 +456,7 @@ def _eager_when_a_frame() -> None:
     # plain Python there, rather than graphs of their own; traced where compiled code
     # calls the module.
     for hook in (CastParametersOnUse.before, CastParametersOnUse.after,
-                 CastParametersOnUse.swap_in):
+                 CastParametersOnUse.swap_in, swap_params):
         skip_recursively(hook.__code__)
 
 
