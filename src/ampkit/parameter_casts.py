@@ -21,7 +21,8 @@ parameter's value rounded:
   storage (``param.data = ...`` replaces it).
 
 A copy is dropped when any ``torch.optim.Optimizer`` steps the parameter (a global
-step post-hook), so nothing is held between steps. A parameter no torch optimizer steps
+step post-hook), so nothing is held between steps (the parameter's slot in the cache,
+which holds no tensor, stays for the next step's copy). A parameter no torch optimizer steps
 (a hand-written update loop, a frozen or inference-only model) is cast once per forward
 pass, as native autocast does: only an optimizer's step is a sure sign of its change.
 A copy made under ``no_grad`` has no autograd history and is never used by a forward
