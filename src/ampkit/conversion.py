@@ -94,6 +94,7 @@ from ampkit.parameter_casts import (
     restore_swapped,
     restore_to,
     swap_depth,
+    swap_params,
 )
 from ampkit.policy import Policy
 from ampkit.presets import get_policy
@@ -745,7 +746,8 @@ def _cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             *args, **kwargs)
     swapped: list[tuple[str, torch.Tensor]] = []
     try:
-        own[0].swap_in(self, swapped)
+        # (CastParametersOnUse.swap_in, not asking is_compiling again)
+        swap_params(self, swapped, own[0].dtype, False)
         return self.forward(*args, **kwargs)
     finally:
         restore_swapped(self, swapped)

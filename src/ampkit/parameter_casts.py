@@ -21,7 +21,8 @@ parameter's value rounded:
   storage (``param.data = ...`` replaces it).
 
 A copy is dropped when any ``torch.optim.Optimizer`` steps the parameter (a global
-step post-hook), so nothing is held between steps. A parameter no torch optimizer steps
+step post-hook), so nothing is held between steps (the parameter's slot in the cache,
+which holds no tensor, stays for the next step's copy). A parameter no torch optimizer steps
 (a hand-written update loop, a frozen or inference-only model) is cast once per forward
 pass, as native autocast does: only an optimizer's step is a sure sign of its change.
 A copy made under ``no_grad`` has no autograd history and is never used by a forward
@@ -68,82 +69,78 @@ from ampkit.compile_frames import skip_recursively
 
 __all__ = ["CAST_HOOKS", "CastParametersOnUse", "cached_casts", "cast_parameter",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
-           "restore_swapped", "restore_to", "restore_until", "swap_depth"]
+           "restore_swapped", "restore_to", "restore_until", "swap_depth",
+           "swap_params"]
 
 
 class _Entry:
-    """A cached low-precision copy and what it was made from."""
+    """One parameter's slot in the cache: its low-precision copy (``None`` when it has
+    none) and what the copy was made from. The slot outlives the copy: an optimizer's
+    step drops the copy and keeps the slot (with its weak reference), so the next
+    forward refills it instead of making both again."""
 
-    __slots__ = ("dtype", "forward", "has_graph", "low", "ptr", "version")
+    __slots__ = ("dtype", "forward", "has_graph", "low", "ptr", "ref", "stepped",
+                 "version")
 
-    def __init__(self, low: torch.Tensor, param: torch.Tensor, forward: int) -> None:
-        self.low = low
-        self.dtype = low.dtype
-        self.version = param._version
-        self.ptr = param.data_ptr()
-        self.forward = forward
-        self.has_graph = low.requires_grad
+    def __init__(self, ref: weakref.ref[torch.Tensor]) -> None:
+        self.ref = ref
+        self.low: torch.Tensor | None = None
+        self.dtype: torch.dtype | None = None
+        self.version = -1
+        self.ptr = -1
+        self.forward = -1
+        self.has_graph = False
+        # some torch.optim.Optimizer has stepped the parameter: its changes are
+        # announced by the step post-hook, so its copy may outlive one forward pass
+        self.stepped = False
 
 
 class _ById:
-    """A mapping keyed by tensor identity that drops an entry when its tensor dies.
+    """Parameter -> :class:`_Entry`, keyed by tensor identity, dropping an entry when
+    its tensor dies.
 
     ``WeakIdKeyDictionary`` makes a weak reference object for every lookup; this runs
-    twice per parameter per forward, so the lookup here is a plain ``dict`` keyed by
-    ``id()``, with the tensor's weak reference kept beside the value (checked on each
-    read: an id reused by a new tensor is not a hit) and its callback removing the
-    entry."""
+    for every parameter in every forward, so the lookup here is a plain ``dict`` keyed
+    by ``id()``, the tensor's weak reference kept in the entry (checked on each read:
+    an id reused by a new tensor is not a hit) and its callback removing the entry."""
 
     __slots__ = ("data",)
 
     def __init__(self) -> None:
-        self.data: dict[int, tuple[weakref.ref[torch.Tensor], Any]] = {}
+        self.data: dict[int, _Entry] = {}
 
-    def get(self, key: torch.Tensor) -> Any:
+    def get(self, key: torch.Tensor) -> _Entry | None:
         found = self.data.get(id(key))
-        return found[1] if found is not None and found[0]() is key else None
+        return found if found is not None and found.ref() is key else None
 
-    def __contains__(self, key: torch.Tensor) -> bool:
+    def slot(self, key: torch.Tensor) -> _Entry:
+        """``key``'s entry, made (empty) when it has none."""
         found = self.data.get(id(key))
-        return found is not None and found[0]() is key
-
-    def __setitem__(self, key: torch.Tensor, value: Any) -> None:
+        if found is not None and found.ref() is key:
+            return found
         ident = id(key)
         data = self.data
 
-        def drop(ref: Any, ident: int = ident, data: dict[int, Any] = data) -> None:
+        def drop(ref: Any, ident: int = ident, data: dict[int, _Entry] = data) -> None:
             found = data.get(ident)
-            if found is not None and found[0] is ref:
+            if found is not None and found.ref is ref:
                 del data[ident]
 
-        found = data.get(ident)
-        ref = found[0] if found is not None and found[0]() is key else weakref.ref(key, drop)
-        data[ident] = (ref, value)
+        entry = data[ident] = _Entry(weakref.ref(key, drop))
+        return entry
 
-    def pop(self, key: torch.Tensor, default: Any = None) -> Any:
-        found = self.data.get(id(key))
-        if found is None or found[0]() is not key:
-            return default
-        del self.data[id(key)]
-        return found[1]
-
-    def clear(self) -> None:
-        self.data.clear()
-
-    def __len__(self) -> int:
-        return len(self.data)
+    def values(self) -> list[_Entry]:
+        return list(self.data.values())
 
 
-# parameter -> _Entry (by identity: a parameter that is gone takes its copy with it)
+# parameter -> _Entry (by identity: a parameter that is gone takes its entry with it)
 _CACHE = _ById()
-# parameters some torch.optim.Optimizer has stepped: their changes are announced by the
-# step post-hook, so their copies may outlive one forward pass
-_STEPPED = _ById()
+_CACHE_DATA = _CACHE.data
 _LOCK = threading.Lock()
 _forwards = itertools.count(1)
 # parameters whose copy was made in the current pass and that no optimizer has stepped
 # (see end_forward_pass)
-_pass_only: list[torch.Tensor] = []
+_pass_only: list[_Entry] = []
 _current_forward = 0
 _hook_handle: Any = None
 # parameter -> (weakref to the module that holds it, its name there), for every
@@ -183,9 +180,9 @@ def end_forward_pass() -> None:
     """
     with _LOCK:
         while _pass_only:
-            p = _pass_only.pop()
-            if p not in _STEPPED:
-                _CACHE.pop(p, None)
+            entry = _pass_only.pop()
+            if not entry.stepped:
+                entry.low = None
 
 
 def forget_casts(params: Any = None) -> None:
@@ -201,10 +198,13 @@ def forget_casts(params: Any = None) -> None:
     """
     with _LOCK:
         if params is None:
-            _CACHE.clear()
+            for entry in _CACHE.values():
+                entry.low = None
             return
         for p in params:
-            _CACHE.pop(p, None)
+            found = _CACHE.get(p)
+            if found is not None:
+                found.low = None
 
 
 def cached_casts() -> int:
@@ -215,7 +215,7 @@ def cached_casts() -> int:
         >>> cached_casts() >= 0
         True
     """
-    return len(_CACHE)
+    return sum(entry.low is not None for entry in _CACHE.values())
 
 
 def is_cached(param: torch.Tensor) -> bool:
@@ -227,17 +227,23 @@ def is_cached(param: torch.Tensor) -> bool:
         >>> is_cached(torch.nn.Parameter(torch.ones(1)))
         False
     """
-    return param in _CACHE
+    entry = _CACHE.get(param)
+    return entry is not None and entry.low is not None
 
 
 def _forget_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     # A global optimizer step post-hook: the stepped parameters changed, and holding
     # their copies until the next forward would cost memory between steps.
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    # The slot stays (see _Entry): only the copy goes.
+    data = _CACHE_DATA
     with _LOCK:
-        for p in params:
-            _STEPPED[p] = True
-            _CACHE.pop(p, None)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                entry = data.get(id(p))
+                if entry is None or entry.ref() is not p:
+                    entry = _CACHE.slot(p)
+                entry.low = None
+                entry.stepped = True
 
 
 def _is_sharded(t: Any) -> bool:
@@ -280,17 +286,6 @@ def _ensure_step_hook() -> None:
         _hook_handle = register_optimizer_step_post_hook(_forget_stepped)
 
 
-def _valid(entry: _Entry, param: torch.Tensor, dtype: torch.dtype, grad_mode: bool) -> bool:
-    if (entry.dtype is not dtype or entry.version != param._version
-            or entry.ptr != param.data_ptr()):
-        return False
-    if grad_mode and param.requires_grad and not entry.has_graph:
-        return False  # made under no_grad: no history for this graph's backward
-    # Across forward passes only for parameters a torch optimizer steps: its step (the
-    # hook) or an in-place change (the version) ends the copy's life.
-    return entry.forward == _current_forward or param in _STEPPED
-
-
 def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = True
                    ) -> torch.Tensor:
     """``param.to(dtype)``, shared with earlier uses while it is still the parameter's
@@ -317,15 +312,32 @@ _CASTS: dict[torch.dtype, Any] = {torch.bfloat16: torch.Tensor.bfloat16,
 
 
 def _cached_cast(param: torch.Tensor, dtype: torch.dtype, grad_mode: bool) -> torch.Tensor:
-    entry = _CACHE.get(param)
-    if entry is not None and _valid(entry, param, dtype, grad_mode):
-        cached: torch.Tensor = entry.low
-        return cached
+    # Runs for every parameter in every forward: the checks inline, the slot's
+    # attributes read once.
+    entry = _CACHE_DATA.get(id(param))
+    if entry is None or entry.ref() is not param:
+        entry = _CACHE.slot(param)
+    else:
+        low = entry.low
+        if (low is not None and entry.dtype is dtype and entry.version == param._version
+                and entry.ptr == param.data_ptr()
+                # Across forward passes only for parameters a torch optimizer steps:
+                # its step (the hook) or an in-place change (the version) ends the
+                # copy's life.
+                and (entry.forward == _current_forward or entry.stepped)
+                # A copy made under no_grad has no history for this graph's backward.
+                and (entry.has_graph or not grad_mode or not param.requires_grad)):
+            return low
     cast = _CASTS.get(dtype)
     low = cast(param) if cast is not None else param.to(dtype=dtype)
-    _CACHE[param] = _Entry(low, param, _current_forward)
-    if param not in _STEPPED:
-        _pass_only.append(param)
+    entry.low = low
+    entry.dtype = dtype
+    entry.version = param._version
+    entry.ptr = param.data_ptr()
+    entry.forward = _current_forward
+    entry.has_graph = low.requires_grad
+    if not entry.stepped:
+        _pass_only.append(entry)
     return low
 
 
@@ -372,26 +384,7 @@ class CastParametersOnUse:
             >>> lin.weight.dtype
             torch.float32
         """
-        # Any: the low-precision copies put here are plain tensors, not Parameters.
-        params: dict[str, Any] = module._parameters
-        # A module FSDP2 manages holds, during its forward, the unsharded parameters
-        # FSDP all-gathered (fp32 when its policy has no param_dtype) and frees after
-        # it: a copy kept past this forward would keep alive a whole layer FSDP has
-        # just freed, and its optimizer steps the shards, never these tensors.
-        # (FSDP2 sets the flag as a plain instance attribute: a dict lookup, not
-        # Module.__getattr__'s miss path.)
-        cache = not (module.__dict__.get("_is_fsdp_managed_module", False)
-                     or torch.compiler.is_compiling() or torch.is_inference_mode_enabled())
-        grad_mode = torch.is_grad_enabled()
-        dtype = self.dtype
-        for name, p in params.items():
-            if p is not None and p.dtype is torch.float32:
-                # Straight into the dict: the copy is not an nn.Parameter, and
-                # Module.__setattr__ would refuse it. (cast_parameter, with the
-                # per-call checks made once per module.)
-                params[name] = (_cached_cast(p, dtype, grad_mode) if cache
-                                else p.to(dtype))
-                swapped.append((name, p))
+        swap_params(module, swapped, self.dtype, torch.compiler.is_compiling())
 
     def before(self, module: nn.Module, args: Any) -> None:
         swapped: list[tuple[str, torch.Tensor]] = []
@@ -415,6 +408,40 @@ class CastParametersOnUse:
         object.__setattr__(module, CAST_HOOKS, (self, before.id, after.id))
 
 
+def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
+                dtype: torch.dtype, compiling: bool) -> None:
+    """:meth:`CastParametersOnUse.swap_in` with its settings given (``compiling``:
+    :func:`torch.compiler.is_compiling`, which a caller may know already).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import restore_swapped, swap_params
+        >>> lin, swapped = torch.nn.Linear(2, 2), []
+        >>> swap_params(lin, swapped, torch.bfloat16, compiling=False)
+        >>> lin.bias.dtype
+        torch.bfloat16
+        >>> restore_swapped(lin, swapped)
+    """
+    # Any: the low-precision copies put here are plain tensors, not Parameters.
+    params: dict[str, Any] = module._parameters
+    # A module FSDP2 manages holds, during its forward, the unsharded parameters FSDP
+    # all-gathered (fp32 when its policy has no param_dtype) and frees after it: a
+    # copy kept past this forward would keep alive a whole layer FSDP has just freed,
+    # and its optimizer steps the shards, never these tensors. (FSDP2 sets the flag as
+    # a plain instance attribute: a dict lookup, not Module.__getattr__'s miss path.)
+    cache = not (compiling or module.__dict__.get("_is_fsdp_managed_module", False)
+                 or torch.is_inference_mode_enabled())
+    grad_mode = torch.is_grad_enabled()
+    append = swapped.append
+    for name, p in params.items():
+        if p is not None and p.dtype is torch.float32:
+            # Straight into the dict: the copy is not an nn.Parameter, and
+            # Module.__setattr__ would refuse it. (cast_parameter, with the per-call
+            # checks made once per module.)
+            params[name] = _cached_cast(p, dtype, grad_mode) if cache else p.to(dtype)
+            append((name, p))
+
+
 class _Swaps(threading.local):
     def __init__(self) -> None:
         # (module, [(name, fp32 parameter)]) for every module whose forward is running
@@ -430,7 +457,7 @@ def _eager_when_a_frame() -> None:
     # plain Python there, rather than graphs of their own; traced where compiled code
     # calls the module.
     for hook in (CastParametersOnUse.before, CastParametersOnUse.after,
-                 CastParametersOnUse.swap_in):
+                 CastParametersOnUse.swap_in, swap_params):
         skip_recursively(hook.__code__)
 
 
