@@ -90,3 +90,26 @@ def test_o2_step_overhead_reports_each_configuration(capsys):
         assert total == pytest.approx(forward + backward + step, abs=0.003)
     assert "6 parameters" in out
     assert "O2 over bf16, per parameter" in out
+    assert re.search(r"all over native: O2 \d+\.\d{3}x, py-cast \d+\.\d{3}x", out)
+
+
+def test_o2_step_overhead_py_cast_layer_does_native_autocasts_work():
+    # The floor configuration is only a fair comparison if it computes what native
+    # autocast computes for the same layer: the same bits forward and backward.
+    o2_step_overhead = _script("o2_step_overhead")
+    torch.manual_seed(0)
+    native = torch.nn.Linear(16, 16)
+    floor = o2_step_overhead._CastInForward(16, 16)
+    floor.load_state_dict(native.state_dict())
+    x = torch.randn(4, 16)
+    outs = []
+    for layer in (native, floor):
+        with torch.autocast("cpu", torch.bfloat16):
+            out = layer(x)
+        out.float().square().sum().backward()
+        outs.append(out)
+    assert outs[0].dtype == outs[1].dtype == torch.bfloat16
+    assert torch.equal(outs[0], outs[1])
+    assert floor.weight.grad.dtype == torch.float32
+    assert torch.equal(native.weight.grad, floor.weight.grad)
+    assert torch.equal(native.bias.grad, floor.bias.grad)
