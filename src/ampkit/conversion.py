@@ -552,6 +552,7 @@ def _low_contiguous(args: Any, dtype: torch.dtype) -> bool:
                for t in iter_tensors(args) if t.is_floating_point())
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Boundary:
     """One module's boundary: casts on the way in, a region around the forward, casts
     on the way out, as one ``try``/``finally`` around the module's call
@@ -569,22 +570,16 @@ class _Boundary:
     returns the input's dtype): no activation-sized cast on the way in, none on the way
     out, none in the backward pass."""
 
-    __slots__ = ("compute_dtype", "input_dtype", "module_type", "output_dtype", "policy",
-                 "region", "root")
-
-    def __init__(self, region: _Region, input_dtype: torch.dtype | None,
-                 output_dtype: torch.dtype | None, compute_dtype: torch.dtype | None = None,
-                 policy: Policy | None = None, *, root: bool = False,
-                 module_type: type | None = None) -> None:
-        self.root = root  # the converted model's own boundary: a forward pass starts
-        self.region = region
-        self.input_dtype = input_dtype
-        self.output_dtype = output_dtype
-        self.compute_dtype = compute_dtype
-        self.policy = policy
-        # The module's class when it was converted: the conversion's own class swap
-        # and FSDP2's later replace it with subclasses.
-        self.module_type = module_type
+    region: _Region
+    input_dtype: torch.dtype | None
+    output_dtype: torch.dtype | None
+    compute_dtype: torch.dtype | None = None
+    policy: Policy | None = None
+    _: dataclasses.KW_ONLY
+    root: bool = False  # the converted model's own boundary: a forward pass starts
+    # The module's class when it was converted: the conversion's own class swap and
+    # FSDP2's later replace it with subclasses.
+    module_type: type | None = None
 
     def _contexts(self, device_type: str) -> list[Any]:
         if self.region is _Region.UNCHANGED:

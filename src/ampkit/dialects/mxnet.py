@@ -463,6 +463,8 @@ def convert_hybrid_block(block: nn.Module, target_dtype: str | torch.dtype = "fl
     """Make ``block`` run in mixed precision by MXNet's lists (or the lists given):
     its forward runs the ops by the lists, excluded modules in float32, and its
     floating outputs come back as float32. Converts in place and returns ``block``.
+    Also MXNet's ``convert_model`` (the same function: a torch model is its symbol and
+    its parameters at once).
 
     Args:
         block: an fp32 ``nn.Module``.
@@ -486,6 +488,8 @@ def convert_hybrid_block(block: nn.Module, target_dtype: str | torch.dtype = "fl
         >>> net = amp.convert_hybrid_block(net, "bfloat16")
         >>> net[0].weight.dtype, net(torch.rand(2, 3)).dtype
         (torch.float32, torch.float32)
+        >>> amp.convert_model(torch.nn.Linear(3, 4), cast_optional_params=True).weight.dtype
+        torch.float16
     """
     if not isinstance(block, nn.Module):
         raise TypeError(f"block must be a torch.nn.Module, got {type(block).__name__}")
@@ -510,26 +514,9 @@ def convert_hybrid_block(block: nn.Module, target_dtype: str | torch.dtype = "fl
     return front_door.convert_model(block, config)
 
 
-def convert_model(block: nn.Module, target_dtype: str | torch.dtype = "float16",
-                  target_dtype_ops: Iterable[OpEntry] | None = None,
-                  fp32_ops: Iterable[OpEntry] | None = None,
-                  conditional_fp32_ops: Sequence[tuple[str, str, Sequence[str]]]
-                  | None = None,
-                  excluded_sym_names: Iterable[str] | None = None,
-                  cast_optional_params: bool = False) -> nn.Module:
-    """MXNet's ``convert_model`` for a torch model: the same as
-    :func:`convert_hybrid_block` (torch has no separate symbol and parameters).
-
-    Example:
-        >>> import torch
-        >>> import ampkit.mxnet as amp
-        >>> net = amp.convert_model(torch.nn.Linear(3, 4), cast_optional_params=True)
-        >>> net.weight.dtype, net(torch.rand(2, 3)).dtype
-        (torch.float16, torch.float32)
-    """
-    return convert_hybrid_block(block, target_dtype, target_dtype_ops, fp32_ops,
-                                conditional_fp32_ops, excluded_sym_names,
-                                cast_optional_params)
+# MXNet's convert_model takes a symbol and its parameters; a torch model is both, so
+# the two names are one function (test_dialect_mxnet checks both).
+convert_model = convert_hybrid_block
 
 
 # -- loss scaling --------------------------------------------------------------------------

@@ -161,6 +161,9 @@ class StaticLossScale:
         return StaticLossScale(self.loss_scale.to(device))
 
 
+_RULE = ScaleSchedule()  # the default rule
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class DynamicLossScale:
     """A loss scale that backs off on overflow and grows after clean steps; immutable.
@@ -192,12 +195,13 @@ class DynamicLossScale:
 
     loss_scale: torch.Tensor
     _: dataclasses.KW_ONLY
-    growth_interval: int = 2000
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    hysteresis: int = 1
-    min_scale: float | None = None
-    max_scale: float | None = None
+    # The rule's settings, flat as jmp has them; their defaults are the schedule's own.
+    growth_interval: int = _RULE.growth_interval
+    growth_factor: float = _RULE.growth_factor
+    backoff_factor: float = _RULE.backoff_factor
+    hysteresis: int = _RULE.hysteresis
+    min_scale: float | None = _RULE.min_scale
+    max_scale: float | None = _RULE.max_scale
     growth_tracker: torch.Tensor = 0  # type: ignore[assignment]
     overflow_tracker: torch.Tensor = 0  # type: ignore[assignment]
 
