@@ -57,14 +57,13 @@ from ampkit.tools.cli_args import (
     MISSING,
     PROG,
     Parser,
+    add_run_options,
     choice_list,
     console,
     fail,
     missing_modules,
     non_negative_int,
-    output_path,
     positive_int,
-    seed,
     spelled,
 )
 from ampkit.tools.demo import (
@@ -138,19 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
                       action="extend",
                       help=f"comma-separated, among {dtype_names} (any case; default: both); "
                            "fp16 runs use dynamic loss scaling")
-    demo.add_argument("--seed", type=seed, default=0,
-                      help="seed of the data split, the initial weights and the batch order, "
-                           "0 to 2**32 - 1 (default: 0)")
-    demo.add_argument("--out", type=output_path, default="ampkit-report",
-                      help="report folder, created if needed (default: ampkit-report)")
-    demo.add_argument("--overwrite", action="store_true",
-                      help="replace report files of the same names already in --out "
-                           "(without it, the demo refuses to start when one is there; "
-                           "other files are never touched)")
-    demo.add_argument("--threads", type=positive_int, default=1,
-                      help="CPU threads for torch's ops; one suits the demo's tiny convolutions "
-                           "best, and stays fast when other programs keep the cores busy "
-                           "(default: 1)")
+    add_run_options(
+        demo, out="ampkit-report", out_help="report folder, created if needed",
+        overwrite_help="replace report files of the same names already in --out (without "
+                       "it, the demo refuses to start when one is there; other files are "
+                       "never touched)",
+        seed_help="seed of the data split, the initial weights and the batch order",
+        threads_help="CPU threads for torch's ops; one suits the demo's tiny convolutions "
+                     "best, and stays fast when other programs keep the cores busy")
     demo.add_argument("--pure-bf16-steps", type=non_negative_int, default=100,
                       help="steps of the pure-bf16 curves (fp32, round-to-nearest, "
                            "stochastic rounding) of a tiny character GPT; 0 skips them "

@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["BAD_INPUT", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG", "Parser",
-           "choice_list", "console", "fail", "fp8_recipe", "low_dtype", "missing_modules",
-           "non_negative_int", "number", "output_path", "positive_int", "seed", "spelled"]
+           "add_run_options", "choice_list", "console", "fail", "fp8_recipe", "low_dtype",
+           "missing_modules", "non_negative_int", "number", "output_path", "positive_int",
+           "seed", "spelled"]
 
 #: The command's name in messages.
 PROG = "ampkit"
@@ -176,6 +177,32 @@ def output_path(text: str) -> str:
         raise argparse.ArgumentTypeError(
             "must name a file or folder; an empty name would write into the current folder")
     return text
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, out: str, out_help: str,
+                    overwrite_help: str, seed_help: str,
+                    threads_help: str = "torch CPU threads") -> None:
+    """Add the options every command that runs a model and writes files has: ``--seed``,
+    ``--out``, ``--overwrite`` and ``--threads``, with one type, default and wording
+    each; the helps say what they mean for the command (the defaults are appended).
+
+    Example:
+        >>> import argparse
+        >>> from ampkit.tools.cli_args import add_run_options
+        >>> parser = argparse.ArgumentParser()
+        >>> add_run_options(parser, out="report", out_help="report folder",
+        ...                 overwrite_help="replace files", seed_help="torch's seed")
+        >>> args = parser.parse_args(["--seed", "3"])
+        >>> args.seed, args.out, args.overwrite, args.threads
+        (3, 'report', False, 1)
+    """
+    parser.add_argument("--seed", type=seed, default=0,
+                        help=f"{seed_help}, 0 to 2**32 - 1 (default: 0)")
+    parser.add_argument("--out", type=output_path, default=out,
+                        help=f"{out_help} (default: {out})")
+    parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
+    parser.add_argument("--threads", type=positive_int, default=1,
+                        help=f"{threads_help} (default: 1)")
 
 
 def low_dtype(text: str) -> Any:

@@ -37,15 +37,14 @@ from typing import Any
 
 from ampkit.tools.cli_args import (
     MISSING,
+    add_run_options,
     console,
     fail,
     fp8_recipe,
     low_dtype,
     missing_modules,
     number,
-    output_path,
     positive_int,
-    seed,
 )
 from ampkit.tools.cli_target import (
     TargetError,
@@ -131,15 +130,10 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                               "epsilons of the dtype)")
     compare.add_argument("--limit", type=positive_int, default=20,
                          help="rows per table printed (default: 20; the report has all)")
-    compare.add_argument("--out", type=output_path, default="compare-report",
-                         help="report folder, created if needed (default: compare-report)")
-    compare.add_argument("--overwrite", action="store_true",
-                         help="replace report files of the same names already in --out")
-    compare.add_argument("--seed", type=seed, default=0,
-                         help="torch's seed before TARGET and --inputs are built, 0 to "
-                              "2**32 - 1 (default: 0)")
-    compare.add_argument("--threads", type=positive_int, default=1,
-                         help="torch CPU threads (default: 1)")
+    add_run_options(
+        compare, out="compare-report", out_help="report folder, created if needed",
+        overwrite_help="replace report files of the same names already in --out",
+        seed_help="torch's seed before TARGET and --inputs are built")
     return compare
 
 

@@ -45,14 +45,13 @@ from typing import Any
 
 from ampkit.tools.cli_args import (
     MISSING,
+    add_run_options,
     console,
     fail,
     low_dtype,
     missing_modules,
     number,
-    output_path,
     positive_int,
-    seed,
 )
 from ampkit.tools.cli_target import TargetError, load_callable, model_factory
 
@@ -117,16 +116,11 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     tune.add_argument("--epochs", type=positive_int,
                       help=f"without TARGET: float32 training epochs of the demo's CNN "
                            f"before tuning (default: {_DEMO_EPOCHS})")
-    tune.add_argument("--seed", type=seed, default=0,
-                      help="torch's seed before TARGET is built (without TARGET: the "
-                           "digits' split and the CNN's weights), 0 to 2**32 - 1 "
-                           "(default: 0)")
-    tune.add_argument("--out", type=output_path, default="tuned-policy.json",
-                      help="where the policy is written (default: tuned-policy.json)")
-    tune.add_argument("--overwrite", action="store_true",
-                      help="replace an existing --out (without it, tune refuses to start)")
-    tune.add_argument("--threads", type=positive_int, default=1,
-                      help="torch CPU threads (default: 1)")
+    add_run_options(
+        tune, out="tuned-policy.json", out_help="where the policy is written",
+        overwrite_help="replace an existing --out (without it, tune refuses to start)",
+        seed_help="torch's seed before TARGET is built (without TARGET: the digits' "
+                  "split and the CNN's weights)")
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
     return tune
 
