@@ -372,14 +372,19 @@ def decorate(models: nn.Module | list[nn.Module],
 
 # -- GradScaler ----------------------------------------------------------------------------
 
-# ampkit's argument names in the core's errors -> Paddle's.
-_RENAMES = {"init_scale": "init_loss_scaling", "growth_factor": "incr_ratio",
-            "backoff_factor": "decr_ratio", "growth_interval": "incr_every_n_steps",
-            "hysteresis": "decr_every_n_nan_or_inf"}
+# Paddle's names for the core scaler's settings and state (its state_dict keys, in
+# Paddle's order): the one table the constructor's errors, the getters and setters,
+# state_dict and load_state_dict translate by.
+_SETTINGS = {"incr_ratio": "growth_factor", "decr_ratio": "backoff_factor",
+             "incr_every_n_steps": "growth_interval",
+             "decr_every_n_nan_or_inf": "hysteresis"}
+_STATE = {"scale": "scale", **_SETTINGS, "incr_count": "_growth_tracker",
+          "decr_count": "_overflow_tracker", "use_dynamic_loss_scaling": "dynamic"}
+_STATE_KEYS = tuple(_STATE)
 
-_STATE_KEYS = ("scale", "incr_ratio", "decr_ratio", "incr_every_n_steps",
-               "decr_every_n_nan_or_inf", "incr_count", "decr_count",
-               "use_dynamic_loss_scaling")
+# ampkit's argument names in the core's errors -> Paddle's.
+_RENAMES = {"init_scale": "init_loss_scaling", **{core: paddle for paddle, core in
+                                                   _SETTINGS.items()}}
 
 
 def _as_float(value: Any, argument: str) -> float:
@@ -710,14 +715,7 @@ class GradScaler:
         core = self._scaler.state_dict()
         if not core:
             return {}
-        return {
-            "scale": core["scale"], "incr_ratio": core["growth_factor"],
-            "decr_ratio": core["backoff_factor"],
-            "incr_every_n_steps": core["growth_interval"],
-            "decr_every_n_nan_or_inf": core["hysteresis"],
-            "incr_count": core["_growth_tracker"], "decr_count": core["_overflow_tracker"],
-            "use_dynamic_loss_scaling": core["dynamic"],
-        }
+        return {paddle: core[name] for paddle, name in _STATE.items()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output (a no-op when disabled).
@@ -750,14 +748,8 @@ class GradScaler:
             raise ValueError(f"state_dict['scale'] must be a positive finite number, got "
                              f"{scale}")
         self._init_loss_scaling = scale  # Paddle: the loaded scale is the initial one
-        self._replace(
-            scale=scale, growth_factor=state_dict["incr_ratio"],
-            backoff_factor=state_dict["decr_ratio"],
-            growth_interval=state_dict["incr_every_n_steps"],
-            hysteresis=state_dict["decr_every_n_nan_or_inf"],
-            _growth_tracker=state_dict["incr_count"],
-            _overflow_tracker=state_dict["decr_count"],
-            dynamic=state_dict["use_dynamic_loss_scaling"])
+        loaded = {name: state_dict[paddle] for paddle, name in _STATE.items()}
+        self._replace(**{**loaded, "scale": scale})
 
     def __repr__(self) -> str:
         return f"ampkit.paddle.{self._scaler!r}"
