@@ -77,12 +77,12 @@ def regions() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backend", default="inductor")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"machine: {platform.processor() or platform.machine()}, "

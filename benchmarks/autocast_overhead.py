@@ -48,14 +48,15 @@ from _interleaved import interleaved_medians, print_ratios
 from torch.overrides import TorchFunctionMode
 
 import ampkit
-from ampkit import _dispatch
+from ampkit.autocast_kernels import registered
+from ampkit.autocast_mode import release_kernels
 
 # Five entries that change numerics: ops native autocast leaves alone on CPU.
-FIVE_NEW = {"custom_white_list": {"add", "mul"},
+FIVE_NEW: dict[str, Any] = {"custom_white_list": {"add", "mul"},
             "custom_black_list": {"softmax", "gelu", "layer_norm"}}
 # Five entries that re-list ops native autocast already runs in bf16: the computation is
 # identical, so the difference to native is the engine's interception cost alone.
-FIVE_SAME = {"custom_white_list": {"linear", "matmul", "bmm", "baddbmm", "addmm"}}
+FIVE_SAME: dict[str, Any] = {"custom_white_list": {"linear", "matmul", "bmm", "baddbmm", "addmm"}}
 
 SIZES = {
     # name: (d_model, layers, seq, batch, steps per round)
@@ -90,8 +91,8 @@ def _without_kernels(make: Callable[[], contextlib.AbstractContextManager]
     kernel region would pay a Python call to defer to native): the configurations that
     use them register them again on their first step of each round, and pay for it."""
     def region() -> contextlib.AbstractContextManager:
-        if _dispatch._registered:
-            _dispatch.release()
+        if registered():
+            release_kernels()
         return make()
     return region
 
@@ -105,11 +106,11 @@ def step(model: nn.Module, x: torch.Tensor, region: Callable[[], contextlib.Abst
     model.zero_grad(set_to_none=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 

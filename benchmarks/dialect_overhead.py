@@ -59,11 +59,11 @@ def make_model(side: int, channels: int) -> nn.Module:
         nn.Linear(64, 10))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {platform.machine()}, {args.threads} threads, "
           f"{args.rounds} rounds; median ms per training step (forward + backward), bf16")

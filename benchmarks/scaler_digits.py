@@ -63,10 +63,10 @@ def train(data: tuple[torch.Tensor, ...], fp16: bool, scaler: GradScaler, seed: 
     return accuracy, zeros / total, scaler.skipped_steps
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     data = load()
     runs = {

@@ -89,11 +89,11 @@ def train_step_case(kind: str, fused: bool, iters: int) -> Callable[[], float]:
     return run
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     kinds = ("torch", "ampkit", "ampkit+hyst")
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, torch "

@@ -1,4 +1,5 @@
-"""The benchmark scripts of issue 10 run, on tiny settings, and print what they promise.
+"""The benchmark scripts run: each imports and parses its arguments, and those a GPU
+session needs most run on tiny settings and print what they promise.
 
 They are the tools a GPU session runs in its few minutes on the machine: a script that
 broke on the CPU would waste that time. Speeds are not checked here (they mean nothing
@@ -33,6 +34,36 @@ def _table_rows(text: str) -> dict[str, list[str]]:
             cells = [cell.strip() for cell in line.strip("|").split("|")]
             rows[cells[0]] = cells
     return rows
+
+
+SCRIPTS = sorted(path.stem for path in BENCHMARKS.glob("*.py")
+                 if not path.name.startswith("_"))
+
+
+def test_the_scripts_are_found():
+    assert {"autocast_overhead", "cast_traffic", "o2_step_overhead"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_imports_and_answers_help(name, capsys):
+    # A script that imports a module ampkit has since renamed breaks only when run:
+    # this imports each one and parses --help (argparse exits 0 after printing usage).
+    script = _script(name)
+    with pytest.raises(SystemExit) as exited:
+        script.main(["--help"])
+    assert exited.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+
+
+def test_autocast_overhead_reports_every_region_against_native(capsys, monkeypatch):
+    autocast_overhead = _script("autocast_overhead")
+    monkeypatch.setattr(autocast_overhead, "SIZES", {"tiny": (16, 1, 4, 2, 2)})
+    autocast_overhead.main(["--rounds", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    for region in ("native", "empty-mode", "ampkit", "ampkit+5same", "ampkit+5new"):
+        assert re.search(rf"^  {re.escape(region)} +\d+\.\d{{3}} ms/step +\(\d+\.\d{{3}}x native\)",
+                         out, re.MULTILINE), out
+    assert "(1.000x native)" in out
 
 
 def test_cast_traffic_reports_each_mode_and_o2_below_native_when_accumulating(capsys):
