@@ -94,10 +94,12 @@ def check_first_last(value: Any) -> bool:
 
     Example:
         >>> from ampkit.fp8.selection import check_first_last
-        >>> check_first_last("yes")
+        >>> check_first_last(True)
+        True
+        >>> check_first_last(1)  # a bool only, not a truthy value
         Traceback (most recent call last):
         ...
-        TypeError: fp8_first_last must be a bool, got 'yes'
+        TypeError: fp8_first_last must be a bool, got 1
     """
     if not isinstance(value, bool):
         raise TypeError(f"fp8_first_last must be a bool, got {value!r}")
