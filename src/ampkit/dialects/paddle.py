@@ -373,14 +373,13 @@ def decorate(models: nn.Module | list[nn.Module],
 # -- GradScaler ----------------------------------------------------------------------------
 
 # Paddle's names for the core scaler's settings and state (its state_dict keys, in
-# Paddle's order): the one table the constructor's errors, the getters and setters,
-# state_dict and load_state_dict translate by.
+# Paddle's order): the one table the constructor's errors, state_dict and
+# load_state_dict translate by.
 _SETTINGS = {"incr_ratio": "growth_factor", "decr_ratio": "backoff_factor",
              "incr_every_n_steps": "growth_interval",
              "decr_every_n_nan_or_inf": "hysteresis"}
 _STATE = {"scale": "scale", **_SETTINGS, "incr_count": "_growth_tracker",
           "decr_count": "_overflow_tracker", "use_dynamic_loss_scaling": "dynamic"}
-_STATE_KEYS = tuple(_STATE)
 
 # ampkit's argument names in the core's errors -> Paddle's.
 _RENAMES = {"init_scale": "init_loss_scaling", **{core: paddle for paddle, core in
@@ -738,11 +737,11 @@ class GradScaler:
         if not state_dict:
             raise RuntimeError("the input state dict is empty, probably saved from a "
                                "disabled GradScaler; there is no scale to restore")
-        missing = [k for k in _STATE_KEYS if k not in state_dict]
-        unknown = sorted(str(k) for k in state_dict if k not in _STATE_KEYS)
+        missing = [k for k in _STATE if k not in state_dict]
+        unknown = sorted(str(k) for k in state_dict if k not in _STATE)
         if missing or unknown:
             raise ValueError(f"GradScaler.load_state_dict: missing keys {missing}, unknown "
-                             f"keys {unknown}; expected {list(_STATE_KEYS)}")
+                             f"keys {unknown}; expected {list(_STATE)}")
         scale = _as_float(state_dict["scale"], "state_dict['scale']")
         if not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"state_dict['scale'] must be a positive finite number, got "
