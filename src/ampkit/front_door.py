@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,14 @@ from ampkit.conversion import (
     check_not_wrapped,
     prepare_conversion,
 )
-from ampkit.fp8.convert import FP8_OPTIONS, apply_fp8, prepare_fp8
+from ampkit.fp8.convert import (
+    FP8_OPTIONS,
+    Fp8SkipWarning,
+    apply_fp8,
+    check_fp8_converts,
+    fp8_skip_message,
+    prepare_fp8,
+)
 from ampkit.levels import (
     LEVEL_PROPERTY_NAMES,
     LevelProperties,
@@ -208,9 +216,12 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             (the autocast policy of O1/O2); loss scaling options ``num_losses``,
             ``min_loss_scale``, ``max_loss_scale``; fp8 options ``fp8`` (a recipe
             name, ``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, or a
-            torchao ``Float8LinearConfig``: the eligible Linears train in fp8 through
-            torchao, needs ``ampkit[fp8]``), ``fp8_exclude_modules`` (selectors kept
-            out of fp8) and ``fp8_first_last`` (convert the first and last Linear
+            torchao ``Float8LinearConfig``: the eligible ``nn.Linear`` and
+            transformers ``Conv1D`` layers train in fp8 through torchao, needs
+            ``ampkit[fp8]``; a request that converts no layer is a ``ValueError``,
+            layers left out are said once in an ``ampkit.fp8.Fp8SkipWarning``),
+            ``fp8_exclude_modules`` (selectors kept
+            out of fp8) and ``fp8_first_last`` (convert the first and last linear layer
             too), see :mod:`ampkit.fp8`. ``None`` keeps a level default.
 
     Returns:
@@ -277,6 +288,9 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             check_pure_optimizer(opt, mode.value, seed=rounding_seed,
                                  seed_name="rounding_seed")
     fp8_plans = [prepare_fp8(model, converting, **fp8_args) for model in model_list]
+    named_fp8 = [("model" if one_model else f"models[{i}]", plan)
+                 for i, plan in enumerate(fp8_plans) if plan is not None]
+    check_fp8_converts(named_fp8)  # an fp8 request that converts nothing is refused
     plans = [prepare_conversion(model, converting) for model in model_list]
     if len({id(m) for m in model_list}) != len(model_list):
         raise ValueError("models: the same model is given twice")
@@ -295,6 +309,9 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         opt_list = [pure_low_precision(model_list, opt, mode.value,
                                        seed=rounding_seed) for opt in opt_list]
     _configure_loss_scaling(props, scaling)
+    skipped = fp8_skip_message(named_fp8)
+    if skipped is not None:  # what fp8 left out, said once
+        warnings.warn(skipped, Fp8SkipWarning, stacklevel=2)
     out_models = model_list[0] if one_model else type(models)(model_list)
     if optimizers is None:
         return out_models

@@ -1,14 +1,19 @@
 """fp8 training for Linear layers, through torchao, as part of a precision level.
 
 ``ampkit.initialize(model, optimizer, level="O2", dtype=torch.bfloat16,
-fp8="tensorwise")`` trains the eligible ``nn.Linear`` layers with torchao's
-``Float8Linear`` (all three matmuls, forward and both gradients, in
-``torch._scaled_mm``), while everything else follows the level. One concept a module:
+fp8="tensorwise")`` trains the eligible linear layers (``nn.Linear``, with torchao's
+``Float8Linear``, and Hugging Face's ``Conv1D``, with :mod:`ampkit.fp8.conv1d`'s
+``Float8Conv1D`` on the same torchao matmul; all three matmuls, forward and both
+gradients, in ``torch._scaled_mm``), while everything else follows the level. It warns
+(:class:`Fp8SkipWarning`) with the count when it leaves layers out, and a request that
+would convert no layer is a ``ValueError`` with the table of why. One concept a
+module:
 
 * :mod:`ampkit.fp8.recipe`: the ``fp8=`` value (:func:`parse_fp8`, the recipe names,
   the torchao import and its ``ImportError`` naming ``ampkit[fp8]``);
 * :mod:`ampkit.fp8.selection`: which layers go to fp8 and why the others do not;
-* :mod:`ampkit.fp8.convert`: the swap, and how it composes with O2's parameters.
+* :mod:`ampkit.fp8.convert`: the swap, and how it composes with O2's parameters;
+* :mod:`ampkit.fp8.conv1d`: Hugging Face's ``Conv1D`` in fp8, in its own layout.
 
 Importing this package does not import torchao.
 
@@ -26,10 +31,13 @@ Example:
 from ampkit.fp8.convert import (
     FP8_OPTIONS,
     Fp8Plan,
+    Fp8SkipWarning,
     apply_fp8,
+    check_fp8_converts,
     check_fp8_level,
     check_fp8_options,
     fp8_layers,
+    fp8_skip_message,
     get_fp8_plan,
     prepare_fp8,
 )

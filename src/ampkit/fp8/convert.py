@@ -36,10 +36,18 @@ import torch.nn as nn
 
 from ampkit.conversion import OWN_PARAMETER_CASTS, ConversionConfig, get_conversion
 from ampkit.fp8.recipe import check_fp8_device, float8_linear_config, parse_fp8, recipe_name
-from ampkit.fp8.selection import Fp8Layer, check_first_last, is_float8, select_fp8_layers
+from ampkit.fp8.conv1d import is_hf_conv1d, to_float8_conv1d
+from ampkit.fp8.selection import (
+    FP8_DIM_MULTIPLE,
+    Fp8Layer,
+    check_first_last,
+    is_float8,
+    select_fp8_layers,
+)
 
-__all__ = ["FP8_OPTIONS", "Fp8Plan", "apply_fp8", "check_fp8_level", "check_fp8_options",
-           "fp8_layers", "get_fp8_plan", "prepare_fp8"]
+__all__ = ["FP8_OPTIONS", "Fp8Plan", "Fp8SkipWarning", "apply_fp8", "check_fp8_converts",
+           "check_fp8_level", "check_fp8_options", "fp8_layers", "fp8_skip_message",
+           "get_fp8_plan", "prepare_fp8"]
 
 #: The ``initialize`` keywords that choose fp8: ``fp8`` (the recipe),
 #: ``fp8_exclude_modules`` (selectors kept out of fp8), ``fp8_first_last`` (convert the
@@ -84,6 +92,143 @@ class Fp8Plan:
             ('a',)
         """
         return tuple(layer.name for layer in self.layers if layer.fp8)
+
+    def table(self) -> str:
+        """The decision as a plain-text table (``ampkit.tools.fp8_report``'s text):
+        every linear layer, its type, its shape (in x out), whether it runs in fp8 and
+        why not.
+
+        Example:
+            >>> from ampkit.fp8 import Fp8Layer, Fp8Plan
+            >>> print(Fp8Plan("rowwise", (Fp8Layer("a", 16, 16, True, "fp8"),)).table())
+            fp8 (rowwise): 1 of 1 linear layers
+            layer  type    shape    fp8  why not
+            a      Linear  16 x 16  yes
+        """
+        from ampkit.tools._text import text_table
+
+        rows = [(x.name, x.kind, f"{x.in_features} x {x.out_features}",
+                 "yes" if x.fp8 else "no", "" if x.fp8 else x.reason) for x in self.layers]
+        head = (f"fp8 ({self.recipe_name}): {len(self.converted)} of {len(self.layers)} "
+                f"linear layers")
+        table = text_table(("layer", "type", "shape", "fp8", "why not"), rows,
+                           align="lllll")
+        return head + "\n" + "\n".join(line.rstrip() for line in table.splitlines())
+
+    def skipped_summary(self) -> str:
+        """How many linear layers stay out of fp8, by cause, in a few words (empty
+        when none does).
+
+        Example:
+            >>> from ampkit.fp8 import Fp8Layer, Fp8Plan
+            >>> plan = Fp8Plan("tensorwise", (
+            ...     Fp8Layer("a", 16, 8, False, "out_features=8 is not a multiple of 16"),
+            ...     Fp8Layer("b", 16, 16, True, "fp8"),
+            ...     Fp8Layer("c", 16, 16, False, "last linear layer of the model (...)")))
+            >>> plan.skipped_summary()
+            '1 with a dimension not a multiple of 16, 1 first or last layer of the model'
+        """
+        counts: dict[str, int] = {}
+        for layer in self.layers:
+            if not layer.fp8:
+                cause = _cause(layer.reason)
+                counts[cause] = counts.get(cause, 0) + 1
+        return ", ".join(f"{n} {cause}" for cause, n in counts.items())
+
+
+class Fp8SkipWarning(UserWarning):
+    """``initialize(fp8=...)`` left some linear layers out of fp8 (it says how many and
+    why; ``ampkit.tools.fp8_report(model)`` lists them). Filter it with ``warnings``
+    once you have read the report.
+
+    Example:
+        >>> from ampkit.fp8 import Fp8SkipWarning
+        >>> issubclass(Fp8SkipWarning, UserWarning)
+        True
+    """
+
+
+_CAUSES = (("first linear layer", "first or last layer of the model"),
+           ("last linear layer", "first or last layer of the model"),
+           ("kept in fp32", "kept in fp32"),
+           ("excluded", "excluded by fp8_exclude_modules"),
+           ("not a multiple", f"with a dimension not a multiple of {FP8_DIM_MULTIPLE}"),
+           ("subclass", "subclass of nn.Linear or Conv1D"),
+           ("the model itself", "the model itself"))
+
+
+def _cause(reason: str) -> str:
+    return next((cause for key, cause in _CAUSES if key in reason), reason)
+
+
+def _model_label(name: str) -> str:
+    return "" if name == "model" else f"{name}: "
+
+
+def check_fp8_converts(plans: Sequence[tuple[str, Fp8Plan]]) -> None:
+    """Refuse an fp8 request that would convert no layer at all: ``plans`` holds each
+    model's name (``"model"``, ``"models[1]"``) and plan, and when none of them runs a
+    layer in fp8 the ``ValueError`` says why, with each model's fp8 table.
+
+    Raises:
+        ValueError: no layer of any model would run in fp8.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.levels import conversion_for_level
+        >>> from ampkit.fp8 import check_fp8_converts, prepare_fp8
+        >>> net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
+        >>> plan = prepare_fp8(net, conversion_for_level("O2"), fp8="tensorwise")
+        >>> check_fp8_converts([("model", plan)])
+        Traceback (most recent call last):
+        ...
+        ValueError: fp8='tensorwise' would convert no layer (2 first or last layer of ...
+    """
+    if not plans or any(plan.converted for _, plan in plans):
+        return
+    recipe = plans[0][1].recipe_name
+    found = sum(len(plan.layers) for _, plan in plans)
+    if not found:
+        why = ("the model has no nn.Linear or transformers Conv1D layer, the layers fp8 "
+               "trains")
+    else:
+        why = "; ".join(f"{_model_label(name)}{plan.skipped_summary()}"
+                        for name, plan in plans)
+    tables = "\n".join(f"{_model_label(name)}{plan.table()}" for name, plan in plans)
+    raise ValueError(
+        f"fp8={recipe!r} would convert no layer ({why}), so the run would train exactly "
+        f"as without fp8. fp8 takes exact nn.Linear and transformers Conv1D layers whose "
+        f"in and out features are multiples of {FP8_DIM_MULTIPLE}; fp8_first_last=True "
+        f"converts the first and last one, and fp8_exclude_modules / keep_fp32_modules "
+        f"choose the rest. Or leave fp8 off (fp8=None). The decision "
+        f"(ampkit.tools.fp8_report):\n{tables}")
+
+
+def fp8_skip_message(plans: Sequence[tuple[str, Fp8Plan]]) -> str | None:
+    """What ``initialize`` warns (:class:`Fp8SkipWarning`) when it leaves linear layers
+    out of fp8: how many of how many, and why, per model; ``None`` when every layer
+    converts.
+
+    Example:
+        >>> from ampkit.fp8 import Fp8Layer, Fp8Plan, fp8_skip_message
+        >>> plan = Fp8Plan("tensorwise", (
+        ...     Fp8Layer("a", 16, 16, True, "fp8"),
+        ...     Fp8Layer("b", 16, 16, False, "excluded (fp8_exclude_modules)")))
+        >>> print(fp8_skip_message([("model", plan)]))
+        ampkit.initialize: fp8 ('tensorwise') converts 1 of 2 linear layers; 1 stays out (1 excluded by fp8_exclude_modules). ampkit.tools.fp8_report(model) lists each layer and why.
+    """
+    parts = []
+    for name, plan in plans:
+        skipped = len(plan.layers) - len(plan.converted)
+        if skipped:
+            parts.append(f"{_model_label(name)}converts {len(plan.converted)} of "
+                         f"{len(plan.layers)} linear layers; {skipped} "
+                         f"{'stays' if skipped == 1 else 'stay'} out "
+                         f"({plan.skipped_summary()})")
+    if not parts:
+        return None
+    return (f"ampkit.initialize: fp8 ({plans[0][1].recipe_name!r}) {'; '.join(parts)}. "
+            f"ampkit.tools.fp8_report(model) lists each layer and why.")
 
 
 def _settings(fp8: Any, exclude: Any, first_last: bool) -> tuple[Any, ...]:
@@ -194,7 +339,8 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
 def apply_fp8(model: nn.Module, plan: Fp8Plan,
               optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
     """Swap the planned layers for ``Float8Linear`` (torchao's
-    ``convert_to_float8_training``), mark them so O2 does not cast their parameters
+    ``convert_to_float8_training``) and their Conv1Ds for ``Float8Conv1D``
+    (:mod:`ampkit.fp8.conv1d`, in place), mark them so O2 does not cast their parameters
     on use, and store the plan on the model. A parameter that torchao replaces (its
     FSDP2 float8 all-gather wraps weights in a new tensor subclass) is replaced in
     ``optimizers`` too, state included.
@@ -212,11 +358,17 @@ def apply_fp8(model: nn.Module, plan: Fp8Plan,
     from torchao.float8 import convert_to_float8_training
 
     chosen = set(plan.converted)
+    config = float8_linear_config(plan.recipe)
     before = {name: (m.weight, m.bias) for name, m in model.named_modules()
               if name in chosen}
-    convert_to_float8_training(model, config=float8_linear_config(plan.recipe),
+    # torchao swaps the Linears for new Float8Linear modules (run even with none
+    # chosen: it also readies inductor for float8); a Conv1D changes class in place.
+    convert_to_float8_training(model, config=config,
                                module_filter_fn=lambda m, fqn: fqn in chosen
                                and not is_float8(m))
+    for name, module in model.named_modules():
+        if name in chosen and not is_float8(module) and is_hf_conv1d(module):
+            to_float8_conv1d(module, config)
     replaced: dict[int, torch.Tensor] = {}
     for name, module in model.named_modules():
         if is_float8(module):

@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ampkit.fp8.conv1d import is_float8_conv1d
 from ampkit.fp8.selection import is_float8
 
 __all__ = ["Fp8CastRecord", "Fp8CastWatch"]
@@ -160,7 +161,10 @@ class Fp8CastWatch:
             def forward(mod: Any, args: Any, name: str = name, config: Any = config
                         ) -> None:
                 self._add(name, "input", args[0], config, "cast_config_input", -1)
-                self._add(name, "weight", mod.weight.t(), config, "cast_config_weight", 0)
+                # the matmul's weight operand: (in, out), Linear's transposed (a
+                # Conv1D stores it so)
+                weight = mod.weight if is_float8_conv1d(mod) else mod.weight.t()
+                self._add(name, "weight", weight, config, "cast_config_weight", 0)
 
             def output(mod: nn.Module, args: Any, out: Any, name: str = name,
                        config: Any = config) -> None:

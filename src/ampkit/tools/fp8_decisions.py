@@ -1,4 +1,5 @@
-"""Which Linears of a model run in fp8, and why the others do not: :func:`fp8_report`.
+"""Which linear layers of a model run in fp8, and why the others do not:
+:func:`fp8_report`.
 
 Example:
     >>> import torch
@@ -6,11 +7,11 @@ Example:
     >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
     >>> net = ampkit.initialize(net, level="O2", dtype=torch.bfloat16, fp8="tensorwise")
     >>> print(ampkit.tools.fp8_report(net))
-    fp8 (tensorwise): 1 of 3 Linear layers
-    layer  shape    fp8  why not
-    0      16 x 16  no   first Linear of the model (fp8_first_last=True converts it)
-    1      16 x 16  yes
-    2      16 x 16  no   last Linear of the model (fp8_first_last=True converts it)
+    fp8 (tensorwise): 1 of 3 linear layers
+    layer  type    shape    fp8  why not
+    0      Linear  16 x 16  no   first linear layer of the model (fp8_first_last=True converts it)
+    1      Linear  16 x 16  yes
+    2      Linear  16 x 16  no   last linear layer of the model (fp8_first_last=True converts it)
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ __all__ = ["fp8_report"]
 
 def fp8_report(model: nn.Module) -> str:
     """A plain-text table of the fp8 decision ``initialize(fp8=...)`` made for every
-    Linear of ``model``: its shape (in x out), whether it runs in fp8, and why not.
+    linear layer of ``model`` (``nn.Linear``, transformers ``Conv1D``): its type, its
+    shape (in x out), whether it runs in fp8, and why not.
     (:func:`ampkit.fp8.select_fp8_layers` answers the same before converting.)
 
     Example:
@@ -38,11 +40,4 @@ def fp8_report(model: nn.Module) -> str:
     plan = get_fp8_plan(model)
     if plan is None:
         return "fp8: off (the model was not initialized with fp8=)"
-    from ampkit.tools._text import text_table
-
-    rows = [(x.name, f"{x.in_features} x {x.out_features}", "yes" if x.fp8 else "no",
-             "" if x.fp8 else x.reason) for x in plan.layers]
-    head = (f"fp8 ({plan.recipe_name}): {len(plan.converted)} of {len(plan.layers)} "
-            f"Linear layers")
-    table = text_table(("layer", "shape", "fp8", "why not"), rows, align="llll")
-    return head + "\n" + "\n".join(line.rstrip() for line in table.splitlines())
+    return plan.table()

@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ampkit.fp8.conv1d import conv1d_features, is_hf_conv1d
 from ampkit.fp8.recipe import float8_linear_config, recipe_name
 from ampkit.fp8.selection import select_fp8_layers
 from ampkit.policy import as_dtype
@@ -67,6 +68,17 @@ def _inputs_of(model: nn.Module, names: set[str], inputs: tuple[Any, ...]
         for h in handles:
             h.remove()
     return seen
+
+
+def _as_linear(module: nn.Module) -> nn.Module:
+    if not is_hf_conv1d(module):
+        return module
+    in_features, out_features = conv1d_features(module)
+    linear = nn.Linear(in_features, out_features, device=module.weight.device)
+    with torch.no_grad():
+        linear.weight.copy_(module.weight.t())
+        linear.bias.copy_(module.bias)
+    return linear
 
 
 def _three_ways(layer: nn.Linear, x: torch.Tensor, low: torch.dtype, config: Any,
@@ -130,7 +142,9 @@ def fp8_layer_errors(model: nn.Module, *inputs: Any, fp8: Any = "tensorwise",
     wrapped = nn.Sequential(reference)
     able = [x.name[2:] if x.name.startswith("0.") else "" for x in
             select_fp8_layers(wrapped, first_last=True) if x.fp8]
-    modules = dict(reference.named_modules())
+    # a Conv1D is measured as the Linear it is (its weight transposed): Float8Conv1D
+    # computes exactly what Float8Linear computes from that weight
+    modules = {name: _as_linear(module) for name, module in reference.named_modules()}
     seen = _inputs_of(reference, set(able), inputs)
     rows = []
     for layer in able:

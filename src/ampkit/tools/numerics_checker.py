@@ -38,6 +38,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from ampkit.fp8.selection import is_float8
 from ampkit.tools._tracing import ModuleScope
 
 __all__ = ["CheckMode", "NonFiniteError", "NumericsChecker", "OpRecord"]
@@ -207,8 +208,7 @@ class NumericsChecker:
         self._mode: _Watch | None = None
         # A model with fp8 layers: their casts to fp8 are watched too (fp8_casts).
         self._fp8 = None
-        if model is not None and any(type(m).__name__ == "Float8Linear"
-                                     for m in model.modules()):
+        if model is not None and any(is_float8(m) for m in model.modules()):
             from ampkit.tools.fp8_casts import Fp8CastWatch
 
             self._fp8 = Fp8CastWatch(model)
