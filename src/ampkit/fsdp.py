@@ -7,8 +7,9 @@ dtype, and an O2 model computes its norms from fp32 parameters and everything el
 low-precision copies. So the recipe is:
 
 1. ``ampkit.initialize(model, level="O2", dtype=...)`` on the bare fp32 model;
-2. :func:`fully_shard` (this module's): every module kept in fp32 (norms) gets a group
-   of its own with an fp32 policy, grouped per block; then each of ``blocks`` (e.g. your
+2. :func:`fully_shard` (this module's): every module kept in fp32 (norms) and every fp8
+   layer (``initialize(fp8=...)``: it casts its fp32 weights to fp8 itself) gets a
+   group of its own with an fp32 policy, grouped per block; then each of ``blocks`` (e.g. your
    transformer block class) and finally the model get
    ``MixedPrecisionPolicy(param_dtype=<low>, reduce_dtype=torch.float32)``. The
    low-precision all-gathers happen where native FSDP2 mixed precision has them, and
@@ -20,7 +21,11 @@ low-precision copies. So the recipe is:
 
 Under this policy the parameters reach each module already in low precision (from the
 all-gather), so ampkit's cast on use (:mod:`ampkit.parameter_casts`) has nothing to do
-and keeps nothing; the kept norms get fp32 parameters.
+and keeps nothing; the kept norms get fp32 parameters, and so do the fp8 layers, which
+torchao casts to fp8 from the fp32 values, as in one process (with
+``Float8LinearConfig(enable_fsdp_float8_all_gather=True)`` their weights all-gather in
+fp8 instead, cast from the fp32 shards). Never bf16: torchao would then quantize bf16
+values, rounding each weight twice.
 
 Other orders:
 
@@ -61,7 +66,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ampkit.conversion import ConversionConfig, get_conversion
+from ampkit.conversion import OWN_PARAMETER_CASTS, ConversionConfig, get_conversion
 from ampkit.module_selection import (
     ModuleSelector,
     parse_module_selectors,
@@ -93,8 +98,8 @@ def _splits_kept(config: ConversionConfig) -> bool:
 
 def mixed_precision_policy(model: nn.Module, *, kept: bool = False) -> Any:
     """The ``torch.distributed.fsdp.MixedPrecisionPolicy`` for a group of a converted
-    model: ``kept=True`` for a group of modules the level keeps in fp32 (norms), else
-    for the rest. For sharding by hand; :func:`fully_shard` applies both.
+    model: ``kept=True`` for a group of modules the level keeps in fp32 (norms) or of
+    fp8 layers (which cast their fp32 weights to fp8 themselves), else for the rest. For sharding by hand; :func:`fully_shard` applies both.
 
     At O2 the rest all-gathers in the level's low-precision dtype and reduces gradients
     in fp32; kept groups stay fp32. At O0/O1 every group is fp32 (autocast casts per
@@ -131,15 +136,19 @@ def _has_floating_params(module: nn.Module) -> bool:
 
 def _plan_groups(model: nn.Module, config: ConversionConfig,
                  blocks: tuple[ModuleSelector, ...]
-                 ) -> tuple[list[tuple[nn.Module, list[nn.Module]]], bool]:
-    """``([(owner, kept modules it holds)], whether the model itself is kept)``:
-    every block, innermost first, then the model; the kept modules are the outermost
-    kept-fp32 modules with floating parameters that lie in the owner and in no inner
-    block."""
+                 ) -> list[tuple[nn.Module, list[nn.Module], bool]]:
+    """``[(owner, fp32 modules it holds, whether the owner itself gathers fp32)]``:
+    every block, innermost first, then the model. The fp32 modules are the outermost
+    kept-fp32 modules and fp8 layers with floating parameters that lie in the owner and
+    in no inner block. An fp8 layer computes from its fp32 parameters (it casts them to
+    fp8 itself, or torchao's float8 all-gather does): a low-precision all-gather would
+    round them twice, so it gathers in fp32 too, in the owner's fp32 group, or as a
+    block of its own with the fp32 policy."""
     keep = resolve_module_selectors(model, config.keep_fp32_modules, "keep_fp32_modules")
     chosen = resolve_module_selectors(model, blocks, "blocks")
     split = _splits_kept(config)
     kept_of: dict[int, list[nn.Module]] = {id(model): []}
+    fp32_owners = {id(model)} if selects(model, "", keep) else set()
     order: list[nn.Module] = []
     seen: set[int] = set()
 
@@ -148,12 +157,15 @@ def _plan_groups(model: nn.Module, config: ConversionConfig,
             return
         seen.add(id(module))
         kept = in_kept or selects(module, name, keep)
-        if (kept and not in_kept and split and module is not model
-                and _has_floating_params(module)):
-            kept_of[id(owner)].append(module)
+        fp8 = not kept and bool(getattr(module, OWN_PARAMETER_CASTS, False))
         is_block = not kept and module is not model and selects(module, name, chosen)
+        if (((kept and not in_kept) or (fp8 and not is_block)) and split
+                and module is not model and _has_floating_params(module)):
+            kept_of[id(owner)].append(module)
         if is_block:
             kept_of[id(module)] = []
+            if fp8 and split:
+                fp32_owners.add(id(module))
         inner_owner = module if is_block else owner
         for child_name, child in module.named_children():
             walk(child, f"{name}.{child_name}" if name else child_name, kept, inner_owner)
@@ -162,7 +174,7 @@ def _plan_groups(model: nn.Module, config: ConversionConfig,
 
     walk(model, "", False, model)
     order.append(model)
-    return [(owner, kept_of[id(owner)]) for owner in order], selects(model, "", keep)
+    return [(owner, kept_of[id(owner)], id(owner) in fp32_owners) for owner in order]
 
 
 def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSelector = (),
@@ -171,7 +183,8 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
     the level's mixed precision (see the module doc), and return it.
 
     Groups, in the order they are sharded: for each of ``blocks`` (innermost first) the
-    kept-fp32 modules inside it, as one fp32 group, then the block itself; then the kept
+    kept-fp32 modules and fp8 layers inside it, as one fp32 group, then the block
+    itself (an fp8 layer listed as a block is an fp32 group of its own); then the kept
     modules outside every block, then the model. Each ``fully_shard`` group all-gathers
     its parameters before its forward and frees them after (``reshard_after_forward``),
     so list the modules you would shard one by one with native FSDP2 (transformer
@@ -231,13 +244,12 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
                                f"itself, so call it on a model no part of which is sharded")
     selected = parse_module_selectors(blocks, "blocks") or ()
     # Planned (and every selector checked) before anything is sharded.
-    groups, model_kept = _plan_groups(model, config, selected)
+    groups = _plan_groups(model, config, selected)
     low = mixed_precision_policy(model)
     fp32 = mixed_precision_policy(model, kept=True)
-    for owner, kept in groups:
+    for owner, kept, owner_fp32 in groups:
         if kept:
             torch_fully_shard(kept if len(kept) > 1 else kept[0], mp_policy=fp32,
                               **fsdp_kwargs)
-        torch_fully_shard(owner, mp_policy=fp32 if owner is model and model_kept else low,
-                          **fsdp_kwargs)
+        torch_fully_shard(owner, mp_policy=fp32 if owner_fp32 else low, **fsdp_kwargs)
     return model
