@@ -6,8 +6,10 @@ layer here has its own pair, and the batch size is none of them)."""
 
 from __future__ import annotations
 
+import copy
 import io
 import sys
+import warnings
 
 import pytest
 import torch
@@ -85,7 +87,7 @@ def test_the_decision_names_every_linear_and_why():
                               fp8_exclude_modules=["6"])
     reasons = {x.name: (x.fp8, x.reason) for x in ampkit.fp8.fp8_layers(model)}
     assert reasons == {
-        "0": (False, "first Linear of the model (fp8_first_last=True converts it)"),
+        "0": (False, "first linear layer of the model (fp8_first_last=True converts it)"),
         "2": (True, "fp8"), "4": (True, "fp8"),
         "6": (False, "excluded (fp8_exclude_modules)"),
         "8": (False, "out_features=40 is not a multiple of 16 (torch._scaled_mm)"),
@@ -367,3 +369,178 @@ def test_a_per_row_recipe_is_refused_where_the_cpu_kernel_takes_tensor_scales(mo
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     converted = ampkit.initialize(model, level="O2", dtype=torch.bfloat16, fp8="tensorwise")
     assert ampkit.fp8.get_fp8_plan(converted).converted == ("2", "4", "6")
+
+
+# -- linear layers of other classes: Hugging Face's Conv1D (GPT-2), issue 34 -------------
+
+GPT2_PROJECTIONS = tuple(f"transformer.h.{i}.{name}" for i in range(2) for name in
+                         ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"))
+
+
+def _gpt2() -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=2,
+                                     n_head=2, bos_token_id=0, eos_token_id=0,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config).to(DEVICE)
+
+
+def _gpt2_tokens() -> torch.Tensor:
+    return torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+def _count_scaled_mm(step) -> int:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(event.name == "aten::_scaled_mm" for event in prof.events())
+
+
+def test_gpt2_conv1d_projections_train_in_fp8_and_the_run_differs_from_o2_bf16():
+    from transformers.pytorch_utils import Conv1D
+
+    model = _gpt2()
+    params = dict(model.named_parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,
+                                   fp8="tensorwise")
+    plan = ampkit.fp8.get_fp8_plan(model)
+    # every projection of both blocks (the first reads the embedding's output, not the
+    # input), not lm_head, the last linear layer
+    assert plan.converted == GPT2_PROJECTIONS
+    assert [(x.name, x.kind, x.fp8) for x in plan.layers if not x.fp8] == [
+        ("lm_head", "Linear", False)]
+    c_fc = model.transformer.h[0].mlp.c_fc
+    assert type(c_fc).__name__ == "Float8Conv1D" and isinstance(c_fc, Conv1D)
+    assert dict(model.named_parameters()) == params  # the same Parameter objects
+    assert c_fc.weight.shape == (32, 128) and c_fc.weight.dtype is torch.float32
+    x = _gpt2_tokens()
+    # 8 projections x 3 matmuls (forward, input and weight gradients)
+    assert _count_scaled_mm(lambda: model(x, labels=x).loss.backward()) == 24
+    before = c_fc.weight.detach().clone()
+    opt.step()
+    assert not torch.equal(c_fc.weight, before)  # the optimizer built before steps it
+
+    bf16 = ampkit.initialize(_gpt2(), level="O2", dtype=torch.bfloat16)
+    fp8 = ampkit.initialize(_gpt2(), level="O2", dtype=torch.bfloat16, fp8="tensorwise")
+    loss_bf16, loss_fp8 = bf16(x, labels=x).loss, fp8(x, labels=x).loss
+    assert loss_fp8.item() != loss_bf16.item()
+    assert abs(loss_fp8.item() - loss_bf16.item()) < 0.01 * loss_bf16.item()
+
+
+def test_gpt2_checkpoints_keep_their_layout_both_ways():
+    plain = _gpt2()
+    layout = {k: v.shape for k, v in plain.state_dict().items()}
+    model = ampkit.initialize(_gpt2(), level="O2", dtype=torch.bfloat16, fp8="tensorwise")
+    assert type(model.transformer.h[1].attn.c_attn).__name__ == "Float8Conv1D"
+    assert {k: v.shape for k, v in model.state_dict().items()} == layout
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.add_(0.01)
+    model.load_state_dict(plain.state_dict())  # an old checkpoint into the fp8 model
+    for (name, a), b in zip(model.state_dict().items(), plain.state_dict().values()):
+        assert torch.equal(a, b), name
+    fresh = _gpt2()
+    fresh.load_state_dict(model.state_dict())  # and the fp8 model's into a plain one
+    x = _gpt2_tokens()
+    # the whole model pickles (Float8Conv1D by reference) and computes the same
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(loaded.transformer.h[0].mlp.c_proj).__name__ == "Float8Conv1D"
+    assert torch.equal(loaded(x).logits, model(x).logits)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", pytest.param(
+    "rowwise", marks=NEEDS_CPU_ROWWISE_FP8)])
+def test_float8_conv1d_computes_what_float8_linear_computes_on_the_transposed_weight(recipe):
+    from torchao.float8.float8_linear import Float8Linear
+    from transformers.pytorch_utils import Conv1D
+
+    from ampkit.fp8.conv1d import to_float8_conv1d
+
+    torch.manual_seed(0)
+    conv = Conv1D(48, 32)  # in 32, out 48: weight (32, 48)
+    with torch.no_grad():
+        conv.bias.normal_()
+    linear = nn.Linear(32, 48)
+    with torch.no_grad():
+        linear.weight.copy_(conv.weight.t())
+        linear.bias.copy_(conv.bias)
+    config = ampkit.fp8.float8_linear_config(recipe)
+    reference_bf16 = copy.deepcopy(conv)
+    to_float8_conv1d(conv, config)
+    f8_linear = Float8Linear.from_float(linear, config=config)
+    x = torch.randn(3, 5, 32, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    g = torch.randn(3, 5, 48, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    results = []
+    for module in (conv, f8_linear):
+        xin = x.clone().requires_grad_()
+        out = module(xin)
+        out.backward(g)
+        results.append((out, xin.grad, module.weight.grad, module.bias.grad))
+    (out_c, gx_c, gw_c, gb_c), (out_l, gx_l, gw_l, gb_l) = results
+    assert out_c.dtype is torch.bfloat16 and gw_c.shape == (32, 48)
+    assert torch.equal(out_c, out_l) and torch.equal(gx_c, gx_l)
+    assert torch.equal(gw_c, gw_l.t()) and torch.equal(gb_c, gb_l)
+
+    # and against the Conv1D in bf16: fp8's error, not another computation
+    xin = x.clone().requires_grad_()
+    ref = reference_bf16.to(torch.bfloat16)
+    out_ref = ref(xin)
+    out_ref.backward(g)
+    for ours, theirs in ((out_c, out_ref), (gx_c, xin.grad), (gw_c, ref.weight.grad)):
+        error = (ours.float() - theirs.float()).abs().max() / theirs.float().abs().max()
+        assert 0 < error < 0.1
+
+
+def test_fp8_that_converts_no_layer_is_an_error_with_the_report_table():
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 24), nn.Linear(24, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError) as info:
+        ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16, fp8="tensorwise")
+    message = str(info.value)
+    assert message.startswith("fp8='tensorwise' would convert no layer (")
+    assert "1 first or last layer of the model" in message
+    assert "fp8_first_last=True" in message
+    lines = message.splitlines()
+    start = lines.index("fp8 (tensorwise): 0 of 3 linear layers")
+    assert lines[start + 1].split() == ["layer", "type", "shape", "fp8", "why", "not"]
+    assert "out_features=24 is not a multiple of 16" in lines[start + 3]
+    # refused before anything changed
+    assert [type(m) for m in model] == [nn.Linear, nn.ReLU, nn.Linear, nn.Linear]
+    assert ampkit.fp8.get_fp8_plan(model) is None
+    assert ampkit.conversion.get_conversion(model) is None
+    assert not model[0]._forward_pre_hooks
+
+    with pytest.raises(ValueError, match="has no nn.Linear or transformers Conv1D layer"):
+        ampkit.initialize(nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU()), level="O2",
+                          fp8="tensorwise")
+    # GPT-2 without its projections in fp8 is the case this guards against
+    with pytest.raises(ValueError, match="8 excluded by fp8_exclude_modules"):
+        from transformers.pytorch_utils import Conv1D
+
+        ampkit.initialize(_gpt2(), level="O2", dtype=torch.bfloat16, fp8="tensorwise",
+                          fp8_exclude_modules=Conv1D)
+
+
+def test_skipped_layers_are_said_once_with_the_count():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ampkit.initialize(_mlp(), level="O2", dtype=torch.bfloat16, fp8="tensorwise",
+                          fp8_exclude_modules=["6"])
+    skips = [w for w in seen if issubclass(w.category, ampkit.fp8.Fp8SkipWarning)]
+    assert len(skips) == 1
+    assert skips[0].filename == __file__  # it points at the caller's initialize
+    assert str(skips[0].message) == (
+        "ampkit.initialize: fp8 ('tensorwise') converts 2 of 6 linear layers; 4 stay out "
+        "(1 first or last layer of the model, 1 excluded by fp8_exclude_modules, "
+        "2 with a dimension not a multiple of 16). ampkit.tools.fp8_report(model) lists "
+        "each layer and why.")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        net = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+        ampkit.initialize(net, level="O2", dtype=torch.bfloat16, fp8="tensorwise",
+                          fp8_first_last=True)
+    assert not [w for w in seen if issubclass(w.category, ampkit.fp8.Fp8SkipWarning)]

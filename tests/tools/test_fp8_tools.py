@@ -41,10 +41,11 @@ def test_fp8_report_lists_every_linear_with_the_reason():
     net = ampkit.initialize(net, level="O2", dtype=torch.bfloat16, fp8="tensorwise",
                             fp8_exclude_modules=["4"])
     lines = fp8_report(net).splitlines()
-    assert lines[0] == "fp8 (tensorwise): 1 of 6 Linear layers"
+    assert lines[0] == "fp8 (tensorwise): 1 of 6 linear layers"
+    assert lines[1].split() == ["layer", "type", "shape", "fp8", "why", "not"]
     rows = {line.split()[0]: line for line in lines[2:]}
-    assert rows["3"].split()[4] == "yes"
-    assert "first Linear" in rows["0"] and "last Linear" in rows["5"]
+    assert rows["3"].split()[1:6] == ["Linear", "32", "x", "32", "yes"]
+    assert "first linear layer" in rows["0"] and "last linear layer" in rows["5"]
     assert "out_features=24 is not a multiple of 16" in rows["1"]
     assert "in_features=24 is not a multiple of 16" in rows["2"]
     assert "excluded (fp8_exclude_modules)" in rows["4"]

@@ -1,4 +1,5 @@
-"""fp8 training for Linear layers, through torchao, as part of a precision level.
+"""fp8 training for linear layers (``nn.Linear``, transformers ``Conv1D``), through
+torchao, as part of a precision level.
 
 ``ampkit.initialize(model, optimizer, level="O2", dtype=torch.bfloat16,
 fp8="tensorwise")`` trains the eligible linear layers (``nn.Linear``, with torchao's
