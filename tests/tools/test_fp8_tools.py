@@ -158,3 +158,41 @@ def test_compare_refuses_a_per_row_recipe_where_the_cpu_kernel_takes_tensor_scal
     rows = ampkit.compare(net, torch.randn(8, 32), precision="O2", dtype="bfloat16",
                           fp8="tensorwise").fp8_layers
     assert [r.layer for r in rows] == ["0", "2"]
+
+
+def _with_conv1d(conv1d: bool) -> nn.Sequential:
+    """The same two layers, the second a transformers Conv1D or the Linear it is."""
+    from transformers.pytorch_utils import Conv1D
+
+    torch.manual_seed(0)
+    first, second = nn.Linear(32, 32), Conv1D(48, 32)  # Conv1D: weight (in, out)
+    last = nn.Linear(48, 16)
+    if not conv1d:
+        linear = nn.Linear(32, 48)
+        with torch.no_grad():
+            linear.weight.copy_(second.weight.t())
+            linear.bias.copy_(second.bias)
+        second = linear
+    return nn.Sequential(first, nn.ReLU(), second, nn.ReLU(), last).to(DEVICE)
+
+
+def test_the_fp8_tools_see_transformers_conv1d_layers():
+    pytest.importorskip("transformers")
+    net = ampkit.initialize(_with_conv1d(True), level="O2", dtype=torch.bfloat16,
+                            fp8="tensorwise", fp8_first_last=True)
+    lines = fp8_report(net).splitlines()
+    assert lines[0] == "fp8 (tensorwise): 3 of 3 linear layers"
+    assert lines[3].split() == ["2", "Conv1D", "32", "x", "48", "yes"]
+
+    # its casts are watched: the weight it casts is its own (32, 48) tensor
+    x = torch.randn(8, 32, device=DEVICE)
+    with Fp8CastWatch(net) as watch:
+        net(x).float().sum().backward()
+    weights = {r.layer: r.numel for r in watch.records if r.tensor == "weight"}
+    assert weights == {"0": 32 * 32, "2": 32 * 48, "4": 48 * 16}
+
+    # its per-layer fp8 error is the Linear's it is, to the bit
+    conv_rows = ampkit.tools.fp8_layer_errors(_with_conv1d(True), x, fp8="tensorwise")
+    linear_rows = ampkit.tools.fp8_layer_errors(_with_conv1d(False), x, fp8="tensorwise")
+    assert [r.layer for r in conv_rows] == ["0", "2", "4"]
+    assert conv_rows == linear_rows
