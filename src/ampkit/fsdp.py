@@ -99,7 +99,8 @@ def _splits_kept(config: ConversionConfig) -> bool:
 def mixed_precision_policy(model: nn.Module, *, kept: bool = False) -> Any:
     """The ``torch.distributed.fsdp.MixedPrecisionPolicy`` for a group of a converted
     model: ``kept=True`` for a group of modules the level keeps in fp32 (norms) or of
-    fp8 layers (which cast their fp32 weights to fp8 themselves), else for the rest. For sharding by hand; :func:`fully_shard` applies both.
+    fp8 layers (which cast their fp32 weights to fp8 themselves), else for the rest.
+    For sharding by hand; :func:`fully_shard` applies both.
 
     At O2 the rest all-gathers in the level's low-precision dtype and reduces gradients
     in fp32; kept groups stay fp32. At O0/O1 every group is fp32 (autocast casts per

@@ -514,7 +514,7 @@ def test_fp8_that_converts_no_layer_is_an_error_with_the_report_table():
     assert ampkit.conversion.get_conversion(model) is None
     assert not model[0]._forward_pre_hooks
 
-    with pytest.raises(ValueError, match="has no nn.Linear or transformers Conv1D layer"):
+    with pytest.raises(ValueError, match=r"has no nn\.Linear or transformers Conv1D layer"):
         ampkit.initialize(nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU()), level="O2",
                           fp8="tensorwise")
     # GPT-2 without its projections in fp8 is the case this guards against

@@ -104,8 +104,9 @@ def conv1d_features(module: nn.Module) -> tuple[int, int]:
         >>> conv1d_features(Conv1D(48, 32))
         (32, 48)
     """
-    in_features, out_features = module.weight.shape
-    return int(in_features), int(out_features)
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    return int(weight.shape[0]), int(weight.shape[1])
 
 
 def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:
@@ -191,6 +192,7 @@ def to_float8_conv1d(module: nn.Module, config: Any) -> None:
         from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
         weight = module.weight
+        assert isinstance(weight, torch.Tensor)
         module.weight = nn.Parameter(
             WeightWithDynamicFloat8CastTensor(weight, module.linear_mm_config,
                                               config.cast_config_weight.target_dtype),

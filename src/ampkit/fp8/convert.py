@@ -35,8 +35,8 @@ import torch
 import torch.nn as nn
 
 from ampkit.conversion import OWN_PARAMETER_CASTS, ConversionConfig, get_conversion
-from ampkit.fp8.recipe import check_fp8_device, float8_linear_config, parse_fp8, recipe_name
 from ampkit.fp8.conv1d import is_hf_conv1d, to_float8_conv1d
+from ampkit.fp8.recipe import check_fp8_device, float8_linear_config, parse_fp8, recipe_name
 from ampkit.fp8.selection import (
     FP8_DIM_MULTIPLE,
     Fp8Layer,
@@ -214,8 +214,10 @@ def fp8_skip_message(plans: Sequence[tuple[str, Fp8Plan]]) -> str | None:
         >>> plan = Fp8Plan("tensorwise", (
         ...     Fp8Layer("a", 16, 16, True, "fp8"),
         ...     Fp8Layer("b", 16, 16, False, "excluded (fp8_exclude_modules)")))
-        >>> print(fp8_skip_message([("model", plan)]))
-        ampkit.initialize: fp8 ('tensorwise') converts 1 of 2 linear layers; 1 stays out (1 excluded by fp8_exclude_modules). ampkit.tools.fp8_report(model) lists each layer and why.
+        >>> print(fp8_skip_message([("model", plan)]))  # doctest: +NORMALIZE_WHITESPACE
+        ampkit.initialize: fp8 ('tensorwise') converts 1 of 2 linear layers; 1 stays out
+        (1 excluded by fp8_exclude_modules). ampkit.tools.fp8_report(model) lists each
+        layer and why.
     """
     parts = []
     for name, plan in plans:

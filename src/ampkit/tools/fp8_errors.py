@@ -70,14 +70,16 @@ def _inputs_of(model: nn.Module, names: set[str], inputs: tuple[Any, ...]
     return seen
 
 
-def _as_linear(module: nn.Module) -> nn.Module:
-    if not is_hf_conv1d(module):
+def _as_linear(module: nn.Module) -> nn.Linear:
+    if isinstance(module, nn.Linear):
         return module
-    in_features, out_features = conv1d_features(module)
-    linear = nn.Linear(in_features, out_features, device=module.weight.device)
+    assert is_hf_conv1d(module)
+    weight, bias = module.weight, module.bias
+    assert isinstance(weight, torch.Tensor) and isinstance(bias, torch.Tensor)
+    linear = nn.Linear(*conv1d_features(module), device=weight.device)
     with torch.no_grad():
-        linear.weight.copy_(module.weight.t())
-        linear.bias.copy_(module.bias)
+        linear.weight.copy_(weight.t())
+        linear.bias.copy_(bias)
     return linear
 
 
@@ -144,13 +146,14 @@ def fp8_layer_errors(model: nn.Module, *inputs: Any, fp8: Any = "tensorwise",
             select_fp8_layers(wrapped, first_last=True) if x.fp8]
     # a Conv1D is measured as the Linear it is (its weight transposed): Float8Conv1D
     # computes exactly what Float8Linear computes from that weight
-    modules = {name: _as_linear(module) for name, module in reference.named_modules()}
+    modules = dict(reference.named_modules())
     seen = _inputs_of(reference, set(able), inputs)
     rows = []
     for layer in able:
         if layer not in seen:
             continue  # never called in this forward
-        fp32, lowp, f8 = _three_ways(modules[layer], seen[layer], low, config, seed)
+        fp32, lowp, f8 = _three_ways(_as_linear(modules[layer]), seen[layer], low, config,
+                                     seed)
         rows.append(Fp8LayerError(
             layer, name, str(low),
             ErrorStats.between([f8[0]], [fp32[0]]), ErrorStats.between([lowp[0]], [fp32[0]]),
