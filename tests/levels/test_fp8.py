@@ -502,7 +502,7 @@ def test_fp8_that_converts_no_layer_is_an_error_with_the_report_table():
         ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16, fp8="tensorwise")
     message = str(info.value)
     assert message.startswith("fp8='tensorwise' would convert no layer (")
-    assert "1 first or last layer of the model" in message
+    assert "1 as the model's first or last layer" in message
     assert "fp8_first_last=True" in message
     lines = message.splitlines()
     start = lines.index("fp8 (tensorwise): 0 of 3 linear layers")
@@ -535,7 +535,7 @@ def test_skipped_layers_are_said_once_with_the_count():
     assert skips[0].filename == __file__  # it points at the caller's initialize
     assert str(skips[0].message) == (
         "ampkit.initialize: fp8 ('tensorwise') converts 2 of 6 linear layers; 4 stay out "
-        "(1 first or last layer of the model, 1 excluded by fp8_exclude_modules, "
+        "(1 as the model's first or last layer, 1 excluded by fp8_exclude_modules, "
         "2 with a dimension not a multiple of 16). ampkit.tools.fp8_report(model) lists "
         "each layer and why.")
     with warnings.catch_warnings(record=True) as seen:

@@ -125,8 +125,8 @@ class Fp8Plan:
             ...     Fp8Layer("a", 16, 8, False, "out_features=8 is not a multiple of 16"),
             ...     Fp8Layer("b", 16, 16, True, "fp8"),
             ...     Fp8Layer("c", 16, 16, False, "last linear layer of the model (...)")))
-            >>> plan.skipped_summary()
-            '1 with a dimension not a multiple of 16, 1 first or last layer of the model'
+            >>> print(plan.skipped_summary())
+            1 with a dimension not a multiple of 16, 1 as the model's first or last layer
         """
         counts: dict[str, int] = {}
         for layer in self.layers:
@@ -148,12 +148,12 @@ class Fp8SkipWarning(UserWarning):
     """
 
 
-_CAUSES = (("first linear layer", "first or last layer of the model"),
-           ("last linear layer", "first or last layer of the model"),
+_CAUSES = (("first linear layer", "as the model's first or last layer"),
+           ("last linear layer", "as the model's first or last layer"),
            ("kept in fp32", "kept in fp32"),
            ("excluded", "excluded by fp8_exclude_modules"),
            ("not a multiple", f"with a dimension not a multiple of {FP8_DIM_MULTIPLE}"),
-           ("subclass", "subclass of nn.Linear or Conv1D"),
+           ("subclass", "of a subclass of nn.Linear or Conv1D"),
            ("the model itself", "the model itself"))
 
 
@@ -182,7 +182,7 @@ def check_fp8_converts(plans: Sequence[tuple[str, Fp8Plan]]) -> None:
         >>> check_fp8_converts([("model", plan)])
         Traceback (most recent call last):
         ...
-        ValueError: fp8='tensorwise' would convert no layer (2 first or last layer of ...
+        ValueError: fp8='tensorwise' would convert no layer (2 as the model's first or ...
     """
     if not plans or any(plan.converted for _, plan in plans):
         return
