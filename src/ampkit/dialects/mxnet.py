@@ -69,11 +69,14 @@ from ampkit.autocast_mode import autocast, current_policy
 from ampkit.conversion import ConversionConfig
 from ampkit.policy import Policy
 from ampkit.presets import (
+    MXNET_BF16_BF16_FP32_FUNCS,
     MXNET_BF16_FP32_FUNCS,
     MXNET_BF16_FUNCS,
     MXNET_CONDITIONAL_FP32_FUNCS,
+    MXNET_FP16_FP32_FUNCS,
     MXNET_FP16_FUNCS,
     MXNET_FP32_FUNCS,
+    MXNET_LOSS_OUTPUT_FUNCTIONS,
     MXNET_WIDEST_TYPE_CASTS,
 )
 from ampkit.registry import MODULE_OPS, OpEntry, resolve_ops
@@ -92,7 +95,10 @@ __all__ = [
     "list_conditional_fp32_ops",
     "list_fp16_ops",
     "list_fp32_ops",
+    "list_loss_output_functions",
+    "list_lp16_fp32_ops",
     "list_lp16_ops",
+    "list_lp16_use_fp32_params",
     "list_widest_type_cast",
     "scale_loss",
     "unscale",
@@ -242,6 +248,58 @@ def list_fp32_ops(target_dtype: str | torch.dtype = "float16") -> list[str]:
     """
     low = _target_dtype(target_dtype)
     return list(MXNET_FP32_FUNCS if low is torch.float16 else MXNET_BF16_FP32_FUNCS)
+
+
+def list_lp16_fp32_ops(target_dtype: str | torch.dtype = "float16") -> list[str]:
+    """MXNet's default list of ops that run in ``target_dtype`` or float32 alike: ampkit
+    runs them in their inputs' dtype (no cast). The names with a torch counterpart; no
+    name is on two of the list functions' lists.
+
+    Example:
+        >>> import ampkit.mxnet as amp
+        >>> {"reshape", "relu", "BatchNorm"} <= set(amp.list_lp16_fp32_ops("float16"))
+        True
+        >>> "reshape" in amp.list_lp16_fp32_ops("bfloat16")
+        True
+    """
+    low = _target_dtype(target_dtype)
+    return list(MXNET_FP16_FP32_FUNCS if low is torch.float16 else MXNET_BF16_BF16_FP32_FUNCS)
+
+
+def list_loss_output_functions(target_dtype: str | torch.dtype = "float16") -> list[str]:
+    """MXNet's loss output ops (``SoftmaxOutput``, ...), each a torch loss here
+    (``cross_entropy``, ``mse_loss``, ``binary_cross_entropy_with_logits``,
+    ``l1_loss``). MXNet scaled their gradients by the loss scale; in ampkit
+    :func:`scale_loss` scales the loss itself, which is the same product.
+
+    Example:
+        >>> import ampkit.mxnet as amp
+        >>> amp.list_loss_output_functions("bfloat16")[0]
+        'SoftmaxOutput'
+    """
+    _target_dtype(target_dtype)
+    return list(MXNET_LOSS_OUTPUT_FUNCTIONS)
+
+
+def list_lp16_use_fp32_params(target_dtype: str | torch.dtype = "float16"
+                              ) -> dict[str, list[str]] | None:
+    """MXNet's ops whose parameters stay float32 with a low-precision input: ``None``
+    for float16; for bfloat16, ``BatchNorm``'s (torch's names: ``weight``, ``bias``,
+    ``running_mean``, ``running_var``; MXNet's ``gamma``, ``beta``, ``moving_mean``,
+    ``moving_var``). :func:`convert_hybrid_block` with ``cast_optional_params`` keeps
+    them float32 for both dtypes (batch_norm is on no low-precision list).
+
+    Example:
+        >>> import ampkit.mxnet as amp
+        >>> amp.list_lp16_use_fp32_params("float16") is None
+        True
+        >>> amp.list_lp16_use_fp32_params("bfloat16")
+        {'BatchNorm': ['weight', 'bias', 'running_mean', 'running_var']}
+    """
+    low = _target_dtype(target_dtype)
+    if low is torch.float16:
+        return None
+    return {"BatchNorm": ["weight", "bias", "running_mean", "running_var"]}
 
 
 def list_conditional_fp32_ops(target_dtype: str | torch.dtype = "float16"
