@@ -327,13 +327,15 @@ MXNET_WIDEST_TYPE_CASTS: tuple[str, ...] = (
     "elemwise_add", "elemwise_div", "elemwise_mul", "elemwise_sub", "stack", "_Maximum",
     "_Minimum", "where",
 )
-# symbol_bf16.py: only Convolution and FullyConnected in bfloat16; Deconvolution and RNN
-# (and Dropout, Embedding, UpSampling) move to float32. Its float32 list also pins
+# symbol_bf16.py: Convolution, Deconvolution and FullyConnected in bfloat16; RNN (and
+# Dropout, Embedding, UpSampling) move to float32. Its float32 list also pins
 # data-movement and rounding ops (reshape, flatten, floor, ...) for want of bfloat16
 # kernels in MXNet's CPU backend; torch has them, so they stay in the inputs' dtype.
-MXNET_BF16_FUNCS: tuple[str, ...] = ("Convolution", "FullyConnected")
+# Deconvolution is in bfloat16 as in MXNet 2.0's symbol_bf16.py (1.9 kept it float32,
+# having no bfloat16 kernel for it then; torch's CPU autocast lists it too).
+MXNET_BF16_FUNCS: tuple[str, ...] = ("Convolution", "Deconvolution", "FullyConnected")
 MXNET_BF16_FP32_FUNCS: tuple[str, ...] = (
-    *MXNET_FP32_FUNCS, "Deconvolution", "RNN", "Dropout", "Embedding", "UpSampling")
+    *MXNET_FP32_FUNCS, "RNN", "Dropout", "Embedding", "UpSampling")
 #: MXNet's ops that run in float16 or float32 alike (symbol_fp16.py's FP16_FP32_FUNCS),
 #: the names with a torch counterpart: ampkit runs them in their inputs' dtype.
 MXNET_FP16_FP32_FUNCS: tuple[str, ...] = (
@@ -382,7 +384,7 @@ MXNET_FLOAT16 = _mxnet_policy(
     "convolutions, dense and RNN layers in float16, sensitive ops float32")
 MXNET_BFLOAT16 = _mxnet_policy(
     torch.bfloat16, MXNET_BF16_FUNCS, MXNET_BF16_FP32_FUNCS,
-    "convolutions and dense layers in bfloat16, deconvolutions, RNNs and sensitive ops "
+    "convolutions, deconvolutions and dense layers in bfloat16, RNNs and sensitive ops "
     "float32")
 
 # NVIDIA apex's own O1 lists (apex/amp/lists/{functional,torch,tensor}_overrides.py and

@@ -214,7 +214,7 @@ def test_excluded_sym_names_run_in_fp32() -> None:
     x = torch.rand(4, 6)
     first = F.linear(x.half(), net[0].weight.half(), net[0].bias.half())
     expected = net[2](net[1](first.float()))  # layer 2 excluded: fp32
-    amp.convert_hybrid_block(net, "float16", excluded_sym_names=["2"])
+    net = amp.convert_hybrid_block(net, "float16", excluded_sym_names=["2"])
     assert torch.allclose(net(x), expected, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="no module named '5'"):
         amp.convert_hybrid_block(_block(), excluded_sym_names=["5"])
