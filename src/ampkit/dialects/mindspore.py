@@ -467,7 +467,9 @@ class DynamicLossScaler:
             raise TypeError(f"counter must be an int, got {type(value).__name__}")
         if value < 0:
             raise ValueError(f"counter must be >= 0, got {value}")
-        self._state = dataclasses.replace(self._state, growth_tracker=value)
+        # DynamicLossScale makes the int its counter tensor (on the scale's device).
+        counter: Any = value
+        self._state = dataclasses.replace(self._state, growth_tracker=counter)
 
     def scale(self, inputs: Any) -> Any:
         """Every floating tensor in ``inputs`` times the scale.
@@ -742,7 +744,7 @@ class _TrainOneStep(nn.Module):
             return loss.detach().sum()
 
         if _needs_closure(self.optimizer):
-            self.optimizer.step(closure)
+            self.optimizer.step(closure)  # type: ignore[arg-type]  # a 0-dim tensor
         else:
             closure()
             self.optimizer.step()

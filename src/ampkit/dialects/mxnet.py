@@ -567,7 +567,7 @@ def _convert_v2(block: nn.Module, data_example: Any, target_dtype: str | torch.d
                 conditional_fp32_ops: Sequence[tuple[str, str, Sequence[str]]] | None = None,
                 excluded_sym_names: Iterable[str] | None = None,
                 device: str | torch.device | None = None,
-                cast_params_offline: bool = False, *,
+                cast_params_offline: bool | None = None, *,
                 cast_optional_params: bool | None = None,
                 ctx: str | torch.device | None = None) -> nn.Module:
     return _convert_block(block, target_dtype, target_dtype_ops, fp32_ops,
@@ -580,8 +580,8 @@ def convert_hybrid_block(block: nn.Module, *args: Any, **kwargs: Any) -> nn.Modu
     """Make ``block`` run in mixed precision by MXNet's lists (or the lists given):
     its forward runs the ops by the lists, excluded modules in float32, and its
     floating outputs come back as float32. Returns a converted copy and leaves
-    ``block`` as it was, as MXNet returns a new block. Also MXNet's ``convert_model`` (the same function: a torch model is its symbol and
-    its parameters at once).
+    ``block`` as it was, as MXNet returns a new block. Also MXNet's ``convert_model``
+    (the same function: a torch model is its symbol and its parameters at once).
 
     Both MXNet signatures are accepted: 1.x's ``(block, target_dtype='float16',
     target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names, ctx,
