@@ -761,7 +761,12 @@ def build_train_network(network: nn.Module, optimizer: torch.optim.Optimizer,
     Levels: O0 and O1 keep float32 parameters and no loss scaling (O1 casts the white
     list); O2 computes in float16 with BatchNorm and LayerNorm in float32 and a
     :class:`DynamicLossScaleManager`; O3 computes everything in float16 without loss
-    scaling.
+    scaling. At O2 and O3 every floating input is cast, float64 included.
+
+    A per-sample loss (reduction ``'none'``, MindSpore's default) back-propagates the
+    gradient of its sum, as MindSpore's backward starts from ones. Any
+    ``torch.optim.Optimizer`` steps; one whose ``step`` needs a closure (``LBFGS``) is
+    given one, except with a loss scale that skips overflowing steps (a ``ValueError``).
 
     Args:
         network, optimizer, loss_fn: the network (fp32), its optimizer, the loss.
@@ -789,6 +794,12 @@ def build_train_network(network: nn.Module, optimizer: torch.optim.Optimizer,
         >>> loss, overflow, scale = step(torch.rand(8, 4), torch.randint(0, 3, (8,)))
         >>> loss.dtype, bool(overflow), float(scale)
         (torch.float32, False, 16777216.0)
+        >>> net = torch.nn.Linear(4, 3)
+        >>> per_sample = torch.nn.CrossEntropyLoss(reduction="none")
+        >>> step = amp.build_train_network(net, torch.optim.LBFGS(net.parameters()),
+        ...                                per_sample)
+        >>> step(torch.rand(8, 4), torch.randint(0, 3, (8,))).shape
+        torch.Size([8])
     """
     _check_network(network)
     if not isinstance(optimizer, torch.optim.Optimizer):
