@@ -327,13 +327,42 @@ MXNET_WIDEST_TYPE_CASTS: tuple[str, ...] = (
     "elemwise_add", "elemwise_div", "elemwise_mul", "elemwise_sub", "stack", "_Maximum",
     "_Minimum", "where",
 )
-# symbol_bf16.py: only Convolution and FullyConnected in bfloat16; Deconvolution and RNN
-# (and Dropout, Embedding, UpSampling) move to float32. Its float32 list also pins
+# symbol_bf16.py: Convolution, Deconvolution and FullyConnected in bfloat16; RNN (and
+# Dropout, Embedding, UpSampling) move to float32. Its float32 list also pins
 # data-movement and rounding ops (reshape, flatten, floor, ...) for want of bfloat16
 # kernels in MXNet's CPU backend; torch has them, so they stay in the inputs' dtype.
-MXNET_BF16_FUNCS: tuple[str, ...] = ("Convolution", "FullyConnected")
+# Deconvolution is in bfloat16 as in MXNet 2.0's symbol_bf16.py (1.9 kept it float32,
+# having no bfloat16 kernel for it then; torch's CPU autocast lists it too).
+MXNET_BF16_FUNCS: tuple[str, ...] = ("Convolution", "Deconvolution", "FullyConnected")
 MXNET_BF16_FP32_FUNCS: tuple[str, ...] = (
-    *MXNET_FP32_FUNCS, "Deconvolution", "RNN", "Dropout", "Embedding", "UpSampling")
+    *MXNET_FP32_FUNCS, "RNN", "Dropout", "Embedding", "UpSampling")
+#: MXNet's ops that run in float16 or float32 alike (symbol_fp16.py's FP16_FP32_FUNCS),
+#: the names with a torch counterpart: ampkit runs them in their inputs' dtype.
+MXNET_FP16_FP32_FUNCS: tuple[str, ...] = (
+    "BatchNorm", "Dropout", "Embedding", "UpSampling", "abs", "arccosh", "arcsinh",
+    "arctan", "argmax", "argmin", "broadcast_to", "ceil", "clip", "cos", "degrees", "diag",
+    "erf", "fix", "flatten", "flip", "floor", "logical_not", "max", "min", "negative",
+    "normal", "one_hot", "ones_like", "pad", "radians", "relu", "repeat", "reshape",
+    "round", "sigmoid", "sign", "sin", "softsign", "sort", "split", "sqrt", "squeeze",
+    "swapaxes", "take", "tanh", "tile", "transpose", "trunc", "unravel_index", "zeros_like",
+)
+#: The bfloat16 counterpart (symbol_bf16.py's BF16_FP32_FUNCS with a torch counterpart),
+#: plus the data-movement and rounding ops that symbol_bf16.py pins to float32 and
+#: ampkit leaves in their inputs' dtype (see MXNET_BF16_FP32_FUNCS).
+MXNET_BF16_BF16_FP32_FUNCS: tuple[str, ...] = (
+    "abs", "BatchNorm", "clip", "relu", "sqrt", "tanh", "arccosh", "arcsinh", "arctan",
+    "argmax", "argmin", "broadcast_to", "ceil", "cos", "degrees", "diag", "erf", "fix",
+    "flatten", "flip", "floor", "logical_not", "max", "min", "negative", "normal",
+    "one_hot", "ones_like", "pad", "radians", "repeat", "reshape", "round", "sigmoid",
+    "sign", "sin", "softsign", "sort", "split", "squeeze", "swapaxes", "take", "tile",
+    "transpose", "trunc", "unravel_index", "zeros_like",
+)
+#: MXNet's loss output ops (LOSS_OUTPUT_FUNCTIONS, both dtypes), whose gradient MXNet's
+#: init scaled; each has a torch loss counterpart (see the registry's MXNet aliases).
+MXNET_LOSS_OUTPUT_FUNCTIONS: tuple[str, ...] = (
+    "SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput",
+    "MAERegressionOutput",
+)
 
 def _mxnet_policy(dtype: torch.dtype, low: tuple[str, ...], fp32: tuple[str, ...],
                   what: str) -> Policy:
@@ -355,7 +384,7 @@ MXNET_FLOAT16 = _mxnet_policy(
     "convolutions, dense and RNN layers in float16, sensitive ops float32")
 MXNET_BFLOAT16 = _mxnet_policy(
     torch.bfloat16, MXNET_BF16_FUNCS, MXNET_BF16_FP32_FUNCS,
-    "convolutions and dense layers in bfloat16, deconvolutions, RNNs and sensitive ops "
+    "convolutions, deconvolutions and dense layers in bfloat16, RNNs and sensitive ops "
     "float32")
 
 # NVIDIA apex's own O1 lists (apex/amp/lists/{functional,torch,tensor}_overrides.py and
@@ -427,8 +456,10 @@ del _preset
 __all__ += [
     "APEX_BANNED_FUNCS", "APEX_CASTS", "APEX_FP16_FUNCS", "APEX_FP32_FUNCS", "APEX_O1",
     "APEX_REFUSED_IN_PLACE", "MXNET_BF16_FP32_FUNCS", "MXNET_BF16_FUNCS", "MXNET_BFLOAT16",
-    "MXNET_CONDITIONAL_FP32_FUNCS", "MXNET_CONDITIONAL_FP32_OPS", "MXNET_FLOAT16",
-    "MXNET_FP16_FUNCS", "MXNET_FP32_FUNCS", "MXNET_WIDEST_TYPE_CASTS", "PADDLE_BLACK_LIST",
+    "MXNET_BF16_BF16_FP32_FUNCS", "MXNET_CONDITIONAL_FP32_FUNCS",
+    "MXNET_CONDITIONAL_FP32_OPS", "MXNET_FLOAT16", "MXNET_FP16_FP32_FUNCS", "MXNET_FP16_FUNCS",
+    "MXNET_LOSS_OUTPUT_FUNCTIONS", "MXNET_FP32_FUNCS", "MXNET_WIDEST_TYPE_CASTS",
+    "PADDLE_BLACK_LIST",
     "PADDLE_EXTRA_BLACK_LIST", "PADDLE_O1", "PADDLE_O2", "PADDLE_O2_NO_PROMOTE",
     "PADDLE_OD", "PADDLE_WHITE_LIST", "TORCH_CPU_LEGACY", "TORCH_CPU_LEGACY_FP32",
     "TORCH_CPU_LEGACY_LOWER", "TORCH_CPU_LEGACY_PROMOTE",

@@ -216,6 +216,9 @@ FRAMEWORK_ALIASES: Mapping[str, Mapping[str, tuple[str, ...]]] = MappingProxyTyp
         "softmax_cross_entropy": ("cross_entropy",), "LRN": ("local_response_norm",),
         "CTCLoss": ("ctc_loss",), "ctc_loss": ("ctc_loss",), "UpSampling": ("interpolate",),
         "Dropout": ("dropout",),
+        # LOSS_OUTPUT_FUNCTIONS: the loss whose gradient each one's backward computes
+        "LinearRegressionOutput": ("mse_loss",), "MAERegressionOutput": ("l1_loss",),
+        "LogisticRegressionOutput": ("binary_cross_entropy_with_logits",),
     }),
     "mindspore": MappingProxyType({
         "MatMul": ("matmul", "mm", "linear"), "BatchMatMul": ("bmm", "matmul", "baddbmm"),

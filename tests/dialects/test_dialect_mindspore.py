@@ -334,3 +334,141 @@ def test_o2_follows_the_models_device_when_cuda_is_visible(
     net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     net(torch.rand(2, 4))
     assert seen == [FP16]
+
+
+# -- issue 36: what MindSpore's own AMP suites do --------------------------------------------
+
+def test_dynamic_loss_scaler_counter_and_scale_value_are_assignable() -> None:
+    # tests/st/mix_precision assigns both (as Parameters) between adjust() calls.
+    scaler = amp.DynamicLossScaler(scale_value=2 ** 10, scale_factor=2, scale_window=50)
+    scaler.counter = nn.Parameter(torch.tensor(49, dtype=torch.int32), requires_grad=False)
+    scaler.adjust(amp.all_finite((torch.ones(2, dtype=FP16),)))
+    assert float(scaler.scale_value) == 2048.0 and int(scaler.counter) == 0  # window full
+    scaler.scale_value = nn.Parameter(torch.tensor(2.0 ** 10))
+    scaler.adjust(torch.tensor(True))
+    assert float(scaler.scale_value) == 1024.0 and int(scaler.counter) == 1
+    static = amp.StaticLossScaler(8)
+    static.scale_value = 16
+    assert float(static.scale(torch.tensor(1.0))) == 16.0
+    with pytest.raises(ValueError, match="scale_value must be a finite number >= 1"):
+        scaler.scale_value = 0.5
+    with pytest.raises(ValueError, match="counter must be >= 0"):
+        scaler.counter = -1
+    with pytest.raises(TypeError, match="counter must be an int"):
+        scaler.counter = 1.5
+    assert float(scaler.scale_value) == 1024.0 and int(scaler.counter) == 1  # unchanged
+
+
+class _PerSampleCE(nn.Module):
+    """MindSpore's SoftmaxCrossEntropyWithLogits: one loss per sample (reduction 'none')."""
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, labels, reduction="none")
+
+
+@pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
+def test_per_sample_loss_back_propagates_its_sum(level: str) -> None:
+    # MindSpore starts the backward from a sensitivity of ones: the gradient of the sum.
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    net.load_state_dict(ref.state_dict())
+    x, y = torch.rand(6, 4), torch.randint(0, 3, (6,))
+    low = {"cast_model_type": BF16} if level in ("O2", "O3") else {}
+    step = amp.build_train_network(net, torch.optim.SGD(net.parameters(), lr=0.1),
+                                   _PerSampleCE(), level, loss_scale_manager=None, **low)
+    loss = step(x, y)
+    assert loss.shape == (6,)  # returned per sample, as MindSpore does
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    if level in ("O2", "O3"):  # the same network computing in bfloat16, plain torch
+        with torch.autocast("cpu", BF16):
+            out = ref(x.to(BF16))
+        F.cross_entropy(out.float(), y, reduction="none").sum().backward()
+    else:  # O1 only casts its white list: fp16 Linear
+        F.cross_entropy(ref(x), y, reduction="none").sum().backward()
+    opt_ref.step()
+    tol = {"O0": 0.0, "O1": 2e-3, "O2": 1e-2, "O3": 1e-2}[level]
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_o3_casts_every_floating_input_float64_included() -> None:
+    # MindSpore's O3 is to_float on the whole network: a float64 input is cast too, so
+    # BatchNorm does not meet float64 data with low-precision parameters.
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    twin = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    twin.load_state_dict(net.state_dict())
+    amp.auto_mixed_precision(net, "O3", BF16)
+    amp.auto_mixed_precision(twin, "O3", BF16)
+    x = torch.rand(2, 3, 8, 8)
+    out64 = net(x.double())
+    assert out64.dtype == FP32
+    assert torch.equal(out64, twin(x))  # float64 and float32 inputs: the same bf16 run
+    o2 = amp.auto_mixed_precision(nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3)), "O2", BF16)
+    assert o2(torch.rand(2, 3, dtype=torch.float64)).dtype == FP32
+
+
+class _PlainSGD(torch.optim.Optimizer):
+    """A user's own optimizer: a step without a closure."""
+
+    def __init__(self, params: object, lr: float) -> None:
+        super().__init__(params, {"lr": lr})  # type: ignore[arg-type]
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"])
+
+
+OPTIMIZERS = {
+    "SGD-momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "Adam-fused": lambda p: torch.optim.Adam(p, lr=0.01, fused=True),
+    "AdamW": lambda p: torch.optim.AdamW(p, lr=0.01),
+    "RMSprop": lambda p: torch.optim.RMSprop(p, lr=0.01),
+    "own": lambda p: _PlainSGD(p, 0.1),
+    "LBFGS": lambda p: torch.optim.LBFGS(p, lr=0.5, max_iter=3),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_any_torch_optimizer_trains_as_the_plain_torch_loop(name: str) -> None:
+    torch.manual_seed(0)
+    ref = nn.Linear(4, 3)
+    net = nn.Linear(4, 3)
+    net.load_state_dict(ref.state_dict())
+    batches = [(torch.rand(8, 4), torch.randint(0, 3, (8,))) for _ in range(3)]
+    opt_ref = OPTIMIZERS[name](ref.parameters())
+    for x, y in batches:
+        def closure(x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
+            opt_ref.zero_grad()
+            loss = F.cross_entropy(ref(x), y)
+            loss.backward()
+            return loss
+        if name == "LBFGS":
+            opt_ref.step(closure)
+        else:
+            closure()
+            opt_ref.step()
+    step = amp.build_train_network(net, OPTIMIZERS[name](net.parameters()),
+                                   nn.CrossEntropyLoss(), "O0")
+    for x, y in batches:
+        step(x, y)
+    assert not torch.equal(net.weight, ref.weight.new_zeros(()).expand_as(ref.weight))
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_closure_optimizer_with_a_skipping_loss_scale_is_a_clear_error() -> None:
+    net = nn.Linear(4, 3)
+    opt = torch.optim.LBFGS(net.parameters())
+    with pytest.raises(ValueError, match=r"LBFGS.step needs a closure.*loss_scale_manager"):
+        amp.build_train_network(net, opt, nn.CrossEntropyLoss(), "O2")
+    # A fixed scale that never drops a step can drive it.
+    step = amp.build_train_network(
+        net, opt, nn.CrossEntropyLoss(), "O0",
+        loss_scale_manager=amp.FixedLossScaleManager(128.0, drop_overflow_update=False))
+    before = net.weight.detach().clone()
+    step(torch.rand(8, 4), torch.randint(0, 3, (8,)))
+    assert not torch.equal(net.weight, before)

@@ -214,7 +214,7 @@ def test_excluded_sym_names_run_in_fp32() -> None:
     x = torch.rand(4, 6)
     first = F.linear(x.half(), net[0].weight.half(), net[0].bias.half())
     expected = net[2](net[1](first.float()))  # layer 2 excluded: fp32
-    amp.convert_hybrid_block(net, "float16", excluded_sym_names=["2"])
+    net = amp.convert_hybrid_block(net, "float16", excluded_sym_names=["2"])
     assert torch.allclose(net(x), expected, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="no module named '5'"):
         amp.convert_hybrid_block(_block(), excluded_sym_names=["5"])
@@ -330,3 +330,135 @@ def test_init_casts_cpu_ops_when_cuda_is_visible(monkeypatch: pytest.MonkeyPatch
         assert F.linear(torch.rand(2, 3), torch.rand(4, 3)).dtype == torch.bfloat16
     finally:
         amp.deinit()
+
+
+# -- issue 36: what MXNet's own AMP suites call ----------------------------------------------
+
+LIST_FUNCTIONS = ("list_lp16_ops", "list_lp16_fp32_ops", "list_fp32_ops",
+                  "list_widest_type_cast")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_list_api_of_mxnet_1_9_and_2_0_is_complete_and_disjoint(dtype: str) -> None:
+    # Both versions' mxnet.contrib.amp / mxnet.amp __all__: every list function exists,
+    # each name is on one list only (their coverage tests), and each is a torch op.
+    from ampkit.registry import resolve_ops
+
+    lists = [getattr(amp, name)(dtype) for name in LIST_FUNCTIONS]
+    lists.append([op for op, _, _ in amp.list_conditional_fp32_ops(dtype)])
+    names = [name for names in lists for name in names]
+    assert len(names) == len(set(names))
+    for name in names:
+        assert resolve_ops([name], framework="mxnet"), name
+    for name in amp.list_loss_output_functions(dtype):
+        assert resolve_ops([name], framework="mxnet"), name
+
+
+def test_lp16_fp32_ops_run_in_their_inputs_dtype() -> None:
+    # MXNet: these run in fp16 or fp32 alike, so init leaves them uncast.
+    assert {"reshape", "relu", "flatten", "sqrt"} <= set(amp.list_lp16_fp32_ops("float16"))
+    amp.init("float16", device_type="cpu")
+    x = torch.rand(2, 3)
+    assert torch.sqrt(x).dtype == FP32 and torch.sqrt(x.half()).dtype == FP16
+    assert F.relu(x.half()).dtype == FP16 and x.reshape(3, 2).dtype == FP32
+
+
+def test_loss_outputs_and_fp32_params_lists() -> None:
+    assert amp.list_loss_output_functions("float16") == [
+        "SoftmaxOutput", "LinearRegressionOutput", "LogisticRegressionOutput",
+        "MAERegressionOutput"]
+    assert amp.list_lp16_use_fp32_params("float16") is None
+    params = amp.list_lp16_use_fp32_params("bfloat16")
+    assert params == {"BatchNorm": ["weight", "bias", "running_mean", "running_var"]}
+    # ... and convert_model keeps exactly those fp32 beside bfloat16 conv parameters.
+    net = amp.convert_model(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), "bfloat16",
+                            cast_optional_params=True)
+    assert net[0].weight.dtype == BF16
+    assert {getattr(net[1], n).dtype for n in params["BatchNorm"]} == {FP32}
+    with pytest.raises(ValueError, match="target_dtype must be"):
+        amp.list_lp16_fp32_ops("int8")
+
+
+def test_bfloat16_deconvolution_as_mxnet_2_and_native_autocast() -> None:
+    x, w = torch.rand(1, 3, 5, 5), torch.rand(3, 2, 3, 3)
+    amp.init("bfloat16", device_type="cpu")
+    ours = F.conv_transpose2d(x, w)
+    amp.deinit()
+    with torch.autocast("cpu", torch.bfloat16):
+        native = F.conv_transpose2d(x, w)
+    assert ours.dtype == BF16 and torch.equal(ours, native)
+
+
+def test_convert_hybrid_block_mxnet_2_form() -> None:
+    # mxnet.amp.convert_hybrid_block(block, data_example, target_dtype, ...,
+    # excluded_sym_names, device, cast_params_offline)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    x = torch.rand(3, 4)
+    lp = amp.convert_hybrid_block(net, x, "bfloat16", cast_params_offline=True,
+                                  excluded_sym_names=["1"], device="cpu")
+    assert lp[0].weight.dtype == BF16 and lp[1].weight.dtype == FP32
+    assert lp(x).dtype == FP32
+    lp = amp.convert_hybrid_block(net, [x], "float16", None, None, None, ["0"])
+    assert lp[1](x).dtype == FP32 and lp[0].weight.dtype == FP32  # 0 excluded, output fp32
+    with pytest.raises(TypeError, match="data_example must be a tensor"):
+        amp.convert_hybrid_block(net, data_example=3, target_dtype="float16")
+    with pytest.raises(ValueError, match="disagree"):
+        amp.convert_hybrid_block(net, "float16", cast_optional_params=True,
+                                 cast_params_offline=False)
+
+
+def test_convert_hybrid_block_returns_a_new_block_and_leaves_the_given_one() -> None:
+    # MXNet returns a new block: its suites convert one block twice with other lists
+    # and compare against the fp32 original.
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = torch.rand(3, 4)
+    fp32 = net(x)
+    first = amp.convert_hybrid_block(net, "float16", cast_optional_params=True)
+    second = amp.convert_hybrid_block(net, "float16", target_dtype_ops=["Convolution"])
+    assert first is not net and second is not net
+    assert first[0].weight.dtype == FP16 and net[0].weight.dtype == FP32
+    assert torch.equal(net(x), fp32)            # the given block is as it was
+    assert torch.equal(second(x), fp32)         # no Linear on its list: fp32 throughout
+
+
+def test_mxnet_list_rules_on_op_names() -> None:
+    # MXNet's convert_symbol/init: a conditional op's name on another list, or a
+    # widest-type op on a list, is an error (ampkit translated them silently).
+    with pytest.raises(ValueError, match="in both fp32_ops and conditional_fp32_ops"):
+        amp.convert_hybrid_block(nn.Linear(2, 2), "float16", ["FullyConnected"],
+                                 ["Activation"], [("Activation", "act_type", ["selu"])])
+    with pytest.raises(ValueError, match=r"fp32_ops: \['elemwise_add'\] run in the widest"):
+        amp.convert_hybrid_block(nn.Linear(2, 2), "float16", ["FullyConnected"],
+                                 ["elemwise_add"])
+    with pytest.raises(ValueError, match=r"target_precision_ops: \['Concat'\] run in the widest"):
+        amp.init("float16", target_precision_ops=["Concat"], device_type="cpu")
+    assert torch.rand(2).exp().dtype == FP32  # the refused init opened no region
+
+
+def test_init_trainer_scale_loss_step_is_the_plain_step() -> None:
+    # MXNet's documented loop (init, init_trainer, scale_loss, trainer.step): the
+    # loss-scaled step updates exactly as the unscaled one under the same region (the
+    # scale, 2**16, is a power of two: scaling and unscaling are exact in range).
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    net.load_state_dict(ref.state_dict())
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    amp.init("float16", device_type="cpu")
+    amp.init_trainer(opt)
+    for _ in range(3):
+        x, y = torch.rand(4, 4) * 0.5, torch.randint(0, 3, (4,))
+        opt_ref.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        opt_ref.step()
+        opt.zero_grad()
+        with amp.scale_loss(F.cross_entropy(net(x), y), opt) as scaled:
+            assert scaled.item() == pytest.approx(F.cross_entropy(net(x), y).item() * 2 ** 16)
+            scaled.backward()
+        assert net[0].weight.grad.abs().max() > 100  # scaled until the step
+        opt.step()
+    assert opt._amp_loss_scaler.loss_scale == 2.0 ** 16  # no overflow: unchanged
+    for a, b in zip(net.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -58,6 +58,8 @@ Example:
 from __future__ import annotations
 
 import abc
+import dataclasses
+import inspect
 import math
 import numbers
 from collections.abc import Iterable, Sequence
@@ -187,8 +189,11 @@ def _black_list_config(black_list: Any, low: torch.dtype, argument: str) -> Conv
     policy = (ALL_LOW_PRECISION if not ops else Policy(
         name="mindspore-black-list", fp32_ops=ops, unlisted="lower",
         description="MindSpore O2: all in low precision except the black list."))
+    # The network's floating inputs, float64 included, in ``low`` (MindSpore's
+    # ``to_float`` of the whole network), not only those an op casts.
     return ConversionConfig(keep_fp32_modules=modules, kept_output_dtype=low,
-                            compute_dtype=low, policy=policy, output_dtype=torch.float32)
+                            compute_dtype=low, policy=policy, input_dtype=low,
+                            output_dtype=torch.float32)
 
 
 def _convert(network: nn.Module, config: ConversionConfig) -> nn.Module:
@@ -231,7 +236,7 @@ def auto_mixed_precision(network: nn.Module, amp_level: str = "O0",
     if amp_level == "O2":
         return _convert(network, _black_list_config(_BLACK_LIST, low, "black_list"))
     return _convert(network, ConversionConfig(compute_dtype=low, policy=ALL_LOW_PRECISION,
-                                              output_dtype=torch.float32))
+                                              input_dtype=low, output_dtype=torch.float32))
 
 
 def custom_mixed_precision(network: nn.Module, *, white_list: Sequence[Any] | None = None,
@@ -321,6 +326,21 @@ class StaticLossScaler:
         """
         return self._state.loss_scale
 
+    @scale_value.setter
+    def scale_value(self, value: float | torch.Tensor) -> None:
+        """Assign the scale (a number or a one-element tensor, ``>= 1``), as MindSpore
+        code assigns its ``Parameter``.
+
+        Example:
+            >>> import ampkit.mindspore as amp
+            >>> scaler = amp.StaticLossScaler(8)
+            >>> scaler.scale_value = 16
+            >>> scaler.scale_value
+            tensor(16.)
+        """
+        number: Any = _scale_value(value, "scale_value")
+        self._state = StaticLossScale(number)
+
     def scale(self, inputs: Any) -> Any:
         """Every floating tensor in ``inputs`` times the scale.
 
@@ -395,6 +415,22 @@ class DynamicLossScaler:
         """
         return self._state.loss_scale
 
+    @scale_value.setter
+    def scale_value(self, value: float | torch.Tensor) -> None:
+        """Assign the scale (a number or a one-element tensor, ``>= 1``), as MindSpore
+        code assigns its ``Parameter``; the counter is kept.
+
+        Example:
+            >>> import ampkit.mindspore as amp
+            >>> scaler = amp.DynamicLossScaler(16, 2, 10)
+            >>> scaler.scale_value = 1024
+            >>> scaler.scale_value
+            tensor(1024.)
+        """
+        number = _scale_value(value, "scale_value")
+        self._state = dataclasses.replace(
+            self._state, loss_scale=torch.tensor(number, device=self._state.loss_scale.device))
+
     @property
     def counter(self) -> torch.Tensor:
         """Finite steps in a row since the scale last changed.
@@ -407,6 +443,33 @@ class DynamicLossScaler:
             1
         """
         return self._state.growth_tracker
+
+    @counter.setter
+    def counter(self, value: int | torch.Tensor) -> None:
+        """Assign the count of finite steps (an int or a one-element integer tensor,
+        ``>= 0``), as MindSpore code assigns its ``Parameter``; the scale grows when the
+        next finite step brings it to ``scale_window``.
+
+        Example:
+            >>> import ampkit.mindspore as amp
+            >>> scaler = amp.DynamicLossScaler(16, 2, 10)
+            >>> scaler.counter = 9
+            >>> _ = scaler.adjust(True)
+            >>> float(scaler.scale_value), int(scaler.counter)
+            (32.0, 0)
+        """
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1 or value.is_floating_point() or value.dtype is torch.bool:
+                raise TypeError(f"counter must be an int or a one-element integer tensor, "
+                                f"got {value!r}")
+            value = int(value.item())
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"counter must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"counter must be >= 0, got {value}")
+        # DynamicLossScale makes the int its counter tensor (on the scale's device).
+        counter: Any = value
+        self._state = dataclasses.replace(self._state, growth_tracker=counter)
 
     def scale(self, inputs: Any) -> Any:
         """Every floating tensor in ``inputs`` times the scale.
@@ -600,11 +663,31 @@ class _WithLossCell(nn.Module):
         return self.loss_fn(out, label)
 
 
+def _sens_backward(loss: torch.Tensor) -> None:
+    """MindSpore's backward from a (scaled) loss: the gradient it starts from ("sens")
+    is one at every element of the loss, so a per-sample loss (reduction ``'none'``,
+    MindSpore's default) back-propagates the gradient of its sum, a scalar loss that
+    of itself."""
+    loss.backward(torch.ones_like(loss))
+
+
+def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` must be given a closure (``torch.optim.LBFGS``):
+    its ``closure`` parameter has no default."""
+    try:
+        parameter = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):  # no signature to read: call it as usual
+        return False
+    return parameter is not None and parameter.default is inspect.Parameter.empty
+
+
 class _TrainOneStep(nn.Module):
     """One training step per call: forward, (scaled) backward, (skipped) update.
 
     Returns the loss, or ``(loss, overflow, scale)`` when the loss-scale manager may
-    skip steps (MindSpore's ``TrainOneStepWithLossScaleCell``)."""
+    skip steps (MindSpore's ``TrainOneStepWithLossScaleCell``). Any
+    ``torch.optim.Optimizer`` steps: one whose ``step`` needs a closure
+    (``LBFGS``) gets one that re-runs the forward and backward."""
 
     def __init__(self, network: nn.Module, optimizer: torch.optim.Optimizer,
                  manager: LossScaleManager | None) -> None:
@@ -620,30 +703,54 @@ class _TrainOneStep(nn.Module):
                                      growth_interval=manager.scale_window, min_scale=1.0)
         elif isinstance(manager, FixedLossScaleManager) and manager.get_drop_overflow_update():
             self.scaler = GradScaler(None, init_scale=manager.get_loss_scale(), dynamic=False)
+        if self.scaler is not None and _needs_closure(optimizer):
+            raise ValueError(
+                f"optimizer: {type(optimizer).__name__}.step needs a closure, which a loss "
+                f"scale that skips overflowing steps cannot give it; pass "
+                f"loss_scale_manager=None or FixedLossScaleManager(drop_overflow_update="
+                f"False), or an optimizer whose step takes no closure")
 
     def forward(self, *inputs: Any) -> Any:
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.network(*inputs)
         scaler = self.scaler
         if scaler is not None:
-            scaler.scale(loss).backward()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.network(*inputs)
+            _sens_backward(scaler.scale(loss))
             scaler.step(self.optimizer)
             overflow = scaler.last_step_skipped
             scale = torch.tensor(scaler.get_scale())
             scaler.update()
             return loss.detach(), torch.tensor(overflow), scale
-        if isinstance(self.manager, FixedLossScaleManager):
-            # A fixed scale that never drops a step: scale, unscale, apply regardless.
-            fixed = self.manager.get_loss_scale()
-            (loss * fixed).backward()
-            params = [p for g in self.optimizer.param_groups for p in g["params"]]
-            unscale_grads_((p.grad for p in params), torch.tensor(1.0 / fixed),
-                           torch.zeros(()))
-        else:
-            loss.backward()
-        self.optimizer.step()
-        return loss.detach()
+        fixed = (self.manager.get_loss_scale()
+                 if isinstance(self.manager, FixedLossScaleManager) else None)
 
+        losses: list[torch.Tensor] = []
+
+        def closure() -> torch.Tensor:
+            self.optimizer.zero_grad(set_to_none=True)
+            with torch.enable_grad():
+                loss = self.network(*inputs)
+                if fixed is None:
+                    _sens_backward(loss)
+                else:
+                    # A fixed scale that never drops a step: scale, unscale, apply
+                    # regardless.
+                    _sens_backward(loss * fixed)
+                    params = [p for g in self.optimizer.param_groups for p in g["params"]]
+                    unscale_grads_((p.grad for p in params), torch.tensor(1.0 / fixed),
+                                   torch.zeros(()))
+            losses.append(loss.detach())
+            # LBFGS compares the closure's values: the summed loss, what was derived.
+            return loss.detach().sum()
+
+        if _needs_closure(self.optimizer):
+            self.optimizer.step(closure)  # type: ignore[arg-type]  # a 0-dim tensor
+        else:
+            closure()
+            self.optimizer.step()
+        # The loss at the parameters the step started from (LBFGS evaluates it more
+        # than once).
+        return losses[0]
 
 def build_train_network(network: nn.Module, optimizer: torch.optim.Optimizer,
                         loss_fn: nn.Module | None = None, level: str = "O0",
@@ -654,7 +761,12 @@ def build_train_network(network: nn.Module, optimizer: torch.optim.Optimizer,
     Levels: O0 and O1 keep float32 parameters and no loss scaling (O1 casts the white
     list); O2 computes in float16 with BatchNorm and LayerNorm in float32 and a
     :class:`DynamicLossScaleManager`; O3 computes everything in float16 without loss
-    scaling.
+    scaling. At O2 and O3 every floating input is cast, float64 included.
+
+    A per-sample loss (reduction ``'none'``, MindSpore's default) back-propagates the
+    gradient of its sum, as MindSpore's backward starts from ones. Any
+    ``torch.optim.Optimizer`` steps; one whose ``step`` needs a closure (``LBFGS``) is
+    given one, except with a loss scale that skips overflowing steps (a ``ValueError``).
 
     Args:
         network, optimizer, loss_fn: the network (fp32), its optimizer, the loss.
@@ -682,6 +794,12 @@ def build_train_network(network: nn.Module, optimizer: torch.optim.Optimizer,
         >>> loss, overflow, scale = step(torch.rand(8, 4), torch.randint(0, 3, (8,)))
         >>> loss.dtype, bool(overflow), float(scale)
         (torch.float32, False, 16777216.0)
+        >>> net = torch.nn.Linear(4, 3)
+        >>> per_sample = torch.nn.CrossEntropyLoss(reduction="none")
+        >>> step = amp.build_train_network(net, torch.optim.LBFGS(net.parameters()),
+        ...                                per_sample)
+        >>> step(torch.rand(8, 4), torch.randint(0, 3, (8,))).shape
+        torch.Size([8])
     """
     _check_network(network)
     if not isinstance(optimizer, torch.optim.Optimizer):

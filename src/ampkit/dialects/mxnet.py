@@ -35,8 +35,9 @@ What differs from MXNet, on purpose:
 * Conditional fp32 ops become separate torch ops: ``("Activation", "act_type",
   ["softrelu"])`` is ``softplus``; ``("LeakyReLU", "act_type", ["elu", "selu"])`` are
   ``elu`` and ``selu`` (see :data:`CONDITIONAL_OPS` for every known triple).
-* :func:`convert_hybrid_block` converts the module in place and returns it (MXNet
-  returns a new block); ``excluded_sym_names`` are qualified module names.
+* :func:`convert_hybrid_block` returns a converted copy of the module, leaving the
+  given one as it was (MXNet returns a new block); ``excluded_sym_names`` are qualified
+  module names.
 * Errors MXNet raised with ``assert`` are ``ValueError`` (bad value), ``TypeError``
   (bad type) or ``RuntimeError`` (wrong order of calls) here.
 
@@ -54,7 +55,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import inspect
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
@@ -69,11 +72,14 @@ from ampkit.autocast_mode import autocast, current_policy
 from ampkit.conversion import ConversionConfig
 from ampkit.policy import Policy
 from ampkit.presets import (
+    MXNET_BF16_BF16_FP32_FUNCS,
     MXNET_BF16_FP32_FUNCS,
     MXNET_BF16_FUNCS,
     MXNET_CONDITIONAL_FP32_FUNCS,
+    MXNET_FP16_FP32_FUNCS,
     MXNET_FP16_FUNCS,
     MXNET_FP32_FUNCS,
+    MXNET_LOSS_OUTPUT_FUNCTIONS,
     MXNET_WIDEST_TYPE_CASTS,
 )
 from ampkit.registry import MODULE_OPS, OpEntry, resolve_ops
@@ -92,7 +98,10 @@ __all__ = [
     "list_conditional_fp32_ops",
     "list_fp16_ops",
     "list_fp32_ops",
+    "list_loss_output_functions",
+    "list_lp16_fp32_ops",
     "list_lp16_ops",
+    "list_lp16_use_fp32_params",
     "list_widest_type_cast",
     "scale_loss",
     "unscale",
@@ -227,7 +236,7 @@ def list_fp16_ops(target_dtype: str | torch.dtype = "float16") -> list[str]:
     Example:
         >>> import ampkit.mxnet as amp
         >>> amp.list_fp16_ops("bfloat16")
-        ['Convolution', 'FullyConnected']
+        ['Convolution', 'Deconvolution', 'FullyConnected']
     """
     return list_lp16_ops(target_dtype)
 
@@ -242,6 +251,58 @@ def list_fp32_ops(target_dtype: str | torch.dtype = "float16") -> list[str]:
     """
     low = _target_dtype(target_dtype)
     return list(MXNET_FP32_FUNCS if low is torch.float16 else MXNET_BF16_FP32_FUNCS)
+
+
+def list_lp16_fp32_ops(target_dtype: str | torch.dtype = "float16") -> list[str]:
+    """MXNet's default list of ops that run in ``target_dtype`` or float32 alike: ampkit
+    runs them in their inputs' dtype (no cast). The names with a torch counterpart; no
+    name is on two of the list functions' lists.
+
+    Example:
+        >>> import ampkit.mxnet as amp
+        >>> {"reshape", "relu", "BatchNorm"} <= set(amp.list_lp16_fp32_ops("float16"))
+        True
+        >>> "reshape" in amp.list_lp16_fp32_ops("bfloat16")
+        True
+    """
+    low = _target_dtype(target_dtype)
+    return list(MXNET_FP16_FP32_FUNCS if low is torch.float16 else MXNET_BF16_BF16_FP32_FUNCS)
+
+
+def list_loss_output_functions(target_dtype: str | torch.dtype = "float16") -> list[str]:
+    """MXNet's loss output ops (``SoftmaxOutput``, ...), each a torch loss here
+    (``cross_entropy``, ``mse_loss``, ``binary_cross_entropy_with_logits``,
+    ``l1_loss``). MXNet scaled their gradients by the loss scale; in ampkit
+    :func:`scale_loss` scales the loss itself, which is the same product.
+
+    Example:
+        >>> import ampkit.mxnet as amp
+        >>> amp.list_loss_output_functions("bfloat16")[0]
+        'SoftmaxOutput'
+    """
+    _target_dtype(target_dtype)
+    return list(MXNET_LOSS_OUTPUT_FUNCTIONS)
+
+
+def list_lp16_use_fp32_params(target_dtype: str | torch.dtype = "float16"
+                              ) -> dict[str, list[str]] | None:
+    """MXNet's ops whose parameters stay float32 with a low-precision input: ``None``
+    for float16; for bfloat16, ``BatchNorm``'s (torch's names: ``weight``, ``bias``,
+    ``running_mean``, ``running_var``; MXNet's ``gamma``, ``beta``, ``moving_mean``,
+    ``moving_var``). :func:`convert_hybrid_block` with ``cast_optional_params`` keeps
+    them float32 for both dtypes (batch_norm is on no low-precision list).
+
+    Example:
+        >>> import ampkit.mxnet as amp
+        >>> amp.list_lp16_use_fp32_params("float16") is None
+        True
+        >>> amp.list_lp16_use_fp32_params("bfloat16")
+        {'BatchNorm': ['weight', 'bias', 'running_mean', 'running_var']}
+    """
+    low = _target_dtype(target_dtype)
+    if low is torch.float16:
+        return None
+    return {"BatchNorm": ["weight", "bias", "running_mean", "running_var"]}
 
 
 def list_conditional_fp32_ops(target_dtype: str | torch.dtype = "float16"
@@ -291,10 +352,42 @@ def _conditional(entries: Any, argument: str) -> frozenset[str]:
     return frozenset(ops)
 
 
+def _check_mxnet_names(low: torch.dtype, target_ops: Any, fp32_ops: Any,
+                       conditional_fp32_ops: Any, target_argument: str) -> None:
+    """MXNet's own rules on its op names, which the torch ops they translate to cannot
+    show: a conditional op's name (``"Activation"``) on no other list, and an MXNet
+    name taken only from the four choosable lists (a widest-type op such as
+    ``"elemwise_add"`` cannot be forced to one dtype)."""
+    names = {argument: {e for e in entries if isinstance(e, str)}
+             for argument, entries in ((target_argument, target_ops), ("fp32_ops", fp32_ops))
+             if entries is not None and not isinstance(entries, str | bytes)
+             and isinstance(entries, Iterable)}
+    conditional = ({e[0] for e in conditional_fp32_ops if isinstance(e, list | tuple) and e
+                    and isinstance(e[0], str)}
+                   if isinstance(conditional_fp32_ops, list | tuple) else set())
+    for argument, given in names.items():
+        both = given & conditional
+        if both:
+            raise ValueError(f"ops {sorted(both)} are in both {argument} and "
+                             f"conditional_fp32_ops; an op may be on one list only")
+    choosable = (set(list_lp16_ops(low)) | set(list_fp32_ops(low))
+                 | set(list_lp16_fp32_ops(low))
+                 | {op for op, _, _ in MXNET_CONDITIONAL_FP32_FUNCS})
+    for argument, given in names.items():
+        widest = sorted((given & set(MXNET_WIDEST_TYPE_CASTS)) - choosable)
+        if widest:
+            raise ValueError(
+                f"{argument}: {widest} run in the widest type of their inputs "
+                f"(list_widest_type_cast()) and cannot be put on a list; choose ops from "
+                f"list_lp16_ops(), list_fp32_ops(), list_lp16_fp32_ops() or "
+                f"list_conditional_fp32_ops()")
+
+
 def _build_policy(low: torch.dtype, target_ops: Iterable[OpEntry] | None,
                   fp32_ops: Iterable[OpEntry] | None, conditional_fp32_ops: Any,
                   target_argument: str) -> Policy:
     bf16 = low is torch.bfloat16
+    _check_mxnet_names(low, target_ops, fp32_ops, conditional_fp32_ops, target_argument)
     lower = resolve_ops(
         (MXNET_BF16_FUNCS if bf16 else MXNET_FP16_FUNCS) if target_ops is None
         else target_ops, framework="mxnet", argument=target_argument)
@@ -453,18 +546,48 @@ def _low_precision_holders(model: nn.Module, policy: Policy) -> list[str]:
     return kept
 
 
-def convert_hybrid_block(block: nn.Module, target_dtype: str | torch.dtype = "float16",
-                         target_dtype_ops: Iterable[OpEntry] | None = None,
-                         fp32_ops: Iterable[OpEntry] | None = None,
-                         conditional_fp32_ops: Sequence[tuple[str, str, Sequence[str]]]
-                         | None = None,
-                         excluded_sym_names: Iterable[str] | None = None,
-                         cast_optional_params: bool = False) -> nn.Module:
+def _convert_v1(block: nn.Module, target_dtype: str | torch.dtype = "float16",
+                target_dtype_ops: Iterable[OpEntry] | None = None,
+                fp32_ops: Iterable[OpEntry] | None = None,
+                conditional_fp32_ops: Sequence[tuple[str, str, Sequence[str]]] | None = None,
+                excluded_sym_names: Iterable[str] | None = None,
+                ctx: str | torch.device | None = None, cast_optional_params: bool = False,
+                *, device: str | torch.device | None = None,
+                cast_params_offline: bool | None = None,
+                data_example: Any = None) -> nn.Module:
+    return _convert_block(block, target_dtype, target_dtype_ops, fp32_ops,
+                          conditional_fp32_ops, excluded_sym_names, cast_optional_params,
+                          data_example=data_example, device=device, ctx=ctx,
+                          cast_params_offline=cast_params_offline)
+
+
+def _convert_v2(block: nn.Module, data_example: Any, target_dtype: str | torch.dtype,
+                target_dtype_ops: Iterable[OpEntry] | None = None,
+                fp32_ops: Iterable[OpEntry] | None = None,
+                conditional_fp32_ops: Sequence[tuple[str, str, Sequence[str]]] | None = None,
+                excluded_sym_names: Iterable[str] | None = None,
+                device: str | torch.device | None = None,
+                cast_params_offline: bool | None = None, *,
+                cast_optional_params: bool | None = None,
+                ctx: str | torch.device | None = None) -> nn.Module:
+    return _convert_block(block, target_dtype, target_dtype_ops, fp32_ops,
+                          conditional_fp32_ops, excluded_sym_names,
+                          bool(cast_optional_params), data_example=data_example,
+                          device=device, ctx=ctx, cast_params_offline=cast_params_offline)
+
+
+def convert_hybrid_block(block: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     """Make ``block`` run in mixed precision by MXNet's lists (or the lists given):
     its forward runs the ops by the lists, excluded modules in float32, and its
-    floating outputs come back as float32. Converts in place and returns ``block``.
-    Also MXNet's ``convert_model`` (the same function: a torch model is its symbol and
-    its parameters at once).
+    floating outputs come back as float32. Returns a converted copy and leaves
+    ``block`` as it was, as MXNet returns a new block. Also MXNet's ``convert_model``
+    (the same function: a torch model is its symbol and its parameters at once).
+
+    Both MXNet signatures are accepted: 1.x's ``(block, target_dtype='float16',
+    target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names, ctx,
+    cast_optional_params)`` and 2.0's ``(block, data_example, target_dtype,
+    target_dtype_ops, fp32_ops, conditional_fp32_ops, excluded_sym_names, device,
+    cast_params_offline)``: a tensor (or list/tuple) second is 2.0's form.
 
     Args:
         block: an fp32 ``nn.Module``.
@@ -475,11 +598,18 @@ def convert_hybrid_block(block: nn.Module, target_dtype: str | torch.dtype = "fl
             in float32.
         cast_optional_params: store in ``target_dtype`` the parameters of the modules
             whose op is on the low-precision list (Linear, Conv, RNN with the default
-            lists); others stay fp32.
+            lists); others stay fp32. ``cast_params_offline`` is MXNet 2.0's name.
+        data_example: MXNet 2.0 traces the block with it; a torch module needs no
+            trace, so it is only checked to be a tensor (or a list/tuple of tensors).
+        device: where the block's parameters go (``block.to(device)``); ``None``:
+            where they are. ``ctx`` is MXNet 1.x's name.
 
     Raises:
-        ValueError: a bad dtype, an unknown op or module name, an op on two lists.
-        TypeError: ``block`` is not an ``nn.Module``; a wrong list type.
+        ValueError: a bad dtype, an unknown op or module name, an op on two lists;
+            ``cast_optional_params`` and ``cast_params_offline`` (or ``device`` and
+            ``ctx``) both given and different.
+        TypeError: ``block`` is not an ``nn.Module``; a wrong list type; a
+            ``data_example`` that is not tensors.
 
     Example:
         >>> import torch
@@ -490,7 +620,40 @@ def convert_hybrid_block(block: nn.Module, target_dtype: str | torch.dtype = "fl
         (torch.float32, torch.float32)
         >>> amp.convert_model(torch.nn.Linear(3, 4), cast_optional_params=True).weight.dtype
         torch.float16
+        >>> x = torch.rand(2, 3)                                  # MXNet 2.0's form
+        >>> amp.convert_hybrid_block(torch.nn.Linear(3, 4), x, "bfloat16",
+        ...                          cast_params_offline=True).weight.dtype
+        torch.bfloat16
     """
+    second = args[0] if args else kwargs.get("data_example")
+    v2 = isinstance(second, torch.Tensor | list | tuple)
+    form = _convert_v2 if v2 else _convert_v1
+    try:
+        bound = inspect.signature(form).bind(block, *args, **kwargs)
+    except TypeError as error:
+        which = ("MXNet 2.0's (block, data_example, target_dtype, ...)" if v2 else
+                 "MXNet 1.x's (block, target_dtype='float16', ...)")
+        raise TypeError(f"convert_hybrid_block: {error}; read as {which} form") from None
+    return form(*bound.args, **bound.kwargs)
+
+
+def _convert_block(block: nn.Module, target_dtype: Any, target_dtype_ops: Any,
+                   fp32_ops: Any, conditional_fp32_ops: Any, excluded_sym_names: Any,
+                   cast_optional_params: Any, *, data_example: Any, device: Any, ctx: Any,
+                   cast_params_offline: bool | None) -> nn.Module:
+    if data_example is not None and not all(
+            isinstance(d, torch.Tensor) for d in (
+                data_example if isinstance(data_example, list | tuple) else [data_example])):
+        raise TypeError(f"data_example must be a tensor or a list/tuple of tensors, got "
+                        f"{type(data_example).__name__}")
+    if cast_params_offline is not None:
+        if cast_optional_params and not cast_params_offline:
+            raise ValueError("cast_optional_params=True and cast_params_offline=False "
+                             "disagree; give one of them")
+        cast_optional_params = cast_params_offline
+    if device is not None and ctx is not None and torch.device(device) != torch.device(ctx):
+        raise ValueError(f"device={device!r} and ctx={ctx!r} disagree; give one of them")
+    place = device if device is not None else ctx
     if not isinstance(block, nn.Module):
         raise TypeError(f"block must be a torch.nn.Module, got {type(block).__name__}")
     if not isinstance(cast_optional_params, bool):
@@ -511,7 +674,12 @@ def convert_hybrid_block(block: nn.Module, target_dtype: str | torch.dtype = "fl
     config = ConversionConfig(
         param_dtype=low if cast_optional_params else None, keep_fp32_modules=keep,
         compute_dtype=low, policy=policy, output_dtype=torch.float32)
-    return front_door.convert_model(block, config)
+    # MXNet returns a new block and leaves the given one as it was (its tests convert
+    # one block twice, with other lists, and compare with the fp32 original).
+    converted = copy.deepcopy(block)
+    if place is not None:
+        converted.to(place)
+    return front_door.convert_model(converted, config)
 
 
 # MXNet's convert_model takes a symbol and its parameters; a torch model is both, so
