@@ -4,9 +4,14 @@
 dtype each module computes, then installs casts at the few module boundaries where the
 dtype changes, so every module receives inputs in the dtype its parameters have:
 
-* **parameters and floating buffers** are stored in ``param_dtype`` (O2, O3), except
-  in the modules kept in fp32 (norms by default, or any module by type, qualified name
-  or instance) and everything inside them. Integer buffers and inputs (token ids,
+* **parameters** are stored in ``param_dtype`` (O3, pure low precision), except in
+  the modules kept in fp32 (norms by default, or any module by type, qualified name
+  or instance) and everything inside them. Floating buffers (rotary frequencies,
+  masks, running statistics) keep their dtype unless ``cast_buffers`` asks for them
+  to follow (apex's ``model.half()``); a BatchNorm or InstanceNorm that updates
+  float32 running statistics then keeps float32 parameters as well, since torch's
+  kernels refuse low-precision parameters next to float32 statistics (they take the
+  low-precision activation as it is). Integer buffers and inputs (token ids,
   ``num_batches_tracked``) are never touched. A parameter shared by several modules
   (tied weights) stays one parameter, cast once.
 * **the model's boundary**: floating inputs are cast to ``input_dtype``, the forward
@@ -169,7 +174,11 @@ class ConversionConfig:
             policy (a :class:`~ampkit.policy.Policy` or a preset name).
         input_dtype: the model's floating inputs are cast to it (``None``: as given).
         output_dtype: the model's floating outputs are cast to it (``None``: as computed).
-        cast_buffers: floating buffers follow their module's parameter dtype.
+        cast_buffers: floating buffers follow their module's parameter dtype
+            (``param_dtype``); ``False``: they keep their own, and a module that
+            updates float32 running statistics (BatchNorm, InstanceNorm with
+            ``track_running_stats``) keeps float32 parameters too. The levels pass
+            ``False`` unless asked (:func:`ampkit.levels.conversion_config`).
         param_compute_dtype: the parameters stay as stored (fp32, the truth) and every
             module outside the kept ones computes with copies of its own parameters
             in this low-precision dtype, made on use (O2; ``None``: off). See
@@ -911,6 +920,11 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             in_white or _matches(module, name, white))
         if kept:
             assign(module, name, torch.float32 if config.param_dtype is not None else None)
+        elif (config.param_dtype in _LOW and not config.cast_buffers
+              and _updates_float_buffers(module)):
+            # Its float32 statistics stay: so do its parameters, which torch's norm
+            # kernels want in the statistics' dtype (the activation may be low).
+            assign(module, name, torch.float32)
         else:
             assign(module, name, None if white is not None else config.param_dtype)
         if id(module) in seen:  # a module reachable twice: its tensors were checked above
@@ -937,8 +951,40 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             walk(child, f"{name}.{child_name}" if name else child_name, kept, whitelisted)
 
     walk(model, "", False, False)
+    _cast_inputs_past_buffers(model, config, plan)
     _merge_root(model, config, plan)
     return plan
+
+
+def _keeps_float_buffers(module: nn.Module, plan: _Plan) -> bool:
+    """A float32 buffer of ``module`` stays float32 while parameters are stored low."""
+    return not _updates_float_buffers(module) and any(
+        b is not None and b.is_floating_point() and id(b) not in plan.tensor_dtype
+        for b in module._buffers.values())
+
+
+def _cast_inputs_past_buffers(model: nn.Module, config: ConversionConfig, plan: _Plan
+                              ) -> None:
+    """Low-precision parameters and float32 buffers, with no policy region (O3): an op
+    that mixes a buffer into an activation (a position table added to embeddings, a
+    float mask) promotes it to float32, as torch's type promotion says, and modules
+    after it would get float32 inputs that their low-precision parameters' kernels
+    refuse. So each module holding low-precision parameters casts its floating inputs
+    to their dtype, as the model's boundary does, and computes as its parameters say.
+    Only where such a buffer exists: otherwise every activation is low already. (With
+    a policy region, pure low precision at O2, its ops cast their inputs themselves.)"""
+    low = config.param_dtype
+    if (low not in _LOW or config.cast_buffers or config.policy is not None
+            or config.low_precision_modules is not None
+            or not any(_keeps_float_buffers(m, plan) for m in plan.owners)):
+        return
+    for module in plan.owners:
+        if module is model or id(module) in plan.boundaries:
+            continue  # the model's boundary casts its inputs; kept modules go to fp32
+        if any(p is not None and plan.tensor_dtype.get(id(p), (None,))[0] is low
+               for p in module._parameters.values()):
+            plan.boundaries[id(module)] = (module, _Boundary(
+                _Region.UNCHANGED, low, None, module_type=type(module)))
 
 
 def _updates_float_buffers(module: nn.Module) -> bool:
