@@ -1143,7 +1143,40 @@ def prepare_conversion(model: nn.Module, config: ConversionConfig) -> Any:
         raise RuntimeError(f"{where} is part of a model converted earlier (as "
                            f"{record.name!r}); convert the whole fp32 model once instead")
     _check_tensors(model, config)
+    if config.casts_parameters:
+        _check_not_held_by_ddp(model)
     return _plan(model, config)
+
+
+def _check_not_held_by_ddp(model: nn.Module) -> None:
+    """``DistributedDataParallel(model)`` built before the conversion: its reducer
+    holds the fp32 parameters as it found them (their sizes, dtypes and gradient
+    buckets), and storing them in low precision breaks it at the first backward, with
+    an error that names nothing of the order. Nothing in ``model`` says a DDP holds it,
+    so the DDPs referring to it are looked for, and only where one can exist (a
+    process group is up) and the conversion changes parameters."""
+    import gc
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    ddp = nn.parallel.DistributedDataParallel
+    # model <- the DDP's _modules dict <- (its __dict__ <-) the DDP: three scans at most
+    frontier: list[Any] = [r for r in gc.get_referrers(model)
+                           if isinstance(r, dict) and r.get("module") is model]
+    for _ in range(2):
+        if not frontier:
+            return
+        referrers = gc.get_referrers(*frontier)
+        if any(isinstance(r, ddp) and r.module is model for r in referrers):
+            raise RuntimeError(
+                "model is already wrapped: DistributedDataParallel(model) was built "
+                "before ampkit.initialize / convert_model, over the fp32 parameters this "
+                "level stores in low precision, and its first backward would fail. Call "
+                "ampkit.initialize on the bare model first, then wrap the result in "
+                "DistributedDataParallel")
+        frontier = [r for r in referrers if isinstance(r, dict)]
 
 
 def apply_conversion(model: nn.Module, config: ConversionConfig, plan: Any) -> None:
