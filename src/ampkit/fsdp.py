@@ -95,11 +95,14 @@ def _check_not_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
         for p in group["params"]:
             name = _REPLACED.get(p)
             if name is not None:
-                raise RuntimeError(_built_before(type(optimizer).__name__, name))
+                raise RuntimeError(_built_before(optimizer, name))
     _CHECKED.add(optimizer)
 
 
-def _built_before(kind: str, name: str) -> str:
+def _built_before(optimizer: torch.optim.Optimizer, name: str) -> str:
+    from ampkit.master_weights_pure import optimizer_class_name
+
+    kind = optimizer_class_name(optimizer)
     return (f"this {kind} steps parameter {name!r} as it was before "
             f"ampkit.fsdp.fully_shard replaced it with a sharded DTensor parameter, so its "
             f"steps would change nothing the model uses. Build the optimizer after "
@@ -353,7 +356,7 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
                 continue
             name = _REPLACED.get(p)
             if name is not None:
-                raise RuntimeError(_built_before(type(optimizer).__name__, name))
+                raise RuntimeError(_built_before(optimizer, name))
             raise ValueError(f"optimizer: param_groups[{g}] holds a parameter of shape "
                              f"{tuple(p.shape)} that is not one of model.parameters(); "
                              f"build the optimizer over this model's parameters")

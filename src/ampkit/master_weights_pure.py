@@ -130,6 +130,7 @@ __all__ = [
     "PureLowPrecisionOptimizer",
     "check_pure_optimizer",
     "mark_pure_models",
+    "optimizer_class_name",
     "pure_low_precision",
     "pure_settings",
     "pure_rounding",
@@ -1005,7 +1006,7 @@ def _check_pure_at_first_step(optimizer: torch.optim.Optimizer, args: Any,
     # rounds every update to nearest (small updates stall).
     if optimizer in _PURE_CHECKED:
         return
-    name = type(optimizer).__name__
+    name = optimizer_class_name(optimizer)
     plain = "_ampkit_pure" not in optimizer.__dict__
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -1040,6 +1041,24 @@ def _check_pure_at_first_step(optimizer: torch.optim.Optimizer, args: Any,
                 f"optimizer: its steps would round every update to nearest, and small "
                 f"updates would be lost. {fix}")
     _PURE_CHECKED.add(optimizer)
+
+
+def optimizer_class_name(optimizer: torch.optim.Optimizer) -> str:
+    """The name of the torch optimizer class ``optimizer`` was built as (a pure one's
+    ``PureLowPrecisionAdamW`` is ``"AdamW"``), for messages that show its constructor.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.master_weights_pure import (PureLowPrecisionOptimizer,
+        ...                                         optimizer_class_name)
+        >>> w = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+        >>> optimizer_class_name(PureLowPrecisionOptimizer(torch.optim.AdamW([w])))
+        'AdamW'
+    """
+    cls = type(optimizer)
+    if issubclass(cls, PureLowPrecisionOptimizer):
+        cls = cls.__bases__[1]
+    return cls.__name__
 
 
 def mark_pure_models(models: list[nn.Module], rounding: str, seed: int | None) -> None:
