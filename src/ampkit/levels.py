@@ -27,9 +27,10 @@ axes"). The properties below are the override vocabulary (apex's words) that pic
 point:
 
 * ``cast_model_type``: the dtype parameters are stored in (floating buffers keep
-  theirs, see :func:`conversion_config`; ``None``: left as they are; ``False``, as an override: left as they are *and* taken
-  in whatever floating dtype they have, float16 included: the model as given, apex's
-  ``cast_model_type=False`` with ``allow_incoming_model_not_fp32``);
+  theirs, see :func:`conversion_config`; ``None``: left as they are; ``False``, as an
+  override: left as they are *and* taken in whatever floating dtype they have, float16
+  included: the model as given, apex's ``cast_model_type=False`` with
+  ``allow_incoming_model_not_fp32``);
 * ``keep_norms_fp32``: BatchNorm, LayerNorm, GroupNorm, InstanceNorm and RMSNorm
   modules keep fp32 parameters and statistics and compute in fp32; at O2 their input
   and output are low precision (a norm whose kernel computes in fp32 from a

@@ -1015,9 +1015,10 @@ def _check_pure_at_first_step(optimizer: torch.optim.Optimizer, args: Any,
                 raise RuntimeError(
                     f"this {name} steps parameter {found.qualified!r} as it was before "
                     f"fully_shard replaced it with a sharded DTensor parameter (the "
-                    f"optimizer was built first), so its steps would change nothing the model uses. Build the "
-                    f"optimizer after sharding, with the one call that makes it train "
-                    f"as ampkit.initialize set the model up: optimizer = "
+                    f"optimizer was built first), so its steps would change nothing the "
+                    f"model uses. Build the optimizer after sharding, with the one "
+                    f"call that makes it train as ampkit.initialize set the model up: "
+                    f"optimizer = "
                     f"ampkit.fsdp.prepare_optimizer(model, "
                     f"torch.optim.{name}(model.parameters(), ...))")
     for group in optimizer.param_groups if plain else ():

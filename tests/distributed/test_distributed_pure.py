@@ -196,9 +196,10 @@ def _orders_run(rank: int) -> dict[str, Any] | None:
         from torch.distributed.device_mesh import init_device_mesh
     except ImportError:  # torch < 2.6 has no public FSDP2
         return None
+    from torch.nn.parallel import DistributedDataParallel
+
     import ampkit
     import ampkit.fsdp
-    from torch.nn.parallel import DistributedDataParallel
 
     mesh = init_device_mesh("cpu", (WORLD,))
     batches = _batches()

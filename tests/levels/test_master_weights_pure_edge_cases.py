@@ -579,11 +579,11 @@ def test_prepare_optimizer_refuses_what_is_not_the_models() -> None:
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     assert ampkit.fsdp.prepare_optimizer(model, sgd) is sgd  # O2: nothing to make pure
     assert type(sgd) is torch.optim.SGD
-    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+    with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer"):
         ampkit.fsdp.prepare_optimizer(model, "sgd")
     other = torch.optim.SGD(torch.nn.Linear(2, 3).parameters(), lr=0.1)
     with pytest.raises(ValueError, match=r"param_groups\[0\] holds a parameter of shape "
                                          r"\(3, 2\) that is not one of model.parameters"):
         ampkit.fsdp.prepare_optimizer(model, other)
-    with pytest.raises(ValueError, match="takes the model ampkit.initialize"):
+    with pytest.raises(ValueError, match=r"takes the model ampkit\.initialize"):
         ampkit.fsdp.prepare_optimizer(torch.nn.Linear(2, 2), sgd)
