@@ -287,11 +287,9 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
 def _record_replaced(model: nn.Module, before: list[tuple[str, nn.Module, str, Any]]
                      ) -> None:
     """After sharding: an optimizer over a parameter the model no longer holds raises at
-    its first step, and a pure model's new parameters are recorded as pure, so that a
-    plain optimizer over them raises too (see :mod:`ampkit.master_weights_pure`)."""
+    its first step. (A plain optimizer over a pure model's new parameters raises too:
+    :mod:`ampkit.master_weights_pure` knows the model.)"""
     global _hook
-    from ampkit.master_weights_pure import mark_pure_models, pure_settings
-
     for full, module, name, p in before:
         if module._parameters.get(name) is not p:
             _REPLACED[p] = full
@@ -299,9 +297,6 @@ def _record_replaced(model: nn.Module, before: list[tuple[str, nn.Module, str, A
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         _hook = register_optimizer_step_pre_hook(_check_not_replaced)
-    pure = pure_settings(model)
-    if pure is not None:
-        mark_pure_models([model], *pure)
 
 
 def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:

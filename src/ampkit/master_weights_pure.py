@@ -1018,30 +1018,40 @@ def _check_pure_at_first_step(optimizer: torch.optim.Optimizer, args: Any,
                     f"optimizer was built first), so its steps would change nothing the "
                     f"model uses. Build the optimizer after sharding, with the one "
                     f"call that makes it train as ampkit.initialize set the model up: "
-                    f"optimizer = "
-                    f"ampkit.fsdp.prepare_optimizer(model, "
+                    f"optimizer = ampkit.fsdp.prepare_optimizer(model, "
                     f"torch.optim.{name}(model.parameters(), ...))")
-    for group in optimizer.param_groups if plain else ():
+    if plain:
+        _check_not_plain(optimizer, name)
+    _PURE_CHECKED.add(optimizer)
+
+
+def _check_not_plain(optimizer: torch.optim.Optimizer, name: str) -> None:
+    # What pure models hold now, beside what initialize recorded: sharding (torch's
+    # fully_shard too) replaces their parameters with new ones.
+    held = {id(p): settings for model, settings in list(_PURE_MODELS.items())
+            for p in model.parameters() if p.dtype is torch.bfloat16}
+    for group in optimizer.param_groups:
         for p in group["params"]:
             found = _PURE_PARAMS.get(p)
-            if found is None:
+            settings = (found.rounding, found.seed) if found is not None else held.get(id(p))
+            if settings is None:
                 continue
+            rounding, seed = settings
             if _is_dtensor(p):
                 fix = (f"Under FSDP2 build it with the one call that reads the rounding "
-                       f"and seed from the model: optimizer = ampkit.fsdp.prepare_optimizer(model, "
-                       f"torch.optim.{name}(model.parameters(), ...))")
+                       f"and seed from the model: optimizer = ampkit.fsdp."
+                       f"prepare_optimizer(model, torch.optim.{name}(model.parameters(), "
+                       f"...))")
             else:
                 fix = (f"Make it pure before its first step: pass it to "
                        f"ampkit.initialize(model, optimizer, ...) with the same settings, "
                        f"or optimizer = ampkit.master_weights_pure."
-                       f"PureLowPrecisionOptimizer(optimizer, {found.rounding!r}, "
-                       f"seed={found.seed})")
+                       f"PureLowPrecisionOptimizer(optimizer, {rounding!r}, seed={seed})")
             raise RuntimeError(
                 f"this {name} steps bf16 parameters of a model that ampkit.initialize "
-                f"set up with master_weights={found.rounding!r}, but it is a plain "
+                f"set up with master_weights={rounding!r}, but it is a plain "
                 f"optimizer: its steps would round every update to nearest, and small "
                 f"updates would be lost. {fix}")
-    _PURE_CHECKED.add(optimizer)
 
 
 def optimizer_class_name(optimizer: torch.optim.Optimizer) -> str:
@@ -1067,8 +1077,7 @@ def mark_pure_models(models: list[nn.Module], rounding: str, seed: int | None) -
     built over their parameters later, and never made pure, raises ``RuntimeError``
     at its first step instead of training with updates rounded to nearest; so does an
     optimizer over parameters that FSDP2's ``fully_shard`` has since replaced.
-    :func:`pure_settings` reads the record back (``ampkit.fsdp`` does). Marking a
-    model again (after sharding) records its parameters as they are now.
+    :func:`pure_settings` reads the record back (``ampkit.fsdp`` does).
 
     Example:
         >>> import torch

@@ -23,7 +23,8 @@ ranks with each other and with the twin, which it trains itself.
   ``DistributedDataParallel(net)`` then ``ampkit.initialize(net, master_weights=...)``
   is refused at ``initialize``; with ``ampkit.fsdp.fully_shard``, an optimizer built
   before sharding (pure, and at O3) and a plain ``AdamW`` built after it over a pure
-  model raise at their first step and change nothing. The one documented call,
+  model (sharded by ampkit's recipe or torch's own ``fully_shard``) raise at their
+  first step and change nothing. The one documented call,
   ``ampkit.fsdp.prepare_optimizer(model, AdamW(model.parameters()))``, trains bit for
   bit like the unsharded twin that ``initialize(net, AdamW, ...)`` made pure, without
   the rounding or the seed given again.
@@ -194,6 +195,7 @@ def _orders_run(rank: int) -> dict[str, Any] | None:
     """The wrong orders, each caught where it is refused, and the documented one."""
     try:
         from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch < 2.6 has no public FSDP2
         return None
     from torch.nn.parallel import DistributedDataParallel
@@ -238,9 +240,13 @@ def _orders_run(rank: int) -> dict[str, Any] | None:
     opt = torch.optim.AdamW(net.parameters())
     net, opt = ampkit.initialize(net, opt, level="O3", dtype=BF16)
     out["before_sharding_o3"] = first_step(shard(net), opt)
-    # a plain AdamW after sharding a pure model
+    # a plain AdamW after sharding a pure model, with ampkit's recipe and torch's own
     model = shard(pure(_order_model()))
     out["plain_after"] = first_step(model, torch.optim.AdamW(model.parameters()))
+    model = pure(_order_model())
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=mesh)
+    out["plain_after_torch"] = first_step(model, torch.optim.AdamW(model.parameters()))
     # the documented call, in both modes: trains
     for mode in MODES:
         model = shard(pure(_order_model(), mode=mode))
@@ -338,14 +344,15 @@ def test_ddp_before_initialize_is_refused_naming_the_order(
         assert "then wrap the result in DistributedDataParallel" in run["ddp_first"]
 
 
-@pytest.mark.parametrize("case", ["before_sharding", "before_sharding_o3", "plain_after"])
+@pytest.mark.parametrize("case", ["before_sharding", "before_sharding_o3", "plain_after",
+                                  "plain_after_torch"])
 def test_fsdp2_wrong_optimizer_order_fails_at_the_first_step_changing_nothing(
         rank_results: list[dict[str, Any]], case: str) -> None:
     for run in _orders(rank_results):
         got = run[case]
         assert got["error"] is not None and got["unchanged"], got
         assert "ampkit.fsdp.prepare_optimizer(model, torch.optim.AdamW(" in got["error"]
-        if case == "plain_after":
+        if case.startswith("plain_after"):
             assert "round every update to nearest" in got["error"]
         else:
             assert "replaced it with a sharded DTensor parameter" in got["error"]
