@@ -887,6 +887,8 @@ class _Plan:
         default_factory=dict)
     owners: list[nn.Module] = dataclasses.field(default_factory=list)
     cast_on_use: list[nn.Module] = dataclasses.field(default_factory=list)
+    # a module outside the kept ones keeps float buffers while parameters go low
+    keeps_float_buffers: bool = False
 
 
 def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
@@ -927,6 +929,10 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             assign(module, name, torch.float32)
         else:
             assign(module, name, None if white is not None else config.param_dtype)
+            if config.param_dtype in _LOW and not config.cast_buffers and any(
+                    b is not None and b.is_floating_point()
+                    for b in module._buffers.values()):
+                plan.keeps_float_buffers = True
         if id(module) in seen:  # a module reachable twice: its tensors were checked above
             return
         seen.add(id(module))
@@ -956,13 +962,6 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
     return plan
 
 
-def _keeps_float_buffers(module: nn.Module, plan: _Plan) -> bool:
-    """A float32 buffer of ``module`` stays float32 while parameters are stored low."""
-    return not _updates_float_buffers(module) and any(
-        b is not None and b.is_floating_point() and id(b) not in plan.tensor_dtype
-        for b in module._buffers.values())
-
-
 def _cast_inputs_past_buffers(model: nn.Module, config: ConversionConfig, plan: _Plan
                               ) -> None:
     """Low-precision parameters and float32 buffers, with no policy region (O3): an op
@@ -974,9 +973,7 @@ def _cast_inputs_past_buffers(model: nn.Module, config: ConversionConfig, plan: 
     Only where such a buffer exists: otherwise every activation is low already. (With
     a policy region, pure low precision at O2, its ops cast their inputs themselves.)"""
     low = config.param_dtype
-    if (low not in _LOW or config.cast_buffers or config.policy is not None
-            or config.low_precision_modules is not None
-            or not any(_keeps_float_buffers(m, plan) for m in plan.owners)):
+    if not plan.keeps_float_buffers or config.policy is not None:
         return
     for module in plan.owners:
         if module is model or id(module) in plan.boundaries:
