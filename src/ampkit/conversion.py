@@ -762,6 +762,27 @@ def _cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 # compiled, as the hooks were); traced, taking the ordinary call, inside compiled code.
 skip_frame_only(_cast_call.__code__)
 _tracing_state = torch._C._get_tracing_state
+_INPUT_DTYPE = "_ampkit_input_dtype"
+
+
+def _input_cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``__call__`` of a module that casts its floating inputs to its parameters'
+    low-precision dtype (O3 in a model that keeps float32 buffers; see
+    :func:`_cast_inputs_past_buffers`): the cast, then the module's ordinary call,
+    hooks and all. One frame and one walk of the arguments, not a boundary's region
+    bookkeeping: nothing else happens at this boundary."""
+    dtype = self.__dict__.get(_INPUT_DTYPE)
+    if dtype is not None:
+        args, kwargs = cast_tree((args, kwargs), dtype)
+    return super(_converted_in(type(self)), self).__call__(  # type: ignore[arg-type]
+        *args, **kwargs)
+
+
+def _cast_inputs_hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """The same cast as a forward pre-hook, for a module whose class has a ``__call__``
+    of its own (or was given another by the conversion)."""
+    dtype = module.__dict__.get(_INPUT_DTYPE)
+    return None if dtype is None else cast_tree((args, kwargs), dtype)
 # converted class -> the class it was made from (and its inverse below)
 _converted_classes: dict[type, type] = {}
 _converted_of: dict[tuple[type, Any], type] = {}
@@ -887,6 +908,7 @@ class _Plan:
         default_factory=dict)
     owners: list[nn.Module] = dataclasses.field(default_factory=list)
     cast_on_use: list[nn.Module] = dataclasses.field(default_factory=list)
+    input_casts: list[nn.Module] = dataclasses.field(default_factory=list)
     # a module outside the kept ones keeps float buffers while parameters go low
     keeps_float_buffers: bool = False
 
@@ -980,8 +1002,7 @@ def _cast_inputs_past_buffers(model: nn.Module, config: ConversionConfig, plan: 
             continue  # the model's boundary casts its inputs; kept modules go to fp32
         if any(p is not None and plan.tensor_dtype.get(id(p), (None,))[0] is low
                for p in module._parameters.values()):
-            plan.boundaries[id(module)] = (module, _Boundary(
-                _Region.UNCHANGED, low, None, module_type=type(module)))
+            plan.input_casts.append(module)
 
 
 def _updates_float_buffers(module: nn.Module) -> bool:
@@ -1083,6 +1104,14 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
                 module.__class__ = _converted_class(type(module), _cast_call)
     for module, boundary in plan.boundaries.values():
         _install_boundary(module, boundary)
+    for module in plan.input_casts:
+        object.__setattr__(module, _INPUT_DTYPE, config.param_dtype)
+        if type(module) not in _converted_classes and type(module).__call__ is \
+                nn.Module.__call__:
+            module.__class__ = _converted_class(type(module), _input_cast_call)
+        else:
+            module.register_forward_pre_hook(_cast_inputs_hook, prepend=True,
+                                              with_kwargs=True)
     if config.state_dict_dtype is not None:
         report = _ReportDtype(config.state_dict_dtype)
         for module in plan.owners:

@@ -4,6 +4,7 @@ fp32 model; ``cast_buffers=True`` asks for them to follow the parameters, and th
 dialect's O3 casts them as ``model.half()`` does."""
 
 import copy
+import io
 
 import pytest
 import torch
@@ -148,6 +149,11 @@ def test_o3_position_table_stays_fp32_and_the_next_layer_gets_its_dtype():
     # by hand: the sum follows torch's promotion (fp32), the next Linear takes bf16
     expected = second((first(x.to(BF16)) + table).to(BF16)).float()
     assert torch.equal(model(x), expected)
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    for twin in (copy.deepcopy(model), torch.load(saved, weights_only=False)):
+        assert torch.equal(twin(x), expected)
 
 
 def test_cast_buffers_asks_for_buffers_in_the_parameters_dtype():
