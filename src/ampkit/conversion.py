@@ -11,7 +11,10 @@ dtype changes, so every module receives inputs in the dtype its parameters have:
   to follow (apex's ``model.half()``); a BatchNorm or InstanceNorm that updates
   float32 running statistics then keeps float32 parameters as well, since torch's
   kernels refuse low-precision parameters next to float32 statistics (they take the
-  low-precision activation as it is). Integer buffers and inputs (token ids,
+  low-precision activation as it is). An op mixing a float32 buffer into an activation
+  follows torch's type promotion; with no policy region (O3), each module holding
+  low-precision parameters then casts its floating inputs to their dtype, in models
+  that keep such a buffer. Integer buffers and inputs (token ids,
   ``num_batches_tracked``) are never touched. A parameter shared by several modules
   (tied weights) stays one parameter, cast once.
 * **the model's boundary**: floating inputs are cast to ``input_dtype``, the forward
