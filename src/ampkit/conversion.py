@@ -4,9 +4,17 @@
 dtype each module computes, then installs casts at the few module boundaries where the
 dtype changes, so every module receives inputs in the dtype its parameters have:
 
-* **parameters and floating buffers** are stored in ``param_dtype`` (O2, O3), except
-  in the modules kept in fp32 (norms by default, or any module by type, qualified name
-  or instance) and everything inside them. Integer buffers and inputs (token ids,
+* **parameters** are stored in ``param_dtype`` (O3, pure low precision), except in
+  the modules kept in fp32 (norms by default, or any module by type, qualified name
+  or instance) and everything inside them. Floating buffers (rotary frequencies,
+  masks, running statistics) keep their dtype unless ``cast_buffers`` asks for them
+  to follow (apex's ``model.half()``); a BatchNorm or InstanceNorm that updates
+  float32 running statistics then keeps float32 parameters as well, since torch's
+  kernels refuse low-precision parameters next to float32 statistics (they take the
+  low-precision activation as it is). An op mixing a float32 buffer into an activation
+  follows torch's type promotion; with no policy region (O3), each module holding
+  low-precision parameters then casts its floating inputs to their dtype, in models
+  that keep such a buffer. Integer buffers and inputs (token ids,
   ``num_batches_tracked``) are never touched. A parameter shared by several modules
   (tied weights) stays one parameter, cast once.
 * **the model's boundary**: floating inputs are cast to ``input_dtype``, the forward
@@ -169,7 +177,11 @@ class ConversionConfig:
             policy (a :class:`~ampkit.policy.Policy` or a preset name).
         input_dtype: the model's floating inputs are cast to it (``None``: as given).
         output_dtype: the model's floating outputs are cast to it (``None``: as computed).
-        cast_buffers: floating buffers follow their module's parameter dtype.
+        cast_buffers: floating buffers follow their module's parameter dtype
+            (``param_dtype``); ``False``: they keep their own, and a module that
+            updates float32 running statistics (BatchNorm, InstanceNorm with
+            ``track_running_stats``) keeps float32 parameters too. The levels pass
+            ``False`` unless asked (:func:`ampkit.levels.conversion_config`).
         param_compute_dtype: the parameters stay as stored (fp32, the truth) and every
             module outside the kept ones computes with copies of its own parameters
             in this low-precision dtype, made on use (O2; ``None``: off). See
@@ -753,6 +765,27 @@ def _cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 # compiled, as the hooks were); traced, taking the ordinary call, inside compiled code.
 skip_frame_only(_cast_call.__code__)
 _tracing_state = torch._C._get_tracing_state
+_INPUT_DTYPE = "_ampkit_input_dtype"
+
+
+def _input_cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``__call__`` of a module that casts its floating inputs to its parameters'
+    low-precision dtype (O3 in a model that keeps float32 buffers; see
+    :func:`_cast_inputs_past_buffers`): the cast, then the module's ordinary call,
+    hooks and all. One frame and one walk of the arguments, not a boundary's region
+    bookkeeping: nothing else happens at this boundary."""
+    dtype = self.__dict__.get(_INPUT_DTYPE)
+    if dtype is not None:
+        args, kwargs = cast_tree((args, kwargs), dtype)
+    return super(_converted_in(type(self)), self).__call__(  # type: ignore[arg-type]
+        *args, **kwargs)
+
+
+def _cast_inputs_hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """The same cast as a forward pre-hook, for a module whose class has a ``__call__``
+    of its own (or was given another by the conversion)."""
+    dtype = module.__dict__.get(_INPUT_DTYPE)
+    return None if dtype is None else cast_tree((args, kwargs), dtype)
 # converted class -> the class it was made from (and its inverse below)
 _converted_classes: dict[type, type] = {}
 _converted_of: dict[tuple[type, Any], type] = {}
@@ -878,6 +911,9 @@ class _Plan:
         default_factory=dict)
     owners: list[nn.Module] = dataclasses.field(default_factory=list)
     cast_on_use: list[nn.Module] = dataclasses.field(default_factory=list)
+    input_casts: list[nn.Module] = dataclasses.field(default_factory=list)
+    # a module outside the kept ones keeps float buffers while parameters go low
+    keeps_float_buffers: bool = False
 
 
 def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
@@ -911,8 +947,17 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             in_white or _matches(module, name, white))
         if kept:
             assign(module, name, torch.float32 if config.param_dtype is not None else None)
+        elif (config.param_dtype in _LOW and not config.cast_buffers
+              and _updates_float_buffers(module)):
+            # Its float32 statistics stay: so do its parameters, which torch's norm
+            # kernels want in the statistics' dtype (the activation may be low).
+            assign(module, name, torch.float32)
         else:
             assign(module, name, None if white is not None else config.param_dtype)
+            if config.param_dtype in _LOW and not config.cast_buffers and any(
+                    b is not None and b.is_floating_point()
+                    for b in module._buffers.values()):
+                plan.keeps_float_buffers = True
         if id(module) in seen:  # a module reachable twice: its tensors were checked above
             return
         seen.add(id(module))
@@ -937,8 +982,30 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             walk(child, f"{name}.{child_name}" if name else child_name, kept, whitelisted)
 
     walk(model, "", False, False)
+    _cast_inputs_past_buffers(model, config, plan)
     _merge_root(model, config, plan)
     return plan
+
+
+def _cast_inputs_past_buffers(model: nn.Module, config: ConversionConfig, plan: _Plan
+                              ) -> None:
+    """Low-precision parameters and float32 buffers, with no policy region (O3): an op
+    that mixes a buffer into an activation (a position table added to embeddings, a
+    float mask) promotes it to float32, as torch's type promotion says, and modules
+    after it would get float32 inputs that their low-precision parameters' kernels
+    refuse. So each module holding low-precision parameters casts its floating inputs
+    to their dtype, as the model's boundary does, and computes as its parameters say.
+    Only where such a buffer exists: otherwise every activation is low already. (With
+    a policy region, pure low precision at O2, its ops cast their inputs themselves.)"""
+    low = config.param_dtype
+    if not plan.keeps_float_buffers or config.policy is not None:
+        return
+    for module in plan.owners:
+        if module is model or id(module) in plan.boundaries:
+            continue  # the model's boundary casts its inputs; kept modules go to fp32
+        if any(p is not None and plan.tensor_dtype.get(id(p), (None,))[0] is low
+               for p in module._parameters.values()):
+            plan.input_casts.append(module)
 
 
 def _updates_float_buffers(module: nn.Module) -> bool:
@@ -1040,6 +1107,14 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
                 module.__class__ = _converted_class(type(module), _cast_call)
     for module, boundary in plan.boundaries.values():
         _install_boundary(module, boundary)
+    for module in plan.input_casts:
+        object.__setattr__(module, _INPUT_DTYPE, config.param_dtype)
+        if type(module) not in _converted_classes and type(module).__call__ is \
+                nn.Module.__call__:
+            module.__class__ = _converted_class(type(module), _input_cast_call)
+        else:
+            module.register_forward_pre_hook(_cast_inputs_hook, prepend=True,
+                                              with_kwargs=True)
     if config.state_dict_dtype is not None:
         report = _ReportDtype(config.state_dict_dtype)
         for module in plan.owners:
@@ -1097,7 +1172,40 @@ def prepare_conversion(model: nn.Module, config: ConversionConfig) -> Any:
         raise RuntimeError(f"{where} is part of a model converted earlier (as "
                            f"{record.name!r}); convert the whole fp32 model once instead")
     _check_tensors(model, config)
+    if config.casts_parameters:
+        _check_not_held_by_ddp(model)
     return _plan(model, config)
+
+
+def _check_not_held_by_ddp(model: nn.Module) -> None:
+    """``DistributedDataParallel(model)`` built before the conversion: its reducer
+    holds the fp32 parameters as it found them (their sizes, dtypes and gradient
+    buckets), and storing them in low precision breaks it at the first backward, with
+    an error that names nothing of the order. Nothing in ``model`` says a DDP holds it,
+    so the DDPs referring to it are looked for, and only where one can exist (a
+    process group is up) and the conversion changes parameters."""
+    import gc
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    ddp = nn.parallel.DistributedDataParallel
+    # model <- the DDP's _modules dict <- (its __dict__ <-) the DDP: three scans at most
+    frontier: list[Any] = [r for r in gc.get_referrers(model)
+                           if isinstance(r, dict) and r.get("module") is model]
+    for _ in range(2):
+        if not frontier:
+            return
+        referrers = gc.get_referrers(*frontier)
+        if any(isinstance(r, ddp) and r.module is model for r in referrers):
+            raise RuntimeError(
+                "model is already wrapped: DistributedDataParallel(model) was built "
+                "before ampkit.initialize / convert_model, over the fp32 parameters this "
+                "level stores in low precision, and its first backward would fail. Call "
+                "ampkit.initialize on the bare model first, then wrap the result in "
+                "DistributedDataParallel")
+        frontier = [r for r in referrers if isinstance(r, dict)]
 
 
 def apply_conversion(model: nn.Module, config: ConversionConfig, plan: Any) -> None:

@@ -75,7 +75,7 @@ __all__ = ["INITIALIZE_OVERRIDES", "convert_model", "initialize"]
 # apex's spelling -> ampkit's
 _ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"}
 _CONVERSION_OPTIONS = ("keep_fp32_modules", "policy", "custom_white_list",
-                       "custom_black_list", "state_dict_dtype")
+                       "custom_black_list", "state_dict_dtype", "cast_buffers")
 _LOSS_SCALING_OPTIONS = ("num_losses", "min_loss_scale", "max_loss_scale")
 # scale_loss options only a config passes (the keywords stay apex's)
 _PURE_OPTIONS = ("rounding_seed",)  # master_weights="stochastic"/"kahan" only
@@ -213,7 +213,10 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             (apex: ``patch_torch_functions``), ``cast_model_outputs``; conversion
             options ``keep_fp32_modules`` (module classes, qualified names or instances
             kept in fp32), ``policy``, ``custom_white_list``, ``custom_black_list``
-            (the autocast policy of O1/O2); loss scaling options ``num_losses``,
+            (the autocast policy of O1/O2), ``cast_buffers`` (``True``: store floating
+            buffers in the parameters' low-precision dtype too, as ``model.half()``
+            does; by default they keep their dtype at every level, see
+            :func:`ampkit.levels.conversion_config`); loss scaling options ``num_losses``,
             ``min_loss_scale``, ``max_loss_scale``; fp8 options ``fp8`` (a recipe
             name, ``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, or a
             torchao ``Float8LinearConfig``: the eligible ``nn.Linear`` and

@@ -15,9 +15,16 @@ low-precision copies. So the recipe is:
    low-precision all-gathers happen where native FSDP2 mixed precision has them, and
    gradients are reduce-scattered in fp32 into the fp32 shards;
 3. build the optimizer *after* sharding, over ``model.parameters()``: sharding replaces
-   the parameters with sharded ``DTensor`` ones (as with ``torch.distributed.fsdp``). At
-   O2 an optimizer built before, which would step tensors the model no longer uses,
-   raises ``RuntimeError`` at its first step.
+   the parameters with sharded ``DTensor`` ones (as with ``torch.distributed.fsdp``).
+   :func:`prepare_optimizer` is the one call for it at every level:
+   ``optimizer = ampkit.fsdp.prepare_optimizer(model, torch.optim.AdamW(
+   model.parameters(), lr=...))``. In pure low precision (``master_weights=
+   "stochastic"``/``"kahan"``) it makes the optimizer pure with the rounding and seed
+   ``initialize`` recorded on the model; at the other levels it checks the optimizer
+   and hands it back. An optimizer built before sharding, which would step tensors the
+   model no longer uses, raises ``RuntimeError`` at its first step (and at
+   :func:`prepare_optimizer`); so does a plain optimizer over a pure model's sharded
+   parameters, whose updates would round to nearest.
 
 Under this policy the parameters reach each module already in low precision (from the
 all-gather), so ampkit's cast on use (:mod:`ampkit.parameter_casts`) has nothing to do
@@ -60,11 +67,13 @@ output_dtype=None, cast_forward_inputs=False))
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit.conversion import OWN_PARAMETER_CASTS, ConversionConfig, get_conversion
 from ampkit.module_selection import (
@@ -74,7 +83,36 @@ from ampkit.module_selection import (
     selects,
 )
 
-__all__ = ["fully_shard", "mixed_precision_policy"]
+__all__ = ["fully_shard", "mixed_precision_policy", "prepare_optimizer"]
+
+# parameters ampkit.fsdp.fully_shard replaced with sharded ones -> their qualified name:
+# an optimizer stepping one would train nothing the model uses (see _check_not_replaced)
+_REPLACED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_CHECKED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+_hook: Any = None
+
+
+def _check_not_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    # A global optimizer step pre-hook, checking each optimizer once, at its first step.
+    if optimizer in _CHECKED:
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            name = _REPLACED.get(p)
+            if name is not None:
+                raise RuntimeError(_built_before(optimizer, name))
+    _CHECKED.add(optimizer)
+
+
+def _built_before(optimizer: torch.optim.Optimizer, name: str) -> str:
+    from ampkit.master_weights_pure import optimizer_class_name
+
+    kind = optimizer_class_name(optimizer)
+    return (f"this {kind} steps parameter {name!r} as it was before "
+            f"ampkit.fsdp.fully_shard replaced it with a sharded DTensor parameter, so its "
+            f"steps would change nothing the model uses. Build the optimizer after "
+            f"sharding: optimizer = ampkit.fsdp.prepare_optimizer(model, "
+            f"torch.optim.{kind}(model.parameters(), ...))")
 
 
 def _converted_config(model: Any, function: str) -> ConversionConfig:
@@ -248,9 +286,90 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
     groups = _plan_groups(model, config, selected)
     low = mixed_precision_policy(model)
     fp32 = mixed_precision_policy(model, kept=True)
+    before = [(f"{m}.{n}" if m else n, module, n, p) for m, module in model.named_modules()
+              for n, p in module._parameters.items() if p is not None]
     for owner, kept, owner_fp32 in groups:
         if kept:
             torch_fully_shard(kept if len(kept) > 1 else kept[0], mp_policy=fp32,
                               **fsdp_kwargs)
         torch_fully_shard(owner, mp_policy=fp32 if owner_fp32 else low, **fsdp_kwargs)
+    _record_replaced(model, before)
     return model
+
+
+def _record_replaced(model: nn.Module, before: list[tuple[str, nn.Module, str, Any]]
+                     ) -> None:
+    """After sharding: an optimizer over a parameter the model no longer holds raises at
+    its first step. (A plain optimizer over a pure model's new parameters raises too:
+    :mod:`ampkit.master_weights_pure` knows the model.)"""
+    global _hook
+    for full, module, name, p in before:
+        if module._parameters.get(name) is not p:
+            _REPLACED[p] = full
+    if _hook is None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        _hook = register_optimizer_step_pre_hook(_check_not_replaced)
+
+
+def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    """The one call that readies an optimizer built over a converted model's
+    parameters, sharded or not: in pure low precision (``master_weights="stochastic"``
+    or ``"kahan"``) it makes ``optimizer`` pure
+    (:class:`ampkit.master_weights_pure.PureLowPrecisionOptimizer`, in place) with the
+    rounding and ``rounding_seed`` that ``ampkit.initialize`` recorded on ``model``, so
+    nothing given to ``initialize`` is repeated; at the other levels it hands it back as
+    it is. Build the optimizer after :func:`fully_shard`, over ``model.parameters()``.
+
+    Returns:
+        ``optimizer`` itself (made pure where the model trains purely).
+
+    Raises:
+        TypeError: ``model`` is not a module, or ``optimizer`` not an optimizer.
+        ValueError: ``model`` is not the root of a converted model, or the optimizer
+            holds a parameter that is not the model's.
+        RuntimeError: the optimizer was built before sharding (it holds parameters
+            ``fully_shard`` has since replaced).
+
+    Example:
+        >>> import torch
+        >>> import torch.distributed as dist
+        >>> import ampkit
+        >>> import ampkit.fsdp
+        >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+        >>> model = ampkit.initialize(model, level="O2", dtype=torch.bfloat16,
+        ...                           master_weights="kahan", rounding_seed=3)
+        >>> model = ampkit.fsdp.fully_shard(model, blocks=[torch.nn.Linear],
+        ...                                 mesh=init_device_mesh("cpu", (1,)))
+        >>> optimizer = ampkit.fsdp.prepare_optimizer(
+        ...     model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+        >>> type(optimizer).__name__, optimizer.param_groups[0]["rounding_seed"]
+        ('PureLowPrecisionAdamW', 3)
+        >>> model(torch.rand(3, 4)).float().sum().backward()
+        >>> optimizer.step()
+        >>> dist.destroy_process_group()
+    """
+    from ampkit.master_weights_pure import pure_low_precision, pure_settings
+
+    _converted_config(model, "ampkit.fsdp.prepare_optimizer")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    held = {id(p) for p in model.parameters()}
+    for g, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            if id(p) in held:
+                continue
+            name = _REPLACED.get(p)
+            if name is not None:
+                raise RuntimeError(_built_before(optimizer, name))
+            raise ValueError(f"optimizer: param_groups[{g}] holds a parameter of shape "
+                             f"{tuple(p.shape)} that is not one of model.parameters(); "
+                             f"build the optimizer over this model's parameters")
+    pure = pure_settings(model)
+    if pure is None:
+        return optimizer
+    rounding, seed = pure
+    return pure_low_precision(model, optimizer, rounding, seed=seed)

@@ -26,10 +26,11 @@ Every dialect's levels map onto these two axes (``docs/migration.md``, "Levels a
 axes"). The properties below are the override vocabulary (apex's words) that picks a
 point:
 
-* ``cast_model_type``: the dtype parameters and floating buffers are stored in
-  (``None``: left as they are; ``False``, as an override: left as they are *and* taken
-  in whatever floating dtype they have, float16 included: the model as given, apex's
-  ``cast_model_type=False`` with ``allow_incoming_model_not_fp32``);
+* ``cast_model_type``: the dtype parameters are stored in (floating buffers keep
+  theirs, see :func:`conversion_config`; ``None``: left as they are; ``False``, as an
+  override: left as they are *and* taken in whatever floating dtype they have, float16
+  included: the model as given, apex's ``cast_model_type=False`` with
+  ``allow_incoming_model_not_fp32``);
 * ``keep_norms_fp32``: BatchNorm, LayerNorm, GroupNorm, InstanceNorm and RMSNorm
   modules keep fp32 parameters and statistics and compute in fp32; at O2 their input
   and output are low precision (a norm whose kernel computes in fp32 from a
@@ -447,8 +448,8 @@ def conversion_config(props: LevelProperties, *,
                     policy: str | Policy = "torch",
                     custom_white_list: Iterable[OpEntry] | None = None,
                     custom_black_list: Iterable[OpEntry] | None = None,
-                    state_dict_dtype: torch.dtype | str | None = None
-                    ) -> ConversionConfig:
+                    state_dict_dtype: torch.dtype | str | None = None,
+                    cast_buffers: bool = False) -> ConversionConfig:
     """The conversion (:class:`~ampkit.conversion.ConversionConfig`, in its own
     vocabulary) that a level's :class:`LevelProperties` (apex's vocabulary) stand for:
     the one place the two meet.
@@ -460,12 +461,21 @@ def conversion_config(props: LevelProperties, *,
     wherever it casts the model). ``cast_model_type=False`` takes the model as
     given (``params_as_given``).
 
+    Floating buffers (rotary frequencies, masks, running statistics) keep their dtype
+    at every level, pure low precision included: low precision is for parameters and
+    activations. ``cast_buffers=True`` stores them in the parameters' dtype instead
+    (what ``model.half()`` does; ``ampkit.apex`` asks for it wherever apex casts the
+    model). A BatchNorm or InstanceNorm that updates running statistics it keeps in
+    float32 keeps its parameters in float32 too at O3 and in pure mode, as at O2:
+    torch's kernels take the low-precision activation with float32 parameters and
+    statistics, and refuse low-precision parameters next to float32 statistics.
+
     Example:
         >>> import torch
         >>> from ampkit.levels import conversion_config, level_properties
         >>> cfg = conversion_config(level_properties("O3", "float16"))
-        >>> cfg.param_dtype, cfg.keep_fp32_modules, cfg.policy
-        (torch.float16, (), None)
+        >>> cfg.param_dtype, cfg.keep_fp32_modules, cfg.policy, cfg.cast_buffers
+        (torch.float16, (), None, False)
     """
     white_or_black = custom_white_list is not None or custom_black_list is not None
     if not props.patch_ops and (white_or_black or policy != "torch"):
@@ -495,6 +505,7 @@ def conversion_config(props: LevelProperties, *,
         state_dict_dtype=parse_dtype(state_dict_dtype, "state_dict_dtype",
                                      accept=FLOAT_DTYPES, allow_none=True),
         params_as_given=as_given,
+        cast_buffers=cast_buffers,
     )
 
 
@@ -504,6 +515,7 @@ def conversion_for_level(level: Any = "O2", dtype: torch.dtype | str | None = No
                          policy: str | Policy = "torch",
                          custom_white_list: Iterable[OpEntry] | None = None,
                          custom_black_list: Iterable[OpEntry] | None = None,
+                         cast_buffers: bool = False,
                          **level_overrides: Any) -> ConversionConfig:
     """The conversion for ``level`` and ``dtype``: :func:`level_properties` (with
     ``level_overrides``), then :func:`conversion_config`.
@@ -519,4 +531,5 @@ def conversion_for_level(level: Any = "O2", dtype: torch.dtype | str | None = No
     props = level_properties(level, dtype, device_type=device_type, **level_overrides)
     return conversion_config(props, keep_fp32_modules=keep_fp32_modules, policy=policy,
                              custom_white_list=custom_white_list,
-                             custom_black_list=custom_black_list)
+                             custom_black_list=custom_black_list,
+                             cast_buffers=cast_buffers)

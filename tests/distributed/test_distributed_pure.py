@@ -19,21 +19,31 @@ ranks with each other and with the twin, which it trains itself.
   ends there too: the rounding seed is a parameter-group hyper-parameter and the counts
   are per-parameter state, the only parts of an optimizer state_dict that DCP keeps.
 
-The children never see a GPU (see ``tests/distributed/test_distributed_scaling.py`` for why).
+* Wrong orders (issue 34) are errors before anything trains, each naming the order:
+  ``DistributedDataParallel(net)`` then ``ampkit.initialize(net, master_weights=...)``
+  is refused at ``initialize``; with ``ampkit.fsdp.fully_shard``, an optimizer built
+  before sharding (pure, and at O3) and a plain ``AdamW`` built after it over a pure
+  model (sharded by ampkit's recipe or torch's own ``fully_shard``) raise at their
+  first step and change nothing. The one documented call,
+  ``ampkit.fsdp.prepare_optimizer(model, AdamW(model.parameters()))``, trains bit for
+  bit like the unsharded twin that ``initialize(net, AdamW, ...)`` made pure, without
+  the rounding or the seed given again.
+
+One spawn (:mod:`distributed_harness`: bounded collectives, a deadline for the ranks)
+runs every scenario.
 """
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from distributed_harness import run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -165,30 +175,107 @@ def _fsdp2_run(rank: int, mode: str, out: Path) -> dict[str, Any] | None:
     }
 
 
-def _worker(rank: int, store: str, out_dir: str) -> None:
-    assert not torch.cuda.is_available()  # hidden by rank_results, before any CUDA call
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+ORDER_SEED = 5  # the rounding_seed given to initialize, and only there
+
+
+def _order_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 5))
+
+
+def _refused(call: Any) -> str | None:
+    try:
+        call()
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
+def _orders_run(rank: int) -> dict[str, Any] | None:
+    """The wrong orders, each caught where it is refused, and the documented one."""
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6 has no public FSDP2
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ampkit
+    import ampkit.fsdp
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    batches = _batches()
+    out: dict[str, Any] = {}
+
+    def pure(net: nn.Module, *opt: torch.optim.Optimizer, mode: str = "stochastic") -> Any:
+        return ampkit.initialize(net, *opt, level="O2", dtype=BF16, master_weights=mode,
+                                 rounding_seed=ORDER_SEED)
+
+    def shard(net: nn.Module) -> nn.Module:
+        return ampkit.fsdp.fully_shard(net, blocks=[nn.Linear], mesh=mesh)
+
+    def first_step(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+        x, y = (t.chunk(WORLD)[rank] for t in batches[0])
+        before = [p.full_tensor().detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        _loss(model, x, y).backward()
+        error = _refused(opt.step)
+        after = [p.full_tensor() for p in model.parameters()]
+        return {"error": error, "unchanged": all(torch.equal(a, b)
+                                                 for a, b in zip(before, after))}
+
+    # DDP before initialize: refused at initialize, the model left as it was
+    net = _order_model()
+    ddp = DistributedDataParallel(net)
+    out["ddp_first"] = _refused(lambda: pure(net))
+    out["ddp_first_untouched"] = {p.dtype for p in net.parameters()} == {torch.float32}
+    del ddp
+
+    # the optimizer built before sharding (given to initialize, so pure): at O2 pure and
+    # at O3 (a plain optimizer there)
+    net = _order_model()
+    net, opt = pure(net, torch.optim.AdamW(net.parameters()))
+    out["before_sharding"] = first_step(shard(net), opt)
+    net = _order_model()
+    opt = torch.optim.AdamW(net.parameters())
+    net, opt = ampkit.initialize(net, opt, level="O3", dtype=BF16)
+    out["before_sharding_o3"] = first_step(shard(net), opt)
+    # a plain AdamW after sharding a pure model, with ampkit's recipe and torch's own
+    model = shard(pure(_order_model()))
+    out["plain_after"] = first_step(model, torch.optim.AdamW(model.parameters()))
+    model = pure(_order_model())
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=mesh)
+    out["plain_after_torch"] = first_step(model, torch.optim.AdamW(model.parameters()))
+    # the documented call, in both modes: trains
+    for mode in MODES:
+        model = shard(pure(_order_model(), mode=mode))
+        opt = ampkit.fsdp.prepare_optimizer(
+            model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        for step in range(STEPS):
+            x, y = (t.chunk(WORLD)[rank] for t in batches[step])
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            opt.step()
+        out[f"prepared_{mode}"] = [p.full_tensor().detach().clone()
+                                   for p in model.parameters()]
+    return out
+
+
+def _worker(rank: int, out_dir: str) -> dict[str, Any]:
     out = Path(out_dir)
     results: dict[str, Any] = {}
     for mode in MODES:
         results[f"ddp_{mode}"] = _ddp_run(rank, mode, out)
         results[f"fsdp2_{mode}"] = _fsdp2_run(rank, mode, out)
-    torch.save(results, out / f"rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    results["orders"] = _orders_run(rank)
+    return results
 
 
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    if not dist.is_available():
-        pytest.skip("torch.distributed is not available in this build")
     out = tmp_path_factory.mktemp("gloo_pure")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("CUDA_VISIBLE_DEVICES", "")  # the children never see a GPU
-        mp.spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_ranks(out, _worker, str(out), timeout=240)
 
 
 def _twin(model: nn.Module, opt: torch.optim.Optimizer) -> nn.Module:
@@ -239,3 +326,52 @@ def test_fsdp2_trains_like_the_unsharded_twin_and_resumes_through_dcp(
     for key, value in state.items():  # the moments (and Kahan's compensation) too
         assert torch.equal(got[key], value) if isinstance(value, torch.Tensor) \
             else got[key] == value, key
+
+
+def _orders(rank_results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    runs = [r["orders"] for r in rank_results]
+    if runs[0] is None:
+        pytest.skip("FSDP2 (torch.distributed.fsdp.fully_shard) needs torch >= 2.6")
+    return runs
+
+
+def test_ddp_before_initialize_is_refused_naming_the_order(
+        rank_results: list[dict[str, Any]]) -> None:
+    for run in _orders(rank_results):
+        assert run["ddp_first"] is not None and run["ddp_first_untouched"]
+        assert "DistributedDataParallel(model) was built before ampkit.initialize" in \
+            run["ddp_first"]
+        assert "then wrap the result in DistributedDataParallel" in run["ddp_first"]
+
+
+@pytest.mark.parametrize("case", ["before_sharding", "before_sharding_o3", "plain_after",
+                                  "plain_after_torch"])
+def test_fsdp2_wrong_optimizer_order_fails_at_the_first_step_changing_nothing(
+        rank_results: list[dict[str, Any]], case: str) -> None:
+    for run in _orders(rank_results):
+        got = run[case]
+        assert got["error"] is not None and got["unchanged"], got
+        assert "ampkit.fsdp.prepare_optimizer(model, torch.optim.AdamW(" in got["error"]
+        if case.startswith("plain_after"):
+            assert "round every update to nearest" in got["error"]
+        else:
+            assert "replaced it with a sharded DTensor parameter" in got["error"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fsdp2_prepare_optimizer_trains_like_the_unsharded_twin(
+        rank_results: list[dict[str, Any]], mode: str) -> None:
+    import ampkit
+
+    runs = _orders(rank_results)
+    net = _order_model()
+    net, opt = ampkit.initialize(net, torch.optim.AdamW(net.parameters(), lr=1e-2),
+                                 level="O2", dtype=BF16, master_weights=mode,
+                                 rounding_seed=ORDER_SEED)
+    expected = [p.detach() for p in _twin(net, opt).parameters()]
+    start = [p.detach() for p in _order_model().parameters()]
+    for run in runs:
+        got = run[f"prepared_{mode}"]
+        assert _equal(got, expected)
+        moved = sum(int((a.float() != b).sum()) for a, b in zip(got, start))
+        assert moved > 0.5 * sum(p.numel() for p in start)

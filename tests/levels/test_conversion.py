@@ -24,6 +24,9 @@ NORMS = (nn.BatchNorm2d, nn.LayerNorm)
 # What the level table says is *stored*, per kind of tensor: (norm modules, other
 # modules, output). O1's output is "as computed": the last op is a Linear, which
 # autocast runs in bf16. O2 stores the fp32 truth and computes with copies made on use.
+# Floating buffers keep their dtype (fp32) at every level; a BatchNorm, whose fp32
+# running statistics stay, keeps fp32 parameters at O3 too (torch's kernels want them
+# in the statistics' dtype).
 EXPECTED = {
     "O0": (FP32, FP32, FP32),
     "O1": (FP32, FP32, BF16),
@@ -45,10 +48,12 @@ def test_every_parameter_buffer_and_output_dtype_matches_the_level_table(level, 
     norm_dtype, other_dtype, out_dtype = EXPECTED[level]
     for module in model.modules():
         want = norm_dtype if isinstance(module, NORMS) else other_dtype
+        if isinstance(module, nn.BatchNorm2d):
+            want = FP32
         for name, p in module.named_parameters(recurse=False):
             assert p.dtype is want, (level, type(module).__name__, name)
         for name, b in module.named_buffers(recurse=False):
-            expected = torch.int64 if name == "num_batches_tracked" else want
+            expected = torch.int64 if name == "num_batches_tracked" else FP32
             assert b.dtype is expected, (level, type(module).__name__, name)
     assert model(_inputs(model)).dtype is out_dtype
 
@@ -73,8 +78,9 @@ def test_every_module_receives_inputs_in_its_parameters_dtype(level, make):
     model(_inputs(model)).float().sum().backward()
     assert seen, "no module with parameters saw a floating input"
     # Except the kept-fp32 norms at O2: BatchNorm and LayerNorm take the bf16 activation
-    # as it is, with fp32 parameters (their kernels compute in fp32 inside; issue 10).
-    low_input = {"BatchNorm2d", "LayerNorm"} if level == "O2" else set()
+    # as it is, with fp32 parameters (their kernels compute in fp32 inside; issue 10);
+    # at O3 BatchNorm, which keeps its fp32 statistics and so fp32 parameters, too.
+    low_input = {"BatchNorm2d", "LayerNorm"} if level == "O2" else {"BatchNorm2d"}
     assert all(got is (BF16 if name in low_input else want) for name, got, want in seen), seen
     # gradients come back in each parameter's own (stored) dtype
     assert all(p.grad.dtype is p.dtype for p in model.parameters() if p.grad is not None)
@@ -108,11 +114,27 @@ def test_o1_uses_the_policy_and_custom_lists():
 
 
 def test_o3_is_the_model_cast_to_low_precision_bit_for_bit():
+    # Parameters low, buffers as they were: the BatchNorms keep fp32 statistics, and so
+    # fp32 parameters (torch's kernel takes the bf16 activation with them).
     torch.manual_seed(2)
     model = DigitsCNN()
     reference = copy.deepcopy(model).to(BF16)
+    for module in reference.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.float()
     x = torch.rand(8, 1, 8, 8)
     convert_model(model, "O3", BF16)
+    expected = reference(x.to(BF16)).float()
+    assert torch.equal(model(x), expected)
+
+
+def test_o3_with_cast_buffers_is_model_half_bit_for_bit():
+    torch.manual_seed(2)
+    model = DigitsCNN()
+    reference = copy.deepcopy(model).to(BF16)  # buffers too
+    x = torch.rand(8, 1, 8, 8)
+    convert_model(model, "O3", BF16, cast_buffers=True)
+    assert {b.dtype for b in model.buffers() if b.is_floating_point()} == {BF16}
     expected = reference(x.to(BF16)).float()
     assert torch.equal(model(x), expected)
 
@@ -298,14 +320,17 @@ def test_parameters_keep_their_identity():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     convert_model(model, "O3", BF16)
     assert all(a is b for a, b in zip(params, model.parameters()))
-    assert all(p.dtype is BF16 for p in optimizer.param_groups[0]["params"])
+    batch_norms = {id(p) for m in model.modules() if isinstance(m, nn.BatchNorm2d)
+                   for p in m.parameters()}
+    assert all(p.dtype is (FP32 if id(p) in batch_norms else BF16)
+               for p in optimizer.param_groups[0]["params"])
 
 
 def test_shared_buffers_stay_shared():
     a, b = nn.BatchNorm1d(3), nn.BatchNorm1d(3)
     b.running_mean = a.running_mean
     model = nn.Sequential(a, b)
-    convert_model(model, "O3", BF16)
+    convert_model(model, "O3", BF16, cast_buffers=True)
     assert a.running_mean is b.running_mean and a.running_mean.dtype is BF16
 
 

@@ -537,3 +537,53 @@ def test_an_optimizer_built_after_initialize_must_be_made_pure(rounding: str) ->
     sgd = torch.optim.SGD(plain.parameters(), lr=0.1)
     plain(torch.ones(1, 2, dtype=torch.bfloat16)).sum().backward()
     sgd.step()
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "kahan"])
+def test_prepare_optimizer_reads_the_rounding_and_seed_from_the_model(rounding: str) -> None:
+    """``ampkit.fsdp.prepare_optimizer`` (FSDP2's one optimizer call; it needs no
+    sharding) makes a plain optimizer pure as ``initialize`` would have: the two train
+    bit for bit alike, the mode and seed given once."""
+    import ampkit.fsdp
+
+    def build(prepared: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.LayerNorm(8),
+                                    torch.nn.Linear(8, 2))
+        settings = dict(level="O2", dtype=BF16, master_weights=rounding, rounding_seed=9)
+        if prepared:
+            model = ampkit.initialize(model, **settings)
+            return model, ampkit.fsdp.prepare_optimizer(
+                model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        return ampkit.initialize(model, torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                 **settings)
+
+    runs = []
+    for prepared in (False, True):
+        model, opt = build(prepared)
+        for x, y in _batches(4):
+            opt.zero_grad()
+            F.mse_loss(model(x[:, :4]).float(), y[:, :2]).backward()
+            opt.step()
+        runs.append(([p.detach().clone() for p in model.parameters()], opt))
+    (expected, _), (got, opt) = runs
+    assert type(opt).__name__ == "PureLowPrecisionAdamW"
+    assert opt.param_groups[0]["rounding_seed"] == 9
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+
+
+def test_prepare_optimizer_refuses_what_is_not_the_models() -> None:
+    import ampkit.fsdp
+
+    model = ampkit.initialize(torch.nn.Linear(2, 2), level="O2", dtype=BF16)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert ampkit.fsdp.prepare_optimizer(model, sgd) is sgd  # O2: nothing to make pure
+    assert type(sgd) is torch.optim.SGD
+    with pytest.raises(TypeError, match=r"optimizer must be a torch\.optim\.Optimizer"):
+        ampkit.fsdp.prepare_optimizer(model, "sgd")
+    other = torch.optim.SGD(torch.nn.Linear(2, 3).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"param_groups\[0\] holds a parameter of shape "
+                                         r"\(3, 2\) that is not one of model.parameters"):
+        ampkit.fsdp.prepare_optimizer(model, other)
+    with pytest.raises(ValueError, match=r"takes the model ampkit\.initialize"):
+        ampkit.fsdp.prepare_optimizer(torch.nn.Linear(2, 2), sgd)

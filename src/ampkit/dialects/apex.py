@@ -301,6 +301,10 @@ def _core_overrides(props: Properties, low: torch.dtype) -> dict[str, Any]:
     if cast not in (None, False):
         # apex's model.state_dict() holds float32 wherever it casts the model (O2, O3).
         overrides["state_dict_dtype"] = torch.float32
+        # apex casts the model with model.half() (or .to(dtype)): floating buffers too,
+        # where the core keeps them. Only where parameters are stored low does it show
+        # (O3; O2 with master_weights=False); O2's fp32 truth casts nothing stored.
+        overrides["cast_buffers"] = True
     if level == "O1":
         overrides["cast_model_type"] = cast
         overrides["keep_norms_fp32"] = props.keep_batchnorm_fp32
