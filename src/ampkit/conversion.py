@@ -35,7 +35,7 @@ per op beyond what ``ampkit.autocast`` itself does.
 With ``param_compute_dtype`` set (O2) the parameters are not cast at all: they stay the
 fp32 truth, the module's own ``nn.Parameter`` objects that the optimizer steps, and each
 module outside the kept ones runs its forward with low-precision copies of its own
-parameters, made on use and cached for one optimizer step
+parameters, made on use and kept for one forward of the converted model
 (:mod:`ampkit.parameter_casts`). Gradients reach the fp32 ``.grad`` through autograd.
 Floating buffers are never cast at O2: an op that mixes one with low-precision
 activations follows torch's type promotion, and the policy's region decides the rest.
