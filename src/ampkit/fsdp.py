@@ -61,7 +61,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ampkit.conversion import ConversionConfig, get_conversion
+from ampkit.conversion import ConversionConfig, get_conversion, kept_by_conversion
 from ampkit.module_selection import (
     ModuleSelector,
     parse_module_selectors,
@@ -147,7 +147,7 @@ def _plan_groups(model: nn.Module, config: ConversionConfig,
         if id(module) in seen:  # a module reachable twice is sharded where first found
             return
         seen.add(id(module))
-        kept = in_kept or selects(module, name, keep)
+        kept = in_kept or selects(module, name, keep) or kept_by_conversion(module, config)
         if (kept and not in_kept and split and module is not model
                 and _has_floating_params(module)):
             kept_of[id(owner)].append(module)

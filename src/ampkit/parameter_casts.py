@@ -62,6 +62,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ampkit.compile_frames import skip_recursively
 
 __all__ = ["CAST_HOOKS", "CastParametersOnUse", "cached_casts", "cast_parameter",
+           "casting_on_use",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
            "restore_swapped", "restore_to", "restore_until", "swap_depth",
            "swap_params"]
@@ -179,6 +180,20 @@ def is_cached(param: torch.Tensor) -> bool:
     return found is not None and found[0] is param
 
 
+def casting_on_use() -> bool:
+    """True while this thread runs a converted model's forward, or the forward of a
+    module cast on use through its hooks (a submodule called on its own): where a
+    parameter's value is being used, so a value computed from parameters (a
+    parametrization's result) is cast on use too.
+
+    Example:
+        >>> from ampkit.parameter_casts import casting_on_use
+        >>> casting_on_use()
+        False
+    """
+    return _pass.depth > 0 or bool(_swaps.stack)
+
+
 def _is_sharded(t: Any) -> bool:
     return hasattr(t, "placements") and hasattr(t, "device_mesh")  # a DTensor
 
@@ -279,16 +294,20 @@ class CastParametersOnUse:
         (torch.float16, torch.float32)
     """
 
-    __slots__ = ("dtype",)
+    __slots__ = ("dtype", "keep")
 
-    def __init__(self, dtype: torch.dtype) -> None:
+    def __init__(self, dtype: torch.dtype, *, keep: frozenset[str] = frozenset()) -> None:
         self.dtype = dtype
+        # names of parameters left as they are (a legacy spectral_norm/weight_norm
+        # hook computes the weight from them, in fp32: see ampkit.conversion)
+        self.keep = keep
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"dtype": self.dtype}
+        return {"dtype": self.dtype, "keep": self.keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.dtype = state["dtype"]
+        self.keep = state.get("keep", frozenset())
 
     def swap_in(self, module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
         """Put low-precision copies of ``module``'s floating fp32 parameters in its
@@ -307,7 +326,7 @@ class CastParametersOnUse:
             >>> lin.weight.dtype
             torch.float32
         """
-        swap_params(module, swapped, self.dtype, torch.compiler.is_compiling())
+        swap_params(module, swapped, self.dtype, torch.compiler.is_compiling(), self.keep)
 
     def before(self, module: nn.Module, args: Any) -> None:
         swapped: list[tuple[str, torch.Tensor]] = []
@@ -332,9 +351,11 @@ class CastParametersOnUse:
 
 
 def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
-                dtype: torch.dtype, compiling: bool) -> None:
+                dtype: torch.dtype, compiling: bool, keep: frozenset[str] = frozenset()
+                ) -> None:
     """:meth:`CastParametersOnUse.swap_in` with its settings given (``compiling``:
-    :func:`torch.compiler.is_compiling`, which a caller may know already).
+    :func:`torch.compiler.is_compiling`, which a caller may know already; ``keep``:
+    names of parameters left as they are).
 
     Example:
         >>> import torch
@@ -360,7 +381,7 @@ def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
     grad_mode = torch.is_grad_enabled()
     append = swapped.append
     for name, p in params.items():
-        if p is not None and p.dtype is torch.float32:
+        if p is not None and p.dtype is torch.float32 and not (keep and name in keep):
             # Straight into the dict: the copy is not an nn.Parameter, and
             # Module.__setattr__ would refuse it. (cast_parameter, with the per-call
             # checks made once per module.)
