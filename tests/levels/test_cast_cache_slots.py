@@ -40,7 +40,7 @@ def test_a_step_makes_no_weak_references_to_the_parameters() -> None:
 
 
 def test_copies_are_held_during_the_forward_only() -> None:
-    model, opt = _trained()
+    model, _ = _trained()
     during: list[bool] = []
     model[1].register_forward_pre_hook(
         lambda m, a: during.append(all(is_cached(p) for p in model[0].parameters())))

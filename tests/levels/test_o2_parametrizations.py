@@ -109,6 +109,7 @@ def _seen_by_parametrizations(model: nn.Module) -> list[torch.dtype]:
     return seen
 
 
+@pytest.mark.filterwarnings("ignore:.*torch.nn.utils.weight_norm.* is deprecated")
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_o2_trains_like_native_autocast_from_the_fp32_truth(kind: str) -> None:
     fp32 = _model(kind)

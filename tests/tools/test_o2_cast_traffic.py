@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers_models import DigitsCNN, TinyTransformer
+from helpers_models import DigitsCNN
 
 import ampkit
 from ampkit.conversion import MIXED_INPUT_NORMS
