@@ -22,6 +22,11 @@ address), an edit of a base tensor that parameters view (``vector_to_parameters`
 micro-batch of gradient accumulation is a forward of its own, so it casts each weight
 once, as native autocast does. Nothing is held between forwards.
 
+The one opt-in exception is :func:`reuse_casts`: a block that spans several forwards
+(the micro-batches of one optimizer step) is one pass, so each weight is cast once for
+the whole block. Its contract: nothing changes a parameter inside the block (the
+optimizer steps after it), because a change there is not seen until the block ends.
+
 A copy made under ``no_grad`` has no autograd history and is not reused by a use in
 the same forward that builds a graph. A module called outside any converted model's
 forward (a submodule called on its own, a checkpointed block recomputed in the backward
@@ -51,8 +56,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -62,7 +69,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ampkit.compile_frames import skip_recursively
 
 __all__ = ["CAST_HOOKS", "CastParametersOnUse", "cached_casts", "cast_parameter",
-           "casting_on_use",
+           "casting_on_use", "reuse_casts",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
            "restore_swapped", "restore_to", "restore_until", "swap_depth",
            "swap_params"]
@@ -127,6 +134,37 @@ def end_forward_pass() -> None:
         state.depth -= 1
     if state.depth == 0:
         state.copies = None
+
+
+@contextlib.contextmanager
+def reuse_casts() -> Iterator[None]:
+    """Keep O2's low-precision copies across the forwards run inside the block (this
+    thread's), instead of one forward each: for gradient accumulation, where every
+    micro-batch's forward would cast every weight again. The block is one pass of the
+    cast cache, as an outer ``torch.autocast`` region is one lifetime of native
+    autocast's weight cache; its end drops every copy.
+
+    **Contract**: no parameter changes inside the block. Run the optimizer's step, and
+    any edit of a parameter (``.data``, ``load_state_dict``, a SAM perturbation, an
+    EMA swap), outside it: a change inside is not seen by later forwards of the block.
+    A copy made under ``no_grad`` is still not used where a graph is built.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> from ampkit.parameter_casts import reuse_casts
+        >>> model = ampkit.initialize(torch.nn.Linear(4, 2), level="O2", dtype="bfloat16")
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> with reuse_casts():                  # one cast per weight for both
+        ...     for micro_batch in torch.rand(2, 3, 4):
+        ...         model(micro_batch).sum().backward()
+        >>> opt.step()                           # outside the block
+    """
+    new_forward_pass()
+    try:
+        yield
+    finally:
+        end_forward_pass()
 
 
 def forget_casts(params: Any = None) -> None:

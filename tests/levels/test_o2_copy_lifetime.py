@@ -10,6 +10,7 @@ compared at rtol 2e-2; a stale copy is off by far more (each test says by how mu
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import ampkit
+from ampkit.parameter_casts import cached_casts, reuse_casts
 
 BF16 = torch.bfloat16
 RTOL = 2e-2
@@ -177,3 +179,23 @@ def test_load_state_dict_between_forwards_is_seen() -> None:
         outs.append(model(x).detach())
     fp32, o2 = outs
     assert _close(o2, fp32), (o2 - fp32).abs().max()
+
+
+def test_reuse_casts_shares_copies_across_its_forwards_and_drops_them_after() -> None:
+    # The opt-in lifetime: one block, one copy per weight; gradients as without it.
+    x, y = _batch(4)
+    grads = []
+    for reuse in (False, True):
+        _, o2 = _pair()
+        casts: list[torch.Tensor] = []
+        o2[0].register_forward_pre_hook(
+            lambda m, a, casts=casts: casts.append(m._parameters["weight"]))
+        with reuse_casts() if reuse else contextlib.nullcontext():
+            for half in (slice(0, 16), slice(16, 32)):
+                F.cross_entropy(o2(x[half]), y[half]).backward()
+            held = cached_casts()
+        assert (casts[0] is casts[1]) is reuse
+        assert held == (4 if reuse else 0) and cached_casts() == 0
+        grads.append([p.grad for p in o2.parameters()])
+    for plain, reused in zip(*grads):
+        assert torch.equal(plain, reused)
