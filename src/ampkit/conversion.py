@@ -727,13 +727,16 @@ class _Boundary:
               ) -> tuple[list[Any], int, tuple[Any, ...], dict[str, Any]]:
         """Eager: enter the boundary (all or nothing); ``(entered contexts, swap depth,
         args, kwargs)`` for :meth:`leave` and the call."""
-        if self.root:
-            new_forward_pass()
-        elif self.region is _Region.FP32 and getattr(module, "_is_fsdp_managed_module", False):
+        if not self.root and self.region is _Region.FP32 and getattr(
+                module, "_is_fsdp_managed_module", False):
             _check_gathered_fp32(module)
         swaps = swap_depth()
         device_type = _compute_device_type(module, (args, kwargs))
         entered: list[Any] = []
+        if self.root:
+            # A forward of the model begins: the copies of its parameters live until
+            # the outermost one ends (leave, which the except below reaches too).
+            new_forward_pass()
         try:
             for context in self._contexts(device_type):
                 context.__enter__()
@@ -765,9 +768,9 @@ class _Boundary:
         each step even when an earlier one raised."""
         try:
             restore_to(swaps)
+        finally:
             if self.root:
                 end_forward_pass()
-        finally:
             while entered:
                 entered.pop().__exit__(None, None, None)
 
