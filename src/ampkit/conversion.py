@@ -21,6 +21,12 @@ dtype changes, so every module receives inputs in the dtype its parameters have:
   :class:`_LowInputLayerNorm`) take the low-precision activation as it is when the
   kept output dtype is low precision too: the same fp32 arithmetic, without an
   activation-sized copy each way.
+* **what the conversion keeps in fp32 on its own** (:func:`kept_by_conversion`): a
+  parametrization's list (``torch.nn.utils.parametrize``) when parameters are cast on
+  use, which computes the weight from the fp32 ``original`` in fp32 and hands it on
+  cast to the compute dtype; a sparse embedding at O2, whose sparse gradient cannot be
+  cast. The legacy ``spectral_norm``/``weight_norm`` hooks on a module cast on use
+  compute from its uncast fp32 parameters with autocast off, then cast the weight.
 * **a module white list** (``low_precision_modules``, MindSpore's O1): only the listed
   modules compute in low precision (their inputs and their fp32 parameters are cast on
   the way in, by an autocast region that runs every op in ``compute_dtype``), and their
