@@ -18,10 +18,14 @@ machine, and the bytes they move are what a memory-bound accelerator pays for.
 ``--accumulate K`` splits the batch into K micro-batches, each with its own forward and
 backward pass, before the one optimizer step (gradient accumulation; ``delay_unscale``
 for every micro-batch but the last under ``ampkit.scale_loss``). Native autocast casts
-every weight in each forward and its gradient in each backward; O2 casts each weight
-once per optimizer step (its low-precision copy, cached across the micro-batches) and
-its gradient once per backward pass, into the fp32 ``.grad`` (autograd's
+every weight in each forward and its gradient in each backward; so does O2 (a copy
+lives for one forward), casting each gradient into the fp32 ``.grad`` (autograd's
 ``ToCopyBackward``), where it accumulates in fp32.
+
+``--reuse-casts`` runs each step's micro-batches (forwards and backward passes) in one
+:func:`ampkit.parameter_casts.reuse_casts` block at O1-O3: at O2 each weight is then
+cast once per optimizer step instead of once per micro-batch (the opt-in; by default a
+copy lives for one forward).
 
 ``--by-op`` adds, per mode, the bytes by (source dtype -> destination dtype) and by op.
 
@@ -48,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_throughput import GPT, GPTConfig, ResNet
 
 import ampkit
+from ampkit.parameter_casts import reuse_casts
 from ampkit.tools.cast_traffic import CastTraffic, count_casts
 from ampkit.tools.cli_args import positive_int
 
@@ -72,9 +77,10 @@ def make_workload(name: str) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tenso
 
 
 def training_step(mode: str, model: nn.Module, dtype: torch.dtype,
-                  accumulate: int = 1) -> Callable[..., Any]:
+                  accumulate: int = 1, reuse: bool = False) -> Callable[..., Any]:
     """A function ``step(inputs, targets, loss_fn)`` training ``model`` in ``mode``: one
-    optimizer step over ``accumulate`` micro-batches (the batch split along dim 0)."""
+    optimizer step over ``accumulate`` micro-batches (the batch split along dim 0);
+    ``reuse``: the micro-batches in one ``reuse_casts`` block (ampkit modes)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     region: Callable[[], Any] = contextlib.nullcontext
     scaler = None
@@ -90,6 +96,19 @@ def training_step(mode: str, model: nn.Module, dtype: torch.dtype,
     def step(inputs: torch.Tensor, targets: torch.Tensor,
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
         micro_batches = list(zip(inputs.chunk(accumulate), targets.chunk(accumulate)))
+        with reuse_casts() if reuse and mode not in ("fp32", "native") else (
+                contextlib.nullcontext()):
+            run_micro_batches(micro_batches, loss_fn)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def run_micro_batches(micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                          ) -> None:
         for i, (x, y) in enumerate(micro_batches):
             with region():
                 out = model(x)
@@ -102,20 +121,15 @@ def training_step(mode: str, model: nn.Module, dtype: torch.dtype,
                     scaled.backward()
             else:
                 loss.backward()
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
 
     return step
 
 
-def measure(name: str, mode: str, dtype: torch.dtype, accumulate: int = 1) -> CastTraffic:
+def measure(name: str, mode: str, dtype: torch.dtype, accumulate: int = 1,
+            reuse: bool = False) -> CastTraffic:
     """The cast traffic of one training step (after one warm-up step)."""
     model, (inputs, targets), loss_fn = make_workload(name)
-    step = training_step(mode, copy.deepcopy(model), dtype, accumulate)
+    step = training_step(mode, copy.deepcopy(model), dtype, accumulate, reuse)
     step(inputs, targets, loss_fn)
     with count_casts() as traffic:
         step(inputs, targets, loss_fn)
@@ -136,12 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--accumulate", type=positive_int, default=1,
                         help="micro-batches per optimizer step (default 1)")
+    parser.add_argument("--reuse-casts", action="store_true",
+                        help="the micro-batches of a step in one reuse_casts block")
     parser.add_argument("--by-op", action="store_true", help="break the bytes down")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}; one AdamW training step "
-          f"({args.accumulate} micro-batch{'es' if args.accumulate > 1 else ''}) after one "
+          f"({args.accumulate} micro-batch{'es' if args.accumulate > 1 else ''}"
+          f"{' in one reuse_casts block' if args.reuse_casts else ''}) after one "
           f"warm-up step; bytes = read + written")
     for dtype_name in args.dtype:
         dtype = getattr(torch, dtype_name)
@@ -149,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{name}, {dtype_name}")
             print("| mode | casts | MiB | vs native (bytes) |")
             print("|---|---|---|---|")
-            results = {mode: measure(name, mode, dtype, args.accumulate)
+            results = {mode: measure(name, mode, dtype, args.accumulate, args.reuse_casts)
                        for mode in args.modes}
             native = results.get("native")
             for mode, traffic in results.items():

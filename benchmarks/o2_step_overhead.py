@@ -3,7 +3,7 @@
 At O2 the fp32 parameters are the truth (issue 21): the user's optimizer steps them
 as it would an fp32 model's, and each module computes with low-precision copies of its
 weights, made in the forward (a pre-hook swaps them in, a post-hook puts the fp32
-parameters back) and cached across the micro-batches of one step. So O2's host cost is
+parameters back) and kept for that forward (issue 34). So O2's host cost is
 in the forward (the hooks and the model's boundary), and autograd's ``ToCopyBackward``
 in the backward; the step is an fp32 model's. (Before issue 21, O2 kept fp32 master
 copies: a gradient hook per parameter, a pull after the backward pass, a refresh after
@@ -20,8 +20,8 @@ configurations, timed side by side in one process, alternating round by round:
 * ``py-cast``: the floor of any cast-on-use design written in Python, for comparison:
   each layer's forward casts its fp32 weight and bias with ``Tensor.bfloat16`` and
   calls ``F.linear`` (no cache, no parameter swap, no checks), under ``torch.autocast``
-  as ``native``. What O2 costs above it is its bookkeeping (the cache across
-  micro-batches, the swap, the checks that pick the fast call); what it costs above
+  as ``native``. What O2 costs above it is its bookkeeping (the one-forward
+  cache, the swap, the checks that pick the fast call); what it costs above
   ``native`` is the casts made from Python instead of inside autocast's C++ kernel.
 
 Each configuration's step is timed in three parts: the forward (with the loss), the

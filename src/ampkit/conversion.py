@@ -29,6 +29,12 @@ dtype changes, so every module receives inputs in the dtype its parameters have:
   :class:`_LowInputLayerNorm`) take the low-precision activation as it is when the
   kept output dtype is low precision too: the same fp32 arithmetic, without an
   activation-sized copy each way.
+* **what the conversion keeps in fp32 on its own** (:func:`kept_by_conversion`): a
+  parametrization's list (``torch.nn.utils.parametrize``) when parameters are cast on
+  use, which computes the weight from the fp32 ``original`` in fp32 and hands it on
+  cast to the compute dtype; a sparse embedding at O2, whose sparse gradient cannot be
+  cast. The legacy ``spectral_norm``/``weight_norm`` hooks on a module cast on use
+  compute from its uncast fp32 parameters with autocast off, then cast the weight.
 * **a module white list** (``low_precision_modules``, MindSpore's O1): only the listed
   modules compute in low precision (their inputs and their fp32 parameters are cast on
   the way in, by an autocast region that runs every op in ``compute_dtype``), and their
@@ -43,7 +49,7 @@ per op beyond what ``ampkit.autocast`` itself does.
 With ``param_compute_dtype`` set (O2) the parameters are not cast at all: they stay the
 fp32 truth, the module's own ``nn.Parameter`` objects that the optimizer steps, and each
 module outside the kept ones runs its forward with low-precision copies of its own
-parameters, made on use and cached for one optimizer step
+parameters, made on use and kept for one forward of the converted model
 (:mod:`ampkit.parameter_casts`). Gradients reach the fp32 ``.grad`` through autograd.
 Floating buffers are never cast at O2: an op that mixes one with low-precision
 activations follows torch's type promotion, and the policy's region decides the rest.
@@ -97,6 +103,7 @@ from ampkit.module_selection import selects as _matches
 from ampkit.parameter_casts import (
     CAST_HOOKS,
     CastParametersOnUse,
+    casting_on_use,
     end_forward_pass,
     new_forward_pass,
     restore_swapped,
@@ -118,6 +125,7 @@ __all__ = [
     "apply_conversion",
     "check_not_wrapped",
     "get_conversion",
+    "kept_by_conversion",
     "prepare_conversion",
 ]
 
@@ -150,6 +158,125 @@ _MARK = "_ampkit_conversion"
 #: ``Float8Linear``, from ``initialize(fp8=...)``): O2 does not cast them on use for it,
 #: which would round them twice.
 OWN_PARAMETER_CASTS = "_ampkit_casts_own_parameters"
+
+
+def kept_by_conversion(module: nn.Module, config: ConversionConfig) -> bool:
+    """Whether the conversion keeps ``module`` in fp32 on its own, beside
+    ``keep_fp32_modules``: a module that casts parameters on use would otherwise
+    compute something that is not a parameter's use in low precision.
+
+    * A parametrization's list (``torch.nn.utils.parametrize``: orthogonal, weight
+      norm, spectral norm, user parametrizations), at O2 and in the module white
+      list: it computes the weight from the fp32 ``original``, in fp32 (autocast off,
+      its buffers such as spectral norm's ``_u``/``_v`` in their dtype), and its result
+      is cast on use, to the compute dtype at O2 (and by the white-listed module's
+      region otherwise). Only the op that uses the weight sees a low-precision copy.
+    * A sparse ``nn.Embedding``/``nn.EmbeddingBag`` (``sparse=True``) at O2: a cast
+      copy's gradient would be sparse in low precision, which autograd cannot cast back
+      into the fp32 ``.grad`` (torch: "to(options) doesn't support converting to a
+      different layout"). It looks up rows of its fp32 weight, as native autocast
+      does, gets a sparse fp32 gradient, and its output goes on in low precision like
+      a kept module's.
+
+    Example:
+        >>> import torch
+        >>> from torch.nn.utils import parametrizations
+        >>> from ampkit.conversion import kept_by_conversion
+        >>> from ampkit.levels import conversion_for_level
+        >>> lin = parametrizations.orthogonal(torch.nn.Linear(2, 2))
+        >>> o2 = conversion_for_level("O2", "bfloat16")
+        >>> kept_by_conversion(lin.parametrizations.weight, o2), kept_by_conversion(lin, o2)
+        (True, False)
+        >>> kept_by_conversion(torch.nn.Embedding(4, 2, sparse=True), o2)
+        True
+    """
+    from torch.nn.utils.parametrize import ParametrizationList
+
+    if isinstance(module, ParametrizationList):
+        return (config.param_compute_dtype is not None
+                or config.low_precision_modules is not None)
+    return (config.param_compute_dtype is not None
+            and isinstance(module, nn.Embedding | nn.EmbeddingBag)
+            and bool(module.sparse))
+
+
+def _is_parametrization(module: nn.Module) -> bool:
+    from torch.nn.utils.parametrize import ParametrizationList
+
+    return isinstance(module, ParametrizationList)
+
+
+def _kept_output_dtype(module: nn.Module, config: ConversionConfig) -> torch.dtype | None:
+    """The dtype a kept module's floating outputs are cast to: a parametrization's
+    result is a parameter's value, cast on use to the compute dtype."""
+    if _is_parametrization(module):
+        return config.param_compute_dtype
+    return config.kept_output_dtype
+
+
+def _legacy_reparametrizations(module: nn.Module) -> list[Any]:
+    """The forward pre-hooks of ``torch.nn.utils.spectral_norm``/``weight_norm`` (the
+    hooks that predate ``torch.nn.utils.parametrizations``) on ``module``."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    return [hook for hook in module._forward_pre_hooks.values()
+            if isinstance(hook, SpectralNorm | WeightNorm)]
+
+
+def _reparametrization_sources(hook: Any) -> tuple[str, ...]:
+    """The parameters a legacy hook computes its weight from."""
+    from torch.nn.utils.spectral_norm import SpectralNorm
+
+    if isinstance(hook, SpectralNorm):
+        return (hook.name + "_orig",)
+    return (hook.name + "_g", hook.name + "_v")
+
+
+class _ReparametrizeInFp32:
+    """A legacy ``spectral_norm``/``weight_norm`` hook on a module cast on use: the
+    hook computes the weight from its fp32 parameters with autocast off (spectral
+    norm's power iteration in fp32, on its fp32 ``u``/``v`` buffers), then the result
+    is cast to the compute dtype, the low-precision copy the module's forward uses. The
+    hook's class becomes a subclass of its own (``remove_spectral_norm`` and
+    ``remove_weight_norm`` still find it); ``_ampkit_dtype`` is set on the hook."""
+
+    name: str
+    _ampkit_dtype: torch.dtype
+
+    def __call__(self, module: nn.Module, inputs: Any) -> None:
+        device_type = _compute_device_type(module, inputs)
+        compute = super().__call__  # type: ignore[misc]
+        if not torch.is_autocast_enabled(device_type):
+            compute(module, inputs)
+        elif torch.compiler.is_compiling():
+            with torch.autocast(device_type, enabled=False):
+                compute(module, inputs)
+        else:
+            with _region_autocast(device_type, None, None):
+                compute(module, inputs)
+        weight = getattr(module, self.name)
+        if weight.dtype is torch.float32:
+            setattr(module, self.name, weight.to(self._ampkit_dtype))
+
+
+def _reparametrize_in_fp32(hook: Any, dtype: torch.dtype) -> None:
+    from torch.nn.utils.spectral_norm import SpectralNorm
+
+    hook.__class__ = (_SpectralNormInFp32 if isinstance(hook, SpectralNorm)
+                      else _WeightNormInFp32)
+    hook._ampkit_dtype = dtype
+
+
+def _legacy_classes() -> tuple[type, type]:
+    from torch.nn.utils.spectral_norm import SpectralNorm
+    from torch.nn.utils.weight_norm import WeightNorm
+
+    spectral = type("_SpectralNormInFp32", (_ReparametrizeInFp32, SpectralNorm),
+                    {"__module__": __name__})
+    weight = type("_WeightNormInFp32", (_ReparametrizeInFp32, WeightNorm),
+                  {"__module__": __name__})
+    return spectral, weight
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -592,6 +719,10 @@ class _Boundary:
     # The module's class when it was converted: the conversion's own class swap and
     # FSDP2's later replace it with subclasses.
     module_type: type | None = None
+    # The output is a parameter's value (a parametrization's result): cast only while
+    # a converted model's forward or a module cast on use runs, its use; read from
+    # outside (``model[0].weight``, ``remove_parametrizations``) it stays fp32.
+    on_use: bool = False
 
     def _contexts(self, device_type: str) -> list[Any]:
         if self.region is _Region.UNCHANGED:
@@ -614,13 +745,16 @@ class _Boundary:
               ) -> tuple[list[Any], int, tuple[Any, ...], dict[str, Any]]:
         """Eager: enter the boundary (all or nothing); ``(entered contexts, swap depth,
         args, kwargs)`` for :meth:`leave` and the call."""
-        if self.root:
-            new_forward_pass()
-        elif self.region is _Region.FP32 and getattr(module, "_is_fsdp_managed_module", False):
+        if not self.root and self.region is _Region.FP32 and getattr(
+                module, "_is_fsdp_managed_module", False):
             _check_gathered_fp32(module)
         swaps = swap_depth()
         device_type = _compute_device_type(module, (args, kwargs))
         entered: list[Any] = []
+        if self.root:
+            # A forward of the model begins: the copies of its parameters live until
+            # the outermost one ends (leave, which the except below reaches too).
+            new_forward_pass()
         try:
             for context in self._contexts(device_type):
                 context.__enter__()
@@ -652,16 +786,17 @@ class _Boundary:
         each step even when an earlier one raised."""
         try:
             restore_to(swaps)
+        finally:
             if self.root:
                 end_forward_pass()
-        finally:
             while entered:
                 entered.pop().__exit__(None, None, None)
 
     def cast_output(self, module: nn.Module, args: Any, output: Any) -> Any:
         """A forward hook, the first of the module's: the output cast. A hook, so that
         forward hooks the user registered on the module see what it hands back."""
-        if self.output_dtype is None or output is None:
+        if self.output_dtype is None or output is None or (
+                self.on_use and not torch.compiler.is_compiling() and not casting_on_use()):
             return None
         return cast_tree(output, self.output_dtype)
 
@@ -754,7 +889,7 @@ def _cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     swapped: list[tuple[str, torch.Tensor]] = []
     try:
         # (CastParametersOnUse.swap_in, not asking is_compiling again)
-        swap_params(self, swapped, own[0].dtype, False)
+        swap_params(self, swapped, own[0].dtype, False, own[0].keep)
         return self.forward(*args, **kwargs)
     finally:
         restore_swapped(self, swapped)
@@ -942,7 +1077,7 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             plan.tensor_dtype[id(tensor)] = (dtype, full)
 
     def walk(module: nn.Module, name: str, in_kept: bool, in_white: bool) -> None:
-        kept = in_kept or _matches(module, name, keep)
+        kept = in_kept or _matches(module, name, keep) or kept_by_conversion(module, config)
         whitelisted = white is not None and not kept and (
             in_white or _matches(module, name, white))
         if kept:
@@ -963,8 +1098,9 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
         seen.add(id(module))
         boundary = None
         if kept and not in_kept:
-            boundary = _Boundary(_Region.FP32, torch.float32, config.kept_output_dtype,
-                                 module_type=type(module))
+            boundary = _Boundary(_Region.FP32, torch.float32,
+                                 _kept_output_dtype(module, config), module_type=type(module),
+                                 on_use=_is_parametrization(module))
         elif whitelisted and not in_white:
             boundary = _Boundary(_Region.LOW, None, config.white_list_output_dtype,
                                  config.compute_dtype, module_type=type(module))
@@ -1096,14 +1232,28 @@ def _register_state_dict_hook(module: nn.Module, hook: Any) -> None:
 
 def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
     if config.param_compute_dtype is not None:
-        cast = CastParametersOnUse(config.param_compute_dtype)
+        from torch.nn.utils.parametrize import is_parametrized
+
+        dtype = config.param_compute_dtype
+        cast = CastParametersOnUse(dtype)
         for module in plan.cast_on_use:
-            cast.install(module)
+            legacy = _legacy_reparametrizations(module)
+            if legacy:
+                # The weight is computed by the hook, from parameters left in fp32.
+                for hook in legacy:
+                    _reparametrize_in_fp32(hook, dtype)
+                CastParametersOnUse(dtype, keep=frozenset(
+                    n for hook in legacy for n in _reparametrization_sources(hook))
+                ).install(module)
+            else:
+                cast.install(module)
             # The hooks' work done in the module's own call while they are its only
             # hooks (_cast_call). Not for a boundary (its call does more: the hooks
-            # stay its route) nor a class with a __call__ of its own.
+            # stay its route), a class with a __call__ of its own, nor a parametrized
+            # module (torch.nn.utils.parametrize reads the class under its own).
             if (id(module) not in plan.boundaries and type(module) not in _converted_classes
-                    and type(module).__call__ is nn.Module.__call__):
+                    and type(module).__call__ is nn.Module.__call__
+                    and not is_parametrized(module)):
                 module.__class__ = _converted_class(type(module), _cast_call)
     for module, boundary in plan.boundaries.values():
         _install_boundary(module, boundary)
@@ -1225,3 +1375,7 @@ def apply_conversion(model: nn.Module, config: ConversionConfig, plan: Any) -> N
         raise TypeError(f"plan must come from prepare_conversion, got {type(plan).__name__}")
     _cast_tensors(model, config, plan)
     _install(model, config, plan)
+
+
+# Module-level names, so that a pickled or deep-copied hook finds its class.
+_SpectralNormInFp32, _WeightNormInFp32 = _legacy_classes()

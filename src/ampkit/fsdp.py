@@ -75,7 +75,12 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ampkit.conversion import OWN_PARAMETER_CASTS, ConversionConfig, get_conversion
+from ampkit.conversion import (
+    OWN_PARAMETER_CASTS,
+    ConversionConfig,
+    get_conversion,
+    kept_by_conversion,
+)
 from ampkit.module_selection import (
     ModuleSelector,
     parse_module_selectors,
@@ -195,7 +200,7 @@ def _plan_groups(model: nn.Module, config: ConversionConfig,
         if id(module) in seen:  # a module reachable twice is sharded where first found
             return
         seen.add(id(module))
-        kept = in_kept or selects(module, name, keep)
+        kept = in_kept or selects(module, name, keep) or kept_by_conversion(module, config)
         fp8 = not kept and bool(getattr(module, OWN_PARAMETER_CASTS, False))
         is_block = not kept and module is not model and selects(module, name, chosen)
         if (((kept and not in_kept) or (fp8 and not is_block)) and split

@@ -9,36 +9,36 @@ fp32); the forward's end puts the parameter back. This is what FSDP2's
 ``MixedPrecisionPolicy(param_dtype=...)`` and MindSpore's O2 do ("parameters are
 converted to low precision on use, results converted back").
 
-Casting every forward would recast every weight for every micro-batch of gradient
-accumulation. So a copy is kept, per parameter, and reused while it is sure to be the
-parameter's value rounded:
+**A copy lives for one forward of the converted model**: the outermost call of a
+converted model on this thread, as native autocast's weight cache lives for its
+outermost region. Within it, a weight used twice (tied weights, a layer called twice)
+is cast once and both uses share one autograd node. When the outermost call returns,
+every copy it made is dropped, so the next forward casts each parameter again from
+whatever the parameter holds then. No change made between two forwards can be missed,
+whatever its route: the optimizer's step, an in-place edit through ``param.data``
+(which bumps no version counter), ``param.data = t`` (even a tensor at the same
+address), an edit of a base tensor that parameters view (``vector_to_parameters``),
+``load_state_dict``, a perturbation between the two forwards of one step (SAM). Each
+micro-batch of gradient accumulation is a forward of its own, so it casts each weight
+once, as native autocast does. Nothing is held between forwards.
 
-* within one forward pass of the converted model (a weight used twice is cast once
-  and both uses share one autograd node), and
-* across the micro-batches of one optimizer step, for a parameter that a
-  ``torch.optim.Optimizer`` has stepped before: until that optimizer's next step, as
-  long as the parameter is unchanged in place (its version counter) and keeps its
-  storage (``param.data = ...`` replaces it).
+The one opt-in exception is :func:`reuse_casts`: a block that spans several forwards
+(the micro-batches of one optimizer step) is one pass, so each weight is cast once for
+the whole block. Its contract: nothing changes a parameter inside the block (the
+optimizer steps after it), because a change there is not seen until the block ends.
 
-A copy is dropped when any ``torch.optim.Optimizer`` steps the parameter (a global
-step post-hook), so nothing is held between steps (the parameter's slot in the cache,
-which holds no tensor, stays for the next step's copy). A parameter no torch optimizer steps
-(a hand-written update loop, a frozen or inference-only model) is cast once per forward
-pass, as native autocast does: only an optimizer's step is a sure sign of its change.
-A copy made under ``no_grad`` has no autograd history and is never used by a forward
-that builds a graph; under ``inference_mode`` nothing is cached. Under
-``torch.compile`` nothing is cached either: the graph casts the weights itself. Nor in
-modules FSDP2 manages: their parameters in a forward are the unsharded ones FSDP frees
-after it (and with :mod:`ampkit.fsdp`'s policy they arrive in low precision already,
-leaving nothing to cast).
+A copy made under ``no_grad`` has no autograd history and is not reused by a use in
+the same forward that builds a graph. A module called outside any converted model's
+forward (a submodule called on its own, a checkpointed block recomputed in the backward
+pass) casts on each call, and so does a forward under ``inference_mode``, under
+``torch.compile`` (the graph casts the weights itself) or in a module FSDP2 manages (its
+parameters in a forward are the unsharded ones FSDP frees after it; with
+:mod:`ampkit.fsdp`'s policy they arrive in low precision already, leaving nothing to
+cast).
 
 An optimizer built over the parameters before FSDP2's ``fully_shard`` replaced them
 with sharded ones would step tensors the model no longer uses: its first step raises
 ``RuntimeError`` instead (build the optimizer after sharding).
-
-Limit: an in-place edit through ``param.data`` between two micro-batches of the same
-optimizer step is not seen (``.data`` has its own version counter) until the next step;
-edit parameters under ``torch.no_grad()`` instead, which bumps the version.
 
 Example:
     >>> import torch
@@ -56,9 +56,10 @@ Example:
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -68,126 +69,108 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ampkit.compile_frames import skip_recursively
 
 __all__ = ["CAST_HOOKS", "CastParametersOnUse", "cached_casts", "cast_parameter",
+           "casting_on_use", "reuse_casts",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
            "restore_swapped", "restore_to", "restore_until", "swap_depth",
            "swap_params"]
 
 
-class _Entry:
-    """One parameter's slot in the cache: its low-precision copy (``None`` when it has
-    none) and what the copy was made from. The slot outlives the copy: an optimizer's
-    step drops the copy and keeps the slot (with its weak reference), so the next
-    forward refills it instead of making both again."""
-
-    __slots__ = ("dtype", "forward", "has_graph", "low", "ptr", "ref", "stepped",
-                 "version")
-
-    def __init__(self, ref: weakref.ref[torch.Tensor]) -> None:
-        self.ref = ref
-        self.low: torch.Tensor | None = None
-        self.dtype: torch.dtype | None = None
-        self.version = -1
-        self.ptr = -1
-        self.forward = -1
-        self.has_graph = False
-        # some torch.optim.Optimizer has stepped the parameter: its changes are
-        # announced by the step post-hook, so its copy may outlive one forward pass
-        self.stepped = False
-
-
-class _ById:
-    """Parameter -> :class:`_Entry`, keyed by tensor identity, dropping an entry when
-    its tensor dies.
-
-    ``WeakIdKeyDictionary`` makes a weak reference object for every lookup; this runs
-    for every parameter in every forward, so the lookup here is a plain ``dict`` keyed
-    by ``id()``, the tensor's weak reference kept in the entry (checked on each read:
-    an id reused by a new tensor is not a hit) and its callback removing the entry."""
-
-    __slots__ = ("data",)
+class _Pass(threading.local):
+    """This thread's forward of a converted model: how deep in nested converted
+    forwards it is, and the copies made since the outermost one began
+    (``id(parameter) -> (parameter, copy)``; ``None`` outside any forward). The
+    parameter is held beside its copy, so its id cannot be reused while the entry
+    lives."""
 
     def __init__(self) -> None:
-        self.data: dict[int, _Entry] = {}
-
-    def get(self, key: torch.Tensor) -> _Entry | None:
-        found = self.data.get(id(key))
-        return found if found is not None and found.ref() is key else None
-
-    def slot(self, key: torch.Tensor) -> _Entry:
-        """``key``'s entry, made (empty) when it has none."""
-        found = self.data.get(id(key))
-        if found is not None and found.ref() is key:
-            return found
-        ident = id(key)
-        data = self.data
-
-        def drop(ref: Any, ident: int = ident, data: dict[int, _Entry] = data) -> None:
-            found = data.get(ident)
-            if found is not None and found.ref is ref:
-                del data[ident]
-
-        entry = data[ident] = _Entry(weakref.ref(key, drop))
-        return entry
-
-    def values(self) -> list[_Entry]:
-        return list(self.data.values())
+        self.depth = 0
+        self.copies: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
-# parameter -> _Entry (by identity: a parameter that is gone takes its entry with it)
-_CACHE = _ById()
-_CACHE_DATA = _CACHE.data
-_LOCK = threading.Lock()
-_forwards = itertools.count(1)
-# parameters whose copy was made in the current pass and that no optimizer has stepped
-# (see end_forward_pass)
-_pass_only: list[_Entry] = []
-_current_forward = 0
-_hook_handle: Any = None
+_pass = _Pass()
 # parameter -> (weakref to the module that holds it, its name there), for every
 # parameter cast on use: to tell an optimizer built over parameters that FSDP2 has since
 # replaced (see _check_not_replaced)
 _OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _CHECKED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+_order_check: Any = None
 # The instance attribute install() sets: (the CastParametersOnUse, the ids of its
 # forward pre-hook and forward hook on the module).
 CAST_HOOKS = "_ampkit_cast_on_use"
 
 
 def new_forward_pass() -> None:
-    """Start a new forward pass of a converted model: copies made in earlier passes are
-    reused only where a gradient is being accumulated (see the module doc).
+    """Enter a converted model's forward on this thread (the model's boundary calls
+    it): the outermost one starts a new set of copies, which every module of the
+    forward shares. Each call is paired with :func:`end_forward_pass`.
 
     Example:
+        >>> from ampkit.parameter_casts import cached_casts, end_forward_pass
         >>> from ampkit.parameter_casts import new_forward_pass
         >>> new_forward_pass()
+        >>> cached_casts()
+        0
+        >>> end_forward_pass()
     """
-    global _current_forward
-    _current_forward = next(_forwards)
+    state = _pass
+    if state.depth == 0:
+        state.copies = {}
+    state.depth += 1
 
 
 def end_forward_pass() -> None:
-    """End a converted model's forward pass: drop the copies of parameters no torch
-    optimizer steps, which no later pass may reuse. (A copy that requires grad holds
-    its parameter through its autograd node, so a cache entry kept longer would keep a
-    discarded model's parameters alive.) Copies of stepped parameters stay until the
-    optimizer's step, for the micro-batches of gradient accumulation.
+    """Leave a converted model's forward on this thread: when it is the outermost one,
+    every copy it made is dropped (the next forward casts again from the parameters as
+    they are then).
 
     Example:
         >>> from ampkit.parameter_casts import cached_casts, end_forward_pass
         >>> end_forward_pass()
-        >>> cached_casts() >= 0
-        True
+        >>> cached_casts()
+        0
     """
-    with _LOCK:
-        while _pass_only:
-            entry = _pass_only.pop()
-            if not entry.stepped:
-                entry.low = None
+    state = _pass
+    if state.depth > 0:
+        state.depth -= 1
+    if state.depth == 0:
+        state.copies = None
+
+
+@contextlib.contextmanager
+def reuse_casts() -> Iterator[None]:
+    """Keep O2's low-precision copies across the forwards run inside the block (this
+    thread's), instead of one forward each: for gradient accumulation, where every
+    micro-batch's forward would cast every weight again. The block is one pass of the
+    cast cache, as an outer ``torch.autocast`` region is one lifetime of native
+    autocast's weight cache; its end drops every copy.
+
+    **Contract**: no parameter changes inside the block. Run the optimizer's step, and
+    any edit of a parameter (``.data``, ``load_state_dict``, a SAM perturbation, an
+    EMA swap), outside it: a change inside is not seen by later forwards of the block.
+    A copy made under ``no_grad`` is still not used where a graph is built.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> from ampkit.parameter_casts import reuse_casts
+        >>> model = ampkit.initialize(torch.nn.Linear(4, 2), level="O2", dtype="bfloat16")
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> with reuse_casts():                  # one cast per weight for both
+        ...     for micro_batch in torch.rand(2, 3, 4):
+        ...         model(micro_batch).sum().backward()
+        >>> opt.step()                           # outside the block
+    """
+    new_forward_pass()
+    try:
+        yield
+    finally:
+        end_forward_pass()
 
 
 def forget_casts(params: Any = None) -> None:
-    """Drop the cached copies of ``params`` (an iterable of tensors), or of every
-    parameter when ``None``.
+    """Drop the copies the current forward (this thread's) holds of ``params`` (an
+    iterable of tensors), or every copy when ``None``: for a parameter changed in the
+    middle of a forward, whose later uses in that forward must see the change.
 
     Example:
         >>> import torch
@@ -196,30 +179,33 @@ def forget_casts(params: Any = None) -> None:
         >>> cached_casts()
         0
     """
-    with _LOCK:
-        if params is None:
-            for entry in _CACHE.values():
-                entry.low = None
-            return
-        for p in params:
-            found = _CACHE.get(p)
-            if found is not None:
-                found.low = None
+    copies = _pass.copies
+    if not copies:
+        return
+    if params is None:
+        copies.clear()
+        return
+    for p in params:
+        found = copies.get(id(p))
+        if found is not None and found[0] is p:
+            del copies[id(p)]
 
 
 def cached_casts() -> int:
-    """How many parameters have a cached low-precision copy right now.
+    """How many parameters have a low-precision copy in this thread's current forward
+    (0 outside any converted model's forward).
 
     Example:
         >>> from ampkit.parameter_casts import cached_casts
-        >>> cached_casts() >= 0
-        True
+        >>> cached_casts()
+        0
     """
-    return sum(entry.low is not None for entry in _CACHE.values())
+    copies = _pass.copies
+    return 0 if copies is None else len(copies)
 
 
 def is_cached(param: torch.Tensor) -> bool:
-    """True when ``param`` has a cached low-precision copy right now.
+    """True when ``param`` has a low-precision copy in this thread's current forward.
 
     Example:
         >>> import torch
@@ -227,23 +213,23 @@ def is_cached(param: torch.Tensor) -> bool:
         >>> is_cached(torch.nn.Parameter(torch.ones(1)))
         False
     """
-    entry = _CACHE.get(param)
-    return entry is not None and entry.low is not None
+    copies = _pass.copies
+    found = None if copies is None else copies.get(id(param))
+    return found is not None and found[0] is param
 
 
-def _forget_stepped(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    # A global optimizer step post-hook: the stepped parameters changed, and holding
-    # their copies until the next forward would cost memory between steps.
-    # The slot stays (see _Entry): only the copy goes.
-    data = _CACHE_DATA
-    with _LOCK:
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                entry = data.get(id(p))
-                if entry is None or entry.ref() is not p:
-                    entry = _CACHE.slot(p)
-                entry.low = None
-                entry.stepped = True
+def casting_on_use() -> bool:
+    """True while this thread runs a converted model's forward, or the forward of a
+    module cast on use through its hooks (a submodule called on its own): where a
+    parameter's value is being used, so a value computed from parameters (a
+    parametrization's result) is cast on use too.
+
+    Example:
+        >>> from ampkit.parameter_casts import casting_on_use
+        >>> casting_on_use()
+        False
+    """
+    return _pass.depth > 0 or bool(_swaps.stack)
 
 
 def _is_sharded(t: Any) -> bool:
@@ -274,34 +260,37 @@ def _check_not_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
     _CHECKED.add(optimizer)
 
 
-def _ensure_step_hook() -> None:
-    global _hook_handle
-    if _hook_handle is None:
-        from torch.optim.optimizer import (
-            register_optimizer_step_post_hook,
-            register_optimizer_step_pre_hook,
-        )
+def _ensure_order_check() -> None:
+    global _order_check
+    if _order_check is None:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        register_optimizer_step_pre_hook(_check_not_replaced)
-        _hook_handle = register_optimizer_step_post_hook(_forget_stepped)
+        _order_check = register_optimizer_step_pre_hook(_check_not_replaced)
 
 
 def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = True
                    ) -> torch.Tensor:
-    """``param.to(dtype)``, shared with earlier uses while it is still the parameter's
-    value rounded (see the module doc); ``cache=False``: a fresh copy, not kept.
+    """``param.to(dtype)``, shared with earlier uses in the same forward of a converted
+    model (see the module doc); ``cache=False``, or outside any such forward: a fresh
+    copy, not kept.
 
     Example:
         >>> import torch
-        >>> from ampkit.parameter_casts import cast_parameter, new_forward_pass
+        >>> from ampkit.parameter_casts import cast_parameter, end_forward_pass
+        >>> from ampkit.parameter_casts import new_forward_pass
         >>> w = torch.nn.Parameter(torch.ones(2))
         >>> new_forward_pass()
         >>> cast_parameter(w, torch.float16) is cast_parameter(w, torch.float16)
         True
+        >>> end_forward_pass()
+        >>> cast_parameter(w, torch.float16) is cast_parameter(w, torch.float16)
+        False
     """
-    if not cache or torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+    copies = _pass.copies
+    if (not cache or copies is None or torch.compiler.is_compiling()
+            or torch.is_inference_mode_enabled()):
         return param.to(dtype)
-    return _cached_cast(param, dtype, torch.is_grad_enabled())
+    return _cached_cast(param, dtype, torch.is_grad_enabled(), copies)
 
 
 # The same cast as param.to(dtype) (a differentiable copy), with less of ``Tensor.to``'s
@@ -311,33 +300,20 @@ _CASTS: dict[torch.dtype, Any] = {torch.bfloat16: torch.Tensor.bfloat16,
                                   torch.float16: torch.Tensor.half}
 
 
-def _cached_cast(param: torch.Tensor, dtype: torch.dtype, grad_mode: bool) -> torch.Tensor:
-    # Runs for every parameter in every forward: the checks inline, the slot's
-    # attributes read once.
-    entry = _CACHE_DATA.get(id(param))
-    if entry is None or entry.ref() is not param:
-        entry = _CACHE.slot(param)
-    else:
-        low = entry.low
-        if (low is not None and entry.dtype is dtype and entry.version == param._version
-                and entry.ptr == param.data_ptr()
-                # Across forward passes only for parameters a torch optimizer steps:
-                # its step (the hook) or an in-place change (the version) ends the
-                # copy's life.
-                and (entry.forward == _current_forward or entry.stepped)
-                # A copy made under no_grad has no history for this graph's backward.
-                and (entry.has_graph or not grad_mode or not param.requires_grad)):
+def _cached_cast(param: torch.Tensor, dtype: torch.dtype, grad_mode: bool,
+                 copies: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    # Runs for every parameter in every forward: one lookup, two checks.
+    hit = copies.get(id(param))
+    if hit is not None:
+        low = hit[1]
+        # (hit[0] is param: the entry holds its parameter, so the id is not reused.)
+        # A copy made under no_grad has no history for this graph's backward.
+        if low.dtype is dtype and (low.requires_grad or not grad_mode
+                                   or not param.requires_grad):
             return low
     cast = _CASTS.get(dtype)
     low = cast(param) if cast is not None else param.to(dtype=dtype)
-    entry.low = low
-    entry.dtype = dtype
-    entry.version = param._version
-    entry.ptr = param.data_ptr()
-    entry.forward = _current_forward
-    entry.has_graph = low.requires_grad
-    if not entry.stepped:
-        _pass_only.append(entry)
+    copies[id(param)] = (param, low)
     return low
 
 
@@ -356,16 +332,20 @@ class CastParametersOnUse:
         (torch.float16, torch.float32)
     """
 
-    __slots__ = ("dtype",)
+    __slots__ = ("dtype", "keep")
 
-    def __init__(self, dtype: torch.dtype) -> None:
+    def __init__(self, dtype: torch.dtype, *, keep: frozenset[str] = frozenset()) -> None:
         self.dtype = dtype
+        # names of parameters left as they are (a legacy spectral_norm/weight_norm
+        # hook computes the weight from them, in fp32: see ampkit.conversion)
+        self.keep = keep
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"dtype": self.dtype}
+        return {"dtype": self.dtype, "keep": self.keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.dtype = state["dtype"]
+        self.keep = state.get("keep", frozenset())
 
     def swap_in(self, module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
         """Put low-precision copies of ``module``'s floating fp32 parameters in its
@@ -384,7 +364,7 @@ class CastParametersOnUse:
             >>> lin.weight.dtype
             torch.float32
         """
-        swap_params(module, swapped, self.dtype, torch.compiler.is_compiling())
+        swap_params(module, swapped, self.dtype, torch.compiler.is_compiling(), self.keep)
 
     def before(self, module: nn.Module, args: Any) -> None:
         swapped: list[tuple[str, torch.Tensor]] = []
@@ -397,7 +377,7 @@ class CastParametersOnUse:
         restore_until(module)
 
     def install(self, module: nn.Module) -> None:
-        _ensure_step_hook()
+        _ensure_order_check()
         for name, p in module._parameters.items():
             if p is not None and p.is_floating_point():
                 _OWNERS.setdefault(p, (weakref.ref(module), name))
@@ -409,9 +389,11 @@ class CastParametersOnUse:
 
 
 def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
-                dtype: torch.dtype, compiling: bool) -> None:
+                dtype: torch.dtype, compiling: bool, keep: frozenset[str] = frozenset()
+                ) -> None:
     """:meth:`CastParametersOnUse.swap_in` with its settings given (``compiling``:
-    :func:`torch.compiler.is_compiling`, which a caller may know already).
+    :func:`torch.compiler.is_compiling`, which a caller may know already; ``keep``:
+    names of parameters left as they are).
 
     Example:
         >>> import torch
@@ -426,19 +408,23 @@ def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
     params: dict[str, Any] = module._parameters
     # A module FSDP2 manages holds, during its forward, the unsharded parameters FSDP
     # all-gathered (fp32 when its policy has no param_dtype) and frees after it: a
-    # copy kept past this forward would keep alive a whole layer FSDP has just freed,
-    # and its optimizer steps the shards, never these tensors. (FSDP2 sets the flag as
-    # a plain instance attribute: a dict lookup, not Module.__getattr__'s miss path.)
-    cache = not (compiling or module.__dict__.get("_is_fsdp_managed_module", False)
-                 or torch.is_inference_mode_enabled())
+    # copy kept to the end of the model's forward would keep alive a whole layer FSDP
+    # has just freed. (FSDP2 sets the flag as a plain instance attribute: a dict
+    # lookup, not Module.__getattr__'s miss path.) No copies outside a converted
+    # model's forward either: a fresh one each call.
+    copies = _pass.copies
+    if copies is not None and (compiling or module.__dict__.get(
+            "_is_fsdp_managed_module", False) or torch.is_inference_mode_enabled()):
+        copies = None
     grad_mode = torch.is_grad_enabled()
     append = swapped.append
     for name, p in params.items():
-        if p is not None and p.dtype is torch.float32:
+        if p is not None and p.dtype is torch.float32 and not (keep and name in keep):
             # Straight into the dict: the copy is not an nn.Parameter, and
             # Module.__setattr__ would refuse it. (cast_parameter, with the per-call
             # checks made once per module.)
-            params[name] = _cached_cast(p, dtype, grad_mode) if cache else p.to(dtype)
+            params[name] = (p.to(dtype) if copies is None
+                            else _cached_cast(p, dtype, grad_mode, copies))
             append((name, p))
 
 

@@ -124,22 +124,22 @@ def test_gradients_accumulate_in_fp32_exactly():
         assert torch.equal(p.grad, t)
 
 
-def test_copies_are_cached_across_micro_batches_and_dropped_by_the_step():
-    model, opt = _o2()
-    _loss(model).backward()
-    opt.step()  # a first step: the optimizer's parameters are now known to be stepped
-    opt.zero_grad()
-    casts = []
+def test_a_copy_lives_for_one_forward_and_is_shared_within_it():
+    # Contract changed by issue 34: copies are no longer kept across the micro-batches of
+    # one optimizer step (that missed .data edits); each forward casts afresh, and a
+    # weight used twice in one forward is cast once.
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    model = ampkit.initialize(nn.Sequential(lin, nn.ReLU(), lin), level="O2", dtype=BF16)
     model[0].register_forward_pre_hook(lambda m, a: casts.append(m._parameters["weight"]))
-    _loss(model, 2).backward()
-    _loss(model, 3).backward()
-    assert casts[0] is casts[1]  # one bf16 copy for both micro-batches
-    assert all(is_cached(p) for p in model.parameters() if p.dim() == 2)
-    opt.step()
-    assert not any(is_cached(p) for p in model.parameters())  # nothing held between steps
-    _loss(model, 4).backward()
+    casts, held = [], []
+    model[1].register_forward_hook(lambda m, a, o: held.append(is_cached(lin.weight)))
+    model(torch.randn(2, 8)).sum().backward()
+    assert casts[0] is casts[1]  # one bf16 copy for both uses in one forward
+    assert held == [True] and not is_cached(lin.weight)  # dropped when the forward ends
+    model(torch.randn(2, 8)).sum().backward()
     assert casts[2] is not casts[1]
-    assert torch.equal(casts[2], model[0].weight.detach().to(BF16))
+    assert torch.equal(casts[2], lin.weight.detach().to(BF16))
 
 
 def test_in_place_change_between_micro_batches_makes_a_new_copy():
@@ -306,8 +306,7 @@ def test_torch_amp_grad_scaler_works_at_o2_fp16():
 def test_a_discarded_model_leaves_no_cached_copy_behind() -> None:
     """A copy that requires grad holds its parameter (through its autograd node): kept
     in the cache past the forward pass of a model no optimizer steps, it would keep the
-    model's parameters alive for good. Copies of stepped parameters stay until the
-    step (gradient accumulation), then go too."""
+    model's parameters alive for good. No copy outlives the forward."""
     import gc
     import weakref
 
@@ -319,15 +318,7 @@ def test_a_discarded_model_leaves_no_cached_copy_behind() -> None:
                               level="O2", dtype=torch.bfloat16)
     gone = weakref.ref(model[0].weight)
     model(torch.rand(3, 4, device="cpu")).sum().backward()
-    assert cached_casts() == 0  # no optimizer steps it: nothing outlives the pass
+    assert cached_casts() == 0  # nothing outlives the forward
     del model
     gc.collect()
     assert gone() is None
-    stepped = ampkit.initialize(torch.nn.Linear(4, 2), level="O2", dtype=torch.bfloat16)
-    opt = torch.optim.SGD(stepped.parameters(), lr=0.1)
-    stepped(torch.rand(3, 4, device="cpu")).sum().backward()
-    opt.step()  # now a stepped parameter: cached across micro-batches until a step
-    stepped(torch.rand(3, 4, device="cpu")).sum().backward()
-    assert cached_casts() == 2
-    opt.step()
-    assert cached_casts() == 0

@@ -4,6 +4,7 @@ that take the low-precision activation as it is keep fp32 numerics.
 Oracles: native ``torch.autocast`` training of the same model (cast traffic), and the
 norm computed the old way, on an fp32 copy of the input (numerics), and float64."""
 
+import contextlib
 import copy
 
 import pytest
@@ -15,6 +16,7 @@ from helpers_models import DigitsCNN, TinyTransformer
 import ampkit
 from ampkit.conversion import MIXED_INPUT_NORMS
 from ampkit.front_door import convert_model
+from ampkit.parameter_casts import reuse_casts
 from ampkit.tools.cast_traffic import count_casts
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -30,10 +32,11 @@ def _batch(model):
                                                     ids[:, 1:].flatten())
 
 
-def _step_traffic(make, mode, dtype, accumulate=1):
+def _step_traffic(make, mode, dtype, accumulate=1, reuse=False):
     """(cast traffic of the forwards alone, of one whole training step) after a warm-up
     step: ``accumulate`` micro-batches, each a forward and a backward (scaled for
-    float16), then one AdamW step and zero_grad."""
+    float16), then one AdamW step and zero_grad; ``reuse``: the forwards in one
+    :func:`~ampkit.parameter_casts.reuse_casts` block."""
     torch.manual_seed(0)
     model = make()
     x, loss_fn = _batch(model)
@@ -52,7 +55,7 @@ def _step_traffic(make, mode, dtype, accumulate=1):
             return model(x)
 
     def step():
-        with count_casts() as fwd:
+        with count_casts() as fwd, reuse_casts() if reuse else contextlib.nullcontext():
             outs = [forward(x) for _ in range(accumulate)]
         for i, out in enumerate(outs):
             loss = loss_fn(out) / accumulate
@@ -102,18 +105,36 @@ def test_o2_moves_no_more_cast_bytes_than_native_autocast_in_one_micro_batch(dty
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_each_micro_batch_casts_the_weights_afresh_at_parity_with_native(dtype):
+    # Issue 34: a copy lives for one forward, so with two micro-batches per step O2
+    # casts every weight in each forward, as native autocast does (it used to reuse
+    # the first micro-batch's copies, which missed .data edits in between). On a BN
+    # CNN native casts no activation, so the two stay at parity.
+    _, native = _step_traffic(DigitsCNN, "native", dtype, accumulate=2)
+    o2_fwd, o2 = _step_traffic(DigitsCNN, "O2", dtype, accumulate=2)
+    single_fwd, _ = _step_traffic(DigitsCNN, "O2", dtype, accumulate=1)
+    assert o2_fwd.casts == 2 * single_fwd.casts
+    assert o2_fwd.bytes == 2 * single_fwd.bytes
+    assert _tensor_bytes(o2) <= _tensor_bytes(native)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("make", [DigitsCNN, TinyTransformer])
-def test_o2_moves_fewer_cast_bytes_than_native_when_accumulating(make, dtype):
-    # Two micro-batches per step: native autocast casts every weight in each forward and
-    # each weight gradient in each backward; O2 casts each gradient once per backward
-    # and each parameter once per optimizer step (the copy is cached across
-    # micro-batches until the optimizer steps).
+def test_reuse_casts_casts_each_weight_once_per_step(make, dtype):
+    # The opt-in (ampkit.parameter_casts.reuse_casts around the micro-batches): each
+    # weight is cast once per step, where native autocast casts it in every forward.
     _, native = _step_traffic(make, "native", dtype, accumulate=2)
-    _, o2 = _step_traffic(make, "O2", dtype, accumulate=2)
-    _, o2_single = _step_traffic(make, "O2", dtype, accumulate=1)
-    assert _tensor_bytes(o2) < _tensor_bytes(native)
-    # The second micro-batch adds one gradient cast per parameter, not a weight cast too.
-    assert _tensor_bytes(o2) < 2 * _tensor_bytes(o2_single)
+    reused_fwd, reused = _step_traffic(make, "O2", dtype, accumulate=2, reuse=True)
+    plain_fwd, plain = _step_traffic(make, "O2", dtype, accumulate=2)
+    single_fwd, single = _step_traffic(make, "O2", dtype, accumulate=1)
+    # The second forward casts no weight: only what the first made besides the weights
+    # (input, output, activations).
+    weights = sum(p.numel() for p in make().parameters())
+    second = reused_fwd.bytes - single_fwd.bytes
+    assert plain_fwd.bytes - reused_fwd.bytes >= 4 * weights  # >= fp32 read, bf16 written
+    assert second < single_fwd.bytes
+    assert _tensor_bytes(reused) < _tensor_bytes(native)
+    assert _tensor_bytes(reused) < _tensor_bytes(plain) <= 2 * _tensor_bytes(single)
 
 
 NORM_CASES = [
