@@ -52,6 +52,7 @@ import torch
 
 from ampkit.config import AmpConfig
 from ampkit.integrations._settings import AmpkitSettings, missing_framework
+from ampkit.integrations._versions import require_hooks
 from ampkit.scaling.grad_scaler import scheduler_warning_suppressed
 
 try:
@@ -61,6 +62,8 @@ try:
     from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 except ImportError as error:  # pragma: no cover - exercised without the extra
     raise ImportError(missing_framework("lightning", "lightning")) from error
+
+require_hooks("lightning", "lightning", Precision, ("_after_closure",))
 
 __all__ = ["AmpkitPrecision"]
 

@@ -63,6 +63,7 @@ import torch
 from ampkit.arguments import parse_loss_scale
 from ampkit.config import AmpConfig
 from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
+from ampkit.integrations._versions import require_hooks
 
 try:
     from transformers import Trainer, TrainerCallback
@@ -73,6 +74,9 @@ try:
     from ampkit.integrations.accelerate import AmpkitAccelerator
 except ImportError as error:  # pragma: no cover - transformers' Trainer needs it anyway
     raise ImportError(missing_framework("accelerate", "transformers")) from error
+
+require_hooks("transformers", "transformers", Trainer,
+              ("_save", "create_accelerator_and_postprocess"))
 
 __all__ = ["AmpkitArguments", "AmpkitConfigRecord", "AmpkitTrainer"]
 
