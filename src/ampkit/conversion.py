@@ -186,7 +186,7 @@ class ConversionConfig:
         >>> from ampkit.levels import conversion_for_level
         >>> cfg = conversion_for_level("O2", torch.bfloat16)
         >>> cfg.param_dtype, cfg.param_compute_dtype, cfg.output_dtype, cfg.policy.name
-        (None, torch.bfloat16, torch.float32, 'torch')
+        (None, torch.bfloat16, torch.float32, 'torch-O2')
     """
 
     param_dtype: torch.dtype | None = None
