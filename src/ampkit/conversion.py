@@ -78,7 +78,7 @@ from torch.nn.modules.module import (
 )
 
 from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
-from ampkit.autocast_mode import autocast
+from ampkit.autocast_mode import autocast, enter_in_graph, exit_in_graph, in_graph_key
 from ampkit.casting import cast_tree
 from ampkit.compile_frames import skip_frame_only, skip_recursively
 from ampkit.containers import iter_tensors
@@ -580,6 +580,26 @@ class _Boundary:
     # The module's class when it was converted: the conversion's own class swap and
     # FSDP2's later replace it with subclasses.
     module_type: type | None = None
+    # Device type -> key of the region's policy for autocast_mode.enter_in_graph (made
+    # when the boundary is installed, for the module's device: compiled code enters
+    # the region through it); a missing or None key: entered as an ampkit.autocast.
+    graph_keys: dict[str, int | None] = dataclasses.field(default_factory=dict)
+
+    def _listed_policy(self) -> Policy | None:
+        """The region's policy where it has lists (an ampkit region, not torch.autocast)."""
+        if self.region is _Region.POLICY:
+            policy = self.policy
+        elif self.region is _Region.LOW:
+            policy = ALL_LOW_PRECISION
+        else:
+            return None
+        return None if policy is None or policy.is_native else policy
+
+    def prepare_graph_region(self, device_type: str) -> None:
+        """Make the key compiled code enters this region's policy with on ``device_type``."""
+        policy = self._listed_policy()
+        if policy is not None and device_type not in self.graph_keys:
+            self.graph_keys[device_type] = in_graph_key(device_type, policy)
 
     def _contexts(self, device_type: str) -> list[Any]:
         if self.region is _Region.UNCHANGED:
@@ -679,6 +699,16 @@ class _Boundary:
         if policy is None or policy.is_native:
             with torch.autocast(device_type, self.compute_dtype):
                 return call(*args, **kwargs)
+        key = self.graph_keys.get(device_type)
+        if key is not None:
+            # The policy's lists as two nodes of the graph around the call, inside the
+            # traced native region: no graph break (see autocast_mode.enter_in_graph).
+            with torch.autocast(device_type, self.compute_dtype):
+                enter_in_graph(key)
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    exit_in_graph(key)
         with _region_autocast(device_type, self.compute_dtype, policy):
             return call(*args, **kwargs)
 
@@ -802,6 +832,7 @@ def _install_boundary(module: nn.Module, boundary: _Boundary) -> None:
     if base.__dict__.get("__call__") is not _converted_call:
         module.__class__ = _converted_class(_converted_classes.get(base, base))
     object.__setattr__(module, _BOUNDARY, boundary)
+    boundary.prepare_graph_region(_compute_device_type(module, ()))
     if boundary.output_dtype is not None:
         module.register_forward_hook(boundary.cast_output, prepend=True)
 
