@@ -80,7 +80,7 @@ from torch.nn.modules.module import (
 from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
 from ampkit.autocast_mode import autocast, enter_in_graph, exit_in_graph, in_graph_key
 from ampkit.casting import cast_tree
-from ampkit.compile_frames import skip_frame_only, skip_recursively
+from ampkit.compile_frames import not_traced, skip_frame_only, skip_recursively
 from ampkit.containers import iter_tensors
 from ampkit.module_selection import ModuleSelector
 from ampkit.module_selection import parse_module_selectors as _selectors
@@ -709,8 +709,24 @@ class _Boundary:
                     return call(*args, **kwargs)
                 finally:
                     exit_in_graph(key)
+        _region_outside_the_graph()  # a graph break, named (fullgraph=True: the error)
         with _region_autocast(device_type, self.compute_dtype, policy):
             return call(*args, **kwargs)
+
+
+@not_traced
+def _region_outside_the_graph() -> None:
+    """Where compiled code meets a converted module's region that a graph cannot enter:
+    the graph breaks here, and ``fullgraph=True`` fails with the reason below."""
+
+
+_region_outside_the_graph._torchdynamo_disable_msg = (  # type: ignore[attr-defined]
+    "ampkit: a converted module's region, called inside compiled code, has a policy "
+    "that intercepts a Python-level composite (an op with no dispatcher op, such as "
+    "F.interpolate, on its lists, or an unlisted rule other than 'native', such as "
+    "MindSpore O1's white-listed modules); compiled code cannot enter it, so the "
+    "region runs outside the graph. Compile the model itself (torch.compile(model)) "
+    "or leave that op off the lists to get one graph")
 
 
 def _converted_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -811,6 +827,21 @@ def _reduce_converted(self: nn.Module, protocol: int) -> Any:
             self.__dict__.copy())
 
 
+def _own_forward_frame(forward: Any) -> Any:
+    """A ``forward`` that calls torch's own (``nn.Sequential.forward``, ...) from a frame
+    of ampkit's. ``torch.compile`` of a module whose forward is torch's traces its call
+    from a frame of its own (the boundary then runs inside the graph); with this
+    forward it runs the module's call (its boundary, the region entered) as Python and
+    compiles the forward, as for a model class of the user's own: one graph, whatever
+    the policy."""
+
+    def forward_frame(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return forward(self, *args, **kwargs)
+
+    forward_frame.__doc__ = forward.__doc__
+    return forward_frame
+
+
 def _converted_class(base: type, call: Any = _converted_call) -> type:
     """The subclass of ``base`` a converted model gets: the same name, with ``call``
     (:func:`_converted_call` for a boundary, :func:`_cast_call` for a module cast on
@@ -818,10 +849,14 @@ def _converted_class(base: type, call: Any = _converted_call) -> type:
     with _converted_lock:
         cls = _converted_of.get((base, call))
         if cls is None:
-            cls = type(base.__name__, (base,), {
-                "__call__": call, "__reduce_ex__": _reduce_converted,
-                "__module__": base.__module__, "__qualname__": base.__qualname__,
-                "__doc__": base.__doc__})
+            namespace = {"__call__": call, "__reduce_ex__": _reduce_converted,
+                         "__module__": base.__module__, "__qualname__": base.__qualname__,
+                         "__doc__": base.__doc__}
+            forward = getattr(base, "forward", None)
+            if call is _converted_call and getattr(forward, "__module__", "").startswith(
+                    "torch."):
+                namespace["forward"] = _own_forward_frame(forward)
+            cls = type(base.__name__, (base,), namespace)
             _converted_of[(base, call)] = cls
             _converted_classes[cls] = base
         return cls
