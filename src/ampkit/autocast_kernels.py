@@ -387,11 +387,22 @@ _AFTER_COMPILE: list[Callable[[], None]] = []
 
 
 def _patch_callbacks(module: Any) -> None:
-    def end(_: Any) -> None:
-        for fn in _AFTER_COMPILE:
-            fn()
+    # The handler's method, not a registered callback: torch._dynamo.reset() clears
+    # those.
+    handler = module.CompilationCallbackHandler
+    original = handler.run_end_callbacks
+    if getattr(original, "_ampkit", False):
+        return
 
-    module.on_compile_end(end)
+    def run_end_callbacks(self: Any, args: Any) -> None:
+        try:
+            original(self, args)
+        finally:
+            for fn in _AFTER_COMPILE:
+                fn()
+
+    run_end_callbacks._ampkit = True  # type: ignore[attr-defined]
+    handler.run_end_callbacks = run_end_callbacks
 
 
 def after_compile(fn: Callable[[], None]) -> None:
@@ -399,7 +410,7 @@ def after_compile(fn: Callable[[], None]) -> None:
     compile-end callback): now if dynamo is loaded, else when it is."""
     _AFTER_COMPILE.append(fn)
     module = sys.modules.get("torch._dynamo.callback")
-    if module is not None and len(_AFTER_COMPILE) == 1:
+    if module is not None:
         _apply(_patch_callbacks, module)
 
 

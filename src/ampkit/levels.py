@@ -15,8 +15,9 @@ O1                              fp32        the policy's low list (``ampkit.auto
                                             autocast's); operands are cast per op
 O2                              fp32        every module outside the kept-fp32 norms,
                                             with low-precision copies of its weights
-                                            made on use; the policy's fp32 list and the
-                                            kept norms stay fp32
+                                            made on use; native autocast's fp32 list
+                                            (:func:`keep_native_fp32`), the policy's
+                                            and the kept norms stay fp32
 O2, ``master_weights=False`` /  low         as O2 (bf16 pure: the optimizer rounds its
 ``"stochastic"`` / ``"kahan"``              updates into the bf16 truth)
 O3                              low         all, norms included
@@ -65,8 +66,10 @@ Pure low precision is level O2 (or O3) with ``master_weights="stochastic"`` or
 At O2, ``cast_model_type`` names the dtype the modules compute their weights in; with
 ``master_weights=True`` (the default) the truth stays fp32 and the weights are cast on
 use, with ``False`` the parameters are stored in that dtype. O2 patches ops too (unlike
-apex's O2): the ops on the policy's float32 list still run in float32. ``ampkit.apex``
-keeps apex's own table.
+apex's O2): native autocast's float32 list (softmax, log_softmax, losses, norms,
+exp/log/pow, ...; :data:`ampkit.registry.AUTOCAST_FP32_OPS`) and the policy's own run in
+float32, although O2's activations are low precision (:func:`keep_native_fp32`).
+``ampkit.apex`` keeps apex's own table.
 
 ``dtype=None`` picks the device's autocast default: bfloat16 on CPU, float16 on CUDA.
 
