@@ -268,3 +268,28 @@ def test_a_graph_break_inside_a_traced_region_leaves_nothing_entered():
     out = torch.compile(lambda t: model(t).square(), backend="eager")(x)
     torch.testing.assert_close(out, model(x).square(), rtol=0, atol=0)
     assert current_policy("cpu") is None and not torch.is_autocast_enabled("cpu")
+
+
+class _Upsample(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.interpolate(x.unsqueeze(1), scale_factor=2.0).squeeze(1)
+
+
+def test_a_region_compiled_code_cannot_enter_is_named_and_compiling_the_model_works():
+    # interpolate is a Python-level composite: its rule is the Python mode's, which a
+    # graph cannot enter. Compiling the converted Sequential itself runs its region
+    # outside the graph (one graph; before: fullgraph failed); called from a compiled
+    # function, fullgraph=True fails with ampkit's reason.
+    model = _converted(lambda: nn.Sequential(nn.Linear(8, 8), _Upsample()), "O1",
+                       custom_black_list=["interpolate"])
+    x = torch.randn(3, 8)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    out = torch.compile(model, backend=counter, fullgraph=True)(x)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="ampkit: a converted module's region") as error:
+        torch.compile(lambda t: model(t).sum(), backend="eager", fullgraph=True)(x)
+    assert "interpolate" in str(error.value)
+    assert current_policy("cpu") is None
