@@ -601,6 +601,21 @@ class _Boundary:
         if policy is not None and device_type not in self.graph_keys:
             self.graph_keys[device_type] = in_graph_key(device_type, policy)
 
+    # The keys index this process's table of regions: a pickled (or copied) boundary
+    # carries the device types and makes its keys again where it is loaded.
+    def __getstate__(self) -> dict[str, Any]:
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        state["graph_keys"] = list(self.graph_keys)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        devices = state.pop("graph_keys", [])
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        self.graph_keys = {}
+        for device_type in devices:
+            self.prepare_graph_region(device_type)
+
     def _contexts(self, device_type: str) -> list[Any]:
         if self.region is _Region.UNCHANGED:
             return []

@@ -293,3 +293,17 @@ def test_a_region_compiled_code_cannot_enter_is_named_and_compiling_the_model_wo
         torch.compile(lambda t: model(t).sum(), backend="eager", fullgraph=True)(x)
     assert "interpolate" in str(error.value)
     assert current_policy("cpu") is None
+
+
+def test_a_pickled_boundary_makes_its_graph_keys_again_where_it_is_loaded():
+    # The keys index a table of this process: a pickle carries the device types only.
+    import pickle
+
+    from ampkit.autocast_mode import in_graph_key
+    from ampkit.conversion import _BOUNDARY
+
+    model = _converted(_plain_sequential, "O2", **BLACK_LINEAR)
+    boundary = model.__dict__[_BOUNDARY]
+    assert boundary.__getstate__()["graph_keys"] == ["cpu"]
+    loaded = pickle.loads(pickle.dumps(model)).__dict__[_BOUNDARY]
+    assert loaded.graph_keys == {"cpu": in_graph_key("cpu", boundary.policy)}
