@@ -694,8 +694,10 @@ class _Boundary:
         # traces, regions as ``with torch.autocast`` blocks. torch.compile of the model
         # itself runs the model's own call outside the graph (see _converted_call), so
         # its region, whatever the policy, is in effect while the forward is traced.
-        # A policy with lists entered inside compiled code is an ampkit region, which
-        # dynamo does not trace: a graph break at its entry and exit.
+        # A policy with lists enters its rules as two nodes of the graph around a
+        # traced torch.autocast block (autocast_mode.enter_in_graph); one that
+        # intercepts a composite through the Python mode cannot be entered by a graph:
+        # an ampkit region, a graph break at its entry and exit.
         device_type = _compute_device_type(module, (args, kwargs))
         if self.input_dtype is not None and not (
                 self._low_input(module, device_type, (args, kwargs))
