@@ -361,9 +361,64 @@ def _patch_aot_cache(module: Any) -> None:
     details.__init__ = init_with_policy
 
 
+#: Functions dynamo puts in its graphs as calls, side effects kept (see :func:`in_graph`).
+_IN_GRAPH: list[Callable[..., None]] = []
+
+
+def _patch_in_graph(module: Any) -> None:
+    for fn in _IN_GRAPH:
+        module.allow_in_graph(fn)
+        torch.fx.node.has_side_effect(fn)
+
+
+def in_graph(fn: Callable[..., None]) -> None:
+    """Have dynamo record calls of ``fn`` in its graphs as they are and keep them (they
+    return nothing: their effect is on the thread's state), like
+    ``torch.compiler.allow_in_graph`` with ``torch.fx.node.has_side_effect``: now if
+    dynamo is loaded, else when it is (``import ampkit`` does not import it)."""
+    _IN_GRAPH.append(fn)
+    module = sys.modules.get("torch._dynamo.decorators")
+    if module is not None:
+        _apply(_patch_in_graph, module)
+
+
+#: Called at the end of every torch.compile compilation (see :func:`after_compile`).
+_AFTER_COMPILE: list[Callable[[], None]] = []
+
+
+def _patch_callbacks(module: Any) -> None:
+    # The handler's method, not a registered callback: torch._dynamo.reset() clears
+    # those.
+    handler = module.CompilationCallbackHandler
+    original = handler.run_end_callbacks
+    if getattr(original, "_ampkit", False):
+        return
+
+    def run_end_callbacks(self: Any, args: Any) -> None:
+        try:
+            original(self, args)
+        finally:
+            for fn in _AFTER_COMPILE:
+                fn()
+
+    run_end_callbacks._ampkit = True  # type: ignore[attr-defined]
+    handler.run_end_callbacks = run_end_callbacks
+
+
+def after_compile(fn: Callable[[], None]) -> None:
+    """Call ``fn`` at the end of every compilation, failed ones included (dynamo's
+    compile-end callback): now if dynamo is loaded, else when it is."""
+    _AFTER_COMPILE.append(fn)
+    module = sys.modules.get("torch._dynamo.callback")
+    if module is not None:
+        _apply(_patch_callbacks, module)
+
+
 _PATCHES: dict[str, Callable[[Any], None]] = {
     "torch._dynamo.guards": _patch_guards,
     "torch._functorch._aot_autograd.autograd_cache": _patch_aot_cache,
+    "torch._dynamo.decorators": _patch_in_graph,
+    "torch._dynamo.callback": _patch_callbacks,
 }
 
 

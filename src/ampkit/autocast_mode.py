@@ -485,6 +485,88 @@ def _install_checkpoint_carry() -> None:
             module._checkpoint_without_reentrant_generator = without_reentrant  # type: ignore[union-attr]
 
 
+# -- a region entered inside compiled code ----------------------------------------------------
+
+class _GraphRegion:
+    """The owner of the frames :func:`enter_in_graph` pushes for one (device, policy):
+    itself where a graph runs as Python, ``traced`` while a graph is being traced."""
+
+    __slots__ = ("device_type", "policy", "traced")
+
+    def __init__(self, device_type: str, policy: Policy) -> None:
+        self.device_type, self.policy = device_type, policy
+        self.traced = _TracedOwner()
+
+
+class _TracedOwner:
+    """Owns the frames a region's graph node pushes while dynamo or AOTAutograd traces."""
+
+    __slots__ = ()
+
+
+_graph_regions: list[_GraphRegion] = []
+_graph_keys: dict[tuple[str, Policy], int] = {}
+_graph_lock = threading.Lock()
+
+
+def in_graph_key(device_type: str, policy: Policy) -> int | None:
+    """A key for :func:`enter_in_graph` (an int: what a graph node carries), or ``None``
+    where the policy intercepts a composite through the Python mode, which a graph
+    cannot enter. Call it outside compiled code (a converted module's boundary does,
+    when it is installed).
+
+    Example:
+        >>> from ampkit.autocast_mode import in_graph_key
+        >>> from ampkit.policy import Policy
+        >>> isinstance(in_graph_key("cpu", Policy(fp32_ops={"softmax"})), int)
+        True
+    """
+    if _compile_rules(policy, device_type).entry:
+        return None
+    with _graph_lock:
+        key = _graph_keys.get((device_type, policy))
+        if key is None:
+            key = _graph_keys[device_type, policy] = len(_graph_regions)
+            _graph_regions.append(_GraphRegion(device_type, policy))
+    return key
+
+
+def enter_in_graph(key: int) -> None:
+    """Enter the rules of :func:`in_graph_key`'s policy (not its native autocast: the
+    caller traces a ``torch.autocast`` block around it); :func:`exit_in_graph` leaves.
+
+    Called in compiled code, it is a node of the graph (dynamo neither traces nor
+    drops it): it runs where the graph is traced, so dynamo and AOTAutograd trace the
+    ops after it through the policy's kernels and the casts are baked in, and where a
+    backend runs the graph as Python. A trace that stops half-way (a graph break in the
+    region: dynamo then runs the region's call eagerly) leaves nothing entered: what a
+    trace entered is left at the end of the compilation."""
+    region = _graph_regions[key]
+    owner = region.traced if torch.compiler.is_compiling() else region
+    _push(_Frame(owner, region.device_type, region.policy,
+                 _compile_rules(region.policy, region.device_type), False))
+
+
+def exit_in_graph(key: int) -> None:
+    """Leave the region :func:`enter_in_graph` entered."""
+    region = _graph_regions[key]
+    _pop(region.traced if torch.compiler.is_compiling() else region)
+
+
+def _leave_traced_regions() -> None:
+    """End of a compilation: leave what an interrupted trace entered."""
+    frames = _state.frames
+    traced = next((f.owner for f in frames if isinstance(f.owner, _TracedOwner)), None)
+    if traced is not None:
+        _pop(traced)  # and every frame entered inside it
+        _leave_traced_regions()
+
+
+autocast_kernels.in_graph(enter_in_graph)
+autocast_kernels.in_graph(exit_in_graph)
+autocast_kernels.after_compile(_leave_traced_regions)
+
+
 # -- the region -------------------------------------------------------------------------------
 
 class UnsupportedDeviceError(RuntimeError, ValueError):

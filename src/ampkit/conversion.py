@@ -92,9 +92,9 @@ from torch.nn.modules.module import (
 )
 
 from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
-from ampkit.autocast_mode import autocast
+from ampkit.autocast_mode import autocast, enter_in_graph, exit_in_graph, in_graph_key
 from ampkit.casting import cast_tree
-from ampkit.compile_frames import skip_frame_only, skip_recursively
+from ampkit.compile_frames import not_traced, skip_frame_only, skip_recursively
 from ampkit.containers import iter_tensors
 from ampkit.module_selection import ModuleSelector
 from ampkit.module_selection import parse_module_selectors as _selectors
@@ -325,7 +325,7 @@ class ConversionConfig:
         >>> from ampkit.levels import conversion_for_level
         >>> cfg = conversion_for_level("O2", torch.bfloat16)
         >>> cfg.param_dtype, cfg.param_compute_dtype, cfg.output_dtype, cfg.policy.name
-        (None, torch.bfloat16, torch.float32, 'torch')
+        (None, torch.bfloat16, torch.float32, 'torch-O2')
     """
 
     param_dtype: torch.dtype | None = None
@@ -723,6 +723,41 @@ class _Boundary:
     # a converted model's forward or a module cast on use runs, its use; read from
     # outside (``model[0].weight``, ``remove_parametrizations``) it stays fp32.
     on_use: bool = False
+    # Device type -> key of the region's policy for autocast_mode.enter_in_graph (made
+    # when the boundary is installed, for the module's device: compiled code enters
+    # the region through it); a missing or None key: entered as an ampkit.autocast.
+    graph_keys: dict[str, int | None] = dataclasses.field(default_factory=dict)
+
+    def _listed_policy(self) -> Policy | None:
+        """The region's policy where it has lists (an ampkit region, not torch.autocast)."""
+        if self.region is _Region.POLICY:
+            policy = self.policy
+        elif self.region is _Region.LOW:
+            policy = ALL_LOW_PRECISION
+        else:
+            return None
+        return None if policy is None or policy.is_native else policy
+
+    def prepare_graph_region(self, device_type: str) -> None:
+        """Make the key compiled code enters this region's policy with on ``device_type``."""
+        policy = self._listed_policy()
+        if policy is not None and device_type not in self.graph_keys:
+            self.graph_keys[device_type] = in_graph_key(device_type, policy)
+
+    # The keys index this process's table of regions: a pickled (or copied) boundary
+    # carries the device types and makes its keys again where it is loaded.
+    def __getstate__(self) -> dict[str, Any]:
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        state["graph_keys"] = list(self.graph_keys)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        devices = state.pop("graph_keys", [])
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        self.graph_keys = {}
+        for device_type in devices:
+            self.prepare_graph_region(device_type)
 
     def _contexts(self, device_type: str) -> list[Any]:
         if self.region is _Region.UNCHANGED:
@@ -806,8 +841,10 @@ class _Boundary:
         # traces, regions as ``with torch.autocast`` blocks. torch.compile of the model
         # itself runs the model's own call outside the graph (see _converted_call), so
         # its region, whatever the policy, is in effect while the forward is traced.
-        # A policy with lists entered inside compiled code is an ampkit region, which
-        # dynamo does not trace: a graph break at its entry and exit.
+        # A policy with lists enters its rules as two nodes of the graph around a
+        # traced torch.autocast block (autocast_mode.enter_in_graph); one that
+        # intercepts a composite through the Python mode cannot be entered by a graph:
+        # an ampkit region, a graph break at its entry and exit.
         device_type = _compute_device_type(module, (args, kwargs))
         if self.input_dtype is not None and not (
                 self._low_input(module, device_type, (args, kwargs))
@@ -826,8 +863,34 @@ class _Boundary:
         if policy is None or policy.is_native:
             with torch.autocast(device_type, self.compute_dtype):
                 return call(*args, **kwargs)
+        key = self.graph_keys.get(device_type)
+        if key is not None:
+            # The policy's lists as two nodes of the graph around the call, inside the
+            # traced native region: no graph break (see autocast_mode.enter_in_graph).
+            with torch.autocast(device_type, self.compute_dtype):
+                enter_in_graph(key)
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    exit_in_graph(key)
+        _region_outside_the_graph()  # a graph break, named (fullgraph=True: the error)
         with _region_autocast(device_type, self.compute_dtype, policy):
             return call(*args, **kwargs)
+
+
+@not_traced
+def _region_outside_the_graph() -> None:
+    """Where compiled code meets a converted module's region that a graph cannot enter:
+    the graph breaks here, and ``fullgraph=True`` fails with the reason below."""
+
+
+_region_outside_the_graph._torchdynamo_disable_msg = (  # type: ignore[attr-defined]
+    "ampkit: a converted module's region, called inside compiled code, has a policy "
+    "that intercepts a Python-level composite (an op with no dispatcher op, such as "
+    "F.interpolate, on its lists, or an unlisted rule other than 'native', such as "
+    "MindSpore O1's white-listed modules); compiled code cannot enter it, so the "
+    "region runs outside the graph. Compile the model itself (torch.compile(model)) "
+    "or leave that op off the lists to get one graph")
 
 
 def _converted_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -949,6 +1012,21 @@ def _reduce_converted(self: nn.Module, protocol: int) -> Any:
             self.__dict__.copy())
 
 
+def _own_forward_frame(forward: Any) -> Any:
+    """A ``forward`` that calls torch's own (``nn.Sequential.forward``, ...) from a frame
+    of ampkit's. ``torch.compile`` of a module whose forward is torch's traces its call
+    from a frame of its own (the boundary then runs inside the graph); with this
+    forward it runs the module's call (its boundary, the region entered) as Python and
+    compiles the forward, as for a model class of the user's own: one graph, whatever
+    the policy."""
+
+    def forward_frame(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return forward(self, *args, **kwargs)
+
+    forward_frame.__doc__ = forward.__doc__
+    return forward_frame
+
+
 def _converted_class(base: type, call: Any = _converted_call) -> type:
     """The subclass of ``base`` a converted model gets: the same name, with ``call``
     (:func:`_converted_call` for a boundary, :func:`_cast_call` for a module cast on
@@ -956,10 +1034,14 @@ def _converted_class(base: type, call: Any = _converted_call) -> type:
     with _converted_lock:
         cls = _converted_of.get((base, call))
         if cls is None:
-            cls = type(base.__name__, (base,), {
-                "__call__": call, "__reduce_ex__": _reduce_converted,
-                "__module__": base.__module__, "__qualname__": base.__qualname__,
-                "__doc__": base.__doc__})
+            namespace = {"__call__": call, "__reduce_ex__": _reduce_converted,
+                         "__module__": base.__module__, "__qualname__": base.__qualname__,
+                         "__doc__": base.__doc__}
+            forward = getattr(base, "forward", None)
+            if call is _converted_call and getattr(forward, "__module__", "").startswith(
+                    "torch."):
+                namespace["forward"] = _own_forward_frame(forward)
+            cls = type(base.__name__, (base,), namespace)
             _converted_of[(base, call)] = cls
             _converted_classes[cls] = base
         return cls
@@ -970,6 +1052,7 @@ def _install_boundary(module: nn.Module, boundary: _Boundary) -> None:
     if base.__dict__.get("__call__") is not _converted_call:
         module.__class__ = _converted_class(_converted_classes.get(base, base))
     object.__setattr__(module, _BOUNDARY, boundary)
+    boundary.prepare_graph_region(_compute_device_type(module, ()))
     if boundary.output_dtype is not None:
         module.register_forward_hook(boundary.cast_output, prepend=True)
 

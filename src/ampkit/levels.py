@@ -15,8 +15,9 @@ O1                              fp32        the policy's low list (``ampkit.auto
                                             autocast's); operands are cast per op
 O2                              fp32        every module outside the kept-fp32 norms,
                                             with low-precision copies of its weights
-                                            made on use; the policy's fp32 list and the
-                                            kept norms stay fp32
+                                            made on use; native autocast's fp32 list
+                                            (:func:`keep_native_fp32`), the policy's
+                                            and the kept norms stay fp32
 O2, ``master_weights=False`` /  low         as O2 (bf16 pure: the optimizer rounds its
 ``"stochastic"`` / ``"kahan"``              updates into the bf16 truth)
 O3                              low         all, norms included
@@ -66,8 +67,10 @@ Pure low precision is level O2 (or O3) with ``master_weights="stochastic"`` or
 At O2, ``cast_model_type`` names the dtype the modules compute their weights in; with
 ``master_weights=True`` (the default) the truth stays fp32 and the weights are cast on
 use, with ``False`` the parameters are stored in that dtype. O2 patches ops too (unlike
-apex's O2): the ops on the policy's float32 list still run in float32. ``ampkit.apex``
-keeps apex's own table.
+apex's O2): native autocast's float32 list (softmax, log_softmax, losses, norms,
+exp/log/pow, ...; :data:`ampkit.registry.AUTOCAST_FP32_OPS`) and the policy's own run in
+float32, although O2's activations are low precision (:func:`keep_native_fp32`).
+``ampkit.apex`` keeps apex's own table.
 
 ``dtype=None`` picks the device's autocast default: bfloat16 on CPU, float16 on CUDA.
 
@@ -95,7 +98,7 @@ from ampkit.conversion import NORM_MODULES, ConversionConfig
 from ampkit.module_selection import ModuleSelector, parse_module_selectors
 from ampkit.policy import Policy, as_dtype
 from ampkit.presets import get_policy
-from ampkit.registry import OpEntry
+from ampkit.registry import OpEntry, autocast_fp32_ops
 
 __all__ = [
     "LEVEL_PROPERTY_NAMES",
@@ -107,6 +110,7 @@ __all__ = [
     "LevelProperties",
     "default_dtype",
     "describe_levels",
+    "keep_native_fp32",
     "level_properties",
 ]
 
@@ -443,6 +447,36 @@ def describe_levels(dtype: torch.dtype | str | None = None) -> str:
 
 # -- the level, in the conversion's own words ---------------------------------------------
 
+def keep_native_fp32(policy: Policy) -> Policy:
+    """``policy``, with native autocast's float32 list
+    (:data:`ampkit.registry.AUTOCAST_FP32_OPS`: softmax, log_softmax, norms, losses,
+    exp/log/pow, ...) on its own fp32 list for every op it leaves to native autocast:
+    level O2's policy. Ops the policy decides itself keep its decision.
+
+    At O2 the activations are low precision end to end, so native autocast, which runs
+    an unlisted op in its inputs' dtype, would run softmax and the attention mask in low
+    precision (on CPU, whose native float32 list has no softmax, always). With this
+    list they run in float32 as native autocast runs them on CUDA, and as O1 runs them
+    where an fp32 input promotes them. A custom white list takes an op back off it.
+
+    Example:
+        >>> from ampkit.levels import keep_native_fp32
+        >>> from ampkit.presets import get_policy
+        >>> o2 = keep_native_fp32(get_policy("torch"))
+        >>> o2.name, o2.rule_for("softmax"), o2.rule_for("linear")
+        ('torch-O2', 'fp32', 'native')
+        >>> o2.with_lists(custom_white_list=["softmax"]).rule_for("softmax")
+        'lower'
+        >>> keep_native_fp32(get_policy("conservative")).rule_for("gelu")  # unlisted: keep
+        'keep'
+    """
+    added = frozenset(op for op in autocast_fp32_ops() if policy.rule_for(op) == "native")
+    if not added:
+        return policy
+    return dataclasses.replace(policy, name=f"{policy.name}-O2",
+                               fp32_ops=policy.fp32_ops | added)
+
+
 def conversion_config(props: LevelProperties, *,
                     keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
                     policy: str | Policy = "torch",
@@ -498,7 +532,8 @@ def conversion_config(props: LevelProperties, *,
         keep_fp32_modules=tuple(norms) + keep,
         kept_output_dtype=model_dtype if low else None,
         compute_dtype=props.dtype,
-        policy=(get_policy(policy).with_lists(custom_white_list, custom_black_list)
+        policy=(_level_policy(props, get_policy(policy)).with_lists(custom_white_list,
+                                                                    custom_black_list)
                 if props.patch_ops else None),
         input_dtype=model_dtype if low else None,
         output_dtype=props.cast_model_outputs,
@@ -507,6 +542,13 @@ def conversion_config(props: LevelProperties, *,
         params_as_given=as_given,
         cast_buffers=cast_buffers,
     )
+
+
+def _level_policy(props: LevelProperties, base: Policy) -> Policy:
+    """The policy of a level that patches ops: where the model computes in low precision
+    end to end (O2), native autocast's float32 list stays float32 (:func:`keep_native_fp32`);
+    elsewhere (O1, O2 with fp32 parameters) fp32 activations promote as they would."""
+    return keep_native_fp32(base) if props.casts_parameters else base
 
 
 def conversion_for_level(level: Any = "O2", dtype: torch.dtype | str | None = None, *,

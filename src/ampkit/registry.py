@@ -47,12 +47,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = [
+    "AUTOCAST_FP32_OPS",
     "AUTOCAST_KEYS",
     "FRAMEWORK_ALIASES",
     "MODULE_OPS",
     "OpEntry",
     "aliases_input",
     "all_op_names",
+    "autocast_fp32_ops",
     "dispatcher_schemas",
     "entry_points",
     "is_compute",
@@ -659,3 +661,45 @@ def native_op_names(device_type: str) -> frozenset[str]:
         op = op.split(".", 1)[0]
         names.add(op if namespace == "aten" else f"{namespace}::{op}")
     return frozenset(names)
+
+
+#: The ops native autocast runs in float32 on CUDA, by canonical name: the fp32 lists of
+#: torch's ``aten/src/ATen/autocast_mode.h`` (its ``fp32``, ``fp32_set_opt_dtype`` and
+#: ``fp32_append_dtype`` policies), which torch's AMP documentation gives as the CUDA ops
+#: that autocast to float32. The dispatcher says which ops native autocast changes on a
+#: device (:func:`native_op_names`) but not to which dtype, so this list is data; the
+#: suite checks it against the dispatcher's CUDA registrations. CPU autocast's own float32
+#: list holds losses, linear algebra and FFTs only (no softmax, norm, exp or pow), so
+#: level O2, whose activations are low precision end to end, keeps this list on every
+#: device (:func:`ampkit.levels.keep_native_fp32`).
+AUTOCAST_FP32_OPS: frozenset[str] = frozenset({
+    # pointwise transcendentals and powers: range and rounding in 16 bits
+    "acos", "asin", "cosh", "sinh", "tan", "erfinv", "exp", "expm1", "log", "log10",
+    "log1p", "log2", "pow", "reciprocal", "rsqrt", "softplus",
+    # softmax and reductions accumulate over many values
+    "softmax", "log_softmax", "logsumexp", "sum", "prod", "cumsum", "cumprod",
+    # norms
+    "layer_norm", "native_layer_norm", "group_norm", "rms_norm", "norm", "frobenius_norm",
+    "nuclear_norm", "linalg_vector_norm", "linalg_matrix_norm", "renorm", "dist", "pdist",
+    "cdist", "cosine_similarity",
+    # losses
+    "binary_cross_entropy_with_logits", "cosine_embedding_loss", "hinge_embedding_loss",
+    "huber_loss", "kl_div", "l1_loss", "margin_ranking_loss", "mse_loss",
+    "multi_margin_loss", "multilabel_margin_loss", "nll_loss", "nll_loss2d",
+    "poisson_nll_loss", "smooth_l1_loss", "soft_margin_loss", "triplet_margin_loss",
+    # resampling
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "upsample_linear1d",
+    "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d",
+})
+
+
+@functools.cache
+def autocast_fp32_ops() -> frozenset[str]:
+    """:data:`AUTOCAST_FP32_OPS`, less any name the running torch does not have.
+
+    Example:
+        >>> from ampkit.registry import autocast_fp32_ops
+        >>> {"softmax", "log_softmax", "layer_norm", "exp", "pow"} <= autocast_fp32_ops()
+        True
+    """
+    return AUTOCAST_FP32_OPS & all_op_names()

@@ -136,3 +136,174 @@ def test_keyboard_interrupt_in_forward_leaves_no_region_and_no_swapped_parameter
     model[2].armed = False
     out = model(torch.randn(2, 4, device="cpu"))
     assert out.dtype == (torch.float32 if level == "O2" else torch.bfloat16)
+
+
+# -- torch.nn containers, with and without lists (issue 41 item 2) --------------------------
+
+# A black-listed linear: the whole forward is fp32 arithmetic on what the level hands
+# it, so the reference is plain fp32 torch (below), not the code under test.
+BLACK_LINEAR = {"custom_black_list": ["linear"]}
+
+
+class _InModuleList(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class _InModuleDict(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({"a": nn.Linear(8, 16), "act": nn.GELU(),
+                                     "b": nn.Linear(16, 4)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return x
+
+
+def _plain_sequential() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+
+
+CONTAINERS = {"sequential": _plain_sequential, "module-list": _InModuleList,
+              "module-dict": _InModuleDict}
+
+
+def _fp32_reference(model: nn.Module, x: torch.Tensor, level: str) -> torch.Tensor:
+    """What the level computes with linear black-listed, written in plain fp32 torch:
+    O1 is the fp32 model; O2 feeds it the bf16 input and bf16 copies of the weights."""
+    reference = _plain_sequential()
+    with torch.no_grad():
+        for ours, theirs in zip(reference.parameters(), model.parameters()):
+            ours.copy_(theirs if level == "O1" else theirs.bfloat16().float())
+        return reference(x if level == "O1" else x.bfloat16().float())
+
+
+def _converted(make, level: str, **lists) -> nn.Module:
+    torch.manual_seed(0)
+    return ampkit.initialize(make(), level=level, dtype=torch.bfloat16, **lists)
+
+
+@pytest.mark.parametrize("lists", [BLACK_LINEAR, {}], ids=["black-list", "no-lists"])
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_compiling_a_converted_sequential_gives_one_graph_equal_to_eager(level, lists):
+    # Before: with lists (and at O2 since its fp32 list), "Skip inlining
+    # torch.compiler.disable()'d function": torch.compile traced the Sequential's
+    # boundary and met the ampkit region. (no-lists at O1: a guard, it compiled before.)
+    model = _converted(_plain_sequential, level, **lists)
+    x = torch.randn(6, 8)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    out = compiled(x)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    if lists:
+        torch.testing.assert_close(out, _fp32_reference(model, x, level), rtol=0, atol=0)
+    else:  # native autocast's own result for O1 (O2: fp32 at the model's boundary)
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            native = model[2](model[1](model[0](x)))
+        if level == "O1":
+            torch.testing.assert_close(out, native, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+@pytest.mark.parametrize("container", sorted(CONTAINERS))
+def test_converted_container_with_lists_inside_a_compiled_function_is_one_graph(
+        container, level):
+    # Before: the region of a model called from compiled code, with lists, was an
+    # ampkit.autocast inside the trace: fullgraph=True failed for every container.
+    model = _converted(CONTAINERS[container], level, **BLACK_LINEAR)
+    x = torch.randn(6, 8)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(lambda t: model(t).square(), backend=counter, fullgraph=True)
+    out = compiled(x)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(out, model(x).square(), rtol=0, atol=0)
+    torch.testing.assert_close(out, _fp32_reference(model, x, level).square(), rtol=0,
+                               atol=0)
+    assert current_policy("cpu") is None
+
+
+def test_traced_region_bakes_its_casts_into_the_graph_and_trains_like_eager():
+    # AOTAutograd traces through the region's graph nodes: the compiled forward and
+    # backward (the nodes are not run by the compiled graph) equal eager's.
+    eager_model = _converted(_plain_sequential, "O2", **BLACK_LINEAR)
+    compiled_model = _converted(_plain_sequential, "O2", **BLACK_LINEAR)
+    x = torch.randn(6, 8)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda m, t: m(t).square().mean(), backend="aot_eager",
+                             fullgraph=True)
+    compiled(compiled_model, x).backward()
+    eager_model(x).square().mean().backward()
+    for p, q in zip(eager_model.parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=0)
+
+
+def test_a_graph_break_inside_a_traced_region_leaves_nothing_entered():
+    # Regression guard for the traced region: a trace that stops in the middle (here a
+    # data-dependent branch) runs the region eagerly and leaves no region behind.
+    class Breaks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.a(x)
+            if y.sum().item() > -1e9:
+                y = y + 1
+            return torch.softmax(y, -1)
+
+    model = _converted(lambda: nn.Sequential(Breaks(), nn.Linear(8, 4)), "O2")
+    x = torch.randn(3, 8)
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: model(t).square(), backend="eager")(x)
+    torch.testing.assert_close(out, model(x).square(), rtol=0, atol=0)
+    assert current_policy("cpu") is None and not torch.is_autocast_enabled("cpu")
+
+
+class _Upsample(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.interpolate(x.unsqueeze(1), scale_factor=2.0).squeeze(1)
+
+
+def test_a_region_compiled_code_cannot_enter_is_named_and_compiling_the_model_works():
+    # interpolate is a Python-level composite: its rule is the Python mode's, which a
+    # graph cannot enter. Compiling the converted Sequential itself runs its region
+    # outside the graph (one graph; before: fullgraph failed); called from a compiled
+    # function, fullgraph=True fails with ampkit's reason.
+    model = _converted(lambda: nn.Sequential(nn.Linear(8, 8), _Upsample()), "O1",
+                       custom_black_list=["interpolate"])
+    x = torch.randn(3, 8)
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    out = torch.compile(model, backend=counter, fullgraph=True)(x)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="ampkit: a converted module's region") as error:
+        torch.compile(lambda t: model(t).sum(), backend="eager", fullgraph=True)(x)
+    assert "interpolate" in str(error.value)
+    assert current_policy("cpu") is None
+
+
+def test_a_pickled_boundary_makes_its_graph_keys_again_where_it_is_loaded():
+    # The keys index a table of this process: a pickle carries the device types only.
+    import pickle
+
+    from ampkit.autocast_mode import in_graph_key
+    from ampkit.conversion import _BOUNDARY
+
+    model = _converted(_plain_sequential, "O2", **BLACK_LINEAR)
+    boundary = model.__dict__[_BOUNDARY]
+    assert boundary.__getstate__()["graph_keys"] == ["cpu"]
+    loaded = pickle.loads(pickle.dumps(model)).__dict__[_BOUNDARY]
+    assert loaded.graph_keys == {"cpu": in_graph_key("cpu", boundary.policy)}
