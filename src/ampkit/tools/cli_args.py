@@ -18,16 +18,20 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["BAD_INPUT", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG", "Parser",
-           "add_run_options", "choice_list", "console", "fail", "fp8_recipe", "low_dtype",
+           "add_run_options", "choice_list", "console", "fail", "folder_undo", "fp8_recipe",
+           "low_dtype",
            "missing_modules", "non_negative_int", "number", "output_path", "positive_int",
            "seed", "spelled"]
 
@@ -203,6 +207,48 @@ def add_run_options(parser: argparse.ArgumentParser, *, out: str, out_help: str,
     parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
     parser.add_argument("--threads", type=positive_int, default=1,
                         help=f"{threads_help} (default: 1)")
+
+
+def folder_undo(path: str | os.PathLike[str], files: Iterable[str]) -> Callable[[], None]:
+    """Note, before a command creates the folder ``path`` (and its missing parents),
+    which of them do not exist yet; the function returned removes what the command
+    made there: ``files`` (the command's own file names) in ``path``, then each folder
+    it created, innermost first, if it is empty. A folder that existed stays, and so
+    does any file of another name.
+
+    Example:
+        >>> import os, tempfile
+        >>> from ampkit.tools.cli_args import folder_undo
+        >>> root = tempfile.mkdtemp()
+        >>> out = os.path.join(root, "a", "report")
+        >>> undo = folder_undo(out, ["r.html"])
+        >>> os.makedirs(out)
+        >>> open(os.path.join(out, "r.html"), "w").close()
+        >>> undo()
+        >>> os.listdir(root)
+        []
+    """
+    folder = Path(os.path.abspath(path))
+    created: list[Path] = []  # innermost first
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        created.append(probe)
+        probe = probe.parent
+    names = tuple(files)
+
+    def undo() -> None:
+        if not created:
+            return
+        for name in names:
+            with contextlib.suppress(OSError):
+                (folder / name).unlink()
+        for made in created:
+            try:
+                made.rmdir()
+            except OSError:  # not empty (someone else's file), or gone: leave it
+                return
+
+    return undo
 
 
 def low_dtype(text: str) -> Any:

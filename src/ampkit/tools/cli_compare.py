@@ -40,6 +40,7 @@ from ampkit.tools.cli_args import (
     add_run_options,
     console,
     fail,
+    folder_undo,
     fp8_recipe,
     low_dtype,
     missing_modules,
@@ -48,9 +49,10 @@ from ampkit.tools.cli_args import (
 )
 from ampkit.tools.cli_target import (
     TargetError,
+    forward_error,
     inputs_factory,
-    load_callable,
     model_factory,
+    user_function,
 )
 
 __all__ = ["add_parser", "run"]
@@ -150,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         except ImportError as error:
             return fail("compare", f"--fp8: {error}", MISSING)
     try:
-        loss_fn = None if args.loss_fn is None else load_callable(args.loss_fn, "--loss-fn")
+        loss_fn = (None if args.loss_fn is None else
+                   user_function(args.loss_fn, "--loss-fn", (_is_loss, "a one-element tensor")))
         make_inputs = inputs_factory(args.inputs)
         build = model_factory(args.target)
     except TargetError as error:
@@ -158,12 +161,29 @@ def run(args: argparse.Namespace) -> int:
     from ampkit.tools.compare_report import REPORT_FILES
     from ampkit.tools.report import check_output_dir
 
-    folder = Path(args.out)
-    existed = folder.exists()
+    undo = folder_undo(args.out, REPORT_FILES)  # nothing this run made outlives a failure
     try:
-        check_output_dir(folder, REPORT_FILES, overwrite=args.overwrite)
+        check_output_dir(args.out, REPORT_FILES, overwrite=args.overwrite)
     except OSError as error:
+        undo()
         return fail("compare", str(error))
+    try:
+        status = _compare(args, build, make_inputs, loss_fn)
+    except BaseException:
+        undo()
+        raise
+    if status:
+        undo()
+    return status
+
+
+def _is_loss(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.numel() == 1
+
+
+def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: Any) -> int:
     import torch
 
     import ampkit
@@ -172,15 +192,19 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     try:
         model = build()
+        inputs = make_inputs()
     except TargetError as error:
-        if not existed:
-            folder.rmdir()  # made by this run, still empty
         return fail("compare", str(error))
-    inputs = make_inputs()
-    report = ampkit.compare(model, *inputs, precision=args.precision, dtype=args.dtype,
-                            custom_white_list=args.custom_white_list,
-                            custom_black_list=args.custom_black_list, loss_fn=loss_fn,
-                            threshold=args.threshold, fp8=args.fp8)
+    try:
+        report = ampkit.compare(model, *inputs, precision=args.precision, dtype=args.dtype,
+                                custom_white_list=args.custom_white_list,
+                                custom_black_list=args.custom_black_list, loss_fn=loss_fn,
+                                threshold=args.threshold, fp8=args.fp8)
+    except Exception as error:
+        found = forward_error(error, model, args.target)
+        if found is None:  # ampkit's own: its traceback is the report to file
+            raise
+        return fail("compare", str(found))
     out = console()
     out.print(report.table(limit=args.limit), highlight=False, soft_wrap=True)
     page = report.write_report(args.out)
