@@ -61,6 +61,7 @@ from ampkit.tools.cli_args import (
     choice_list,
     console,
     fail,
+    folder_undo,
     missing_modules,
     non_negative_int,
     positive_int,
@@ -239,15 +240,22 @@ def _demo(args: argparse.Namespace) -> int:
     settings = DemoSettings(epochs=args.epochs, device=args.device, seed=args.seed,
                             pure_bf16_steps=args.pure_bf16_steps,
                             configurations=demo_configurations(args.levels, args.dtypes))
+    names = report_file_names(settings)
+    undo = folder_undo(args.out, names)  # a folder this run made goes if it fails
     try:
-        check_output_dir(args.out, report_file_names(settings), overwrite=args.overwrite)
+        check_output_dir(args.out, names, overwrite=args.overwrite)
     except OSError as error:
+        undo()
         return fail("demo", str(error))
     import torch
 
     torch.set_num_threads(args.threads)
-    result = _run(settings, args.quiet)
-    files = write_report(result, args.out)
+    try:
+        result = _run(settings, args.quiet)
+        files = write_report(result, args.out)
+    except BaseException:
+        undo()
+        raise
     _print_summary(result, files, args.quiet, console())
     return 0
 
