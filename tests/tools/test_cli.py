@@ -273,6 +273,58 @@ def test_compare_fp8_prints_and_writes_the_per_layer_fp8_errors(
     assert "fp8-layers" not in (out / "compare.html").read_text()
 
 
+def _op_rows(out: Path) -> list[tuple[str, str, str]]:
+    return [(r["op"], r["module"], r["dtype"])
+            for r in json.loads((out / "compare.json").read_text())["ops"]]
+
+
+def test_compare_takes_an_ampkit_config_file_and_a_device(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["userpkg.models:build", "--inputs", "userpkg.models:batch"]
+    # the flags' way ...
+    assert _status(["compare", *common, "--precision", "O2", "--dtype", "bf16",
+                    "--custom-black-list", "layer_norm", "--out", str(tmp_path / "a")]) == 0
+    # ... and the same settings as a config file, on --device cpu
+    (tmp_path / "amp.yaml").write_text("level: o2\ndtype: BF16\n"
+                                       "custom_black_list: [layer_norm]\n")
+    assert _status(["compare", *common, "--config", str(tmp_path / "amp.yaml"),
+                    "--device", "cpu", "--out", str(tmp_path / "b")]) == 0
+    flags = json.loads((tmp_path / "a" / "compare.json").read_text())
+    config = json.loads((tmp_path / "b" / "compare.json").read_text())
+    assert flags["ops"] == config["ops"]
+    assert _op_rows(tmp_path / "a") == [("linear", "1", "torch.bfloat16")]
+    # a field only a config holds: the Linear kept in float32 by keep_fp32_modules
+    (tmp_path / "keep.json").write_text(json.dumps(
+        {"level": "O2", "dtype": "bfloat16", "keep_fp32_modules": ["1"]}))
+    assert _status(["compare", *common, "--config", str(tmp_path / "keep.json"),
+                    "--out", str(tmp_path / "c")]) == 0
+    assert _op_rows(tmp_path / "c") == [("linear", "1", "torch.float32")]
+    capsys.readouterr()
+    # a flag that contradicts the file, and --precision beside it, are refused
+    line = _bad_input(["compare", *common, "--config", str(tmp_path / "amp.yaml"),
+                       "--dtype", "fp16", "--out", str(tmp_path / "d")], capsys)
+    assert line == ("ampkit compare: error: --dtype float16 contradicts the config's "
+                    "dtype=bfloat16; give it once")
+    line = _bad_input(["compare", *common, "--config", str(tmp_path / "amp.yaml"),
+                       "--precision", "O1"], capsys)
+    assert line == ("ampkit compare: error: argument --precision: not allowed with argument "
+                    "--config (see: ampkit compare --help)")
+    assert not (tmp_path / "d").exists()
+
+
+def test_compare_on_a_cuda_device_this_machine_lacks_is_a_one_line_error(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status = _status(["compare", "userpkg.models:build", "--inputs", "userpkg.models:batch",
+                      "--device", "cuda", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 1
+    assert len(err) == 1 and err[0].startswith(
+        "ampkit compare: error: device 'cuda' was asked for, but no CUDA GPU is available")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_compare_fp8_without_torchao_names_the_extra(
         in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -605,6 +657,14 @@ def test_an_out_under_a_file_is_a_one_line_error(
      "paddle-O2-no-promote, mxnet-float16, mxnet-bfloat16, apex-O1; or a policy file such as "
      "ampkit tune writes)"),
     (["compare", "m:f"], "the following arguments are required: --inputs"),
+    (["compare", "m:f", "--inputs", "m:g", "--device", "tpu"],
+     "argument --device: invalid choice: 'tpu' (choose from auto, cpu, cuda, cuda:<index>)"),
+    (["compare", "m:f", "--inputs", "m:g", "--config", "amp.toml"],
+     "argument --config: amp.toml: an ampkit config file is JSON (.json) or YAML (.yaml, "
+     ".yml), and its suffix says which; got '.toml'"),
+    (["compare", "m:f", "--inputs", "m:g", "--config", "no-such-amp.json"],
+     "argument --config: cannot read the config file 'no-such-amp.json': No such file or "
+     "directory"),
     (["compare", "m:f", "--inputs", "m:g", "--fp8", "e4m3"],
      "argument --fp8: invalid choice: 'e4m3' (choose from tensorwise, rowwise, "
      "rowwise_with_gw_hp; case does not matter)"),

@@ -31,9 +31,14 @@ Options of ``ampkit demo``:
 
 Exit status of every command: 0 on success; 2 for bad input (an unknown option or
 choice, a number out of range, a TARGET that does not import or is of the wrong kind,
-an empty, unwritable or occupied ``--out``), reported on one line before any work;
-1 for what the machine lacks (no CUDA GPU, a missing optional dependency); 3 when
-``ampkit tune`` found no policy within the tolerance; 130 when interrupted.
+an empty, unwritable or occupied ``--out``), reported on one line before any work,
+and for the user's own code failing (a factory, ``--inputs``, ``--eval``,
+``--loss-fn`` or the model's forward raising, or returning the wrong kind of value; a
+NaN float32 metric in ``tune``), one line naming the function, the exception and the
+user's line it came from, without a traceback; 1 for what the machine lacks (no CUDA
+GPU, a missing optional dependency); 3 when ``ampkit tune`` found no policy within the
+tolerance; 130 when interrupted. A command that fails removes the ``--out`` folders it
+made (never a folder that was there, nor a file of another name).
 
 Example:
     >>> from ampkit.tools.cli import build_parser
@@ -57,6 +62,7 @@ from ampkit.tools.cli_args import (
     MISSING,
     PROG,
     Parser,
+    add_device_option,
     add_run_options,
     choice_list,
     console,
@@ -86,20 +92,6 @@ if TYPE_CHECKING:
 
 __all__ = ["build_parser", "main"]
 
-_DEVICE_CHOICES = "auto, cpu, cuda, cuda:<index>"
-
-
-def _device_name(text: str) -> str:
-    try:
-        resolve_device(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid choice: {text!r} (choose from {_DEVICE_CHOICES})") from None
-    except RuntimeError:
-        pass  # a valid name for a device this machine lacks: reported after parsing
-    return text
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``ampkit`` argument parser (subcommands ``demo``, ``compare``, ``tune``;
     ``--version``).
@@ -125,9 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "and write plots, an HTML page and JSON to --out.")
     demo.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS,
                       help=f"training epochs per run (default: {DEFAULT_EPOCHS})")
-    demo.add_argument("--device", type=_device_name, default="auto",
-                      help=f"one of {_DEVICE_CHOICES} (default: auto, which is CUDA when "
-                           "available, else CPU)")
+    add_device_option(demo, default="auto",
+                      default_help="auto, which is CUDA when available, else CPU")
     demo.add_argument("--levels", type=choice_list(LEVEL_CHOICES), action="extend",
                       help=f"comma-separated, among {', '.join(LEVEL_CHOICES)} (O0 = fp32; "
                            "case does not matter); "

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["BAD_INPUT", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG", "Parser",
-           "add_run_options", "choice_list", "console", "fail", "folder_undo", "fp8_recipe",
-           "low_dtype",
+__all__ = ["BAD_INPUT", "DEVICE_CHOICES", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG",
+           "Parser", "add_device_option", "add_run_options", "choice_list", "config_file",
+           "console", "device_name", "fail", "folder_undo", "fp8_recipe", "low_dtype",
            "missing_modules", "non_negative_int", "number", "output_path", "positive_int",
            "seed", "spelled"]
 
@@ -249,6 +249,73 @@ def folder_undo(path: str | os.PathLike[str], files: Iterable[str]) -> Callable[
                 return
 
     return undo
+
+
+#: The ``--device`` names every command takes.
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:<index>"
+
+
+def device_name(text: str) -> str:
+    """An argument type: a device name (:data:`DEVICE_CHOICES`); whether this machine
+    has it is checked after parsing (a missing GPU is exit status 1, not bad input).
+
+    Example:
+        >>> from ampkit.tools.cli_args import device_name
+        >>> device_name("cuda:1")
+        'cuda:1'
+        >>> device_name("tpu")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: invalid choice: 'tpu' (choose from auto, cpu, cuda, cuda:<index>)
+    """
+    from ampkit.tools.demo import resolve_device
+
+    try:
+        resolve_device(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {DEVICE_CHOICES})") from None
+    except RuntimeError:
+        pass  # a valid name for a device this machine lacks: reported after parsing
+    return text
+
+
+def add_device_option(parser: argparse.ArgumentParser, *, default: str | None,
+                      default_help: str) -> None:
+    """Add ``--device`` (:func:`device_name`), one wording for every command.
+
+    Example:
+        >>> import argparse
+        >>> from ampkit.tools.cli_args import add_device_option
+        >>> parser = argparse.ArgumentParser()
+        >>> add_device_option(parser, default="auto", default_help="auto")
+        >>> parser.parse_args(["--device", "cpu"]).device
+        'cpu'
+    """
+    parser.add_argument("--device", type=device_name, default=default,
+                        help=f"one of {DEVICE_CHOICES} (default: {default_help})")
+
+
+def config_file(text: str) -> Any:
+    """An argument type: an :class:`ampkit.AmpConfig` file (``.json``, ``.yaml``,
+    ``.yml``), read and checked by ``AmpConfig.from_file``.
+
+    Example:
+        >>> from ampkit.tools.cli_args import config_file
+        >>> config_file("amp.toml")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: amp.toml: an ampkit config file is JSON (.json) or ...
+    """
+    from ampkit.config import AmpConfig
+
+    try:
+        return AmpConfig.from_file(text)
+    except OSError as error:
+        raise argparse.ArgumentTypeError(
+            f"cannot read the config file {text!r}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(" ".join(str(error).split())) from None
 
 
 def low_dtype(text: str) -> Any:

@@ -5,8 +5,10 @@ callable returning one) and its inputs (FN: a callable returning the forward's
 arguments), both as ``package.module:attribute`` (see :mod:`ampkit.tools.cli_target`),
 runs it in float32 and under ``--precision`` (a level ``O1``-``O3``, a preset name, or
 a policy file written by ``ampkit tune`` / ``Policy.save``; default ``torch``, native
-autocast's lists) in ``--dtype``, with ``--custom-white-list`` / ``--custom-black-list``
-added, and ``--loss-fn`` for gradients. With ``--fp8 RECIPE`` (``tensorwise``,
+autocast's lists) or as ``--config FILE`` says (an :class:`ampkit.AmpConfig` file: the
+model converted as ``initialize(config=...)`` converts it) in ``--dtype``, with
+``--custom-white-list`` / ``--custom-black-list`` added, and ``--loss-fn`` for
+gradients, on ``--device`` (default: where TARGET and ``--inputs`` put them). With ``--fp8 RECIPE`` (``tensorwise``,
 ``rowwise``, ``rowwise_with_gw_hp``; needs ``ampkit[fp8]``) every Linear that can run
 in fp8 is also measured alone in fp8 and in ``--dtype`` against float32
 (:attr:`Comparison.fp8_layers <ampkit.tools.compare.Comparison.fp8_layers>`), a table
@@ -15,8 +17,9 @@ of its own and a ``fp8_layers`` key in ``compare.json``. It prints :meth:`Compar
 ``compare.json`` into ``--out`` (default ``compare-report``); report files already
 there are replaced only with ``--overwrite``, and no other file is touched.
 
-Exit status: 0 on success, 2 for bad input (one line, see :mod:`ampkit.tools.cli`),
-1 for a missing optional dependency (matplotlib draws the plots).
+Exit status: 0 on success, 2 for bad input or the user's code failing (one line, see
+:mod:`ampkit.tools.cli`; a folder ``--out`` made is removed again), 1 for a missing
+optional dependency (matplotlib draws the plots) or device.
 
 Example:
     >>> import argparse
@@ -37,7 +40,9 @@ from typing import Any
 
 from ampkit.tools.cli_args import (
     MISSING,
+    add_device_option,
     add_run_options,
+    config_file,
     console,
     fail,
     folder_undo,
@@ -110,9 +115,15 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     compare.add_argument("--inputs", metavar="FN", required=True,
                          help="package.module:attribute of a callable returning the "
                               "forward's inputs (a tuple: the positional arguments)")
-    compare.add_argument("--precision", type=_precision, default="torch",
-                         help="a level (O1, O2, O3), a preset (torch, conservative, ...) or "
-                              "a policy file (default: torch, native autocast's lists)")
+    how = compare.add_mutually_exclusive_group()
+    how.add_argument("--precision", type=_precision, default="torch",
+                     help="a level (O1, O2, O3), a preset (torch, conservative, ...) or "
+                          "a policy file (default: torch, native autocast's lists)")
+    how.add_argument("--config", type=config_file, metavar="FILE",
+                     help="an ampkit.AmpConfig file (.json, .yaml, .yml): the model is "
+                          "converted as initialize(config=...) converts it (its level, "
+                          "dtype, policy, lists, kept modules, fp8); --dtype, --fp8 and the "
+                          "lists given too must agree with it or add to it")
     compare.add_argument("--dtype", type=low_dtype,
                          help="bf16 or fp16 (default: the policy's, else the device's "
                               "autocast default: bf16 on CPU, fp16 on CUDA)")
@@ -132,6 +143,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                               "epsilons of the dtype)")
     compare.add_argument("--limit", type=positive_int, default=20,
                          help="rows per table printed (default: 20; the report has all)")
+    add_device_option(compare, default=None,
+                      default_help="where TARGET and --inputs put the model and tensors")
     add_run_options(
         compare, out="compare-report", out_help="report folder, created if needed",
         overwrite_help="replace report files of the same names already in --out",
@@ -144,6 +157,17 @@ def run(args: argparse.Namespace) -> int:
     needs = missing_modules("matplotlib", "rich")
     if needs:
         return fail("compare", f"ampkit compare {needs}", MISSING)
+    if args.device is not None:
+        from ampkit.tools.demo import resolve_device
+
+        try:
+            resolve_device(args.device)
+        except RuntimeError as error:
+            return fail("compare", str(error), MISSING)
+    if args.config is not None:
+        problem = _against_config(args)
+        if problem:
+            return fail("compare", problem)
     if args.fp8 is not None:
         from ampkit.fp8.recipe import require_torchao
 
@@ -177,6 +201,17 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
+def _against_config(args: argparse.Namespace) -> str | None:
+    """What --dtype or --fp8 says against the --config file, if they disagree."""
+    cfg = args.config
+    for option, name in (("--dtype", "dtype"), ("--fp8", "fp8")):
+        given, held = getattr(args, name), getattr(cfg, name)
+        if given is not None and held is not None and given != held:
+            return (f"{option} {str(given).removeprefix('torch.')} contradicts the "
+                    f"config's {name}={str(held).removeprefix('torch.')}; give it once")
+    return None
+
+
 def _is_loss(value: Any) -> bool:
     import torch
 
@@ -195,8 +230,18 @@ def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: An
         inputs = make_inputs()
     except TargetError as error:
         return fail("compare", str(error))
+    if args.device is not None:
+        from torch.utils._pytree import tree_map
+
+        from ampkit.tools.demo import resolve_device
+
+        device = resolve_device(args.device)
+        model = model.to(device)
+        inputs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t,
+                          inputs)
+    precision = args.precision if args.config is None else args.config
     try:
-        report = ampkit.compare(model, *inputs, precision=args.precision, dtype=args.dtype,
+        report = ampkit.compare(model, *inputs, precision=precision, dtype=args.dtype,
                                 custom_white_list=args.custom_white_list,
                                 custom_black_list=args.custom_black_list, loss_fn=loss_fn,
                                 threshold=args.threshold, fp8=args.fp8)

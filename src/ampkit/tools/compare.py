@@ -219,14 +219,31 @@ def _setup(precision: Any, dtype: Any, device_type: str,
     import ampkit
     from ampkit.presets import get_policy
 
+    from ampkit.config import AmpConfig
+
     chosen = as_dtype(dtype)
-    if _is_level(precision):
+    if _is_level(precision) or isinstance(precision, AmpConfig):
         from ampkit.front_door import convert_model
         from ampkit.levels import Level, conversion_for_level
 
+        options: dict[str, Any] = {}
+        if isinstance(precision, AmpConfig):  # the conversion initialize(config=) makes
+            cfg = precision
+            if chosen is not None and cfg.dtype is not None and chosen != cfg.dtype:
+                raise ValueError(f"dtype={chosen} contradicts the config's dtype="
+                                 f"{cfg.dtype}; give it once")
+            chosen = chosen or cfg.dtype
+            white = [*cfg.custom_white_list, *(white or ())] or None
+            black = [*cfg.custom_black_list, *(black or ())] or None
+            options = {"keep_fp32_modules": cfg.keep_fp32_modules, "policy": cfg.policy,
+                       "keep_norms_fp32": cfg.keep_norms_fp32,
+                       "master_weights": cfg.master_weights,
+                       "cast_model_outputs": cfg.cast_model_outputs}
+            precision = cfg.level
         level = Level.parse(precision)
         config = conversion_for_level(level, chosen, device_type=device_type,
-                                      custom_white_list=white, custom_black_list=black)
+                                      custom_white_list=white, custom_black_list=black,
+                                      **options)
         low = config.compute_dtype or torch.get_autocast_dtype(device_type)
         policy = config.policy
         # Entering the conversion's own region before the op watch keeps the engine
@@ -399,7 +416,10 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
         inputs: the forward's positional arguments.
         precision: a level (``"O1"``, ``"O2"``, ``"O3"``), a preset name or a
             :class:`~ampkit.policy.Policy` (run with ``ampkit.autocast`` inside the
-            model's forward).
+            model's forward), or an :class:`ampkit.AmpConfig` (the model converted as
+            ``initialize(config=...)`` converts it: its level, policy, lists, kept
+            modules and master weights; its ``fp8`` as ``fp8=``; its loss-scale options
+            change nothing here).
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None``: the policy's, else the
             device's autocast default.
         custom_white_list, custom_black_list: added to the policy (as in
@@ -424,9 +444,16 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
         >>> [g.parameter for g in c.grads], c.divergence is None
         (['weight', 'bias'], True)
     """
+    from ampkit.config import AmpConfig
+
     check_model(model)
     device_type = model_device_type(model)
     setup = _setup(precision, dtype, device_type, custom_white_list, custom_black_list)
+    if isinstance(precision, AmpConfig) and precision.fp8 is not None:
+        if fp8 is not None and fp8 != precision.fp8:
+            raise ValueError(f"fp8={fp8!r} contradicts the config's fp8={precision.fp8!r}; "
+                             f"give it once")
+        fp8 = precision.fp8
     limit = resolve_threshold(threshold, setup.dtype)
     if fp8 is not None:  # a bad recipe, a missing torchao or this CPU's kernel: refused
         float8_linear_config(fp8)  # before any run
