@@ -8,6 +8,7 @@ console script and ``python -m ampkit`` in a real subprocess.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -325,6 +326,25 @@ def test_compare_on_a_cuda_device_this_machine_lacks_is_a_one_line_error(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_only_the_known_import_notes_are_silenced(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from ampkit.tools.cli_args import known_import_noise_silenced
+
+    with caplog.at_level(logging.WARNING), known_import_noise_silenced():
+        logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: no such lib")
+        logging.getLogger("torch.utils._pytree").warning(
+            "%s is an Enum subclass and is now natively supported by torch.compile", "E")
+        logging.getLogger("torchao").warning("a real torchao warning")
+        logging.getLogger("torch.utils._pytree").warning("another pytree warning")
+        logging.getLogger("other").warning("Failed to load something of the user's")
+    logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: after the block")
+    assert [r.getMessage() for r in caplog.records] == [
+        "a real torchao warning", "another pytree warning",
+        "Failed to load something of the user's",
+        "Failed to load /x/_C_mxfp8.so: after the block"]
+
+
 def test_compare_fp8_without_torchao_names_the_extra(
         in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -484,9 +504,12 @@ def test_a_demo_that_stops_removes_the_folder_it_made(
 
 def test_a_real_process_reports_the_users_error_in_one_line(
         user_dir: Path, tmp_path: Path) -> None:
-    # the repro, as a shell runs it
-    result = _subprocess("compare", "userpkg.models:factory_raises", *_BATCH, "--out",
-                         str(tmp_path / "r1"), cwd=user_dir, script=True)
+    # the repro, as a shell runs it; with --fp8, the command imports torchao
+    # first (a fresh process): its notes about optional kernels built for other
+    # machines and torch's pytree notice are not shown either, only ampkit's line
+    fp8 = ["--fp8", "tensorwise"] if importlib.util.find_spec("torchao") else []
+    result = _subprocess("compare", "userpkg.models:factory_raises", *_BATCH, *fp8,
+                         "--out", str(tmp_path / "r1"), cwd=user_dir, script=True)
     assert result.returncode == 2, result.stderr
     assert result.stderr == (
         f"ampkit compare: error: TARGET 'userpkg.models:factory_raises' raised "

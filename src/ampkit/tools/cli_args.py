@@ -20,9 +20,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BAD_INPUT", "DEVICE_CHOICES", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG",
            "Parser", "add_device_option", "add_run_options", "choice_list", "config_file",
-           "console", "device_name", "fail", "folder_undo", "fp8_recipe", "low_dtype",
+           "console", "device_name", "fail", "folder_undo", "fp8_recipe",
+           "known_import_noise_silenced", "low_dtype",
            "missing_modules", "non_negative_int", "number", "output_path", "positive_int",
            "seed", "spelled"]
 
@@ -207,6 +209,45 @@ def add_run_options(parser: argparse.ArgumentParser, *, out: str, out_help: str,
     parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
     parser.add_argument("--threads", type=positive_int, default=1,
                         help=f"{threads_help} (default: 1)")
+
+
+# Log records third-party packages emit when torchao is imported, which say nothing
+# about the user's run: torchao's optional C++ kernels built for other machines or
+# Python versions ("Failed to load .../_C_mxfp8...so"), and torch's notice that torchao
+# still registers its Enums with pytree. (logger name, start of the message)
+_IMPORT_NOISE = (("torchao", "Failed to load "),
+                 ("torch.utils._pytree", "%s is an Enum subclass and is now natively"))
+
+
+class _DropKnown(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+@contextlib.contextmanager
+def known_import_noise_silenced() -> Iterator[None]:
+    """Drop, while the block runs, the known log records of :data:`_IMPORT_NOISE`
+    (each by its logger and the start of its message; every other record, warning and
+    logger is left alone), so that ``--fp8`` output starts with ampkit's own.
+
+    Example:
+        >>> import logging
+        >>> from ampkit.tools.cli_args import known_import_noise_silenced
+        >>> with known_import_noise_silenced():
+        ...     logging.getLogger("torchao").warning("Failed to load x.so: no GPU")
+    """
+    filters = [(logging.getLogger(name), _DropKnown(start)) for name, start in _IMPORT_NOISE]
+    for logger, drop in filters:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger, drop in filters:
+            logger.removeFilter(drop)
 
 
 def folder_undo(path: str | os.PathLike[str], files: Iterable[str]) -> Callable[[], None]:

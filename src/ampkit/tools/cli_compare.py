@@ -47,6 +47,7 @@ from ampkit.tools.cli_args import (
     fail,
     folder_undo,
     fp8_recipe,
+    known_import_noise_silenced,
     low_dtype,
     missing_modules,
     number,
@@ -172,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
         from ampkit.fp8.recipe import require_torchao
 
         try:
-            require_torchao()
+            with known_import_noise_silenced():
+                require_torchao()
         except ImportError as error:
             return fail("compare", f"--fp8: {error}", MISSING)
     try:
