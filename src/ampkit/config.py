@@ -95,8 +95,9 @@ def _fp8_recipes() -> str:
     return ", ".join(FP8_RECIPES) + " (any case)"
 
 
-def _field(default: Any, help: str, values: Any = None) -> Any:  # noqa: A002 - argparse's word
-    return dataclasses.field(default=default, metadata={"help": help, "values": values})
+def _about(text: str, values: Any = None) -> dict[str, Any]:
+    # a field's metadata: its help, and the function listing the values it accepts
+    return {"help": text, "values": values}
 
 
 def field_help(name: str) -> str:
@@ -207,40 +208,51 @@ class AmpConfig:
         ValueError: ['init_scale'] set up loss scaling, but level O2 with torch.bfloat16 ...
     """
 
-    level: str = _field("O1", "precision level (ampkit.levels)", _levels)
-    dtype: torch.dtype | None = _field(None, "low-precision dtype; unset: the device's "
-                                       "autocast default", _low_dtypes)
-    policy: str = _field("torch", "the op lists: a preset or the path of a policy file "
-                         "(ampkit tune --out)", _policies)
-    custom_white_list: tuple[str, ...] = _field((), "ops run in low precision too")
-    custom_black_list: tuple[str, ...] = _field((), "ops run in float32")
-    keep_fp32_modules: tuple[str, ...] = _field(
-        (), "qualified module names (as in model.named_modules()) kept in float32")
-    keep_norms_fp32: bool | None = _field(None, "keep norm layers in float32; unset: the "
-                                          "level's")
-    master_weights: bool | str | None = _field(
-        None, "where the parameters' truth lives; unset: the level's", _master_weights)
-    rounding_seed: int | None = _field(None, "seed of the stochastic/kahan rounding")
-    loss_scale: str | float | None = _field(
-        None, "'dynamic' or a number (static); unset: the level's (dynamic for float16)")
-    init_scale: float | None = _field(None, "GradScaler: the first loss scale")
-    growth_factor: float | None = _field(None, "GradScaler: the factor the scale grows by")
-    backoff_factor: float | None = _field(
-        None, "GradScaler: the factor the scale shrinks by on an overflow")
-    growth_interval: int | None = _field(
-        None, "GradScaler: steps without an overflow before the scale grows")
-    hysteresis: int | None = _field(
-        None, "GradScaler: overflows tolerated before the scale shrinks")
-    min_scale: float | None = _field(None, "GradScaler: the smallest loss scale")
-    max_scale: float | None = _field(None, "GradScaler: the largest loss scale")
-    log_skipped_steps: bool = _field(False, "print one line per step skipped on an overflow")
-    fp8: str | None = _field(None, "fp8 recipe for Linear layers (needs ampkit[fp8])",
-                             _fp8_recipes)
-    fp8_exclude_modules: tuple[str, ...] = _field(
-        (), "qualified module names kept out of fp8")
-    fp8_first_last: bool = _field(False, "train the first and last Linear in fp8 too")
-    cast_model_outputs: torch.dtype | None = _field(
-        None, "dtype of the model's floating outputs; unset: the level's", _float_dtypes)
+    level: str = dataclasses.field(
+        default="O1", metadata=_about("precision level (ampkit.levels)", _levels))
+    dtype: torch.dtype | None = dataclasses.field(default=None, metadata=_about(
+        "low-precision dtype; unset: the device's autocast default", _low_dtypes))
+    policy: str = dataclasses.field(default="torch", metadata=_about(
+        "the op lists: a preset or the path of a policy file (ampkit tune --out)",
+        _policies))
+    custom_white_list: tuple[str, ...] = dataclasses.field(
+        default=(), metadata=_about("ops run in low precision too"))
+    custom_black_list: tuple[str, ...] = dataclasses.field(
+        default=(), metadata=_about("ops run in float32"))
+    keep_fp32_modules: tuple[str, ...] = dataclasses.field(default=(), metadata=_about(
+        "qualified module names (as in model.named_modules()) kept in float32"))
+    keep_norms_fp32: bool | None = dataclasses.field(default=None, metadata=_about(
+        "keep norm layers in float32; unset: the level's"))
+    master_weights: bool | str | None = dataclasses.field(default=None, metadata=_about(
+        "where the parameters' truth lives; unset: the level's", _master_weights))
+    rounding_seed: int | None = dataclasses.field(
+        default=None, metadata=_about("seed of the stochastic/kahan rounding"))
+    loss_scale: str | float | None = dataclasses.field(default=None, metadata=_about(
+        "'dynamic' or a number (static); unset: the level's (dynamic for float16)"))
+    init_scale: float | None = dataclasses.field(
+        default=None, metadata=_about("GradScaler: the first loss scale"))
+    growth_factor: float | None = dataclasses.field(
+        default=None, metadata=_about("GradScaler: the factor the scale grows by"))
+    backoff_factor: float | None = dataclasses.field(default=None, metadata=_about(
+        "GradScaler: the factor the scale shrinks by on an overflow"))
+    growth_interval: int | None = dataclasses.field(default=None, metadata=_about(
+        "GradScaler: steps without an overflow before the scale grows"))
+    hysteresis: int | None = dataclasses.field(default=None, metadata=_about(
+        "GradScaler: overflows tolerated before the scale shrinks"))
+    min_scale: float | None = dataclasses.field(
+        default=None, metadata=_about("GradScaler: the smallest loss scale"))
+    max_scale: float | None = dataclasses.field(
+        default=None, metadata=_about("GradScaler: the largest loss scale"))
+    log_skipped_steps: bool = dataclasses.field(
+        default=False, metadata=_about("print one line per step skipped on an overflow"))
+    fp8: str | None = dataclasses.field(default=None, metadata=_about(
+        "fp8 recipe for Linear layers (needs ampkit[fp8])", _fp8_recipes))
+    fp8_exclude_modules: tuple[str, ...] = dataclasses.field(
+        default=(), metadata=_about("qualified module names kept out of fp8"))
+    fp8_first_last: bool = dataclasses.field(
+        default=False, metadata=_about("train the first and last Linear in fp8 too"))
+    cast_model_outputs: torch.dtype | None = dataclasses.field(default=None, metadata=_about(
+        "dtype of the model's floating outputs; unset: the level's", _float_dtypes))
 
     def __post_init__(self) -> None:
         # Every check is one that initialize, the level table or GradScaler already

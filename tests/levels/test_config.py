@@ -125,9 +125,10 @@ def test_a_file_of_another_format_names_the_accepted_suffixes(tmp_path, name) ->
     path = tmp_path / name
     path.write_text('level = "O2"\n')
     suffix = name.partition(".")[2]
+    got = "." + suffix.lower() if suffix else "no suffix"
     with pytest.raises(ValueError, match=(
             rf"{name}: an ampkit config file is JSON \(\.json\) or YAML \(\.yaml, \.yml\), "
-            rf"and its suffix says which; got '{'.' + suffix.lower() if suffix else 'no suffix'}'")):
+            rf"and its suffix says which; got '{got}'")):
         AmpConfig.from_file(path)
     with pytest.raises(ValueError, match=r"an ampkit config file is JSON"):
         AmpConfig.from_file(tmp_path / "missing.toml")  # not FileNotFoundError

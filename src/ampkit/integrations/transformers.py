@@ -80,13 +80,12 @@ _REFUSED_FLAGS = ("bf16_full_eval", "fp16_full_eval")
 CONFIG_FILE = "ampkit_config.json"
 
 
-def _flag(name: str, default: Any = None, unset: str = "") -> Any:
-    """The ``--ampkit_<name>`` flag of AmpConfig's field ``name``: its help and accepted
-    values come from AmpConfig (:func:`ampkit.config.field_help`), so the flags take
-    every spelling AmpConfig takes; the values are checked when the arguments are made.
-    """
-    return dataclasses.field(default=default,
-                             metadata={"help": field_help(name) + unset})
+def _flag(name: str, unset: str = "") -> dict[str, str]:
+    """The metadata of the ``--ampkit_<name>`` flag of AmpConfig's field ``name``: its
+    help and accepted values come from AmpConfig (:func:`ampkit.config.field_help`), so
+    the flags take every spelling AmpConfig takes; the values are checked when the
+    arguments are made."""
+    return {"help": field_help(name) + unset}
 
 
 @dataclasses.dataclass
@@ -110,28 +109,50 @@ class AmpkitArguments:
     ampkit_config: str | None = dataclasses.field(
         default=None, metadata={"help": "an ampkit config file (.json, .yaml or .yml); the "
                                          "other --ampkit_* flags must agree with it"})
-    ampkit_level: str | None = _flag("level", unset="; unset: the config's, else O2")
-    ampkit_dtype: str | None = _flag("dtype")
-    ampkit_policy: str | None = _flag("policy")
-    ampkit_custom_white_list: list[str] | None = _flag("custom_white_list")
-    ampkit_custom_black_list: list[str] | None = _flag("custom_black_list")
-    ampkit_keep_fp32_modules: list[str] | None = _flag("keep_fp32_modules")
-    ampkit_keep_norms_fp32: bool | None = _flag("keep_norms_fp32")
-    ampkit_master_weights: str | None = _flag("master_weights")
-    ampkit_rounding_seed: int | None = _flag("rounding_seed")
-    ampkit_loss_scale: str | None = _flag("loss_scale")
-    ampkit_init_scale: float | None = _flag("init_scale")
-    ampkit_growth_factor: float | None = _flag("growth_factor")
-    ampkit_backoff_factor: float | None = _flag("backoff_factor")
-    ampkit_growth_interval: int | None = _flag("growth_interval")
-    ampkit_hysteresis: int | None = _flag("hysteresis")
-    ampkit_min_scale: float | None = _flag("min_scale")
-    ampkit_max_scale: float | None = _flag("max_scale")
-    ampkit_log_skipped_steps: bool = _flag("log_skipped_steps", False)
-    ampkit_fp8: str | None = _flag("fp8")
-    ampkit_fp8_exclude_modules: list[str] | None = _flag("fp8_exclude_modules")
-    ampkit_fp8_first_last: bool = _flag("fp8_first_last", False)
-    ampkit_cast_model_outputs: str | None = _flag("cast_model_outputs")
+    ampkit_level: str | None = dataclasses.field(
+        default=None, metadata=_flag("level", unset="; unset: the config's, else O2"))
+    ampkit_dtype: str | None = dataclasses.field(
+        default=None, metadata=_flag("dtype"))
+    ampkit_policy: str | None = dataclasses.field(
+        default=None, metadata=_flag("policy"))
+    ampkit_custom_white_list: list[str] | None = dataclasses.field(
+        default=None, metadata=_flag("custom_white_list"))
+    ampkit_custom_black_list: list[str] | None = dataclasses.field(
+        default=None, metadata=_flag("custom_black_list"))
+    ampkit_keep_fp32_modules: list[str] | None = dataclasses.field(
+        default=None, metadata=_flag("keep_fp32_modules"))
+    ampkit_keep_norms_fp32: bool | None = dataclasses.field(
+        default=None, metadata=_flag("keep_norms_fp32"))
+    ampkit_master_weights: str | None = dataclasses.field(
+        default=None, metadata=_flag("master_weights"))
+    ampkit_rounding_seed: int | None = dataclasses.field(
+        default=None, metadata=_flag("rounding_seed"))
+    ampkit_loss_scale: str | None = dataclasses.field(
+        default=None, metadata=_flag("loss_scale"))
+    ampkit_init_scale: float | None = dataclasses.field(
+        default=None, metadata=_flag("init_scale"))
+    ampkit_growth_factor: float | None = dataclasses.field(
+        default=None, metadata=_flag("growth_factor"))
+    ampkit_backoff_factor: float | None = dataclasses.field(
+        default=None, metadata=_flag("backoff_factor"))
+    ampkit_growth_interval: int | None = dataclasses.field(
+        default=None, metadata=_flag("growth_interval"))
+    ampkit_hysteresis: int | None = dataclasses.field(
+        default=None, metadata=_flag("hysteresis"))
+    ampkit_min_scale: float | None = dataclasses.field(
+        default=None, metadata=_flag("min_scale"))
+    ampkit_max_scale: float | None = dataclasses.field(
+        default=None, metadata=_flag("max_scale"))
+    ampkit_log_skipped_steps: bool = dataclasses.field(
+        default=False, metadata=_flag("log_skipped_steps"))
+    ampkit_fp8: str | None = dataclasses.field(
+        default=None, metadata=_flag("fp8"))
+    ampkit_fp8_exclude_modules: list[str] | None = dataclasses.field(
+        default=None, metadata=_flag("fp8_exclude_modules"))
+    ampkit_fp8_first_last: bool = dataclasses.field(
+        default=False, metadata=_flag("fp8_first_last"))
+    ampkit_cast_model_outputs: str | None = dataclasses.field(
+        default=None, metadata=_flag("cast_model_outputs"))
 
     def __post_init__(self) -> None:
         self.to_config()  # checked once, when the flags are parsed

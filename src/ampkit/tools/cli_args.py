@@ -304,10 +304,10 @@ def device_name(text: str) -> str:
         >>> from ampkit.tools.cli_args import device_name
         >>> device_name("cuda:1")
         'cuda:1'
-        >>> device_name("tpu")
+        >>> device_name("tpu")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        argparse.ArgumentTypeError: invalid choice: 'tpu' (choose from auto, cpu, cuda, cuda:<index>)
+        argparse.ArgumentTypeError: invalid choice: 'tpu' (choose from auto, cpu, cuda, ...)
     """
     from ampkit.tools.demo import resolve_device
 

@@ -8,11 +8,13 @@ a policy file written by ``ampkit tune`` / ``Policy.save``; default ``torch``, n
 autocast's lists) or as ``--config FILE`` says (an :class:`ampkit.AmpConfig` file: the
 model converted as ``initialize(config=...)`` converts it) in ``--dtype``, with
 ``--custom-white-list`` / ``--custom-black-list`` added, and ``--loss-fn`` for
-gradients, on ``--device`` (default: where TARGET and ``--inputs`` put them). With ``--fp8 RECIPE`` (``tensorwise``,
-``rowwise``, ``rowwise_with_gw_hp``; needs ``ampkit[fp8]``) every Linear that can run
-in fp8 is also measured alone in fp8 and in ``--dtype`` against float32
-(:attr:`Comparison.fp8_layers <ampkit.tools.compare.Comparison.fp8_layers>`), a table
-of its own and a ``fp8_layers`` key in ``compare.json``. It prints :meth:`Comparison.table
+gradients, on ``--device`` (default: where TARGET and ``--inputs`` put them). With
+``--fp8 RECIPE`` (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``; needs
+``ampkit[fp8]``) every Linear that can run in fp8 is also measured alone in fp8 and in
+``--dtype`` against float32
+(:attr:`Comparison.fp8_layers <ampkit.tools.compare.Comparison.fp8_layers>`): a table
+of its own, printed and in the HTML report, and a ``fp8_layers`` key in
+``compare.json``. It prints :meth:`Comparison.table
 <ampkit.tools.compare.Comparison.table>` and writes the HTML report, its two plots and
 ``compare.json`` into ``--out`` (default ``compare-report``); report files already
 there are replaced only with ``--overwrite``, and no other file is touched.

@@ -217,9 +217,8 @@ def _is_level(precision: Any) -> bool:
 def _setup(precision: Any, dtype: Any, device_type: str,
            white: Iterable[OpEntry] | None, black: Iterable[OpEntry] | None) -> _Setup:
     import ampkit
-    from ampkit.presets import get_policy
-
     from ampkit.config import AmpConfig
+    from ampkit.presets import get_policy
 
     chosen = as_dtype(dtype)
     if _is_level(precision) or isinstance(precision, AmpConfig):

@@ -78,8 +78,8 @@ from ampkit.tools.compare import (
 )
 from ampkit.tools.comparison import Comparison
 
-__all__ = ["MetricError", "Trial", "TuneResult", "TuneWarning", "aggressive_policy", "evaluate_metric",
-           "metric_value", "tune"]
+__all__ = ["MetricError", "Trial", "TuneResult", "TuneWarning", "aggressive_policy",
+           "evaluate_metric", "metric_value", "tune"]
 
 #: Why a search stopped.
 WITHIN_TOLERANCE = "within tolerance"
