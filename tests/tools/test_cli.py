@@ -573,6 +573,10 @@ def test_a_bad_target_is_a_one_line_error(
     (["tune", "userpkg.models:build", "--eval", "nowhere_at_all:f"],
      "--eval 'nowhere_at_all:f': cannot import 'nowhere_at_all' (from {cwd} or sys.path): "
      "ModuleNotFoundError: No module named 'nowhere_at_all'"),
+    (["compare", "userpkg.models:build", "--inputs", "userpkg.models:batch", "--precision",
+      "O3", "--custom-black-list", "softmax"],
+     "policy, custom_white_list and custom_black_list choose how ops are cast, which level "
+     "O3 with patch_ops=False does not do; use level O1 or O2"),
     (["tune", "userpkg.models:build"],
      "TARGET 'userpkg.models:build' needs --eval FN: eval_fn(model) -> number, as "
      "package.module:attribute"),

@@ -244,6 +244,17 @@ def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: An
         inputs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t,
                           inputs)
     precision = args.precision if args.config is None else args.config
+    from ampkit.tools.compare import check_settings
+
+    try:  # what compare refuses before it runs the model is bad input, said in one line
+        check_settings(model, precision=precision, dtype=args.dtype,
+                       custom_white_list=args.custom_white_list,
+                       custom_black_list=args.custom_black_list, threshold=args.threshold,
+                       fp8=args.fp8)
+    except (ValueError, TypeError) as error:
+        return fail("compare", " ".join(str(error).split()))
+    except RuntimeError as error:  # the machine: this CPU or GPU lacks the fp8 kernel
+        return fail("compare", " ".join(str(error).split()), MISSING)
     try:
         report = ampkit.compare(model, *inputs, precision=precision, dtype=args.dtype,
                                 custom_white_list=args.custom_white_list,
