@@ -20,6 +20,7 @@ it; they never re-check.
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import sys
@@ -32,6 +33,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "LOW_PRECISION",
     "default_device_type",
+    "did_you_mean",
     "dtype_names",
     "parse_device_type",
     "parse_dtype",
@@ -61,6 +63,21 @@ _SHOWN: dict[torch.dtype, tuple[str, ...]] = {
 }
 
 
+def did_you_mean(name: str, known: Iterable[str], n: int = 3) -> str:
+    """``"; did you mean 'a', 'b'?"`` for the names in ``known`` closest to ``name``
+    (``""`` when none is close): the one wording of every "unknown name" error.
+
+    Example:
+        >>> from ampkit.arguments import did_you_mean
+        >>> did_you_mean("sofmax", ["softmax", "linear"])
+        "; did you mean 'softmax'?"
+        >>> did_you_mean("zzz", ["softmax"])
+        ''
+    """
+    close = difflib.get_close_matches(name, sorted(known), n=n, cutoff=0.6)
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
 def dtype_names(accept: Iterable[torch.dtype]) -> list[str]:
     """The names :func:`parse_dtype` accepts for ``accept`` (canonical name first).
 
@@ -84,7 +101,8 @@ def _lookup(value: Any, aliases: bool) -> torch.dtype | None:
         return found if isinstance(found, torch.dtype) and str(found) == f"torch.{value}" \
             else None
     if isinstance(value, str):
-        key = value.removeprefix("torch.")
+        # any case, as the command line takes them: torch's dtype names are lower case
+        key = value.strip().lower().removeprefix("torch.")
         if key in _ALIASES:
             return _ALIASES[key]
         found = getattr(torch, key, None)

@@ -43,7 +43,7 @@ import torch
 
 from ampkit.fp8.recipe import FP8_RECIPES
 
-__all__ = ["SCALER_FIELDS", "AmpConfig"]
+__all__ = ["SCALER_FIELDS", "AmpConfig", "field_help"]
 
 #: The fields that configure an ``ampkit.GradScaler`` (its keyword names).
 SCALER_FIELDS: tuple[str, ...] = ("init_scale", "growth_factor", "backoff_factor",
@@ -51,6 +51,72 @@ SCALER_FIELDS: tuple[str, ...] = ("init_scale", "growth_factor", "backoff_factor
 
 # file suffix -> format
 _FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+
+
+# -- each field's help, and the values its parser accepts, read from that parser -----------
+
+def _levels() -> str:
+    from ampkit.levels import Level
+
+    return ", ".join(level.value for level in Level) + " (any case)"
+
+
+def _dtype_values(dtypes: Iterable[torch.dtype]) -> str:
+    from ampkit.arguments import dtype_names
+
+    return ", ".join("|".join(dtype_names([d])) for d in dtypes) + " (any case)"
+
+
+def _low_dtypes() -> str:
+    from ampkit.arguments import LOW_PRECISION
+
+    return _dtype_values(LOW_PRECISION)
+
+
+def _float_dtypes() -> str:
+    from ampkit.arguments import FLOAT_DTYPES
+
+    return _dtype_values(FLOAT_DTYPES)
+
+
+def _policies() -> str:
+    from ampkit.presets import available_policies
+
+    return ", ".join(available_policies()) + ", or a .json policy file"
+
+
+def _master_weights() -> str:
+    from ampkit.levels import PURE_MASTER_WEIGHTS
+
+    return ", ".join(("true", "false", *PURE_MASTER_WEIGHTS))
+
+
+def _fp8_recipes() -> str:
+    return ", ".join(FP8_RECIPES) + " (any case)"
+
+
+def _about(text: str, values: Any = None) -> dict[str, Any]:
+    # a field's metadata: its help, and the function listing the values it accepts
+    return {"help": text, "values": values}
+
+
+def field_help(name: str) -> str:
+    """The help of :class:`AmpConfig`'s field ``name``, with the values it accepts
+    (read from the parser that checks them): the one text every settings surface
+    (the trainers' flags, the command line) shows.
+
+    Example:
+        >>> from ampkit.config import field_help
+        >>> field_help("dtype")
+        "low-precision dtype; unset: the device's autocast default; float16|fp16|half, \
+bfloat16|bf16 (any case)"
+    """
+    fields = {f.name: f for f in dataclasses.fields(AmpConfig)}
+    if name not in fields:
+        raise ValueError(f"AmpConfig has no field {name!r}; accepted: {list(fields)}")
+    meta = fields[name].metadata
+    values = meta["values"]
+    return meta["help"] + (f"; {values()}" if values is not None else "")
 
 
 def _op_list(value: Any, name: str) -> tuple[str, ...]:
@@ -142,28 +208,51 @@ class AmpConfig:
         ValueError: ['init_scale'] set up loss scaling, but level O2 with torch.bfloat16 ...
     """
 
-    level: str = "O1"
-    dtype: torch.dtype | None = None
-    policy: str = "torch"
-    custom_white_list: tuple[str, ...] = ()
-    custom_black_list: tuple[str, ...] = ()
-    keep_fp32_modules: tuple[str, ...] = ()
-    keep_norms_fp32: bool | None = None
-    master_weights: bool | str | None = None
-    rounding_seed: int | None = None
-    loss_scale: str | float | None = None
-    init_scale: float | None = None
-    growth_factor: float | None = None
-    backoff_factor: float | None = None
-    growth_interval: int | None = None
-    hysteresis: int | None = None
-    min_scale: float | None = None
-    max_scale: float | None = None
-    log_skipped_steps: bool = False
-    fp8: str | None = None
-    fp8_exclude_modules: tuple[str, ...] = ()
-    fp8_first_last: bool = False
-    cast_model_outputs: torch.dtype | None = None
+    level: str = dataclasses.field(
+        default="O1", metadata=_about("precision level (ampkit.levels)", _levels))
+    dtype: torch.dtype | None = dataclasses.field(default=None, metadata=_about(
+        "low-precision dtype; unset: the device's autocast default", _low_dtypes))
+    policy: str = dataclasses.field(default="torch", metadata=_about(
+        "the op lists: a preset or the path of a policy file (ampkit tune --out)",
+        _policies))
+    custom_white_list: tuple[str, ...] = dataclasses.field(
+        default=(), metadata=_about("ops run in low precision too"))
+    custom_black_list: tuple[str, ...] = dataclasses.field(
+        default=(), metadata=_about("ops run in float32"))
+    keep_fp32_modules: tuple[str, ...] = dataclasses.field(default=(), metadata=_about(
+        "qualified module names (as in model.named_modules()) kept in float32"))
+    keep_norms_fp32: bool | None = dataclasses.field(default=None, metadata=_about(
+        "keep norm layers in float32; unset: the level's"))
+    master_weights: bool | str | None = dataclasses.field(default=None, metadata=_about(
+        "where the parameters' truth lives; unset: the level's", _master_weights))
+    rounding_seed: int | None = dataclasses.field(
+        default=None, metadata=_about("seed of the stochastic/kahan rounding"))
+    loss_scale: str | float | None = dataclasses.field(default=None, metadata=_about(
+        "'dynamic' or a number (static); unset: the level's (dynamic for float16)"))
+    init_scale: float | None = dataclasses.field(
+        default=None, metadata=_about("GradScaler: the first loss scale"))
+    growth_factor: float | None = dataclasses.field(
+        default=None, metadata=_about("GradScaler: the factor the scale grows by"))
+    backoff_factor: float | None = dataclasses.field(default=None, metadata=_about(
+        "GradScaler: the factor the scale shrinks by on an overflow"))
+    growth_interval: int | None = dataclasses.field(default=None, metadata=_about(
+        "GradScaler: steps without an overflow before the scale grows"))
+    hysteresis: int | None = dataclasses.field(default=None, metadata=_about(
+        "GradScaler: overflows tolerated before the scale shrinks"))
+    min_scale: float | None = dataclasses.field(
+        default=None, metadata=_about("GradScaler: the smallest loss scale"))
+    max_scale: float | None = dataclasses.field(
+        default=None, metadata=_about("GradScaler: the largest loss scale"))
+    log_skipped_steps: bool = dataclasses.field(
+        default=False, metadata=_about("print one line per step skipped on an overflow"))
+    fp8: str | None = dataclasses.field(default=None, metadata=_about(
+        "fp8 recipe for Linear layers (needs ampkit[fp8])", _fp8_recipes))
+    fp8_exclude_modules: tuple[str, ...] = dataclasses.field(
+        default=(), metadata=_about("qualified module names kept out of fp8"))
+    fp8_first_last: bool = dataclasses.field(
+        default=False, metadata=_about("train the first and last Linear in fp8 too"))
+    cast_model_outputs: torch.dtype | None = dataclasses.field(default=None, metadata=_about(
+        "dtype of the model's floating outputs; unset: the level's", _float_dtypes))
 
     def __post_init__(self) -> None:
         # Every check is one that initialize, the level table or GradScaler already
@@ -285,20 +374,22 @@ class AmpConfig:
 
     def hyperparameters(self) -> dict[str, str | int | float | bool]:
         """The config as flat ``ampkit/<field>`` entries of plain scalars, for the
-        hyperparameter logs of trackers that take only scalars (lists joined by commas,
-        ``None`` as ``"None"``).
+        hyperparameter logs of trackers: the fields that are set, each as its real
+        value (a list as its names joined by commas, since TensorBoard's hyperparameters
+        take only scalars); a field left unset (``None``, an empty list) is left out,
+        so no tracker shows the text ``'None'`` or ``''`` for it.
 
         Example:
             >>> from ampkit.config import AmpConfig
-            >>> AmpConfig(custom_black_list=["exp", "softmax"]).hyperparameters()[
-            ...     "ampkit/custom_black_list"]
-            'exp,softmax'
+            >>> hp = AmpConfig(custom_black_list=["exp", "softmax"]).hyperparameters()
+            >>> hp["ampkit/custom_black_list"], "ampkit/dtype" in hp
+            ('exp,softmax', False)
         """
         out: dict[str, str | int | float | bool] = {}
         for key, value in self.to_dict().items():
-            if isinstance(value, list):
-                value = ",".join(value)
-            out[f"ampkit/{key}"] = "None" if value is None else value
+            if value is None or value == []:
+                continue
+            out[f"ampkit/{key}"] = ",".join(value) if isinstance(value, list) else value
         return out
 
     # -- dicts and files ---------------------------------------------------------------
@@ -397,11 +488,11 @@ class AmpConfig:
             ...
             ValueError: .../amp.json: master_weights must be True (fp32 master copies), ...
         """
+        kind = _format(path)  # an unknown suffix is refused before the file is read
         with open(path, encoding="utf-8") as f:
             text = f.read()
         try:
-            data = (_yaml().safe_load(text) if _format(path) == "yaml"
-                    else json.loads(text))
+            data = _yaml().safe_load(text) if kind == "yaml" else json.loads(text)
         except ValueError as error:  # json.JSONDecodeError is one
             raise ValueError(f"{os.fspath(path)}: not valid JSON: {error}") from None
         except Exception as error:  # yaml.YAMLError
@@ -417,8 +508,9 @@ class AmpConfig:
 def _format(path: str | os.PathLike[str]) -> str:
     suffix = os.path.splitext(os.fspath(path))[1].lower()
     if suffix not in _FORMATS:
-        raise ValueError(f"path: a config file ends in one of {sorted(_FORMATS)}, got "
-                         f"{os.fspath(path)!r}")
+        raise ValueError(f"{os.fspath(path)}: an ampkit config file is JSON (.json) or "
+                         f"YAML (.yaml, .yml), and its suffix says which; got "
+                         f"{suffix or 'no suffix'!r}")
     return _FORMATS[suffix]
 
 

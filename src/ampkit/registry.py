@@ -35,7 +35,6 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
@@ -45,6 +44,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ampkit.arguments import did_you_mean
 
 __all__ = [
     "AUTOCAST_FP32_OPS",
@@ -431,8 +432,7 @@ def _unknown(name: str, argument: str, framework: str | None = None) -> ValueErr
     known = set(_tables()[0])
     if framework is not None:
         known |= set(FRAMEWORK_ALIASES[framework])
-    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    hint = did_you_mean(name, known)
     where = f" (or a {framework} alias)" if framework else ""
     return ValueError(f"{argument}: unknown op name {name!r}: not a canonical PyTorch op "
                       f"name{where}{hint}")

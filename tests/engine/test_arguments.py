@@ -34,6 +34,8 @@ def test_fp32_names_mean_float32_for_levels_and_conversion_alike(name):
 @pytest.mark.parametrize(("name", "dtype"), [
     ("fp16", FP16), ("half", FP16), ("float16", FP16), ("torch.float16", FP16),
     ("bf16", BF16), ("bfloat16", BF16), (np.float16, FP16), (np.dtype("float16"), FP16),
+    # any case, as the command line has always taken them (and AmpConfig now too)
+    ("BF16", BF16), ("BFloat16", BF16), ("Half", FP16), ("Torch.Float16", FP16),
 ])
 def test_low_precision_aliases_are_the_same_everywhere(name, dtype):
     assert parse_dtype(name) is dtype

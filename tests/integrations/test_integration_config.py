@@ -10,6 +10,7 @@ LR a StepLR reaches when it steps only on the steps that ran.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import warnings
@@ -23,7 +24,7 @@ pl = pytest.importorskip("lightning.pytorch")
 pytest.importorskip("jsonargparse")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
-pytest.importorskip("yaml")
+yaml = pytest.importorskip("yaml")
 
 from accelerate.tracking import GeneralTracker  # noqa: E402
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
@@ -142,6 +143,67 @@ def test_the_fp8_and_output_fields_reach_every_integration(tmp_path) -> None:
     assert net(torch.randn(4, 16)).dtype is torch.bfloat16  # O2 alone: float32
 
 
+_SPELLINGS = [
+    ("level", "O2", "O2"), ("level", "o2", "O2"), ("level", "o1", "O1"),
+    ("dtype", "bf16", torch.bfloat16), ("dtype", "BF16", torch.bfloat16),
+    ("dtype", "bfloat16", torch.bfloat16), ("dtype", "BFloat16", torch.bfloat16),
+    ("dtype", "torch.bfloat16", torch.bfloat16), ("dtype", "fp16", torch.float16),
+    ("dtype", "FP16", torch.float16), ("dtype", "half", torch.float16),
+    ("dtype", "float16", torch.float16),
+    ("fp8", "tensorwise", "tensorwise"), ("fp8", "RowWise", "rowwise"),
+]
+# each setting's flag on the ampkit command line (ampkit compare)
+_CLI_FLAGS = {"level": "--precision", "dtype": "--dtype", "fp8": "--fp8"}
+
+
+@pytest.mark.parametrize("field,spelling,expected", _SPELLINGS,
+                         ids=[f"{f}={s}" for f, s, _ in _SPELLINGS])
+def test_every_entry_point_takes_the_same_spellings(tmp_path, field, spelling,
+                                                    expected) -> None:
+    from ampkit.tools.cli import build_parser
+
+    # 1. the ampkit command line
+    cli_args = build_parser().parse_args(["compare", "m:f", "--inputs", "m:g",
+                                          _CLI_FLAGS[field], spelling])
+    assert getattr(cli_args, "precision" if field == "level" else field) == expected
+    # 2. AmpConfig (and so initialize's config= and every config file)
+    assert getattr(AmpConfig(**{field: spelling}), field) == expected
+    # 3. the Hugging Face flags
+    (amp,) = transformers.HfArgumentParser(AmpkitArguments).parse_args_into_dataclasses(
+        [f"--ampkit_{field}", spelling])
+    assert getattr(amp.to_config(), field) == expected
+    # 4. Lightning's parameters, as LightningCLI reads them from YAML
+    (tmp_path / "cli.yaml").write_text(_CLI_YAML + f"        {field}: '{spelling}'\n")
+    cli = LightningCLI(Classifier, run=False, args=["--config", str(tmp_path / "cli.yaml")])
+    assert getattr(cli.trainer.precision_plugin.config, field) == expected
+
+
+def test_a_bad_hf_flag_is_refused_when_the_flags_are_parsed() -> None:
+    parser = transformers.HfArgumentParser(AmpkitArguments)
+    with pytest.raises(ValueError, match=r"AmpkitArguments: dtype must be torch.float16 or "
+                                         r"torch.bfloat16 .*got 'fp32'"):
+        parser.parse_args_into_dataclasses(["--ampkit_dtype", "fp32"])
+    with pytest.raises(ValueError, match=r"AmpkitArguments: level must be one of "
+                                         r"\['O0', 'O1', 'O2', 'O3'\], got 'O5'"):
+        parser.parse_args_into_dataclasses(["--ampkit_level", "O5"])
+
+
+def test_hf_help_says_each_default_once_and_documents_every_flag(capsys) -> None:
+    with pytest.raises(SystemExit):
+        transformers.HfArgumentParser(AmpkitArguments).parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("(default") == len(dataclasses.fields(AmpkitArguments))
+    for f in dataclasses.fields(AmpkitArguments):
+        # the entry after the flag's hyphenated alias: METAVAR, its help, its default
+        entry = text[text.index("--" + f.name.replace("_", "-") + " "):]
+        words = entry[:entry.index("(default")].split(" ", 2)[2]
+        assert len(words) > 20, (f.name, words)  # every flag has a help of its own
+    assert ("--ampkit_backoff_factor AMPKIT_BACKOFF_FACTOR, --ampkit-backoff-factor "
+            "AMPKIT_BACKOFF_FACTOR GradScaler: the factor the scale shrinks by on an "
+            "overflow (default: None)") in text
+    assert "bfloat16|bf16 (any case)" in text
+
+
 def test_a_plugin_parameter_that_contradicts_its_config_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"AmpkitPrecision: level='O3' contradicts the "
                                          r"config's level='O2'"):
@@ -174,8 +236,11 @@ def test_lightning_logs_scale_and_skips_keeps_the_scheduler_and_records_config(
     assert float(rows[0]["amp/skipped_steps"]) == 1.0
     assert float(rows[-1]["amp/skipped_steps"]) == skipped
     with open(os.path.join(log_dir, "hparams.yaml")) as f:
-        hparams = f.read()
-    assert "ampkit/level: O2" in hparams and "ampkit/dtype: float16" in hparams
+        hparams = yaml.safe_load(f)
+    # the fields that are set, as real values; unset ones are left out (not 'None'/'')
+    assert hparams == {"ampkit/level": "O2", "ampkit/dtype": "float16",
+                       "ampkit/policy": "torch", "ampkit/init_scale": 2.0 ** 24,
+                       "ampkit/log_skipped_steps": False, "ampkit/fp8_first_last": False}
     ckpt_dir = os.path.join(log_dir, "checkpoints")
     ckpt = torch.load(os.path.join(ckpt_dir, os.listdir(ckpt_dir)[0]), weights_only=False)
     saved = ckpt["AmpkitPrecision"]["ampkit_config"]
@@ -310,7 +375,11 @@ def test_accelerate_trackers_get_the_config_and_the_amp_values(tmp_path) -> None
     assert recorder.hparams["ampkit/dtype"] == "float16"
     assert recorder.hparams["ampkit/init_scale"] == 1024.0
     assert recorder.hparams["ampkit/custom_black_list"] == "exp,softmax"
-    assert recorder.hparams["ampkit/fp8"] == "None"
+    # unset fields are left out: no 'None' or '' text stands in for them
+    assert "ampkit/fp8" not in recorder.hparams
+    assert "ampkit/backoff_factor" not in recorder.hparams
+    assert "ampkit/custom_white_list" not in recorder.hparams
+    assert not [v for v in recorder.hparams.values() if v in ("None", "")]
     assert all(isinstance(v, str | int | float | bool) for v in recorder.hparams.values())
     _accelerate_run(accelerator, steps_with_inf={1}, steps=3)
     # hand-written trajectory: 1024 until the overflow at step 1 halves it (hysteresis 1)
@@ -328,7 +397,7 @@ def test_accelerate_log_adds_nothing_when_no_loss_is_scaled(tmp_path) -> None:
                                     log_with=[recorder], project_dir=str(tmp_path))
     accelerator.init_trackers("amp")
     assert recorder.hparams["ampkit/dtype"] == "bfloat16"
-    assert recorder.hparams["ampkit/loss_scale"] == "None"
+    assert "ampkit/loss_scale" not in recorder.hparams  # unset: the level's (none)
     _accelerate_run(accelerator, steps_with_inf=set(), steps=1)
     assert recorder.logged == [(0, {"step_loss": 0})]
     accelerator.end_training()

@@ -119,6 +119,24 @@ def test_a_bad_file_is_a_value_error_naming_the_field(tmp_path, text, message) -
         AmpConfig.from_file(path)
 
 
+@pytest.mark.parametrize("name", ["amp.toml", "amp", "amp.JSON5"])
+def test_a_file_of_another_format_names_the_accepted_suffixes(tmp_path, name) -> None:
+    # refused by its suffix, before it is read (it used to say "not valid JSON")
+    path = tmp_path / name
+    path.write_text('level = "O2"\n')
+    suffix = name.partition(".")[2]
+    got = "." + suffix.lower() if suffix else "no suffix"
+    with pytest.raises(ValueError, match=(
+            rf"{name}: an ampkit config file is JSON \(\.json\) or YAML \(\.yaml, \.yml\), "
+            rf"and its suffix says which; got '{got}'")):
+        AmpConfig.from_file(path)
+    with pytest.raises(ValueError, match=r"an ampkit config file is JSON"):
+        AmpConfig.from_file(tmp_path / "missing.toml")  # not FileNotFoundError
+    with pytest.raises(ValueError, match=r"an ampkit config file is JSON"):
+        AmpConfig(level="O2").to_file(tmp_path / "out.toml")
+    assert not (tmp_path / "out.toml").exists()
+
+
 def test_a_bad_yaml_file_is_a_value_error_too(tmp_path) -> None:
     path = tmp_path / "amp.yml"
     path.write_text("level: O2\ncustom_black_list: [not_an_op]\n")

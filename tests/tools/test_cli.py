@@ -8,6 +8,7 @@ console script and ``python -m ampkit`` in a real subprocess.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -79,7 +80,47 @@ def mlp_batch():
 
 
 NUMBER = 3
+
+
+# the user's own code failing, each in its own way
+def factory_raises():
+    raise RuntimeError("no weights file")  # LINE factory
+
+
+def inputs_raise():
+    raise KeyError("batch")  # LINE inputs
+
+
+class ForwardRaises(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.fc(x[:, :5])  # LINE forward
+
+
+def eval_raises(model):
+    return 1 / 0  # LINE eval
+
+
+def eval_text(model):
+    return "good"
+
+
+def eval_nan(model):
+    return float("nan")
+
+
+def loss_raises(output):
+    raise ValueError("no labels")  # LINE loss
 '''
+
+
+def _line(tag: str) -> int:
+    """The line of ``_MODELS`` (as written in userpkg/models.py) marked ``# LINE tag``."""
+    lines = textwrap.dedent(_MODELS).splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.endswith(f"# LINE {tag}"))
 
 
 @pytest.fixture(scope="module")
@@ -216,11 +257,92 @@ def test_compare_fp8_prints_and_writes_the_per_layer_fp8_errors(
                                                          ("2", "tensorwise")]
     # fp8 rounds more than bf16: its output error is the larger one, on both layers
     assert all(r["output_fp8"]["max_rel"] > r["output_low"]["max_rel"] > 0 for r in rows)
+    # the HTML report has the same table: a row per layer, its errors as compare.json's
+    page = (out / "compare.html").read_text()
+    assert "<h2>fp8 per layer (tensorwise)</h2>" in page
+    table = page[page.index('<table id="fp8-layers">'):]
+    table = table[:table.index("</table>")]
+    assert "<th>Out fp8</th><th>Out bfloat16</th>" in table
+    for r in rows:
+        assert (f"<tr><td>{r['layer']}</td><td>{r['output_fp8']['max_rel']:.3g}</td>"
+                f"<td>{r['output_low']['max_rel']:.3g}</td>") in table
     # without --fp8, neither the table nor rows
     assert _status(["compare", "userpkg.models:mlp", "--inputs", "userpkg.models:mlp_batch",
                     "--out", str(out), "--overwrite"]) == 0
     assert "fp8 per layer" not in capsys.readouterr().out
     assert json.loads((out / "compare.json").read_text())["fp8_layers"] == []
+    assert "fp8-layers" not in (out / "compare.html").read_text()
+
+
+def _op_rows(out: Path) -> list[tuple[str, str, str]]:
+    return [(r["op"], r["module"], r["dtype"])
+            for r in json.loads((out / "compare.json").read_text())["ops"]]
+
+
+def test_compare_takes_an_ampkit_config_file_and_a_device(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["userpkg.models:build", "--inputs", "userpkg.models:batch"]
+    # the flags' way ...
+    assert _status(["compare", *common, "--precision", "O2", "--dtype", "bf16",
+                    "--custom-black-list", "layer_norm", "--out", str(tmp_path / "a")]) == 0
+    # ... and the same settings as a config file, on --device cpu
+    (tmp_path / "amp.yaml").write_text("level: o2\ndtype: BF16\n"
+                                       "custom_black_list: [layer_norm]\n")
+    assert _status(["compare", *common, "--config", str(tmp_path / "amp.yaml"),
+                    "--device", "cpu", "--out", str(tmp_path / "b")]) == 0
+    flags = json.loads((tmp_path / "a" / "compare.json").read_text())
+    config = json.loads((tmp_path / "b" / "compare.json").read_text())
+    assert flags["ops"] == config["ops"]
+    assert _op_rows(tmp_path / "a") == [("linear", "1", "torch.bfloat16")]
+    # a field only a config holds: the Linear kept in float32 by keep_fp32_modules
+    (tmp_path / "keep.json").write_text(json.dumps(
+        {"level": "O2", "dtype": "bfloat16", "keep_fp32_modules": ["1"]}))
+    assert _status(["compare", *common, "--config", str(tmp_path / "keep.json"),
+                    "--out", str(tmp_path / "c")]) == 0
+    assert _op_rows(tmp_path / "c") == [("linear", "1", "torch.float32")]
+    capsys.readouterr()
+    # a flag that contradicts the file, and --precision beside it, are refused
+    line = _bad_input(["compare", *common, "--config", str(tmp_path / "amp.yaml"),
+                       "--dtype", "fp16", "--out", str(tmp_path / "d")], capsys)
+    assert line == ("ampkit compare: error: --dtype float16 contradicts the config's "
+                    "dtype=bfloat16; give it once")
+    line = _bad_input(["compare", *common, "--config", str(tmp_path / "amp.yaml"),
+                       "--precision", "O1"], capsys)
+    assert line == ("ampkit compare: error: argument --precision: not allowed with argument "
+                    "--config (see: ampkit compare --help)")
+    assert not (tmp_path / "d").exists()
+
+
+def test_compare_on_a_cuda_device_this_machine_lacks_is_a_one_line_error(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    status = _status(["compare", "userpkg.models:build", "--inputs", "userpkg.models:batch",
+                      "--device", "cuda", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err.splitlines()
+    assert status == 1
+    assert len(err) == 1 and err[0].startswith(
+        "ampkit compare: error: device 'cuda' was asked for, but no CUDA GPU is available")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_only_the_known_import_notes_are_silenced(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from ampkit.tools.cli_args import known_import_noise_silenced
+
+    with caplog.at_level(logging.WARNING), known_import_noise_silenced():
+        logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: no such lib")
+        logging.getLogger("torch.utils._pytree").warning(
+            "%s is an Enum subclass and is now natively supported by torch.compile", "E")
+        logging.getLogger("torchao").warning("a real torchao warning")
+        logging.getLogger("torch.utils._pytree").warning("another pytree warning")
+        logging.getLogger("other").warning("Failed to load something of the user's")
+    logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: after the block")
+    assert [r.getMessage() for r in caplog.records] == [
+        "a real torchao warning", "another pytree warning",
+        "Failed to load something of the user's",
+        "Failed to load /x/_C_mxfp8.so: after the block"]
 
 
 def test_compare_fp8_without_torchao_names_the_extra(
@@ -291,6 +413,110 @@ def test_tune_refuses_to_replace_a_file_without_overwrite(
     assert Policy.load(out).name == "tuned"
 
 
+# -- the user's own code failing: one line, status 2, no folder left ---------------------------
+
+_BATCH = ["--inputs", "userpkg.models:batch"]
+_SCORE = ["--eval", "userpkg.models:score"]
+_USER_CODE_ERRORS = [
+    (["compare", "userpkg.models:factory_raises", *_BATCH],
+     "TARGET 'userpkg.models:factory_raises' raised RuntimeError: no weights file "
+     "(at userpkg/models.py:{factory})"),
+    (["compare", "userpkg.models:build", "--inputs", "userpkg.models:inputs_raise"],
+     "--inputs 'userpkg.models:inputs_raise' raised KeyError: 'batch' "
+     "(at userpkg/models.py:{inputs})"),
+    (["compare", "userpkg.models:ForwardRaises", *_BATCH],
+     "the forward of TARGET 'userpkg.models:ForwardRaises' (ForwardRaises.forward) raised "
+     "RuntimeError: mat1 and mat2 shapes cannot be multiplied (16x5 and 32x4) "
+     "(at userpkg/models.py:{forward})"),
+    (["compare", "userpkg.models:build", *_BATCH, "--loss-fn", "userpkg.models:loss_raises"],
+     "--loss-fn 'userpkg.models:loss_raises' raised ValueError: no labels "
+     "(at userpkg/models.py:{loss})"),
+    (["compare", "userpkg.models:build", *_BATCH, "--loss-fn", "userpkg.models:eval_text"],
+     "--loss-fn 'userpkg.models:eval_text' returned a str: it must return a one-element "
+     "tensor"),
+    (["tune", "userpkg.models:factory_raises", *_SCORE, "--quiet"],
+     "TARGET 'userpkg.models:factory_raises' raised RuntimeError: no weights file "
+     "(at userpkg/models.py:{factory})"),
+    (["tune", "userpkg.models:build", "--eval", "userpkg.models:eval_raises", "--quiet"],
+     "--eval 'userpkg.models:eval_raises' raised ZeroDivisionError: division by zero "
+     "(at userpkg/models.py:{eval})"),
+    (["tune", "userpkg.models:build", "--eval", "userpkg.models:eval_text", "--quiet"],
+     "--eval 'userpkg.models:eval_text' returned a str: it must return a number or a "
+     "one-element tensor"),
+    (["tune", "userpkg.models:build", "--eval", "userpkg.models:eval_nan", "--quiet"],
+     "--eval 'userpkg.models:eval_nan': eval_fn returned nan on the float32 model (the "
+     "reference every trial is measured against); it must be a finite number: check "
+     "eval_fn and the model in float32"),
+]
+
+
+@pytest.mark.parametrize("argv,message", _USER_CODE_ERRORS,
+                         ids=[f"{a[0]}-{a[-1] if a[0] == 'tune' else a[1]}-{i}"
+                              for i, (a, _) in enumerate(_USER_CODE_ERRORS)])
+def test_the_users_code_failing_is_one_line_and_leaves_no_folder(
+        argv: list[str], message: str, in_user_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # compare: --out two folders deep, neither there before, both gone afterwards; tune
+    # writes its file only at the end
+    out = tmp_path / ("policy.json" if argv[0] == "tune" else "new/report")
+    line = _bad_input([*argv, "--out", str(out)], capsys)
+    lines = {tag: _line(tag) for tag in ("factory", "inputs", "forward", "eval", "loss")}
+    assert line == f"ampkit {argv[0]}: error: " + message.format(**lines)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_that_was_there_stays_and_others_files_are_kept(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    _bad_input(["compare", "userpkg.models:factory_raises", *_BATCH, "--out", str(out)],
+               capsys)
+    assert out.is_dir() and list(out.iterdir()) == []
+    # a folder this run made, holding a file of someone else's: the file and folder stay
+    made = tmp_path / "made" / "report"
+    real_mkdir = Path.mkdir
+
+    def mkdir_then_someone_writes(self: Path, *args: object, **kwargs: object) -> None:
+        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]
+        if self == made:
+            (made / "notes.txt").write_text("not ampkit's")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Path, "mkdir", mkdir_then_someone_writes)
+        _bad_input(["compare", "userpkg.models:factory_raises", *_BATCH, "--out",
+                    str(made)], capsys)
+    assert [p.name for p in made.iterdir()] == ["notes.txt"]
+
+
+def test_a_demo_that_stops_removes_the_folder_it_made(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import ampkit.tools.cli as cli
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run", interrupted)
+    assert _status(["demo", "--quiet", "--out", str(tmp_path / "a" / "report")]) == 130
+    assert capsys.readouterr().err == "ampkit: interrupted\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_real_process_reports_the_users_error_in_one_line(
+        user_dir: Path, tmp_path: Path) -> None:
+    # the issue's repro, as a shell runs it; with --fp8, the command imports torchao
+    # first (a fresh process): its notes about optional kernels built for other
+    # machines and torch's pytree notice are not shown either, only ampkit's line
+    fp8 = ["--fp8", "tensorwise"] if importlib.util.find_spec("torchao") else []
+    result = _subprocess("compare", "userpkg.models:factory_raises", *_BATCH, *fp8,
+                         "--out", str(tmp_path / "r1"), cwd=user_dir, script=True)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"ampkit compare: error: TARGET 'userpkg.models:factory_raises' raised "
+        f"RuntimeError: no weights file (at userpkg/models.py:{_line('factory')})\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- bad input: one line, status 2 ----------------------------------------------------------
 
 _TARGET_ERRORS = [
@@ -301,7 +527,11 @@ _TARGET_ERRORS = [
      "TARGET 'userpkg.broken:build': cannot import 'userpkg.broken' (from {cwd} or "
      "sys.path): ModuleNotFoundError: No module named 'a_dependency_that_is_not_installed'"),
     (["userpkg.models:buildd"],
-     "TARGET 'userpkg.models:buildd': 'userpkg.models' has no attribute 'buildd'"),
+     "TARGET 'userpkg.models:buildd': 'userpkg.models' has no attribute 'buildd'; did you "
+     "mean 'build', 'built'?"),
+    (["userpkg.models:biuld"],
+     "TARGET 'userpkg.models:biuld': 'userpkg.models' has no attribute 'biuld'; did you "
+     "mean 'build', 'built'?"),
     (["userpkg.models:Nested.missing"],
      "TARGET 'userpkg.models:Nested.missing': 'userpkg.models.Nested' has no attribute "
      "'missing'"),
@@ -330,7 +560,7 @@ def test_a_bad_target_is_a_one_line_error(
     out = tmp_path / "out"
     line = _bad_input([command, *target, *extra, "--out", str(out)], capsys)
     assert line == f"ampkit {command}: error: " + message.format(cwd=in_user_dir)
-    assert not out.exists() or not any(out.iterdir())  # nothing written
+    assert not out.exists()  # nothing written, no folder made
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -343,6 +573,10 @@ def test_a_bad_target_is_a_one_line_error(
     (["tune", "userpkg.models:build", "--eval", "nowhere_at_all:f"],
      "--eval 'nowhere_at_all:f': cannot import 'nowhere_at_all' (from {cwd} or sys.path): "
      "ModuleNotFoundError: No module named 'nowhere_at_all'"),
+    (["compare", "userpkg.models:build", "--inputs", "userpkg.models:batch", "--precision",
+      "O3", "--custom-black-list", "softmax"],
+     "policy, custom_white_list and custom_black_list choose how ops are cast, which level "
+     "O3 with patch_ops=False does not do; use level O1 or O2"),
     (["tune", "userpkg.models:build"],
      "TARGET 'userpkg.models:build' needs --eval FN: eval_fn(model) -> number, as "
      "package.module:attribute"),
@@ -450,6 +684,14 @@ def test_an_out_under_a_file_is_a_one_line_error(
      "paddle-O2-no-promote, mxnet-float16, mxnet-bfloat16, apex-O1; or a policy file such as "
      "ampkit tune writes)"),
     (["compare", "m:f"], "the following arguments are required: --inputs"),
+    (["compare", "m:f", "--inputs", "m:g", "--device", "tpu"],
+     "argument --device: invalid choice: 'tpu' (choose from auto, cpu, cuda, cuda:<index>)"),
+    (["compare", "m:f", "--inputs", "m:g", "--config", "amp.toml"],
+     "argument --config: amp.toml: an ampkit config file is JSON (.json) or YAML (.yaml, "
+     ".yml), and its suffix says which; got '.toml'"),
+    (["compare", "m:f", "--inputs", "m:g", "--config", "no-such-amp.json"],
+     "argument --config: cannot read the config file 'no-such-amp.json': No such file or "
+     "directory"),
     (["compare", "m:f", "--inputs", "m:g", "--fp8", "e4m3"],
      "argument --fp8: invalid choice: 'e4m3' (choose from tensorwise, rowwise, "
      "rowwise_with_gw_hp; case does not matter)"),

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 import ampkit
 from ampkit.policy import Policy
-from ampkit.tools.tune import BUDGET_EXHAUSTED, TuneWarning
+from ampkit.tools.tune import BUDGET_EXHAUSTED, MetricError, TuneWarning
 
 
 def _model() -> nn.Sequential:
@@ -201,3 +201,19 @@ def test_on_trial_sees_every_trial_and_start_policy_is_used() -> None:
     assert result.policy.dtype == torch.bfloat16 and result.policy.name == "tuned"
     with pytest.raises(TypeError, match="on_trial"):
         ampkit.tune(_model(), _eval(x, y), "bfloat16", tolerance=TOLERANCE, on_trial=3)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), torch.tensor(float("-inf"))])
+def test_a_float32_metric_that_is_not_finite_is_refused(value: object) -> None:
+    # NaN used to run every trial "outside the tolerance" and end with an empty policy,
+    # blaming the ops ("no op that added error is left")
+    calls = []
+
+    def eval_fn(model: nn.Module) -> object:
+        calls.append(model)
+        return value
+
+    with pytest.raises(MetricError, match=r"eval_fn returned (nan|inf|-inf) on the float32 "
+                                          r"model .*it must be a finite number"):
+        ampkit.tune(nn.Linear(4, 2), eval_fn, "bfloat16", tolerance=0.1)
+    assert len(calls) == 1  # refused after the reference, before any trial

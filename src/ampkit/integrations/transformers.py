@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 from ampkit.arguments import parse_loss_scale
-from ampkit.config import AmpConfig
+from ampkit.config import AmpConfig, field_help
 from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
 from ampkit.integrations._versions import require_hooks
 
@@ -84,71 +84,82 @@ _REFUSED_FLAGS = ("bf16_full_eval", "fp16_full_eval")
 CONFIG_FILE = "ampkit_config.json"
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
+def _flag(name: str, unset: str = "") -> dict[str, str]:
+    """The metadata of the ``--ampkit_<name>`` flag of AmpConfig's field ``name``: its
+    help and accepted values come from AmpConfig (:func:`ampkit.config.field_help`), so
+    the flags take every spelling AmpConfig takes; the values are checked when the
+    arguments are made."""
+    return {"help": field_help(name) + unset}
 
 
 @dataclasses.dataclass
 class AmpkitArguments:
     """The ampkit config as command-line flags for ``HfArgumentParser`` (each field is
     an :class:`ampkit.AmpConfig` field with an ``ampkit_`` prefix; ``None``: not given).
+    They accept the spellings ``AmpConfig`` accepts (``--ampkit_level o2``,
+    ``--ampkit_dtype bf16``), and are checked when made (a bad value or a flag that
+    contradicts ``--ampkit_config`` is a ``ValueError`` then).
 
     Example:
         >>> from transformers import HfArgumentParser
         >>> from ampkit.integrations.transformers import AmpkitArguments
         >>> (amp,) = HfArgumentParser(AmpkitArguments).parse_args_into_dataclasses(
-        ...     ["--ampkit_level", "O2", "--ampkit_dtype", "float16",
+        ...     ["--ampkit_level", "o2", "--ampkit_dtype", "fp16",
         ...      "--ampkit_custom_black_list", "softmax", "exp"])
         >>> amp.to_config().custom_black_list, amp.to_config().level
         (('exp', 'softmax'), 'O2')
     """
 
     ampkit_config: str | None = dataclasses.field(
-        default=None, metadata=_help("an ampkit config file (JSON or YAML); the other "
-                                     "--ampkit_* flags must agree with it"))
+        default=None, metadata={"help": "an ampkit config file (.json, .yaml or .yml); the "
+                                         "other --ampkit_* flags must agree with it"})
     ampkit_level: str | None = dataclasses.field(
-        default=None, metadata={"help": "precision level (default O2)",
-                                "choices": ["O0", "O1", "O2", "O3"]})
+        default=None, metadata=_flag("level", unset="; unset: the config's, else O2"))
     ampkit_dtype: str | None = dataclasses.field(
-        default=None, metadata={"help": "low-precision dtype (default: the device's)",
-                                "choices": ["float16", "bfloat16"]})
+        default=None, metadata=_flag("dtype"))
     ampkit_policy: str | None = dataclasses.field(
-        default=None, metadata=_help("a policy preset or the path of a policy file"))
+        default=None, metadata=_flag("policy"))
     ampkit_custom_white_list: list[str] | None = dataclasses.field(
-        default=None, metadata=_help("ops run in low precision"))
+        default=None, metadata=_flag("custom_white_list"))
     ampkit_custom_black_list: list[str] | None = dataclasses.field(
-        default=None, metadata=_help("ops run in float32"))
+        default=None, metadata=_flag("custom_black_list"))
     ampkit_keep_fp32_modules: list[str] | None = dataclasses.field(
-        default=None, metadata=_help("qualified module names kept in float32"))
+        default=None, metadata=_flag("keep_fp32_modules"))
     ampkit_keep_norms_fp32: bool | None = dataclasses.field(
-        default=None, metadata=_help("keep norm layers in float32 (default: the level's)"))
+        default=None, metadata=_flag("keep_norms_fp32"))
     ampkit_master_weights: str | None = dataclasses.field(
-        default=None, metadata={"help": "master weights (default: the level's)",
-                                "choices": ["true", "false", "stochastic", "kahan"]})
+        default=None, metadata=_flag("master_weights"))
     ampkit_rounding_seed: int | None = dataclasses.field(
-        default=None, metadata=_help("seed of stochastic/kahan rounding"))
+        default=None, metadata=_flag("rounding_seed"))
     ampkit_loss_scale: str | None = dataclasses.field(
-        default=None, metadata=_help("'dynamic' or a static scale (default: the level's)"))
-    ampkit_init_scale: float | None = None
-    ampkit_growth_factor: float | None = None
-    ampkit_backoff_factor: float | None = None
-    ampkit_growth_interval: int | None = None
-    ampkit_hysteresis: int | None = None
-    ampkit_min_scale: float | None = None
-    ampkit_max_scale: float | None = None
+        default=None, metadata=_flag("loss_scale"))
+    ampkit_init_scale: float | None = dataclasses.field(
+        default=None, metadata=_flag("init_scale"))
+    ampkit_growth_factor: float | None = dataclasses.field(
+        default=None, metadata=_flag("growth_factor"))
+    ampkit_backoff_factor: float | None = dataclasses.field(
+        default=None, metadata=_flag("backoff_factor"))
+    ampkit_growth_interval: int | None = dataclasses.field(
+        default=None, metadata=_flag("growth_interval"))
+    ampkit_hysteresis: int | None = dataclasses.field(
+        default=None, metadata=_flag("hysteresis"))
+    ampkit_min_scale: float | None = dataclasses.field(
+        default=None, metadata=_flag("min_scale"))
+    ampkit_max_scale: float | None = dataclasses.field(
+        default=None, metadata=_flag("max_scale"))
     ampkit_log_skipped_steps: bool = dataclasses.field(
-        default=False, metadata=_help("log one line per step skipped on an overflow"))
+        default=False, metadata=_flag("log_skipped_steps"))
     ampkit_fp8: str | None = dataclasses.field(
-        default=None, metadata={"help": "fp8 recipe for Linear layers",
-                                "choices": ["tensorwise", "rowwise", "rowwise_with_gw_hp"]})
+        default=None, metadata=_flag("fp8"))
     ampkit_fp8_exclude_modules: list[str] | None = dataclasses.field(
-        default=None, metadata=_help("qualified module names kept out of fp8"))
+        default=None, metadata=_flag("fp8_exclude_modules"))
     ampkit_fp8_first_last: bool = dataclasses.field(
-        default=False, metadata=_help("train the first and last Linear in fp8 too"))
+        default=False, metadata=_flag("fp8_first_last"))
     ampkit_cast_model_outputs: str | None = dataclasses.field(
-        default=None, metadata={"help": "dtype of the model's outputs (default: the "
-                                        "level's)",
-                                "choices": ["float16", "bfloat16", "float32"]})
+        default=None, metadata=_flag("cast_model_outputs"))
+
+    def __post_init__(self) -> None:
+        self.to_config()  # checked once, when the flags are parsed
 
     def to_config(self) -> AmpConfig:
         """The :class:`ampkit.AmpConfig` these flags stand for (level ``O2`` unless

@@ -31,9 +31,14 @@ Options of ``ampkit demo``:
 
 Exit status of every command: 0 on success; 2 for bad input (an unknown option or
 choice, a number out of range, a TARGET that does not import or is of the wrong kind,
-an empty, unwritable or occupied ``--out``), reported on one line before any work;
-1 for what the machine lacks (no CUDA GPU, a missing optional dependency); 3 when
-``ampkit tune`` found no policy within the tolerance; 130 when interrupted.
+an empty, unwritable or occupied ``--out``), reported on one line before any work,
+and for the user's own code failing (a factory, ``--inputs``, ``--eval``,
+``--loss-fn`` or the model's forward raising, or returning the wrong kind of value; a
+NaN float32 metric in ``tune``), one line naming the function, the exception and the
+user's line it came from, without a traceback; 1 for what the machine lacks (no CUDA
+GPU, a missing optional dependency); 3 when ``ampkit tune`` found no policy within the
+tolerance; 130 when interrupted. A command that fails removes the ``--out`` folders it
+made (never a folder that was there, nor a file of another name).
 
 Example:
     >>> from ampkit.tools.cli import build_parser
@@ -57,10 +62,12 @@ from ampkit.tools.cli_args import (
     MISSING,
     PROG,
     Parser,
+    add_device_option,
     add_run_options,
     choice_list,
     console,
     fail,
+    folder_undo,
     missing_modules,
     non_negative_int,
     positive_int,
@@ -84,20 +91,6 @@ if TYPE_CHECKING:
     from ampkit.tools.demo import DemoResult
 
 __all__ = ["build_parser", "main"]
-
-_DEVICE_CHOICES = "auto, cpu, cuda, cuda:<index>"
-
-
-def _device_name(text: str) -> str:
-    try:
-        resolve_device(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid choice: {text!r} (choose from {_DEVICE_CHOICES})") from None
-    except RuntimeError:
-        pass  # a valid name for a device this machine lacks: reported after parsing
-    return text
-
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``ampkit`` argument parser (subcommands ``demo``, ``compare``, ``tune``;
@@ -124,9 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "and write plots, an HTML page and JSON to --out.")
     demo.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS,
                       help=f"training epochs per run (default: {DEFAULT_EPOCHS})")
-    demo.add_argument("--device", type=_device_name, default="auto",
-                      help=f"one of {_DEVICE_CHOICES} (default: auto, which is CUDA when "
-                           "available, else CPU)")
+    add_device_option(demo, default="auto",
+                      default_help="auto, which is CUDA when available, else CPU")
     demo.add_argument("--levels", type=choice_list(LEVEL_CHOICES), action="extend",
                       help=f"comma-separated, among {', '.join(LEVEL_CHOICES)} (O0 = fp32; "
                            "case does not matter); "
@@ -239,15 +231,22 @@ def _demo(args: argparse.Namespace) -> int:
     settings = DemoSettings(epochs=args.epochs, device=args.device, seed=args.seed,
                             pure_bf16_steps=args.pure_bf16_steps,
                             configurations=demo_configurations(args.levels, args.dtypes))
+    names = report_file_names(settings)
+    undo = folder_undo(args.out, names)  # a folder this run made goes if it fails
     try:
-        check_output_dir(args.out, report_file_names(settings), overwrite=args.overwrite)
+        check_output_dir(args.out, names, overwrite=args.overwrite)
     except OSError as error:
+        undo()
         return fail("demo", str(error))
     import torch
 
     torch.set_num_threads(args.threads)
-    result = _run(settings, args.quiet)
-    files = write_report(result, args.out)
+    try:
+        result = _run(settings, args.quiet)
+        files = write_report(result, args.out)
+    except BaseException:
+        undo()
+        raise
     _print_summary(result, files, args.quiet, console())
     return 0
 

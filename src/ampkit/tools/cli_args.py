@@ -18,16 +18,22 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import logging
+import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["BAD_INPUT", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG", "Parser",
-           "add_run_options", "choice_list", "console", "fail", "fp8_recipe", "low_dtype",
+__all__ = ["BAD_INPUT", "DEVICE_CHOICES", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG",
+           "Parser", "add_device_option", "add_run_options", "choice_list", "config_file",
+           "console", "device_name", "fail", "folder_undo", "fp8_recipe",
+           "known_import_noise_silenced", "low_dtype",
            "missing_modules", "non_negative_int", "number", "output_path", "positive_int",
            "seed", "spelled"]
 
@@ -203,6 +209,154 @@ def add_run_options(parser: argparse.ArgumentParser, *, out: str, out_help: str,
     parser.add_argument("--overwrite", action="store_true", help=overwrite_help)
     parser.add_argument("--threads", type=positive_int, default=1,
                         help=f"{threads_help} (default: 1)")
+
+
+# Log records third-party packages emit when torchao is imported, which say nothing
+# about the user's run: torchao's optional C++ kernels built for other machines or
+# Python versions ("Failed to load .../_C_mxfp8...so"), and torch's notice that torchao
+# still registers its Enums with pytree. (logger name, start of the message)
+_IMPORT_NOISE = (("torchao", "Failed to load "),
+                 ("torch.utils._pytree", "%s is an Enum subclass and is now natively"))
+
+
+class _DropKnown(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
+@contextlib.contextmanager
+def known_import_noise_silenced() -> Iterator[None]:
+    """Drop, while the block runs, the known log records of :data:`_IMPORT_NOISE`
+    (each by its logger and the start of its message; every other record, warning and
+    logger is left alone), so that ``--fp8`` output starts with ampkit's own.
+
+    Example:
+        >>> import logging
+        >>> from ampkit.tools.cli_args import known_import_noise_silenced
+        >>> with known_import_noise_silenced():
+        ...     logging.getLogger("torchao").warning("Failed to load x.so: no GPU")
+    """
+    filters = [(logging.getLogger(name), _DropKnown(start)) for name, start in _IMPORT_NOISE]
+    for logger, drop in filters:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger, drop in filters:
+            logger.removeFilter(drop)
+
+
+def folder_undo(path: str | os.PathLike[str], files: Iterable[str]) -> Callable[[], None]:
+    """Note, before a command creates the folder ``path`` (and its missing parents),
+    which of them do not exist yet; the function returned removes what the command
+    made there: ``files`` (the command's own file names) in ``path``, then each folder
+    it created, innermost first, if it is empty. A folder that existed stays, and so
+    does any file of another name.
+
+    Example:
+        >>> import os, tempfile
+        >>> from ampkit.tools.cli_args import folder_undo
+        >>> root = tempfile.mkdtemp()
+        >>> out = os.path.join(root, "a", "report")
+        >>> undo = folder_undo(out, ["r.html"])
+        >>> os.makedirs(out)
+        >>> open(os.path.join(out, "r.html"), "w").close()
+        >>> undo()
+        >>> os.listdir(root)
+        []
+    """
+    folder = Path(os.path.abspath(path))
+    created: list[Path] = []  # innermost first
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        created.append(probe)
+        probe = probe.parent
+    names = tuple(files)
+
+    def undo() -> None:
+        if not created:
+            return
+        for name in names:
+            with contextlib.suppress(OSError):
+                (folder / name).unlink()
+        for made in created:
+            try:
+                made.rmdir()
+            except OSError:  # not empty (someone else's file), or gone: leave it
+                return
+
+    return undo
+
+
+#: The ``--device`` names every command takes.
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:<index>"
+
+
+def device_name(text: str) -> str:
+    """An argument type: a device name (:data:`DEVICE_CHOICES`); whether this machine
+    has it is checked after parsing (a missing GPU is exit status 1, not bad input).
+
+    Example:
+        >>> from ampkit.tools.cli_args import device_name
+        >>> device_name("cuda:1")
+        'cuda:1'
+        >>> device_name("tpu")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: invalid choice: 'tpu' (choose from auto, cpu, cuda, ...)
+    """
+    from ampkit.tools.demo import resolve_device
+
+    try:
+        resolve_device(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {DEVICE_CHOICES})") from None
+    except RuntimeError:
+        pass  # a valid name for a device this machine lacks: reported after parsing
+    return text
+
+
+def add_device_option(parser: argparse.ArgumentParser, *, default: str | None,
+                      default_help: str) -> None:
+    """Add ``--device`` (:func:`device_name`), one wording for every command.
+
+    Example:
+        >>> import argparse
+        >>> from ampkit.tools.cli_args import add_device_option
+        >>> parser = argparse.ArgumentParser()
+        >>> add_device_option(parser, default="auto", default_help="auto")
+        >>> parser.parse_args(["--device", "cpu"]).device
+        'cpu'
+    """
+    parser.add_argument("--device", type=device_name, default=default,
+                        help=f"one of {DEVICE_CHOICES} (default: {default_help})")
+
+
+def config_file(text: str) -> Any:
+    """An argument type: an :class:`ampkit.AmpConfig` file (``.json``, ``.yaml``,
+    ``.yml``), read and checked by ``AmpConfig.from_file``.
+
+    Example:
+        >>> from ampkit.tools.cli_args import config_file
+        >>> config_file("amp.toml")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: amp.toml: an ampkit config file is JSON (.json) or ...
+    """
+    from ampkit.config import AmpConfig
+
+    try:
+        return AmpConfig.from_file(text)
+    except OSError as error:
+        raise argparse.ArgumentTypeError(
+            f"cannot read the config file {text!r}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(" ".join(str(error).split())) from None
 
 
 def low_dtype(text: str) -> Any:

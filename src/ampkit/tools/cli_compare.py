@@ -5,18 +5,23 @@ callable returning one) and its inputs (FN: a callable returning the forward's
 arguments), both as ``package.module:attribute`` (see :mod:`ampkit.tools.cli_target`),
 runs it in float32 and under ``--precision`` (a level ``O1``-``O3``, a preset name, or
 a policy file written by ``ampkit tune`` / ``Policy.save``; default ``torch``, native
-autocast's lists) in ``--dtype``, with ``--custom-white-list`` / ``--custom-black-list``
-added, and ``--loss-fn`` for gradients. With ``--fp8 RECIPE`` (``tensorwise``,
-``rowwise``, ``rowwise_with_gw_hp``; needs ``ampkit[fp8]``) every Linear that can run
-in fp8 is also measured alone in fp8 and in ``--dtype`` against float32
-(:attr:`Comparison.fp8_layers <ampkit.tools.compare.Comparison.fp8_layers>`), a table
-of its own and a ``fp8_layers`` key in ``compare.json``. It prints :meth:`Comparison.table
+autocast's lists) or as ``--config FILE`` says (an :class:`ampkit.AmpConfig` file: the
+model converted as ``initialize(config=...)`` converts it) in ``--dtype``, with
+``--custom-white-list`` / ``--custom-black-list`` added, and ``--loss-fn`` for
+gradients, on ``--device`` (default: where TARGET and ``--inputs`` put them). With
+``--fp8 RECIPE`` (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``; needs
+``ampkit[fp8]``) every Linear that can run in fp8 is also measured alone in fp8 and in
+``--dtype`` against float32
+(:attr:`Comparison.fp8_layers <ampkit.tools.compare.Comparison.fp8_layers>`): a table
+of its own, printed and in the HTML report, and a ``fp8_layers`` key in
+``compare.json``. It prints :meth:`Comparison.table
 <ampkit.tools.compare.Comparison.table>` and writes the HTML report, its two plots and
 ``compare.json`` into ``--out`` (default ``compare-report``); report files already
 there are replaced only with ``--overwrite``, and no other file is touched.
 
-Exit status: 0 on success, 2 for bad input (one line, see :mod:`ampkit.tools.cli`),
-1 for a missing optional dependency (matplotlib draws the plots).
+Exit status: 0 on success, 2 for bad input or the user's code failing (one line, see
+:mod:`ampkit.tools.cli`; a folder ``--out`` made is removed again), 1 for a missing
+optional dependency (matplotlib draws the plots) or device.
 
 Example:
     >>> import argparse
@@ -37,10 +42,14 @@ from typing import Any
 
 from ampkit.tools.cli_args import (
     MISSING,
+    add_device_option,
     add_run_options,
+    config_file,
     console,
     fail,
+    folder_undo,
     fp8_recipe,
+    known_import_noise_silenced,
     low_dtype,
     missing_modules,
     number,
@@ -48,9 +57,10 @@ from ampkit.tools.cli_args import (
 )
 from ampkit.tools.cli_target import (
     TargetError,
+    forward_error,
     inputs_factory,
-    load_callable,
     model_factory,
+    user_function,
 )
 
 __all__ = ["add_parser", "run"]
@@ -108,9 +118,15 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     compare.add_argument("--inputs", metavar="FN", required=True,
                          help="package.module:attribute of a callable returning the "
                               "forward's inputs (a tuple: the positional arguments)")
-    compare.add_argument("--precision", type=_precision, default="torch",
-                         help="a level (O1, O2, O3), a preset (torch, conservative, ...) or "
-                              "a policy file (default: torch, native autocast's lists)")
+    how = compare.add_mutually_exclusive_group()
+    how.add_argument("--precision", type=_precision, default="torch",
+                     help="a level (O1, O2, O3), a preset (torch, conservative, ...) or "
+                          "a policy file (default: torch, native autocast's lists)")
+    how.add_argument("--config", type=config_file, metavar="FILE",
+                     help="an ampkit.AmpConfig file (.json, .yaml, .yml): the model is "
+                          "converted as initialize(config=...) converts it (its level, "
+                          "dtype, policy, lists, kept modules, fp8); --dtype, --fp8 and the "
+                          "lists given too must agree with it or add to it")
     compare.add_argument("--dtype", type=low_dtype,
                          help="bf16 or fp16 (default: the policy's, else the device's "
                               "autocast default: bf16 on CPU, fp16 on CUDA)")
@@ -130,6 +146,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                               "epsilons of the dtype)")
     compare.add_argument("--limit", type=positive_int, default=20,
                          help="rows per table printed (default: 20; the report has all)")
+    add_device_option(compare, default=None,
+                      default_help="where TARGET and --inputs put the model and tensors")
     add_run_options(
         compare, out="compare-report", out_help="report folder, created if needed",
         overwrite_help="replace report files of the same names already in --out",
@@ -142,15 +160,28 @@ def run(args: argparse.Namespace) -> int:
     needs = missing_modules("matplotlib", "rich")
     if needs:
         return fail("compare", f"ampkit compare {needs}", MISSING)
+    if args.device is not None:
+        from ampkit.tools.demo import resolve_device
+
+        try:
+            resolve_device(args.device)
+        except RuntimeError as error:
+            return fail("compare", str(error), MISSING)
+    if args.config is not None:
+        problem = _against_config(args)
+        if problem:
+            return fail("compare", problem)
     if args.fp8 is not None:
         from ampkit.fp8.recipe import require_torchao
 
         try:
-            require_torchao()
+            with known_import_noise_silenced():
+                require_torchao()
         except ImportError as error:
             return fail("compare", f"--fp8: {error}", MISSING)
     try:
-        loss_fn = None if args.loss_fn is None else load_callable(args.loss_fn, "--loss-fn")
+        loss_fn = (None if args.loss_fn is None else
+                   user_function(args.loss_fn, "--loss-fn", (_is_loss, "a one-element tensor")))
         make_inputs = inputs_factory(args.inputs)
         build = model_factory(args.target)
     except TargetError as error:
@@ -158,12 +189,40 @@ def run(args: argparse.Namespace) -> int:
     from ampkit.tools.compare_report import REPORT_FILES
     from ampkit.tools.report import check_output_dir
 
-    folder = Path(args.out)
-    existed = folder.exists()
+    undo = folder_undo(args.out, REPORT_FILES)  # nothing this run made outlives a failure
     try:
-        check_output_dir(folder, REPORT_FILES, overwrite=args.overwrite)
+        check_output_dir(args.out, REPORT_FILES, overwrite=args.overwrite)
     except OSError as error:
+        undo()
         return fail("compare", str(error))
+    try:
+        status = _compare(args, build, make_inputs, loss_fn)
+    except BaseException:
+        undo()
+        raise
+    if status:
+        undo()
+    return status
+
+
+def _against_config(args: argparse.Namespace) -> str | None:
+    """What --dtype or --fp8 says against the --config file, if they disagree."""
+    cfg = args.config
+    for option, name in (("--dtype", "dtype"), ("--fp8", "fp8")):
+        given, held = getattr(args, name), getattr(cfg, name)
+        if given is not None and held is not None and given != held:
+            return (f"{option} {str(given).removeprefix('torch.')} contradicts the "
+                    f"config's {name}={str(held).removeprefix('torch.')}; give it once")
+    return None
+
+
+def _is_loss(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.numel() == 1
+
+
+def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: Any) -> int:
     import torch
 
     import ampkit
@@ -172,15 +231,40 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     try:
         model = build()
+        inputs = make_inputs()
     except TargetError as error:
-        if not existed:
-            folder.rmdir()  # made by this run, still empty
         return fail("compare", str(error))
-    inputs = make_inputs()
-    report = ampkit.compare(model, *inputs, precision=args.precision, dtype=args.dtype,
-                            custom_white_list=args.custom_white_list,
-                            custom_black_list=args.custom_black_list, loss_fn=loss_fn,
-                            threshold=args.threshold, fp8=args.fp8)
+    if args.device is not None:
+        from torch.utils._pytree import tree_map
+
+        from ampkit.tools.demo import resolve_device
+
+        device = resolve_device(args.device)
+        model = model.to(device)
+        inputs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t,
+                          inputs)
+    precision = args.precision if args.config is None else args.config
+    from ampkit.tools.compare import check_settings
+
+    try:  # what compare refuses before it runs the model is bad input, said in one line
+        check_settings(model, precision=precision, dtype=args.dtype,
+                       custom_white_list=args.custom_white_list,
+                       custom_black_list=args.custom_black_list, threshold=args.threshold,
+                       fp8=args.fp8)
+    except (ValueError, TypeError) as error:
+        return fail("compare", " ".join(str(error).split()))
+    except RuntimeError as error:  # the machine: this CPU or GPU lacks the fp8 kernel
+        return fail("compare", " ".join(str(error).split()), MISSING)
+    try:
+        report = ampkit.compare(model, *inputs, precision=precision, dtype=args.dtype,
+                                custom_white_list=args.custom_white_list,
+                                custom_black_list=args.custom_black_list, loss_fn=loss_fn,
+                                threshold=args.threshold, fp8=args.fp8)
+    except Exception as error:
+        found = forward_error(error, model, args.target)
+        if found is None:  # ampkit's own: its traceback is the report to file
+            raise
+        return fail("compare", str(found))
     out = console()
     out.print(report.table(limit=args.limit), highlight=False, soft_wrap=True)
     page = report.write_report(args.out)

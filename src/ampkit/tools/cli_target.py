@@ -15,11 +15,14 @@ take a script:
 The module is imported with the current folder first on ``sys.path``, as ``python -m``
 does, so a package next to the command is found without installing it.
 
-A reference that does not import, names a missing attribute or an object of the wrong
-kind, or a model without floating-point parameters, raises :class:`TargetError`, whose
-message is one line: the command prints it and exits with status 2. An exception
-raised *inside* the user's code (a factory that fails) is not caught: its traceback
-points into that code.
+A reference that does not import, names a missing attribute (with the closest names:
+"did you mean"), or an object of the wrong kind, or a model without floating-point
+parameters, raises :class:`TargetError`, whose message is one line: the command prints
+it and exits with status 2. So does an exception raised *inside* the user's code (a
+factory, the inputs function, ``--eval``, ``--loss-fn``, the model's forward), or a
+value of the wrong kind returned by it: :class:`UserCodeError` names the function, the
+exception and the line of the user's code it came from (:func:`call_user`,
+:func:`forward_error`).
 
 Example:
     >>> from ampkit.tools.cli_target import load_callable
@@ -36,11 +39,17 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
+from pathlib import Path
+from types import CodeType, TracebackType
 from typing import Any
 
-__all__ = ["TargetError", "inputs_factory", "load_callable", "load_model", "load_object",
-           "model_factory"]
+from ampkit.arguments import did_you_mean
+
+__all__ = ["TargetError", "UserCodeError", "call_user", "forward_error", "inputs_factory",
+           "load_callable", "load_model", "load_object", "model_factory", "user_function"]
 
 
 class TargetError(ValueError):
@@ -51,6 +60,113 @@ class TargetError(ValueError):
         >>> isinstance(TargetError("x"), ValueError)
         True
     """
+
+
+class UserCodeError(TargetError):
+    """The user's own code raised, or returned a value of the wrong kind (a one-line
+    message naming the function and the exception; the exception is the
+    ``__cause__``).
+
+    Example:
+        >>> from ampkit.tools.cli_target import TargetError, UserCodeError
+        >>> issubclass(UserCodeError, TargetError)
+        True
+    """
+
+
+def _library_roots() -> tuple[str, ...]:
+    # Code that is not the user's: ampkit, torch, and Python's own library.
+    import torch
+
+    import ampkit
+
+    roots = {str(Path(ampkit.__file__).parent), str(Path(torch.__file__).parent)}
+    roots.update(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib"))
+    return tuple(os.path.join(root, "") for root in roots)
+
+
+def _user_line(tb: TracebackType | None) -> str:
+    """`` (at FILE:LINE)`` of the innermost frame of ``tb`` in the user's code (not in
+    ampkit, torch or Python's library), or ``""``; FILE relative to the current folder
+    when it is under it."""
+    roots = _library_roots()
+    frames = [f for f in traceback.extract_tb(tb)
+              if not f.filename.startswith(roots) and not f.filename.startswith("<")]
+    if not frames:
+        return ""
+    where = frames[-1]
+    name = where.filename
+    here = os.path.join(os.getcwd(), "")
+    if name.startswith(here):
+        name = name[len(here):]
+    return f" (at {name}:{where.lineno})"
+
+
+def call_user(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, where ``fn`` is the user's code: whatever it raises becomes a
+    :class:`UserCodeError` naming ``what`` (``"TARGET 'mymodels:build'"``), the
+    exception and the user's line it came from.
+
+    Example:
+        >>> from ampkit.tools.cli_target import call_user
+        >>> call_user("--eval 'm:f'", int, "x")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ampkit.tools.cli_target.UserCodeError: --eval 'm:f' raised ValueError: invalid ...
+    """
+    try:
+        return fn(*args)
+    except UserCodeError:
+        raise
+    except Exception as error:  # the user's code: any exception is theirs to read
+        raise UserCodeError(f"{what} raised {_one_line(error)}"
+                            f"{_user_line(error.__traceback__)}") from error
+
+
+def _forward_codes(model: Any) -> dict[CodeType, str]:
+    codes: dict[CodeType, str] = {}
+    for module in model.modules():
+        code = getattr(type(module).forward, "__code__", None)
+        if isinstance(code, CodeType):
+            codes.setdefault(code, f"{type(module).__name__}.forward")
+    return codes
+
+
+def forward_error(error: BaseException, model: Any, target: str) -> UserCodeError | None:
+    """A :class:`UserCodeError` for ``error`` when it was raised inside the forward of
+    one of ``model``'s modules (the user's model, run by ampkit), else ``None`` (an
+    error of ampkit's own, which keeps its traceback). A :class:`UserCodeError` in the
+    chain of causes (one :func:`call_user` made) is returned as it is.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools.cli_target import forward_error
+        >>> net = torch.nn.Linear(2, 2)
+        >>> try:
+        ...     net(torch.ones(3))
+        ... except RuntimeError as error:
+        ...     print(forward_error(error, net, "m:net"))  # doctest: +ELLIPSIS
+        the forward of TARGET 'm:net' (Linear.forward) raised RuntimeError: ...
+    """
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, UserCodeError):
+            return cause
+        cause = cause.__cause__
+    codes = _forward_codes(model)
+    inside = [frame.f_code for frame, _ in traceback.walk_tb(error.__traceback__)
+              if frame.f_code in codes]
+    if not inside:
+        return None
+    # the innermost forward of the user's own classes names it best (torch's
+    # Linear.forward is where a bad shape lands, not what the user wrote)
+    roots = _library_roots()
+    own = [code for code in inside if not code.co_filename.startswith(roots)]
+    name = codes[(own or inside)[-1]]
+    found = UserCodeError(f"the forward of TARGET {target!r} ({name}) raised "
+                          f"{_one_line(error)}{_user_line(error.__traceback__)}")
+    found.__cause__ = error
+    return found
 
 
 def _one_line(error: BaseException) -> str:
@@ -99,8 +215,9 @@ def load_object(reference: str, option: str) -> Any:
     for depth, part in enumerate(parts):
         if not hasattr(value, part):
             owner = ".".join([module_name, *parts[:depth]]) if depth else module_name
+            known = [n for n in dir(value) if not n.startswith("_")]
             raise TargetError(f"{option} {reference!r}: {owner!r} has no attribute "
-                              f"{part!r}")
+                              f"{part!r}{did_you_mean(part, known)}")
         value = getattr(value, part)
     return value
 
@@ -120,6 +237,36 @@ def load_callable(reference: str, option: str) -> Callable[..., Any]:
     if not callable(value):
         raise TargetError(f"{option} {reference!r} is {_kind(value)}, not a callable")
     return value
+
+
+def user_function(reference: str, option: str,
+                  returns: tuple[Callable[[Any], bool], str] | None = None
+                  ) -> Callable[..., Any]:
+    """The callable ``reference`` names (:func:`load_callable`), wrapped so that what
+    it raises is a :class:`UserCodeError` (:func:`call_user`), and, with ``returns``
+    (``(accept, expected)``), so is a returned value ``accept`` refuses.
+
+    Example:
+        >>> from ampkit.tools.cli_target import user_function
+        >>> f = user_function("builtins:str", "--eval", (lambda v: isinstance(v, float),
+        ...                                              "a number"))
+        >>> f(1.5)  # doctest: +NORMALIZE_WHITESPACE
+        Traceback (most recent call last):
+        ...
+        ampkit.tools.cli_target.UserCodeError: --eval 'builtins:str' returned a str: it must
+        return a number
+    """
+    fn = load_callable(reference, option)
+    what = f"{option} {reference!r}"
+
+    def call(*args: Any) -> Any:
+        value = call_user(what, fn, *args)
+        if returns is not None and not returns[0](value):
+            raise UserCodeError(f"{what} returned {_kind(value)}: it must return "
+                                f"{returns[1]}")
+        return value
+
+    return call
 
 
 def model_factory(reference: str) -> Callable[[], Any]:
@@ -150,7 +297,8 @@ no floating-point parameters: there is nothing to run in low precision
                           f"nn.Module or a callable returning one")
 
     def build() -> Any:
-        model = value if isinstance(value, nn.Module) else value()
+        model = (value if isinstance(value, nn.Module)
+                 else call_user(f"TARGET {reference!r}", value))
         if not isinstance(model, nn.Module):
             raise TargetError(f"TARGET {reference!r} returned {_kind(model)}: it must "
                               f"return an nn.Module")
@@ -192,7 +340,7 @@ def inputs_factory(reference: str) -> Callable[[], tuple[Any, ...]]:
     make = load_callable(reference, "--inputs")
 
     def inputs() -> tuple[Any, ...]:
-        value = make()
+        value = call_user(f"--inputs {reference!r}", make)
         return value if isinstance(value, tuple) else (value,)
 
     return inputs

@@ -53,7 +53,8 @@ from ampkit.tools.cli_args import (
     number,
     positive_int,
 )
-from ampkit.tools.cli_target import TargetError, load_callable, model_factory
+from ampkit.tools.cli_target import TargetError, forward_error, model_factory, user_function
+from ampkit.tools.tune import MetricError
 
 __all__ = ["NOT_WITHIN", "add_parser", "check_output_file", "run"]
 
@@ -179,6 +180,16 @@ def _train_demo_model(epochs: int, seed: int) -> tuple[Any, Any]:
     return model.eval(), data
 
 
+def _is_metric(value: Any) -> bool:
+    from ampkit.tools.tune import metric_value
+
+    try:
+        metric_value(value, "--eval")
+    except TypeError:
+        return False
+    return True
+
+
 def _check_arguments(args: argparse.Namespace) -> str | None:
     if args.target is None:
         if args.eval is not None:
@@ -204,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     build = evaluate = None
     if args.target is not None:
         try:
-            evaluate = load_callable(args.eval, "--eval")
+            evaluate = user_function(args.eval, "--eval", (
+                _is_metric, "a number or a one-element tensor"))
             build = model_factory(args.target)
         except TargetError as error:
             return fail("tune", str(error))
@@ -268,12 +280,28 @@ def run(args: argparse.Namespace) -> int:
                          f"by: {', '.join(f'{op} {err:.2g}' for op, err in t.worst_ops)}"
                          + (f"; moving {t.moved} to float32" if t.moved else ""))
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ampkit.tools.TuneWarning)  # said below
-            result = ampkit.tune(model, eval_fn, args.dtype, tolerance=tolerance,
-                                 relative=args.relative, higher_is_better=higher,
-                                 budget=args.budget, start=args.start, on_trial=on_trial)
-        progress.update(task, total=len(result.trials))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ampkit.tools.TuneWarning)  # said below
+                result = ampkit.tune(model, eval_fn, args.dtype, tolerance=tolerance,
+                                     relative=args.relative, higher_is_better=higher,
+                                     budget=args.budget, start=args.start,
+                                     on_trial=on_trial)
+        except MetricError as error:
+            problem = f"--eval {args.eval!r}: {error}" if args.eval else str(error)
+        except Exception as error:
+            found = None if args.target is None else forward_error(error, model, args.target)
+            if found is None:  # ampkit's own: its traceback is the report to file
+                raise
+            problem = str(found)
+        else:
+            problem = None
+            progress.update(task, total=len(result.trials))
+        if problem is not None:
+            progress.live.transient = True  # the error line alone stays on the screen
+            progress.remove_task(task)
+    if problem is not None:
+        return fail("tune", problem)
     direction = {True: "a drop", False: "a rise", None: "a move"}[higher]
     out.print(f"fp32 {metric_name} {shown(result.reference_metric)} ({about}); "
               f"tolerance: {direction} of at most {moved(result.tolerance).lstrip('+')}",

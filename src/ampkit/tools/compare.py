@@ -77,8 +77,8 @@ from ampkit.tools.fp8_errors import fp8_layer_errors
 # The results are defined in ampkit.tools.comparison and re-exported here (their home
 # before the split); the rest are the runs that produce them, which tune reuses.
 __all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "GradError", "ModuleError",
-           "OpError", "OpRank", "Run", "check_model", "compare", "compare_runs",
-           "model_device_type", "resolve_threshold", "run_once"]
+           "OpError", "OpRank", "Run", "check_model", "check_settings", "compare",
+           "compare_runs", "model_device_type", "resolve_threshold", "run_once"]
 
 _THRESHOLD_EPS = 8  # default threshold: this many machine epsilons of the low dtype
 
@@ -217,16 +217,32 @@ def _is_level(precision: Any) -> bool:
 def _setup(precision: Any, dtype: Any, device_type: str,
            white: Iterable[OpEntry] | None, black: Iterable[OpEntry] | None) -> _Setup:
     import ampkit
+    from ampkit.config import AmpConfig
     from ampkit.presets import get_policy
 
     chosen = as_dtype(dtype)
-    if _is_level(precision):
+    if _is_level(precision) or isinstance(precision, AmpConfig):
         from ampkit.front_door import convert_model
         from ampkit.levels import Level, conversion_for_level
 
+        options: dict[str, Any] = {}
+        if isinstance(precision, AmpConfig):  # the conversion initialize(config=) makes
+            cfg = precision
+            if chosen is not None and cfg.dtype is not None and chosen != cfg.dtype:
+                raise ValueError(f"dtype={chosen} contradicts the config's dtype="
+                                 f"{cfg.dtype}; give it once")
+            chosen = chosen or cfg.dtype
+            white = [*cfg.custom_white_list, *(white or ())] or None
+            black = [*cfg.custom_black_list, *(black or ())] or None
+            options = {"keep_fp32_modules": cfg.keep_fp32_modules, "policy": cfg.policy,
+                       "keep_norms_fp32": cfg.keep_norms_fp32,
+                       "master_weights": cfg.master_weights,
+                       "cast_model_outputs": cfg.cast_model_outputs}
+            precision = cfg.level
         level = Level.parse(precision)
         config = conversion_for_level(level, chosen, device_type=device_type,
-                                      custom_white_list=white, custom_black_list=black)
+                                      custom_white_list=white, custom_black_list=black,
+                                      **options)
         low = config.compute_dtype or torch.get_autocast_dtype(device_type)
         policy = config.policy
         # Entering the conversion's own region before the op watch keeps the engine
@@ -386,6 +402,54 @@ def resolve_threshold(threshold: float | None, dtype: torch.dtype) -> float:
     return float(threshold)
 
 
+def _prepare(model: nn.Module, precision: Any, dtype: Any, white: Iterable[OpEntry] | None,
+             black: Iterable[OpEntry] | None, threshold: float | None, fp8: Any
+             ) -> tuple[_Setup, float, Any, str]:
+    """Every check :func:`compare` makes before it runs the model, and what they give:
+    the low-precision setup, the threshold, the fp8 recipe and the device type."""
+    from ampkit.config import AmpConfig
+
+    check_model(model)
+    device_type = model_device_type(model)
+    setup = _setup(precision, dtype, device_type, white, black)
+    if isinstance(precision, AmpConfig) and precision.fp8 is not None:
+        if fp8 is not None and fp8 != precision.fp8:
+            raise ValueError(f"fp8={fp8!r} contradicts the config's fp8={precision.fp8!r}; "
+                             f"give it once")
+        fp8 = precision.fp8
+    limit = resolve_threshold(threshold, setup.dtype)
+    if fp8 is not None:  # a bad recipe, a missing torchao or this CPU's kernel: refused
+        float8_linear_config(fp8)  # before any run
+        check_fp8_device(fp8, device_type)
+    return setup, limit, fp8, device_type
+
+
+def check_settings(model: nn.Module, *, precision: Any = "torch",
+                   dtype: torch.dtype | str | None = None,
+                   custom_white_list: Iterable[OpEntry] | None = None,
+                   custom_black_list: Iterable[OpEntry] | None = None,
+                   threshold: float | None = None, fp8: Any = None) -> None:
+    """Check :func:`compare`'s settings for ``model`` without running it: what
+    ``compare`` would refuse before its first run, it refuses here (the command line
+    reports it as bad input, apart from errors raised while the model runs).
+
+    Raises:
+        ValueError, TypeError: a setting ``compare`` refuses (a combination that means
+            nothing, an unknown preset or dtype, a model without floating parameters).
+        RuntimeError: this machine cannot run the ``fp8`` recipe.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools.compare import check_settings
+        >>> check_settings(torch.nn.Linear(2, 2), precision="O3",
+        ...                custom_black_list=["softmax"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: policy, custom_white_list and custom_black_list choose how ops are ...
+    """
+    _prepare(model, precision, dtype, custom_white_list, custom_black_list, threshold, fp8)
+
+
 def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
             dtype: torch.dtype | str | None = None,
             custom_white_list: Iterable[OpEntry] | None = None,
@@ -399,7 +463,10 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
         inputs: the forward's positional arguments.
         precision: a level (``"O1"``, ``"O2"``, ``"O3"``), a preset name or a
             :class:`~ampkit.policy.Policy` (run with ``ampkit.autocast`` inside the
-            model's forward).
+            model's forward), or an :class:`ampkit.AmpConfig` (the model converted as
+            ``initialize(config=...)`` converts it: its level, policy, lists, kept
+            modules and master weights; its ``fp8`` as ``fp8=``; its loss-scale options
+            change nothing here).
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None``: the policy's, else the
             device's autocast default.
         custom_white_list, custom_black_list: added to the policy (as in
@@ -424,13 +491,8 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
         >>> [g.parameter for g in c.grads], c.divergence is None
         (['weight', 'bias'], True)
     """
-    check_model(model)
-    device_type = model_device_type(model)
-    setup = _setup(precision, dtype, device_type, custom_white_list, custom_black_list)
-    limit = resolve_threshold(threshold, setup.dtype)
-    if fp8 is not None:  # a bad recipe, a missing torchao or this CPU's kernel: refused
-        float8_linear_config(fp8)  # before any run
-        check_fp8_device(fp8, device_type)
+    setup, limit, fp8, device_type = _prepare(model, precision, dtype, custom_white_list,
+                                              custom_black_list, threshold, fp8)
 
     def run_fn(m: nn.Module) -> Any:
         return m(*inputs)

@@ -8,7 +8,8 @@ torch). Files (:data:`REPORT_FILES`):
 * ``error_per_layer.png``: relative error of each leaf module's output (and inputs)
   along the network, with the threshold and where divergence starts;
 * ``op_error_histogram.png``: a histogram of the error each op call added, per op;
-* ``compare.html`` (``<table id="ranked-ops">``, ``id="modules"``, ``id="grads"``);
+* ``compare.html`` (``<table id="ranked-ops">``, ``id="modules"``, ``id="grads"``, and
+  with ``fp8=`` ``id="fp8-layers"``);
 * ``compare.json``: :meth:`~ampkit.tools.compare.Comparison.to_json`.
 
 Example:

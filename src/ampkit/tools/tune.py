@@ -78,8 +78,8 @@ from ampkit.tools.compare import (
 )
 from ampkit.tools.comparison import Comparison
 
-__all__ = ["Trial", "TuneResult", "TuneWarning", "aggressive_policy", "evaluate_metric",
-           "metric_value", "tune"]
+__all__ = ["MetricError", "Trial", "TuneResult", "TuneWarning", "aggressive_policy",
+           "evaluate_metric", "metric_value", "tune"]
 
 #: Why a search stopped.
 WITHIN_TOLERANCE = "within tolerance"
@@ -89,6 +89,17 @@ NOTHING_TO_MOVE = "no op that added error is left to move to float32"
 
 class TuneWarning(UserWarning):
     """Issued when :func:`tune` stops without reaching the tolerance."""
+
+
+class MetricError(ValueError):
+    """``eval_fn``'s float32 metric is not a finite number: there is nothing to
+    measure the trials against.
+
+    Example:
+        >>> from ampkit.tools.tune import MetricError
+        >>> issubclass(MetricError, ValueError)
+        True
+    """
 
 
 def aggressive_policy(dtype: torch.dtype | str) -> Policy:
@@ -277,6 +288,7 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
     Raises:
         ValueError: ``tolerance`` < 0 (or not finite), ``budget`` < 1, a model without
             floating-point parameters, an unknown ``dtype``.
+        MetricError: (a ``ValueError``) the float32 metric is NaN or infinite.
         TypeError: ``model`` is not an ``nn.Module``, ``eval_fn`` is not callable or
             returns something that is not a number.
         RuntimeError: ``eval_fn`` raised; the message names the trial (or the float32
@@ -317,6 +329,12 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
     ref_run, reference = run_once(copy.deepcopy(model).float(),
                                   evaluate("the float32 reference run"),
                                   contextlib.nullcontext, None, device_type, recompute=False)
+    if not math.isfinite(reference):
+        # every trial is measured against it: NaN would make each one "outside the
+        # tolerance" and blame the ops for what the float32 model already did
+        raise MetricError(f"eval_fn returned {reference} on the float32 model (the "
+                          f"reference every trial is measured against); it must be a "
+                          f"finite number: check eval_fn and the model in float32")
     limit = tol * abs(reference) if relative else tol
 
     def within(value: float) -> bool:
