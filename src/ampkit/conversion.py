@@ -194,6 +194,17 @@ class ConversionConfig:
         >>> cfg = conversion_for_level("O2", torch.bfloat16)
         >>> cfg.param_dtype, cfg.param_compute_dtype, cfg.output_dtype, cfg.policy.name
         (None, torch.bfloat16, torch.float32, 'torch')
+
+        A bias shared by a bf16 layer and a kept fp32 one stays fp32:
+
+        >>> from ampkit.front_door import convert_model
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        >>> net[1].bias = net[0].bias
+        >>> net = convert_model(net, ConversionConfig(
+        ...     param_dtype=torch.bfloat16, keep_fp32_modules=("1",), input_dtype=torch.bfloat16,
+        ...     cast_shared_on_use=True))
+        >>> net[0].weight.dtype, net[0].bias.dtype, net(torch.rand(1, 2)).dtype
+        (torch.bfloat16, torch.float32, torch.float32)
     """
 
     param_dtype: torch.dtype | None = None
