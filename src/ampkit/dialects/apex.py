@@ -124,6 +124,7 @@ from ampkit.scaling.multi_loss import (
     loss_scaling_state_dict,
 )
 from ampkit.scaling.multi_loss import scale_loss as _scale_loss
+from ampkit.scaling.schedule import check_scale_value
 
 __all__ = [
     "OPT_LEVELS",
@@ -825,6 +826,7 @@ class _LossScalerView:
 
     @_loss_scale.setter
     def _loss_scale(self, value: float) -> None:
+        value = check_scale_value(value, "_loss_scale")  # before anything changes
         scaler = loss_scaler(self._loss_id)
         if scaler.is_enabled():
             scaler.load_state_dict({**scaler.state_dict(), "scale": float(value)})
