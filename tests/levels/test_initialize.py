@@ -346,3 +346,35 @@ def test_o2_checkpoint_loads_into_a_plain_fp32_model_and_back():
     again.load_state_dict(plain.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
                                                 plain.state_dict().values()))
+
+
+# -- deferred initialisation: a model on the meta device ------------------------------------
+
+def _meta_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4),
+                         nn.LayerNorm(4))
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_meta_model_with_dtype_none_converts_then_materialises(level):
+    # dtype=None on a meta model used to fail inside torch ("unsupported scalarType").
+    # It takes the default of the device a None device means (CPU here), and after
+    # to_empty() + load_state_dict it is the model initialised normally, bit for bit.
+    torch.manual_seed(0)
+    ref = initialize(_meta_net(), level=level, dtype=None)
+    with torch.device("meta"):
+        deferred = _meta_net()
+    deferred = initialize(deferred, level=level, dtype=None)
+    deferred.to_empty(device="cpu")
+    deferred.load_state_dict(ref.state_dict())
+    assert [(n, t.dtype) for n, t in deferred.state_dict().items()] == [
+        (n, t.dtype) for n, t in ref.state_dict().items()]
+    x = torch.randn(5, 6)
+    outs = []
+    for model in (ref, deferred):
+        out = model(x)
+        out.float().square().sum().backward()
+        outs.append((out, [p.grad for p in model.parameters()]))
+    (a, ga), (b, gb) = outs
+    assert a.dtype == b.dtype and torch.equal(a, b)
+    assert all(torch.equal(g, h) for g, h in zip(ga, gb))
