@@ -481,8 +481,11 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0,
     if not state.properties.enabled:
         yield loss
         return
+    # apex's loss scalers are process-wide: each amp.initialize replaces them, and
+    # every scale_loss uses the latest ones, whatever optimizers it is given (the core
+    # keeps each initialize's scalers with that call's optimizers instead).
     with _scale_loss(loss, _inner_optimizers(optimizers), loss_id,
-                     delay_unscale=delay_unscale) as scaled:
+                     delay_unscale=delay_unscale, scaler=loss_scaler(loss_id)) as scaled:
         yield scaled
 
 
