@@ -58,7 +58,7 @@ from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.compile_frames import skip_recursively
 from ampkit.registry import AUTOCAST_KEYS, dispatcher_schemas
 
-__all__ = ["activate", "install_compile_hooks", "register", "registered"]
+__all__ = ["activate", "hold", "install_compile_hooks", "let_go", "register", "registered"]
 
 
 class _Active(threading.local):
@@ -108,6 +108,36 @@ _registered: set[tuple[str, str]] = set()  # (dispatch key, "ns::op.overload")
 
 
 _generation = 0  # bumped by release(): rule tables registered before must register again
+# Regions whose rules use the kernels now, in any thread: release() refuses while one
+# is live. id(holder) -> (thread ident, what to name in the error).
+_holders: dict[int, tuple[int, str]] = {}
+
+
+def hold(holder: object, what: str) -> None:
+    """Mark the kernels as used by ``holder`` (a region, named ``what`` in errors) in
+    the calling thread until :func:`let_go`: :func:`release` refuses meanwhile. Holding
+    first and then checking :func:`generation` leaves no moment in which another
+    thread's ``release()`` could take the kernels from under a region.
+
+    Example:
+        >>> from ampkit.autocast_kernels import hold, let_go
+        >>> token = object()
+        >>> hold(token, "a region")
+        >>> let_go(token)
+    """
+    with _lock:
+        _holders[id(holder)] = (threading.get_ident(), what)
+
+
+def let_go(holder: object) -> None:
+    """Undo :func:`hold` (no error if ``holder`` holds nothing).
+
+    Example:
+        >>> from ampkit.autocast_kernels import let_go
+        >>> let_go(object())
+    """
+    with _lock:
+        _holders.pop(id(holder), None)
 
 
 def generation() -> int:
@@ -127,8 +157,12 @@ def release() -> None:
 
     While registered, a listed op called under autocast outside any ampkit region pays
     one Python call (the kernel defers to native autocast). This removes them; the next
-    region whose policy needs them registers them again. Call it outside any region
-    (a region active in another thread meanwhile computes as native autocast does).
+    region whose policy needs them registers them again. Call it outside any region:
+    while a region that uses them is live, in any thread, it raises and changes
+    nothing (that region would otherwise silently compute as native autocast does).
+
+    Raises:
+        RuntimeError: a live region uses the kernels (each named, with its thread).
 
     Example:
         >>> import torch
@@ -142,6 +176,16 @@ def release() -> None:
     """
     global _generation
     with _lock:
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for key in [k for k, (ident, _) in _holders.items() if ident not in names]:
+            del _holders[key]  # a thread that ended inside a region holds nothing
+        if _holders:
+            users = "; ".join(f"{what} in thread {names[ident]!r}"
+                              for ident, what in _holders.values())
+            raise RuntimeError(f"release_kernels(): {len(_holders)} live ampkit region(s) "
+                               f"use the kernels ({users}); without them the region's "
+                               f"lists would silently stop applying. Call it after "
+                               f"those regions exit")
         for library in _libraries.values():
             library._destroy()
         _libraries.clear()
