@@ -156,6 +156,11 @@ def _compile_rules(policy: Policy, device_type: str) -> _Rules:
         if rule == "native" or (rule == "keep" and name not in native):
             continue
         if dispatcher_schemas(name):
+            if name in native and autocast_kernels.skip_native_equal and all(
+                    autocast_kernels.same_as_native(name, device_type, rule).values()):
+                # Native's kernel already does exactly this (re-listing linear in a
+                # white list): no kernel, no Python call per op, the same numerics.
+                continue
             ops[name] = rule
             continue
         for fn in entry_points(name):
