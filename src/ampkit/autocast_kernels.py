@@ -422,28 +422,26 @@ def _probe_of(args: Any, kwargs: Any) -> _Probe:
     raise AssertionError("a probe call without a probe tensor")  # pragma: no cover
 
 
-def _native_casts(op: Any, schema: Any, device: str, dtypes: tuple[torch.dtype, ...],
-                  to: torch.dtype | None) -> bool:
-    """Whether native's Autocast kernel of ``op``, given tensor inputs in ``dtypes``
-    (cycled), casts exactly those not already ``to`` to ``to`` (``None``: casts none)
-    before it hands on. Unknown (a schema the probe cannot fill) is ``False``."""
+def _native_casts(op: Any, schema: Any, device: str, given: torch.dtype,
+                  to: torch.dtype) -> bool:
+    """Whether native's Autocast kernel of ``op`` (in a bf16 region), given every tensor
+    input in ``given``, casts each of them to ``to`` before it hands on. Unknown (a
+    schema the probe cannot fill, a kernel that does something else) is ``False``."""
     required = [a for a in schema.arguments if not a.has_default_value()]
     kinds = [str(a.type) for a in required]
     count = sum(2 if k.startswith("List[") else 1 for k in kinds if "Tensor" in k)
     if not count:
         return False
-    inputs = [dtypes[i % len(dtypes)] for i in range(count)]
-    probe = _Probe([] if to is None else [(d, to) for d in inputs if d is not to])
+    probe = _Probe([(given, to)] * count)
     where = torch.device(device)
-    pool = list(inputs)
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     for argument, kind in zip(required, kinds):
         value: Any
         if kind in ("Tensor", "Optional[Tensor]"):
-            value = _ProbeTensor(pool.pop(0), where, probe)
+            value = _ProbeTensor(given, where, probe)
         elif kind in ("List[Tensor]", "List[Optional[Tensor]]"):
-            value = [_ProbeTensor(pool.pop(0), where, probe) for _ in range(2)]
+            value = [_ProbeTensor(given, where, probe) for _ in range(2)]
         elif kind.startswith("Optional["):
             value = None
         else:
@@ -454,14 +452,13 @@ def _native_casts(op: Any, schema: Any, device: str, dtypes: tuple[torch.dtype, 
             kwargs[argument.name] = value
         else:
             args.append(value)
-    low = next((d for d in inputs if d is not torch.float32), to or torch.bfloat16)
     saved = activate(None, None, None, None)  # ampkit's kernels, if any: native's way
     try:
-        with torch.autocast(device, low):
+        with torch.autocast(device, torch.bfloat16):
             op(*args, **kwargs)
     except _Reached as reached:
-        return reached.complete or (to is None and not reached.casts)
-    except Exception:
+        return reached.complete
+    except Exception:  # the op's own checks refused the probe's inputs: not known
         return False
     finally:
         restore(saved)
@@ -479,9 +476,9 @@ def _native_does(op: Any, schema: Any, device: str, rule: str) -> bool:
     fp32 under bf16 raises), where ampkit's promotes to the widest."""
     low, f32 = torch.bfloat16, torch.float32
     if rule == "lower":
-        return _native_casts(op, schema, device, (f32,), low)
+        return _native_casts(op, schema, device, f32, low)
     if rule == "fp32":
-        return _native_casts(op, schema, device, (low,), f32)
+        return _native_casts(op, schema, device, low, f32)
     return False
 
 
