@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.compile_frames import skip_recursively
@@ -454,7 +455,9 @@ def _native_casts(op: Any, schema: Any, device: str, given: torch.dtype,
             args.append(value)
     saved = activate(None, None, None, None)  # ampkit's kernels, if any: native's way
     try:
-        with torch.autocast(device, torch.bfloat16):
+        # The user's dispatch modes (a profiler, op counter, NaN checker) must not see the
+        # probe's call: it is ampkit's question to torch, not an op of the program.
+        with _disable_current_modes(), torch.autocast(device, torch.bfloat16):
             op(*args, **kwargs)
     except _Reached as reached:
         return reached.complete
