@@ -1,0 +1,76 @@
+"""Sphinx configuration of ampkit's documentation site.
+
+Build it with ``python -m sphinx -W --keep-going -b html docs docs/_build/html`` (the
+``docs`` extra installs what it needs). The guides are the Markdown files beside this
+one, read by MyST; the API reference is generated from the docstrings at build time
+(autosummary, recursive over the package), so a renamed module needs no edit here.
+"""
+
+from __future__ import annotations
+
+import ampkit
+
+project = "ampkit"
+author = "the ampkit authors"
+copyright = "2026, the ampkit authors"  # noqa: A001 (Sphinx's own setting name)
+release = ampkit.__version__
+version = release
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+]
+
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+root_doc = "index"
+exclude_patterns = ["_build", "README.md"]
+templates_path = ["_templates"]
+
+# Markdown: fenced blocks stay code blocks; headings get anchors so that guides can link
+# to a section of another guide.
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# The reference: every public module, each listing the names in its ``__all__``.
+autosummary_generate = True
+autosummary_imported_members = False
+autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_typehints_format = "short"
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# The optional frameworks the integrations and fp8 import are installed by the test and
+# docs extras; nothing is mocked, so the reference shows what the code really is.
+
+html_theme = "furo"
+html_title = f"ampkit {release}"
+html_static_path: list[str] = []
+
+
+def _skip_reexport(app, what, name, obj, skip, options):  # noqa: ANN001, ANN202
+    """Document each object once, on the page of the module that defines it.
+
+    ``ampkit``, ``ampkit.tools`` and the dialects' import names re-export names from
+    the modules that define them; documenting them twice would give Sphinx two targets
+    for one name (and torch's own re-exported objects would bring torch's docstrings).
+    A module-level member defined in another ampkit module is left to that module, and
+    torch's own objects to torch's documentation; constants and type aliases (whose
+    ``__module__`` is ``builtins`` or ``typing``) are documented where they are named.
+    """
+    if what != "module" or skip:
+        return None
+    defined_in = getattr(obj, "__module__", None)
+    documenting = getattr(app.env, "temp_data", {}).get("autodoc:module")
+    if defined_in is None or documenting is None or defined_in == documenting:
+        return None
+    if defined_in.split(".")[0] in ("ampkit", "torch"):
+        return True
+    return None
+
+
+def setup(app):  # noqa: ANN001, ANN201
+    app.connect("autodoc-skip-member", _skip_reexport)
