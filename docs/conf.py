@@ -8,11 +8,15 @@ one, read by MyST; the API reference is generated from the docstrings at build t
 
 from __future__ import annotations
 
+from typing import Any
+
+from sphinx.application import Sphinx
+
 import ampkit
 
 project = "ampkit"
 author = "the ampkit authors"
-copyright = "2026, the ampkit authors"  # noqa: A001 (Sphinx's own setting name)
+copyright = "2026, the ampkit authors"
 release = ampkit.__version__
 version = release
 
@@ -37,21 +41,30 @@ myst_heading_anchors = 3
 # The reference: every public module, each listing the names in its ``__all__``.
 autosummary_generate = True
 autosummary_imported_members = False
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_typehints_format = "short"
+# fully qualified: a short name such as `autocast` would match several targets
+autodoc_typehints_format = "fully-qualified"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+# "Attributes:" sections as fields of the class, so a dataclass field is not described twice
+napoleon_use_ivar = True
 # The optional frameworks the integrations and fp8 import are installed by the test and
 # docs extras; nothing is mocked, so the reference shows what the code really is.
+
+# Signatures show annotations as the source writes them (postponed evaluation), so a
+# short name that two modules define (``autocast``: the engine's and ampkit.torch's)
+# finds two link targets; the page is right either way, only the link is ambiguous.
+suppress_warnings = ["ref.python"]
 
 html_theme = "furo"
 html_title = f"ampkit {release}"
 html_static_path: list[str] = []
 
 
-def _skip_reexport(app, what, name, obj, skip, options):  # noqa: ANN001, ANN202
+def _skip_reexport(app: Sphinx, what: str, name: str, obj: Any, skip: bool,
+                   options: Any) -> bool | None:
     """Document each object once, on the page of the module that defines it.
 
     ``ampkit``, ``ampkit.tools`` and the dialects' import names re-export names from
@@ -72,5 +85,5 @@ def _skip_reexport(app, what, name, obj, skip, options):  # noqa: ANN001, ANN202
     return None
 
 
-def setup(app):  # noqa: ANN001, ANN201
+def setup(app: Sphinx) -> None:
     app.connect("autodoc-skip-member", _skip_reexport)
