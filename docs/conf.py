@@ -8,6 +8,7 @@ one, read by MyST; the API reference is generated from the docstrings at build t
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from sphinx.application import Sphinx
@@ -41,7 +42,10 @@ myst_heading_anchors = 3
 # The reference: every public module, each listing the names in its ``__all__``.
 autosummary_generate = True
 autosummary_imported_members = False
-autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}
+# imported-members: a constant whose class lives elsewhere (a `Policy` preset) counts as
+# "imported" to autodoc; the hook below still documents each function and class once
+autodoc_default_options = {"members": True, "undoc-members": True, "imported-members": True,
+                           "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 # fully qualified: a short name such as `autocast` would match several targets
@@ -76,6 +80,10 @@ def _skip_reexport(app: Sphinx, what: str, name: str, obj: Any, skip: bool,
     """
     if what != "module" or skip:
         return None
+    if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+        return None  # a constant: its ``__module__``, if any, is its class's
+    if getattr(obj, "__name__", name) != name:
+        return None  # a second name (``check_scale_value = positive_number``): here
     defined_in = getattr(obj, "__module__", None)
     documenting = getattr(app.env, "temp_data", {}).get("autodoc:module")
     if defined_in is None or documenting is None or defined_in == documenting:
