@@ -48,15 +48,15 @@ point:
 * ``cast_model_outputs``: the dtype the model's floating outputs are cast to
   (``None``: as computed).
 
-=====  ==========  =========  =======  ============  =========  ============
+=====  ==========  ==========  =======  ============  =========  ==========
 level  cast_model  keep_norms  master   loss_scale    patch_ops  cast_model
        _type       _fp32       weights                           _outputs
-=====  ==========  =========  =======  ============  =========  ============
-O0     float32     None       False    None          False      None
-O1     None        None       False    dynamic [1]_  True       None
-O2     low dtype   True       True     dynamic [1]_  True       float32
-O3     low dtype   False      False    None          False      float32
-=====  ==========  =========  =======  ============  =========  ============
+=====  ==========  ==========  =======  ============  =========  ==========
+O0     float32     None        False    None          False      None
+O1     None        None        False    dynamic [1]_  True       None
+O2     low dtype   True        True     dynamic [1]_  True       float32
+O3     low dtype   False       False    None          False      float32
+=====  ==========  ==========  =======  ============  =========  ==========
 
 Pure low precision is level O2 (or O3) with ``master_weights="stochastic"`` or
 ``"kahan"`` and ``dtype=torch.bfloat16``; :func:`describe_levels` adds their rows.

@@ -318,7 +318,8 @@ MXNET_FP32_FUNCS: tuple[str, ...] = (
     "L2Normalization", "LRN", "SoftmaxActivation", "softmax_cross_entropy", "smooth_l1",
     "CTCLoss", "ctc_loss",
 )
-#: (op, parameter, values): float32 only for these values (torch has one op per value).
+#: Ops that run in float32 only for some values of one parameter, as (op, parameter,
+#: values) triples; torch has one op per value.
 MXNET_CONDITIONAL_FP32_FUNCS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Activation", "act_type", ("softrelu",)),
     ("LeakyReLU", "act_type", ("elu", "selu")),
@@ -434,8 +435,8 @@ APEX_CASTS: tuple[str, ...] = (
     "addcdiv", "addcmul", "atan2", "cross", "bilinear", "dot", "add", "div", "mul", "sub",
     "eq", "equal", "ge", "gt", "le", "lt", "ne", "cat", "stack",
 )
-#: (op, message): refused with a low-precision input unless ``allow_banned``, then
-#: float32 (their float32 rule is on APEX_O1's list).
+#: Ops refused a low-precision input unless ``allow_banned`` (then they run in float32,
+#: the rule on APEX_O1's list), each paired with the message apex gives.
 APEX_BANNED_FUNCS: tuple[tuple[str, str], ...] = (
     ("binary_cross_entropy",
      "F.binary_cross_entropy and torch.nn.BCELoss are unsafe in float16: apex refuses "

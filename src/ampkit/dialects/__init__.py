@@ -5,15 +5,15 @@ errors, and maps them onto the core (policies, ``ampkit.autocast``, model conver
 master weights, loss scaling). A dialect has no numerics of its own: where one needed
 a behaviour, the core grew it.
 
-=====================  ==========================================  =====================
-import                 replaces                                    dialect module
-=====================  ==========================================  =====================
-``ampkit.torch``       ``torch.autocast``, ``torch.amp.GradScaler``  :mod:`.torch`
-``ampkit.apex``        ``from apex import amp``                    :mod:`.apex`
-``ampkit.paddle``      ``paddle.amp``                              :mod:`.paddle`
-``ampkit.mindspore``   ``mindspore.amp``                           :mod:`.mindspore`
-``ampkit.mxnet``       ``mxnet.contrib.amp``                       :mod:`.mxnet`
-=====================  ==========================================  =====================
+====================  ============================================  =================
+import                replaces                                      dialect module
+====================  ============================================  =================
+``ampkit.torch``      ``torch.autocast``, ``torch.amp.GradScaler``  :mod:`.torch`
+``ampkit.apex``       ``from apex import amp``                      :mod:`.apex`
+``ampkit.paddle``     ``paddle.amp``                                :mod:`.paddle`
+``ampkit.mindspore``  ``mindspore.amp``                             :mod:`.mindspore`
+``ampkit.mxnet``      ``mxnet.contrib.amp``                         :mod:`.mxnet`
+====================  ============================================  =================
 
 The table from each framework's call to the dialect call and the core call it maps to
 is ``docs/migration.md``.

@@ -348,10 +348,10 @@ def initialize(models: nn.Module | Sequence[nn.Module],
         enabled: ``False`` returns everything unchanged and makes :func:`scale_loss`
             yield the loss as it is.
         opt_level: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"`` (the letter O).
-        cast_model_type, patch_torch_functions, keep_batchnorm_fp32, master_weights,
-        loss_scale, cast_model_outputs: override the opt_level's properties (``None``
-            keeps its default); ``cast_model_type`` may be ``torch.bfloat16``, or
-            ``False`` to leave the model as it is.
+        cast_model_type: and ``patch_torch_functions``, ``keep_batchnorm_fp32``,
+            ``master_weights``, ``loss_scale``, ``cast_model_outputs``: override the
+            opt_level's properties (``None`` keeps its default); ``cast_model_type``
+            may be ``torch.bfloat16``, or ``False`` to leave the model as it is.
         num_losses: how many ``loss_id`` values :func:`scale_loss` takes.
         verbosity: 0 prints nothing; 1 prints the properties chosen.
         min_loss_scale, max_loss_scale: bounds of the dynamic loss scale.

@@ -28,19 +28,19 @@ O2    everything in ``dtype`` except the black-list modules, which compute in fl
 O3    everything in ``dtype``, norms included; the network's output is float32
 ====  =====================================================================================
 
-==========================================  ==============================================
-MindSpore                                   ampkit core
-==========================================  ==============================================
-``auto_mixed_precision`` /                  :func:`ampkit.convert_model` with a
-``custom_mixed_precision``                  :class:`~ampkit.conversion.ConversionConfig`:
-                                            module white list (O1), kept-fp32 modules (O2),
-                                            an all-low-precision policy (O2, O3)
-``build_train_network``                     the above, then a training step driven by
-                                            :class:`ampkit.GradScaler`
+============================================  ==============================================
+MindSpore                                     ampkit core
+============================================  ==============================================
+``auto_mixed_precision`` /                    :func:`ampkit.convert_model` with a
+``custom_mixed_precision``                    :class:`~ampkit.conversion.ConversionConfig`:
+                                              module white list (O1), kept-fp32 modules (O2),
+                                              an all-low-precision policy (O2, O3)
+``build_train_network``                       the above, then a training step driven by
+                                              :class:`ampkit.GradScaler`
 ``DynamicLossScaler`` / ``StaticLossScaler``  :class:`ampkit.DynamicLossScale` /
-                                            :class:`ampkit.StaticLossScale` (floor 1)
-``all_finite``                              :func:`ampkit.scaling.all_finite`
-==========================================  ==============================================
+                                              :class:`ampkit.StaticLossScale` (floor 1)
+``all_finite``                                :func:`ampkit.scaling.all_finite`
+============================================  ==============================================
 
 Example:
     >>> import torch

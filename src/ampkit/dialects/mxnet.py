@@ -3,22 +3,22 @@
 ``from mxnet.contrib import amp`` becomes ``import ampkit.mxnet as amp``; Gluon
 ``Trainer`` becomes a ``torch.optim.Optimizer`` and ``HybridBlock`` an ``nn.Module``.
 
-==============================================  ==========================================
-MXNet                                           ampkit core
-==============================================  ==========================================
-``amp_cast(data, dtype)``                       :func:`ampkit.amp_cast`
-``amp_multicast(*data, num_outputs, ...)``      :func:`ampkit.amp_multicast`
-``init(target_dtype, ...)``                     an :class:`ampkit.autocast` region with
-                                                the ``"mxnet-float16"`` /
-                                                ``"mxnet-bfloat16"`` preset (or the lists
-                                                given), kept open
-``convert_model`` / ``convert_hybrid_block``    :func:`ampkit.convert_model` with that
-                                                policy, outputs cast to float32
+===============================================  =========================================
+MXNet                                            ampkit core
+===============================================  =========================================
+``amp_cast(data, dtype)``                        :func:`ampkit.amp_cast`
+``amp_multicast(*data, num_outputs, ...)``       :func:`ampkit.amp_multicast`
+``init(target_dtype, ...)``                      an :class:`ampkit.autocast` region with
+                                                 the ``"mxnet-float16"`` /
+                                                 ``"mxnet-bfloat16"`` preset (or the lists
+                                                 given), kept open
+``convert_model`` / ``convert_hybrid_block``     :func:`ampkit.convert_model` with that
+                                                 policy, outputs cast to float32
 ``init_trainer`` / ``scale_loss`` / ``unscale``  :class:`ampkit.GradScaler` per optimizer
-``LossScaler``                                  :class:`ampkit.GradScaler` with MXNet's
-                                                numbers: 2**16 start, 2**24 cap, window
-                                                2000, halving on overflow
-==============================================  ==========================================
+``LossScaler``                                   :class:`ampkit.GradScaler` with MXNet's
+                                                 numbers: 2**16 start, 2**24 cap, window
+                                                 2000, halving on overflow
+===============================================  =========================================
 
 What differs from MXNet, on purpose:
 

@@ -5,13 +5,13 @@ Each module translates one framework's hooks into the front door (``ampkit.initi
 numerics of its own. A module imports only when its framework is installed, and
 otherwise raises an ``ImportError`` naming the extra to install.
 
-===========================================  =========================  ====================
-use                                          replaces                   extra
-===========================================  =========================  ====================
-``lightning.AmpkitPrecision(level, dtype)``  ``Trainer(precision=...)``  ``ampkit[lightning]``
-``transformers.AmpkitTrainer(level=...)``    ``bf16=True``/``fp16=True`` ``ampkit[transformers]``
-``accelerate.AmpkitAccelerator(level=...)``  ``mixed_precision=...``     ``ampkit[accelerate]``
-===========================================  =========================  ====================
+===========================================  ===========================  ========================
+use                                          replaces                     extra
+===========================================  ===========================  ========================
+``lightning.AmpkitPrecision(level, dtype)``  ``Trainer(precision=...)``   ``ampkit[lightning]``
+``transformers.AmpkitTrainer(level=...)``    ``bf16=True``/``fp16=True``  ``ampkit[transformers]``
+``accelerate.AmpkitAccelerator(level=...)``  ``mixed_precision=...``      ``ampkit[accelerate]``
+===========================================  ===========================  ========================
 
 Details and limits: ``docs/integrations.md``.
 

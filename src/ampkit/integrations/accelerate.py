@@ -8,18 +8,18 @@ DDP, data loaders, gradient accumulation, ``save_state``/``load_state``) is
 accelerate's own. :class:`AmpkitAccelerator` is an ``Accelerator`` whose hooks call the
 front door:
 
-=============================  =============================================================
-accelerate call                ampkit call
-=============================  =============================================================
-``prepare(model, ...)``        move to ``accelerator.device``, ``ampkit.initialize(model)``
-``prepare(optimizer, ...)``    ``ampkit.initialize(models, optimizer)``: fp32 masters
-``backward(loss)``             ``GradScaler.scale(loss).backward()`` (levels that scale)
-``clip_grad_norm_``             ``GradScaler.unscale_``, ``ampkit.clip_master_grad_norm_``
-``optimizer.step()``           ``GradScaler.step`` (skipped on inf/NaN) and ``update``
-``optimizer_step_was_skipped``  ``GradScaler.last_step_skipped`` (fused optimizers too)
-``autocast()``                 ``ampkit.autocast`` with the level's policy and lists
+===============================  ============================================================
+accelerate call                  ampkit call
+===============================  ============================================================
+``prepare(model, ...)``          move to ``accelerator.device``, ``ampkit.initialize(model)``
+``prepare(optimizer, ...)``      ``ampkit.initialize(models, optimizer)``: fp32 masters
+``backward(loss)``               ``GradScaler.scale(loss).backward()`` (levels that scale)
+``clip_grad_norm_``              ``GradScaler.unscale_``, ``ampkit.clip_master_grad_norm_``
+``optimizer.step()``             ``GradScaler.step`` (skipped on inf/NaN) and ``update``
+``optimizer_step_was_skipped``   ``GradScaler.last_step_skipped`` (fused optimizers too)
+``autocast()``                   ``ampkit.autocast`` with the level's policy and lists
 ``save_state`` / ``load_state``  the scaler's ``state_dict``; the model's holds the masters
-=============================  =============================================================
+===============================  ============================================================
 
 Configure it with an :class:`ampkit.AmpConfig` (``config=``: one or the path of a
 config file) or with ``level=``, ``dtype=`` and the config's fields as keywords. The

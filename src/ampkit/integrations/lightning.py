@@ -89,12 +89,13 @@ class AmpkitPrecision(Precision):
         config: an :class:`ampkit.AmpConfig`, the path of a config file (JSON/YAML),
             or a mapping of its fields (a YAML block under ``config:``); a parameter
             given as well must agree with it.
-        policy, custom_white_list, custom_black_list, keep_fp32_modules,
-            keep_norms_fp32, master_weights, rounding_seed, loss_scale, init_scale,
-            growth_factor, backoff_factor, growth_interval, hysteresis, min_scale,
-            max_scale, log_skipped_steps, fp8, fp8_exclude_modules, fp8_first_last,
-            cast_model_outputs: the :class:`ampkit.AmpConfig` fields (``None``: not
-            given).
+        policy: and each of ``custom_white_list``, ``custom_black_list``,
+            ``keep_fp32_modules``, ``keep_norms_fp32``, ``master_weights``,
+            ``rounding_seed``, ``loss_scale``, ``init_scale``, ``growth_factor``,
+            ``backoff_factor``, ``growth_interval``, ``hysteresis``, ``min_scale``,
+            ``max_scale``, ``log_skipped_steps``, ``fp8``, ``fp8_exclude_modules``,
+            ``fp8_first_last``, ``cast_model_outputs``: the :class:`ampkit.AmpConfig`
+            field of that name (``None``: not given).
         step_scheduler_on_skip: step step-interval LR schedulers on steps skipped for
             an overflow too (default: they wait for a real optimizer step).
         **options: the rarer ``ampkit.initialize`` overrides (``cast_model_type``,

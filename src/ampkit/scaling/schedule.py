@@ -11,12 +11,12 @@ backoff_factor     backoff_factor /     (0.5)                   1 / scale_factor
                    decr_ratio
 growth_interval    growth_interval /    window 2000             scale_window / period
                    incr_every_n_steps
-hysteresis         decr_every_n_nan_    hysteresis (DeepSpeed)  (1)
-                   or_inf
+hysteresis         ``decr_every_n_``    hysteresis (DeepSpeed)  (1)
+                   ``nan_or_inf``
 min_scale          (none; Paddle 1.0)   min_loss_scale          1.0 (MindSpore)
 max_scale          (none)               max_loss_scale 2**24    2**24 (MXNet)
-dynamic            use_dynamic_loss_    loss_scale="dynamic"    Dynamic/StaticLossScaler
-                   scaling
+dynamic            ``use_dynamic_``     loss_scale="dynamic"    Dynamic/StaticLossScaler
+                   ``loss_scaling``
 =================  ===================  ======================  ==========================
 
 The rule, applied by :func:`update_scale_` once per iteration:

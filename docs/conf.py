@@ -1,0 +1,97 @@
+"""Sphinx configuration of ampkit's documentation site.
+
+Build it with ``python -m sphinx -W --keep-going -b html docs docs/_build/html`` (the
+``docs`` extra installs what it needs). The guides are the Markdown files beside this
+one, read by MyST; the API reference is generated from the docstrings at build time
+(autosummary, recursive over the package), so a renamed module needs no edit here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from sphinx.application import Sphinx
+
+import ampkit
+
+project = "ampkit"
+author = "the ampkit authors"
+copyright = "2026, the ampkit authors"
+release = ampkit.__version__
+version = release
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+]
+
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+root_doc = "index"
+exclude_patterns = ["_build", "README.md"]
+templates_path = ["_templates"]
+
+# Markdown: fenced blocks stay code blocks; headings get anchors so that guides can link
+# to a section of another guide.
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# The reference: every public module, each listing the names in its ``__all__``.
+autosummary_generate = True
+autosummary_imported_members = False
+# imported-members: a constant whose class lives elsewhere (a `Policy` preset) counts as
+# "imported" to autodoc; the hook below still documents each function and class once
+autodoc_default_options = {"members": True, "undoc-members": True, "imported-members": True,
+                           "show-inheritance": True}
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+# fully qualified: a short name such as `autocast` would match several targets
+autodoc_typehints_format = "fully-qualified"
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# "Attributes:" sections as fields of the class, so a dataclass field is not described twice
+napoleon_use_ivar = True
+# The optional frameworks the integrations and fp8 import are installed by the test and
+# docs extras; nothing is mocked, so the reference shows what the code really is.
+
+# Signatures show annotations as the source writes them (postponed evaluation), so a
+# short name that two modules define (``autocast``: the engine's and ampkit.torch's)
+# finds two link targets; the page is right either way, only the link is ambiguous.
+suppress_warnings = ["ref.python"]
+
+html_theme = "furo"
+html_title = f"ampkit {release}"
+html_static_path: list[str] = []
+
+
+def _skip_reexport(app: Sphinx, what: str, name: str, obj: Any, skip: bool,
+                   options: Any) -> bool | None:
+    """Document each object once, on the page of the module that defines it.
+
+    ``ampkit``, ``ampkit.tools`` and the dialects' import names re-export names from
+    the modules that define them; documenting them twice would give Sphinx two targets
+    for one name (and torch's own re-exported objects would bring torch's docstrings).
+    A module-level member defined in another ampkit module is left to that module, and
+    torch's own objects to torch's documentation; constants and type aliases (whose
+    ``__module__`` is ``builtins`` or ``typing``) are documented where they are named.
+    """
+    if what != "module" or skip:
+        return None
+    if not (inspect.isclass(obj) or inspect.isroutine(obj)):
+        return None  # a constant: its ``__module__``, if any, is its class's
+    if getattr(obj, "__name__", name) != name:
+        return None  # a second name (``check_scale_value = positive_number``): here
+    defined_in = getattr(obj, "__module__", None)
+    documenting = getattr(app.env, "temp_data", {}).get("autodoc:module")
+    if defined_in is None or documenting is None or defined_in == documenting:
+        return None
+    if defined_in.split(".")[0] in ("ampkit", "torch"):
+        return True
+    return None
+
+
+def setup(app: Sphinx) -> None:
+    app.connect("autodoc-skip-member", _skip_reexport)
