@@ -1,7 +1,7 @@
 """ampkit inside the trainers people already use: Lightning, Hugging Face, accelerate.
 
 Each module translates one framework's hooks into the front door (``ampkit.initialize``,
-``ampkit.autocast``, ``ampkit.GradScaler``, ``ampkit.clip_master_grad_norm_``); none has
+``ampkit.autocast``, ``ampkit.GradScaler``, ``torch.nn.utils.clip_grad_norm_``); none has
 numerics of its own. A module imports only when its framework is installed, and
 otherwise raises an ``ImportError`` naming the extra to install.
 

@@ -12,13 +12,13 @@ front door:
 accelerate call                  ampkit call
 ===============================  ============================================================
 ``prepare(model, ...)``          move to ``accelerator.device``, ``ampkit.initialize(model)``
-``prepare(optimizer, ...)``      ``ampkit.initialize(models, optimizer)``: fp32 masters
+``prepare(optimizer, ...)``      ``ampkit.initialize(models, optimizer)``
 ``backward(loss)``               ``GradScaler.scale(loss).backward()`` (levels that scale)
-``clip_grad_norm_``              ``GradScaler.unscale_``, ``ampkit.clip_master_grad_norm_``
+``clip_grad_norm_``              ``GradScaler.unscale_``, ``torch.nn.utils.clip_grad_norm_``
 ``optimizer.step()``             ``GradScaler.step`` (skipped on inf/NaN) and ``update``
 ``optimizer_step_was_skipped``   ``GradScaler.last_step_skipped`` (fused optimizers too)
 ``autocast()``                   ``ampkit.autocast`` with the level's policy and lists
-``save_state`` / ``load_state``  the scaler's ``state_dict``; the model's holds the masters
+``save_state`` / ``load_state``  the scaler's ``state_dict``; the model's holds fp32 values
 ===============================  ============================================================
 
 Configure it with an :class:`ampkit.AmpConfig` (``config=``: one or the path of a
@@ -240,7 +240,7 @@ class AmpkitAccelerator(Accelerator):
         if any(m is model for m in self._ampkit_models):
             return
         if self.device_placement if device_placement is None else device_placement:
-            model.to(self.device)  # first, so the fp32 masters are made on the device
+            model.to(self.device)  # first, so the fp32 parameters are on the device
         self._ampkit.initialize(model)
         self._ampkit_models.append(model)
 
@@ -249,12 +249,12 @@ class AmpkitAccelerator(Accelerator):
             optimizer = optimizer.optimizer
         if not self._ampkit_models:
             raise RuntimeError("AmpkitAccelerator: prepare the model before, or together "
-                               "with, its optimizer (the optimizer's fp32 masters are the "
+                               "with, its optimizer (the optimizer's fp32 parameters are the "
                                "converted model's)")
         self._ampkit.initialize(list(self._ampkit_models), [optimizer])
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
-        """Convert the models and give the optimizers fp32 masters, then
+        """Convert the models and check the optimizers' parameters, then
         ``Accelerator.prepare`` (any order of arguments)."""
         places: list[bool | None] = ([None] * len(args) if not device_placement
                                      else list(device_placement))
@@ -276,7 +276,8 @@ class AmpkitAccelerator(Accelerator):
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer,
                           device_placement: bool | None = None) -> Any:
-        """Give ``optimizer`` fp32 masters, then ``Accelerator.prepare_optimizer``."""
+        """Check ``optimizer`` against the converted models (``ampkit.initialize``), then
+        ``Accelerator.prepare_optimizer``."""
         self._ampkit_optimizer(optimizer)
         return super().prepare_optimizer(optimizer, device_placement=device_placement)
 
@@ -315,8 +316,8 @@ class AmpkitAccelerator(Accelerator):
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
         """Unscale, then clip. Given the parameters of a prepared optimizer (the usual
-        ``model.parameters()``), the clipping is ``ampkit.clip_master_grad_norm_``: the
-        norm is taken in fp32 over the gradients the step uses (the masters' at O2)."""
+        ``model.parameters()``), the clipping is ``torch.nn.utils.clip_grad_norm_``: the
+        norm is taken in fp32 over the gradients the step uses (the fp32 parameters' at O2)."""
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         optimizer = self._optimizer_over(params)
         if optimizer is None:

@@ -7,12 +7,12 @@ Lightning's precision hooks to the front door:
 Lightning hook                   ampkit call
 ===============================  ==========================================================
 ``convert_module``               move to the strategy's device, ``ampkit.initialize(module)``
-``connect`` (optimizers made)    ``ampkit.initialize(module, optimizers)``: fp32 masters
+``connect`` (optimizers made)    ``ampkit.initialize(module, optimizers)``
 ``forward_context`` (each step)  ``ampkit.autocast`` with the level's policy and lists
 ``pre_backward``                 ``GradScaler.scale(loss)`` (fp16 levels that scale)
 ``optimizer_step``               ``unscale_``, clipping hooks, ``step`` (skipped on
                                  inf/NaN), ``update``
-``clip_grad_by_norm``            ``ampkit.clip_master_grad_norm_`` (on the fp32 masters)
+``clip_grad_by_norm``            ``torch.nn.utils.clip_grad_norm_`` (fp32 gradients)
 ``state_dict`` (checkpoints)     the config (``ampkit_config``) and the scaler's state
 ===============================  ==========================================================
 
@@ -27,8 +27,8 @@ step-interval LR scheduler is not stepped on a skipped step (nor warned about)
 unless ``step_scheduler_on_skip=True``. ``Trainer(precision=...)`` beside the plugin
 is refused by Lightning itself ("Received both precision=... and plugins=...").
 
-The checkpoint's ``state_dict`` holds the exact fp32 values at O2 (the masters) and the
-optimizer state is the masters' (fp32), so ``trainer.fit(model, ckpt_path=...)``
+The checkpoint's ``state_dict`` holds the exact fp32 values at O2 (the parameters) and the
+optimizer state is fp32, so ``trainer.fit(model, ckpt_path=...)``
 continues a run exactly: the model is restored in fp32 before it is converted again.
 
 Requires the ``lightning`` package (``pip install 'ampkit[lightning]'``); the older
@@ -188,7 +188,7 @@ class AmpkitPrecision(Precision):
     # -- set-up -----------------------------------------------------------------------
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Move ``module`` to the strategy's device (so the fp32 masters are made
+        """Move ``module`` to the strategy's device (so the fp32 parameters are
         there) and convert it with ``ampkit.initialize``.
 
         Raises:
@@ -220,7 +220,7 @@ class AmpkitPrecision(Precision):
 
     def connect(self, model: torch.nn.Module, optimizers: list[Any],
                 lr_schedulers: list[Any]) -> tuple[torch.nn.Module, list[Any], list[Any]]:
-        """Make the optimizers keep fp32 masters (in place, so schedulers keep working)."""
+        """Hand the optimizers to ``ampkit.initialize`` (in place, so schedulers keep working)."""
         real = [opt for opt in optimizers if not isinstance(opt, _MockOptimizer)]
         if real and self._module is not None:
             self._settings.initialize(self._module, real)
@@ -299,7 +299,7 @@ class AmpkitPrecision(Precision):
         return out
 
     def clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
-        """Clip the gradients the step uses (the fp32 masters' at O2)."""
+        """Clip the gradients the step uses (the fp32 parameters' at O2)."""
         torch.nn.utils.clip_grad_norm_(
             [p for g in optimizer.param_groups for p in g["params"]], clip_val)
 

@@ -4,15 +4,15 @@ dtype=torch.bfloat16)`` in place of ``Trainer`` with ``bf16=True``/``fp16=True``
 :class:`AmpkitTrainer` is a ``Trainer`` whose accelerator is an
 :class:`~ampkit.integrations.accelerate.AmpkitAccelerator`: the model is converted with
 ``ampkit.initialize`` when the trainer is made (on the training device), the optimizer
-``Trainer`` creates gets fp32 masters when it is prepared, fp16 levels scale the loss
-with an ``ampkit.GradScaler`` (unscaled before ``max_grad_norm`` clipping, steps skipped
-on inf/NaN, the LR scheduler left alone on a skipped step), and the scaler's state goes
-into every checkpoint. The rest is ``Trainer``'s own: evaluation, gradient
+``Trainer`` creates is handed to ``ampkit.initialize`` when it is prepared, fp16 levels
+scale the loss with an ``ampkit.GradScaler`` (unscaled before ``max_grad_norm``
+clipping, steps skipped on inf/NaN, the LR scheduler left alone on a skipped step), and
+the scaler's state goes into every checkpoint. The rest is ``Trainer``'s own: evaluation, gradient
 accumulation, ``save_model``, ``resume_from_checkpoint``, callbacks, logging.
 
-``model.state_dict()`` reports the fp32 masters at O2, so ``save_model`` writes fp32
+``model.state_dict()`` reports the fp32 parameters at O2, so ``save_model`` writes fp32
 values and records ``dtype="float32"`` in the saved config: ``from_pretrained`` loads
-them back in fp32, bit for bit, and ``resume_from_checkpoint`` restores the masters
+them back in fp32, bit for bit, and ``resume_from_checkpoint`` restores the fp32 parameters
 exactly.
 
 Configure it with an :class:`ampkit.AmpConfig` (``config=``: one, the path of a config
@@ -316,7 +316,7 @@ class AmpkitTrainer(Trainer):
         if self.args.should_save and out is not None:
             self._ampkit.config.to_file(os.path.join(out, CONFIG_FILE))
         # save_pretrained records the parameters' dtype, but with master weights the
-        # values written are the fp32 masters: say float32, so that from_pretrained
+        # values written are the fp32 parameters: say float32, so that from_pretrained
         # (dtype="auto") loads them back without rounding.
         model = self.accelerator.unwrap_model(self.model)
         config = getattr(model, "config", None)
