@@ -64,7 +64,7 @@ from ampkit.arguments import default_device_type
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.compile_frames import not_traced
 from ampkit.policy import Policy, as_dtype
-from ampkit.presets import _IN_USE as _PRESETS_IN_USE
+from ampkit.presets import add_in_use_check
 from ampkit.presets import get_policy
 from ampkit.registry import AUTOCAST_KEYS as _AUTOCAST_KEYS
 from ampkit.registry import (
@@ -318,7 +318,7 @@ def _regions_using(policy: Policy) -> str | None:
     return f"{len(users)} live ampkit region(s) ({'; '.join(users)})" if users else None
 
 
-_PRESETS_IN_USE.append(_regions_using)
+add_in_use_check(_regions_using)
 
 
 def observe_regions(observer: Callable[[Policy | None], None], *, stop: bool = False) -> None:

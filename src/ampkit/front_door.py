@@ -180,13 +180,13 @@ def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any],
                             optimizers: list[torch.optim.Optimizer]) -> None:
     """This run's loss scalers, bound to its optimizers: a later ``initialize`` for
     other optimizers leaves them alone (``scale_loss`` finds them by optimizer)."""
-    from ampkit.scaling.multi_loss import _release_optimizers, configure_loss_scaling
+    from ampkit.scaling.multi_loss import configure_loss_scaling, release_optimizers
 
     log_skipped = scaling.pop("log_skipped_steps", False)
     if props.loss_scale is None and not scaling:
         # Nothing to set up: scale_loss keeps whatever was configured, and these
         # optimizers no longer belong to an earlier run's scalers.
-        _release_optimizers(optimizers)
+        release_optimizers(optimizers)
         return
     for scaler in configure_loss_scaling(props.loss_scale, optimizers=optimizers or None,
                                          **scaling):

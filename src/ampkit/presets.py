@@ -29,8 +29,8 @@ import torch
 from ampkit.policy import Policy
 from ampkit.registry import resolve_ops
 
-__all__ = ["CONSERVATIVE", "TORCH", "available_policies", "get_policy", "register_policy",
-           "unregister_policy"]
+__all__ = ["CONSERVATIVE", "TORCH", "add_in_use_check", "available_policies", "get_policy",
+           "register_policy", "unregister_policy"]
 
 TORCH = Policy(
     name="torch",
@@ -90,9 +90,30 @@ def register_policy(policy: Policy, *, overwrite: bool = False) -> Policy:
     return policy
 
 
-#: Checks that ``unregister_policy`` asks whether a policy is in use: each returns a
-#: description of the users, or ``None``. The autocast engine adds its live regions'.
+# Checks that ``unregister_policy`` asks whether a policy is in use: each returns a
+# description of the users, or ``None``. The autocast engine adds its live regions'.
 _IN_USE: list[Callable[[Policy], str | None]] = []
+
+
+def add_in_use_check(check: Callable[[Policy], str | None]) -> None:
+    """Make :func:`unregister_policy` ask ``check(policy)`` whether the policy is in
+    use; a string (who uses it) refuses the removal with it. The autocast engine adds
+    the check of its live regions; a layer above the presets may add its own.
+
+    Example:
+        >>> from ampkit.policy import Policy
+        >>> from ampkit.presets import add_in_use_check, register_policy, unregister_policy
+        >>> users = {"pinned-example": "a test"}
+        >>> add_in_use_check(lambda policy: users.get(policy.name))
+        >>> _ = register_policy(Policy("pinned-example", fp32_ops={"exp"}))
+        >>> unregister_policy("pinned-example")
+        Traceback (most recent call last):
+        ...
+        RuntimeError: unregister_policy('pinned-example'): the policy is in use by a test; ...
+        >>> users.clear()                     # no longer in use: it can go
+        >>> unregister_policy("pinned-example")
+    """
+    _IN_USE.append(check)
 
 
 def unregister_policy(name: str) -> None:

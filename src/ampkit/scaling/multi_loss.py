@@ -71,6 +71,7 @@ __all__ = [
     "load_loss_scaling_state_dict",
     "loss_scaler",
     "loss_scaling_state_dict",
+    "release_optimizers",
     "scale_loss",
 ]
 
@@ -217,9 +218,20 @@ def configure_loss_scaling(loss_scale: str | float | None = "dynamic", *,
     return state.scalers
 
 
-def _release_optimizers(optimizers: Sequence[torch.optim.Optimizer]) -> None:
+def release_optimizers(optimizers: Sequence[torch.optim.Optimizer]) -> None:
     """Forget the set-up these optimizers belonged to (a run without loss scaling now
-    owns them): :func:`scale_loss` with them uses the current set-up again."""
+    owns them): :func:`scale_loss` with them uses the current set-up again.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.scaling.multi_loss import (configure_loss_scaling, loss_scaler,
+        ...                                        release_optimizers)
+        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        >>> _ = configure_loss_scaling(128.0, optimizers=[opt])
+        >>> loss_scaler(0, optimizer=opt).get_scale()
+        128.0
+        >>> release_optimizers([opt])
+    """
     with _lock:
         for opt in optimizers:
             _bound.pop(opt, None)
