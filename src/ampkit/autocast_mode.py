@@ -64,8 +64,7 @@ from ampkit.arguments import default_device_type
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.compile_frames import not_traced
 from ampkit.policy import Policy, as_dtype
-from ampkit.presets import add_in_use_check
-from ampkit.presets import get_policy
+from ampkit.presets import add_in_use_check, get_policy
 from ampkit.registry import AUTOCAST_KEYS as _AUTOCAST_KEYS
 from ampkit.registry import (
     OpEntry,

@@ -104,7 +104,7 @@ def add_in_use_check(check: Callable[[Policy], str | None]) -> None:
         >>> from ampkit.policy import Policy
         >>> from ampkit.presets import add_in_use_check, register_policy, unregister_policy
         >>> users = {"pinned-example": "a test"}
-        >>> add_in_use_check(lambda policy: users.get(policy.name))
+        >>> add_in_use_check(lambda policy, users=users: users.get(policy.name))
         >>> _ = register_policy(Policy("pinned-example", fp32_ops={"exp"}))
         >>> unregister_policy("pinned-example")
         Traceback (most recent call last):
