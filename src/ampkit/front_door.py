@@ -285,7 +285,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     _check_optimizers(opt_list, model_list)
     mode = props.master_weights_mode
     if mode.pure:
-        from ampkit.master_weights_pure import check_pure_optimizer
+        from ampkit.pure import check_pure_optimizer
 
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, mode.value, seed=rounding_seed,
@@ -306,7 +306,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         if plan is not None:
             apply_conversion(model, converting, plan)
     if mode.pure:  # pure low precision: no fp32 copies
-        from ampkit.master_weights_pure import mark_pure_models, pure_low_precision
+        from ampkit.pure import mark_pure_models, pure_low_precision
 
         mark_pure_models(model_list, mode.value, rounding_seed)
         opt_list = [pure_low_precision(model_list, opt, mode.value,

@@ -110,7 +110,7 @@ def _check_not_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
 
 
 def _built_before(optimizer: torch.optim.Optimizer, name: str) -> str:
-    from ampkit.master_weights_pure import optimizer_class_name
+    from ampkit.pure import optimizer_class_name
 
     kind = optimizer_class_name(optimizer)
     return (f"this {kind} steps parameter {name!r} as it was before "
@@ -306,7 +306,7 @@ def _record_replaced(model: nn.Module, before: list[tuple[str, nn.Module, str, A
                      ) -> None:
     """After sharding: an optimizer over a parameter the model no longer holds raises at
     its first step. (A plain optimizer over a pure model's new parameters raises too:
-    :mod:`ampkit.master_weights_pure` knows the model.)"""
+    :mod:`ampkit.pure` knows the model.)"""
     global _hook
     for full, module, name, p in before:
         if module._parameters.get(name) is not p:
@@ -321,7 +321,7 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
     """The one call that readies an optimizer built over a converted model's
     parameters, sharded or not: in pure low precision (``master_weights="stochastic"``
     or ``"kahan"``) it makes ``optimizer`` pure
-    (:class:`ampkit.master_weights_pure.PureLowPrecisionOptimizer`, in place) with the
+    (:class:`ampkit.pure.PureLowPrecisionOptimizer`, in place) with the
     rounding and ``rounding_seed`` that ``ampkit.initialize`` recorded on ``model``, so
     nothing given to ``initialize`` is repeated; at the other levels it hands it back as
     it is. Build the optimizer after :func:`fully_shard`, over ``model.parameters()``.
@@ -356,7 +356,7 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
         >>> optimizer.step()
         >>> dist.destroy_process_group()
     """
-    from ampkit.master_weights_pure import pure_low_precision, pure_settings
+    from ampkit.pure import pure_low_precision, pure_settings
 
     _converted_config(model, "ampkit.fsdp.prepare_optimizer")
     if not isinstance(optimizer, torch.optim.Optimizer):
