@@ -33,7 +33,7 @@ from torch.nn.modules.module import (
 
 from ampkit.casting import cast_tree
 from ampkit.compile_frames import skip_frame_only
-from ampkit.parameter_casts import CAST_HOOKS, restore_swapped, swap_params
+from ampkit.parameter_casts import own_cast_hooks, restore_swapped, swap_params
 
 __all__ = ["BoundaryCall", "cast_call", "cast_inputs_hook", "cast_inputs_to",
            "converted_call", "give_boundary", "give_cast_call", "input_cast_call",
@@ -104,10 +104,10 @@ def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     hook on the module (FSDP2's unshard, which must come before the swap, a user's, a
     checkpointing hook) or under tracing (``torch.compile``, ``torch.jit.trace``), or
     with ``module.compile()``, the module's ordinary call runs, hooks and all."""
-    own = self.__dict__.get(CAST_HOOKS)
-    if (own is None or torch.compiler.is_compiling() or _tracing_state() is not None
-            or len(self._forward_pre_hooks) != 1 or len(self._forward_hooks) != 1
-            or own[1] not in self._forward_pre_hooks or own[2] not in self._forward_hooks
+    # Compiling first: traced, the ordinary call, and own_cast_hooks (plain Python when
+    # a frame of its own) is never reached inside a graph.
+    own = None if torch.compiler.is_compiling() else own_cast_hooks(self)
+    if (own is None or _tracing_state() is not None
             or self._backward_pre_hooks or self._backward_hooks
             or self._compiled_call_impl is not None
             or _global_forward_pre_hooks or _global_forward_hooks
@@ -117,7 +117,7 @@ def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     swapped: list[tuple[str, torch.Tensor]] = []
     try:
         # (CastParametersOnUse.swap_in, not asking is_compiling again)
-        swap_params(self, swapped, own[0].dtype, False, own[0].keep)
+        swap_params(self, swapped, own.dtype, False, own.keep)
         return self.forward(*args, **kwargs)
     finally:
         restore_swapped(self, swapped)

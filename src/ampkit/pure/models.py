@@ -29,6 +29,7 @@ from ampkit.pure.optimizer import (
     pure_rounding,
 )
 from ampkit.pure.rounding import is_dtensor
+from ampkit.step_hooks import check_at_first_step
 
 __all__ = ["mark_pure_models", "pure_low_precision", "pure_settings"]
 
@@ -61,19 +62,14 @@ class _PureRecord:
 # _check_pure_at_first_step); models themselves -> (rounding, seed)
 _PURE_PARAMS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _PURE_MODELS: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_PURE_CHECKED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-_pure_hook: Any = None
 
 
-def _check_pure_at_first_step(optimizer: torch.optim.Optimizer, args: Any,
-                              kwargs: Any) -> None:
-    # A global optimizer step pre-hook, deciding once per optimizer, at its first step
-    # (before anything changed). Two wrong orders would train wrongly with no error:
-    # an optimizer built before fully_shard steps tensors the model no longer uses
-    # (nothing trains), and a plain optimizer over parameters of a model trained purely
-    # rounds every update to nearest (small updates stall).
-    if optimizer in _PURE_CHECKED:
-        return
+def _check_pure_at_first_step(optimizer: torch.optim.Optimizer) -> None:
+    # Checked at each optimizer's first step (ampkit.step_hooks), before anything
+    # changed. Two wrong orders would train wrongly with no error: an optimizer built
+    # before fully_shard steps tensors the model no longer uses (nothing trains), and a
+    # plain optimizer over parameters of a model trained purely rounds every update to
+    # nearest (small updates stall).
     name = optimizer_class_name(optimizer)
     plain = "_ampkit_pure" not in optimizer.__dict__
     for group in optimizer.param_groups:
@@ -90,7 +86,6 @@ def _check_pure_at_first_step(optimizer: torch.optim.Optimizer, args: Any,
                     f"torch.optim.{name}(model.parameters(), ...))")
     if plain:
         _check_not_plain(optimizer, name)
-    _PURE_CHECKED.add(optimizer)
 
 
 def _check_not_plain(optimizer: torch.optim.Optimizer, name: str) -> None:
@@ -142,7 +137,6 @@ def mark_pure_models(models: list[nn.Module], rounding: str, seed: int | None) -
         ...
         RuntimeError: this SGD steps bf16 parameters of a model that ...
     """
-    global _pure_hook
     rounding = check_rounding(rounding)
     check_seed(seed, "seed")
     seed = 0 if seed is None else seed
@@ -153,10 +147,7 @@ def mark_pure_models(models: list[nn.Module], rounding: str, seed: int | None) -
                 if p is not None and p.dtype is torch.bfloat16:
                     _PURE_PARAMS[p] = _PureRecord(rounding, seed, module, name,
                                                   f"{prefix}.{name}" if prefix else name)
-    if _pure_hook is None:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        _pure_hook = register_optimizer_step_pre_hook(_check_pure_at_first_step)
+    check_at_first_step(_check_pure_at_first_step)
 
 
 def pure_settings(model: nn.Module) -> tuple[str, int] | None:
