@@ -132,10 +132,10 @@ __all__ = [
 # so moving a definition between files never breaks a pickle. The private spellings
 # below are the names the single-file ``conversion.py`` pickled them under, so that
 # pickles made before the split still load.
-PICKLED_NAMES = (ConversionConfig, Record, Boundary, Region, ReportDtype, SpectralNormInFp32,
-                 WeightNormInFp32, converted_call, cast_call, input_cast_call,
-                 cast_inputs_hook, rebuild_converted)
-for _named in PICKLED_NAMES:
+_PICKLED = (ConversionConfig, Record, Boundary, Region, ReportDtype, SpectralNormInFp32,
+            WeightNormInFp32, converted_call, cast_call, input_cast_call,
+            cast_inputs_hook, rebuild_converted)
+for _named in _PICKLED:
     _named.__module__ = __name__
 del _named
 _Record, _Boundary, _Region, _ReportDtype = Record, Boundary, Region, ReportDtype
