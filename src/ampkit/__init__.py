@@ -30,7 +30,7 @@ _LAZY = {
     "LevelProperties": "ampkit.levels",
     "level_properties": "ampkit.levels",
     "convert_model": "ampkit.front_door",
-    "PureLowPrecisionOptimizer": "ampkit.master_weights_pure",
+    "PureLowPrecisionOptimizer": "ampkit.pure",
     "initialize": "ampkit.front_door",
     "AmpConfig": "ampkit.config",
     # loss scaling
@@ -53,7 +53,7 @@ _LAZY = {
 # and docs use them; each is imported on first use.
 _SUBMODULES = (
     "tools", "config", "levels", "integrations", "dialects", "scaling", "conversion", "front_door",
-    "master_weights_pure", "policy", "presets", "registry", "casting",
+    "pure", "master_weights_pure", "policy", "presets", "registry", "casting",
     "autocast_mode", "function_patching", "fsdp", "parameter_casts", "fp8",
     # the dialects' import names
     "apex", "paddle", "mindspore", "mxnet", "torch",

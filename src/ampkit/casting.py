@@ -9,6 +9,20 @@ Everything in ampkit that changes a tensor's dtype goes through this module:
   namedtuples, dicts and dataclasses (module inputs and outputs).
 * :func:`cast_op_args` and :class:`WeightCastCache`: the autocast engine's casts,
   with native autocast's eligibility rule and its cache of casted fp32 weights.
+* :func:`copy_serves`: when a kept low-precision copy may stand for its source.
+
+**Two caches, one rule.** ampkit keeps low-precision copies of fp32 parameters in two
+places, and both follow one rule: a copy lives for one outermost pass, and within it
+serves a use only as :func:`copy_serves` says. :class:`WeightCastCache` is the autocast
+engine's (O1, regions): its pass is the outermost ``ampkit.autocast`` region, whose
+lifetime the engine owns. ``ampkit.parameter_casts`` is O2's: its pass is the outermost
+forward of a converted model (or a ``reuse_casts`` block), whose lifetime the model's
+boundary owns. They stay two stores because the passes are two: at O2 a region runs
+inside the forward and sees only the copies already swapped in (low precision, never
+cached again), while an O1 region may span many forwards and an optimizer step
+(a training loop inside one ``with``), so the region's cache also keys each copy by
+the weight's version counter and dtype, where a forward (which no step can happen
+inside) keys only by the parameter.
 
 All casts are ``Tensor.to``, so they are differentiable and gradients flow back in the
 source tensor's dtype.
@@ -37,6 +51,7 @@ from ampkit.containers import iter_tensors, map_tensors
 __all__ = [
     "WeightCastCache",
     "amp_cast",
+    "copy_serves",
     "amp_multicast",
     "cast_op_args",
     "cast_tree",
@@ -179,9 +194,33 @@ def is_eligible(t: Any, device_type: str) -> bool:
             and t.dtype is not torch.float64 and _on_device(t, device_type))
 
 
+def copy_serves(copy: torch.Tensor, dtype: torch.dtype, source: torch.Tensor,
+                grad_mode: bool) -> bool:
+    """Whether a low-precision ``copy`` of ``source`` kept for the current pass may stand
+    for it in a use that wants ``dtype`` with grad mode ``grad_mode``: the one validity
+    rule of ampkit's cast caches (see the module doc). The copy must be in that dtype,
+    and a use that builds a graph through a source that requires grad needs a copy with
+    autograd history back to it: a copy made under ``no_grad`` or ``inference_mode``
+    serves only uses that build no graph.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.casting import copy_serves
+        >>> w = torch.ones(2, requires_grad=True)
+        >>> with torch.no_grad():
+        ...     flat = w.to(torch.bfloat16)
+        >>> copy_serves(flat, torch.bfloat16, w, grad_mode=False), copy_serves(
+        ...     flat, torch.bfloat16, w, grad_mode=True)
+        (True, False)
+    """
+    return copy.dtype is dtype and (copy.requires_grad or not grad_mode
+                                    or not source.requires_grad)
+
+
 class WeightCastCache:
     """Low-precision copies of fp32 leaf tensors that require grad (the weights),
-    kept for one outermost autocast region, as native autocast does.
+    kept for one outermost autocast region, as native autocast does (one of ampkit's
+    two cast caches: see the module doc; :func:`copy_serves` is their rule).
 
     A weight used by several ops in one forward pass is then cast once, and all uses
     share one autograd node, so its gradient is accumulated once.
@@ -225,7 +264,10 @@ class WeightCastCache:
             # A cast with history serves no_grad / inference_mode uses as well.
             return hit[2]
         out = t.to(dtype)
-        if out.grad_fn is not None:  # made with grad mode on, outside inference_mode
+        # Kept only when it serves every later use of the region, those that build a
+        # graph included (made with grad mode on, outside inference_mode): a hit then
+        # needs no grad-mode check.
+        if copy_serves(out, dtype, t, grad_mode=True):
             self._casts[key] = (t, t._version, out)
         return out
 

@@ -13,7 +13,7 @@ One call applies a precision level to one or several models and their optimizers
    low-precision copies made on use, :mod:`ampkit.parameter_casts`); only with
    ``master_weights="stochastic"``/``"kahan"`` is an optimizer made to train bf16
    weights and state purely
-   (:class:`ampkit.master_weights_pure.PureLowPrecisionOptimizer`, seeded by
+   (:class:`ampkit.pure.PureLowPrecisionOptimizer`, seeded by
    ``rounding_seed``);
 5. loss scaling is configured for :func:`ampkit.scale_loss` when the level scales the
    loss (float16 at O1/O2 by default).
@@ -215,7 +215,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         **overrides: level properties ``cast_model_type``, ``keep_norms_fp32`` (apex:
             ``keep_batchnorm_fp32``), ``master_weights`` (``True``, ``False``, or
             ``"stochastic"``/``"kahan"`` for pure bfloat16 training, see
-            :mod:`ampkit.master_weights_pure`; ``rounding_seed`` seeds its
+            :mod:`ampkit.pure`; ``rounding_seed`` seeds its
             rounding), ``loss_scale``, ``patch_ops``
             (apex: ``patch_torch_functions``), ``cast_model_outputs``; conversion
             options ``keep_fp32_modules`` (module classes, qualified names or instances
@@ -292,7 +292,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     _check_optimizers(opt_list, model_list)
     mode = props.master_weights_mode
     if mode.pure:
-        from ampkit.master_weights_pure import check_pure_optimizer
+        from ampkit.pure import check_pure_optimizer
 
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, mode.value, seed=rounding_seed,
@@ -313,7 +313,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         if plan is not None:
             apply_conversion(model, converting, plan)
     if mode.pure:  # pure low precision: no fp32 copies
-        from ampkit.master_weights_pure import mark_pure_models, pure_low_precision
+        from ampkit.pure import mark_pure_models, pure_low_precision
 
         mark_pure_models(model_list, mode.value, rounding_seed)
         opt_list = [pure_low_precision(model_list, opt, mode.value,

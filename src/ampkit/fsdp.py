@@ -67,7 +67,6 @@ output_dtype=None, cast_forward_inputs=False))
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -87,30 +86,26 @@ from ampkit.module_selection import (
     resolve_module_selectors,
     selects,
 )
+from ampkit.step_hooks import check_at_first_step
 
 __all__ = ["fully_shard", "mixed_precision_policy", "prepare_optimizer"]
 
 # parameters ampkit.fsdp.fully_shard replaced with sharded ones -> their qualified name:
 # an optimizer stepping one would train nothing the model uses (see _check_not_replaced)
 _REPLACED: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_CHECKED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-_hook: Any = None
 
 
-def _check_not_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    # A global optimizer step pre-hook, checking each optimizer once, at its first step.
-    if optimizer in _CHECKED:
-        return
+def _check_not_replaced(optimizer: torch.optim.Optimizer) -> None:
+    # Checked at each optimizer's first step (ampkit.step_hooks).
     for group in optimizer.param_groups:
         for p in group["params"]:
             name = _REPLACED.get(p)
             if name is not None:
                 raise RuntimeError(_built_before(optimizer, name))
-    _CHECKED.add(optimizer)
 
 
 def _built_before(optimizer: torch.optim.Optimizer, name: str) -> str:
-    from ampkit.master_weights_pure import optimizer_class_name
+    from ampkit.pure import optimizer_class_name
 
     kind = optimizer_class_name(optimizer)
     return (f"this {kind} steps parameter {name!r} as it was before "
@@ -306,22 +301,18 @@ def _record_replaced(model: nn.Module, before: list[tuple[str, nn.Module, str, A
                      ) -> None:
     """After sharding: an optimizer over a parameter the model no longer holds raises at
     its first step. (A plain optimizer over a pure model's new parameters raises too:
-    :mod:`ampkit.master_weights_pure` knows the model.)"""
-    global _hook
+    :mod:`ampkit.pure` knows the model.)"""
     for full, module, name, p in before:
         if module._parameters.get(name) is not p:
             _REPLACED[p] = full
-    if _hook is None:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        _hook = register_optimizer_step_pre_hook(_check_not_replaced)
+    check_at_first_step(_check_not_replaced)
 
 
 def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
     """The one call that readies an optimizer built over a converted model's
     parameters, sharded or not: in pure low precision (``master_weights="stochastic"``
     or ``"kahan"``) it makes ``optimizer`` pure
-    (:class:`ampkit.master_weights_pure.PureLowPrecisionOptimizer`, in place) with the
+    (:class:`ampkit.pure.PureLowPrecisionOptimizer`, in place) with the
     rounding and ``rounding_seed`` that ``ampkit.initialize`` recorded on ``model``, so
     nothing given to ``initialize`` is repeated; at the other levels it hands it back as
     it is. Build the optimizer after :func:`fully_shard`, over ``model.parameters()``.
@@ -356,7 +347,7 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
         >>> optimizer.step()
         >>> dist.destroy_process_group()
     """
-    from ampkit.master_weights_pure import pure_low_precision, pure_settings
+    from ampkit.pure import pure_low_precision, pure_settings
 
     _converted_config(model, "ampkit.fsdp.prepare_optimizer")
     if not isinstance(optimizer, torch.optim.Optimizer):

@@ -41,7 +41,7 @@ point:
   with low-precision copies of them (no second copy is kept: apex's word for where the
   truth lives); ``"stochastic"`` or ``"kahan"``: pure low precision, no fp32 copies: bf16
   parameters and optimizer state, each update rounded stochastically or
-  Kahan-compensated (:mod:`ampkit.master_weights_pure`; bfloat16 only);
+  Kahan-compensated (:mod:`ampkit.pure`; bfloat16 only);
 * ``loss_scale``: ``"dynamic"``, a static scale (a positive number) or ``None``;
 * ``patch_ops``: the model's forward runs inside :class:`ampkit.autocast`, so each op
   is cast by the policy's lists;

@@ -22,6 +22,10 @@ address), an edit of a base tensor that parameters view (``vector_to_parameters`
 micro-batch of gradient accumulation is a forward of its own, so it casts each weight
 once, as native autocast does. Nothing is held between forwards.
 
+These copies and the autocast engine's (:class:`ampkit.casting.WeightCastCache`, kept
+for one outermost region) follow one rule, :func:`ampkit.casting.copy_serves`, in two
+stores, one per kind of pass; the module doc of :mod:`ampkit.casting` says why two.
+
 The one opt-in exception is :func:`reuse_casts`: a block that spans several forwards
 (the micro-batches of one optimizer step) is one pass, so each weight is cast once for
 the whole block. Its contract: nothing changes a parameter inside the block (the
@@ -66,10 +70,12 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit.casting import copy_serves
 from ampkit.compile_frames import skip_recursively
+from ampkit.step_hooks import check_at_first_step
 
-__all__ = ["CAST_HOOKS", "CastParametersOnUse", "cached_casts", "cast_parameter",
-           "casting_on_use", "reuse_casts",
+__all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter",
+           "casting_on_use", "own_cast_hooks", "reuse_casts",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
            "restore_swapped", "restore_to", "restore_until", "swap_depth",
            "swap_params"]
@@ -92,11 +98,9 @@ _pass = _Pass()
 # parameter cast on use: to tell an optimizer built over parameters that FSDP2 has since
 # replaced (see _check_not_replaced)
 _OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
-_CHECKED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-_order_check: Any = None
 # The instance attribute install() sets: (the CastParametersOnUse, the ids of its
-# forward pre-hook and forward hook on the module).
-CAST_HOOKS = "_ampkit_cast_on_use"
+# forward pre-hook and forward hook on the module); read by own_cast_hooks.
+_CAST_HOOKS = "_ampkit_cast_on_use"
 
 
 def new_forward_pass() -> None:
@@ -236,13 +240,11 @@ def _is_sharded(t: Any) -> bool:
     return hasattr(t, "placements") and hasattr(t, "device_mesh")  # a DTensor
 
 
-def _check_not_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-    # A global optimizer step pre-hook, checking each optimizer once, at its first step.
-    # fully_shard replaces every parameter of the model with a sharded DTensor one; an
-    # optimizer built before it steps the old tensors, which no longer receive gradients:
-    # training would change nothing, with no error.
-    if optimizer in _CHECKED:
-        return
+def _check_not_replaced(optimizer: torch.optim.Optimizer) -> None:
+    # Checked at each optimizer's first step (ampkit.step_hooks). fully_shard replaces
+    # every parameter of the model with a sharded DTensor one; an optimizer built before
+    # it steps the old tensors, which no longer receive gradients: training would change
+    # nothing, with no error.
     for group in optimizer.param_groups:
         for p in group["params"]:
             owner = _OWNERS.get(p)
@@ -257,15 +259,6 @@ def _check_not_replaced(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any
                     f"it with a sharded DTensor parameter after the optimizer was built, "
                     f"so its steps would change nothing the model uses. Build the "
                     f"optimizer after sharding, over model.parameters()")
-    _CHECKED.add(optimizer)
-
-
-def _ensure_order_check() -> None:
-    global _order_check
-    if _order_check is None:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        _order_check = register_optimizer_step_pre_hook(_check_not_replaced)
 
 
 def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = True
@@ -308,8 +301,7 @@ def _cached_cast(param: torch.Tensor, dtype: torch.dtype, grad_mode: bool,
         low = hit[1]
         # (hit[0] is param: the entry holds its parameter, so the id is not reused.)
         # A copy made under no_grad has no history for this graph's backward.
-        if low.dtype is dtype and (low.requires_grad or not grad_mode
-                                   or not param.requires_grad):
+        if copy_serves(low, dtype, param, grad_mode):
             return low
     cast = _CASTS.get(dtype)
     low = cast(param) if cast is not None else param.to(dtype=dtype)
@@ -377,15 +369,43 @@ class CastParametersOnUse:
         restore_until(module)
 
     def install(self, module: nn.Module) -> None:
-        _ensure_order_check()
+        check_at_first_step(_check_not_replaced)
         for name, p in module._parameters.items():
             if p is not None and p.is_floating_point():
                 _OWNERS.setdefault(p, (weakref.ref(module), name))
         before = module.register_forward_pre_hook(self.before, prepend=True)
         after = module.register_forward_hook(self.after, always_call=True)
         # What a module's own __call__ may do instead of the hooks while they are the
-        # only ones it has (see ampkit.conversion's _cast_call).
-        object.__setattr__(module, CAST_HOOKS, (self, before.id, after.id))
+        # only ones it has (own_cast_hooks; ampkit.conversion.classes.cast_call).
+        object.__setattr__(module, _CAST_HOOKS, (self, before.id, after.id))
+
+
+def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
+    """The :class:`CastParametersOnUse` installed on ``module`` when its pair of hooks
+    are the only forward hooks the module has, else ``None``. Then a module's own call
+    may do their work itself around ``module.forward`` (:func:`swap_params` with the
+    returned settings, the forward, :func:`restore_swapped` in a ``finally``), as
+    O2's fast call does, instead of ``nn.Module``'s hook path; with any other forward
+    hook, the hooks must run in their order among the others.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import CastParametersOnUse, own_cast_hooks
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> CastParametersOnUse(torch.bfloat16).install(lin)
+        >>> own_cast_hooks(lin).dtype
+        torch.bfloat16
+        >>> _ = lin.register_forward_hook(lambda *args: None)
+        >>> own_cast_hooks(lin) is None
+        True
+    """
+    own = module.__dict__.get(_CAST_HOOKS)
+    if (own is None or len(module._forward_pre_hooks) != 1
+            or len(module._forward_hooks) != 1 or own[1] not in module._forward_pre_hooks
+            or own[2] not in module._forward_hooks):
+        return None
+    cast: CastParametersOnUse = own[0]
+    return cast
 
 
 def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
@@ -443,7 +463,7 @@ def _eager_when_a_frame() -> None:
     # plain Python there, rather than graphs of their own; traced where compiled code
     # calls the module.
     for hook in (CastParametersOnUse.before, CastParametersOnUse.after,
-                 CastParametersOnUse.swap_in, swap_params):
+                 CastParametersOnUse.swap_in, swap_params, own_cast_hooks):
         skip_recursively(hook.__code__)
 
 

@@ -77,7 +77,7 @@ def _fsdp2_model(seed: int = 0) -> nn.Module:
 
 
 def _pure_adamw(model: nn.Module, mode: str, seed: int) -> torch.optim.Optimizer:
-    from ampkit.master_weights_pure import PureLowPrecisionOptimizer
+    from ampkit.pure import PureLowPrecisionOptimizer
 
     return PureLowPrecisionOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2), mode,
                                      seed=seed)

@@ -4,6 +4,7 @@ module white lists, state dicts, converting twice, bad input."""
 import copy
 import dataclasses
 import io
+import pickle
 import threading
 from typing import NamedTuple
 
@@ -533,6 +534,70 @@ def test_deepcopy_of_a_converted_model_works_on_its_own():
     with torch.no_grad():
         clone.classifier[3].bias.add_(1.0)
     assert not torch.equal(clone(x), model(x))
+
+
+class _WithBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+        self.register_buffer("pos", torch.randn(4))
+
+    def forward(self, x):
+        return self.b(self.a(x) + self.pos)
+
+
+def _pickled_models():
+    """Converted models whose state names every kind of object the conversion pickles:
+    boundaries and regions, records, cast-on-use and input-cast calls, a legacy
+    spectral norm hook, a state_dict dtype hook."""
+    o2 = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8),
+                       nn.utils.spectral_norm(nn.Linear(8, 8)), nn.Linear(8, 2))
+    white = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    config = ConversionConfig(low_precision_modules=(nn.Linear,), compute_dtype=BF16,
+                              state_dict_dtype=FP16)
+    ampkit.conversion.apply_conversion(
+        white, config, ampkit.conversion.prepare_conversion(white, config))
+    return [convert_model(o2, "O2", BF16).eval(), convert_model(_WithBuffer(), "O3", BF16),
+            white]
+
+
+# What each name a pickle of a converted model refers to was called in the single-file
+# ampkit/conversion.py, the module that pickles made before the package named.
+_SINGLE_FILE_NAMES = {
+    "Boundary": "_Boundary", "Region": "_Region", "Record": "_Record",
+    "ReportDtype": "_ReportDtype", "SpectralNormInFp32": "_SpectralNormInFp32",
+    "WeightNormInFp32": "_WeightNormInFp32", "converted_call": "_converted_call",
+    "cast_call": "_cast_call", "input_cast_call": "_input_cast_call",
+    "cast_inputs_hook": "_cast_inputs_hook", "rebuild_converted": "_rebuild_converted",
+}
+
+
+def test_a_pickled_converted_model_names_the_package_only():
+    # Pickles name ampkit.conversion, not the file inside it that defines an object, so
+    # a definition can move between the package's files without breaking a pickle.
+    import pickletools
+
+    for model in _pickled_models():
+        data = pickle.dumps(model, protocol=2)  # GLOBAL opcodes: "module name"
+        named = {arg for op, arg, _ in pickletools.genops(data) if op.name == "GLOBAL"}
+        ours = {n for n in named if n.startswith("ampkit.conversion")}
+        assert ours and all(n.split()[0] == "ampkit.conversion" for n in ours), ours
+
+
+def test_a_pickle_made_by_the_single_file_module_loads():
+    x = torch.randn(3, 4)
+    for model in _pickled_models():
+        with torch.no_grad():
+            expected = model(x)
+        data = pickle.dumps(model, protocol=2)
+        for new, old in _SINGLE_FILE_NAMES.items():  # spelled as the old module did
+            data = data.replace(f"ampkit.conversion\n{new}\n".encode(),
+                                f"ampkit.conversion\n{old}\n".encode())
+        assert b"ampkit.conversion\n_" in data
+        loaded = pickle.loads(data)
+        with torch.no_grad():
+            assert torch.equal(loaded(x), expected)
+        assert get_conversion(loaded) == get_conversion(model)
 
 
 def test_an_exception_in_forward_closes_the_regions():

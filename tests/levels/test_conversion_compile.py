@@ -300,7 +300,7 @@ def test_a_pickled_boundary_makes_its_graph_keys_again_where_it_is_loaded():
     import pickle
 
     from ampkit.autocast_mode import in_graph_key
-    from ampkit.conversion import _BOUNDARY
+    from ampkit.conversion.classes import _BOUNDARY
 
     model = _converted(_plain_sequential, "O2", **BLACK_LINEAR)
     boundary = model.__dict__[_BOUNDARY]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from helpers_models import TinyTransformer
 
 import ampkit
-from ampkit.master_weights_pure import (
+from ampkit.pure import (
     PureLowPrecisionOptimizer,
     pure_low_precision,
     pure_rounding,

@@ -1,8 +1,11 @@
 """The import graph of ampkit's own modules: no circles, and no module imports another
 module's private (``_name``) names. Read from the source (every import statement,
 including those inside functions), so an import deferred into a function to hide a
-circle is still a circle. Imports under ``if TYPE_CHECKING:`` are left out: they never
-run, so they cannot make an import order. Dunder names (a one-line dialect shim's
+circle is still a circle. Imports under ``if TYPE_CHECKING:`` never run, so they cannot
+make an import order, but a circle through them is still two modules that need each
+other: a second check counts them too. Packages' own modules (``ampkit.conversion.plan``,
+...) are modules of the graph like any other: a name private to one file of a package
+is private to it. Dunder names (a one-line dialect shim's
 ``from ampkit.dialects.torch import __all__``) count as public."""
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+def _runtime_imports(tree: ast.AST, type_only: bool = False
+                     ) -> list[ast.Import | ast.ImportFrom]:
     found: list[ast.Import | ast.ImportFrom] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if (not type_only and isinstance(node, ast.If)
+                and "TYPE_CHECKING" in ast.unparse(node.test)):
             for child in node.orelse:
                 visit(child)
             return
@@ -46,13 +51,13 @@ def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _graph() -> tuple[dict[str, set[str]], list[str]]:
+def _graph(type_only: bool = False) -> tuple[dict[str, set[str]], list[str]]:
     modules = _modules()
     edges: dict[str, set[str]] = {m: set() for m in modules}
     private = []
     for module, path in modules.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+        for node in _runtime_imports(ast.parse(path.read_text(), str(path)), type_only):
             if isinstance(node, ast.Import):
                 edges[module].update(a.name for a in node.names if a.name in modules)
                 continue
@@ -118,14 +123,29 @@ def graph() -> tuple[dict[str, set[str]], list[str]]:
 def test_the_graph_is_read(graph):
     edges, _ = graph
     # A sanity check on the reader itself: known edges are found, including one made by
-    # an import inside a function (compare's Comparison.write_report).
+    # an import inside a function (compare's Comparison.write_report), and the modules
+    # of a package are nodes of their own, with edges between them.
     assert "ampkit.registry" in edges["ampkit.policy"]
     assert "ampkit.tools.compare_report" in edges["ampkit.tools.comparison"]
+    assert "ampkit.conversion.classes" in edges["ampkit.conversion.boundary"]
+    assert "ampkit.conversion.plan" in edges["ampkit.conversion"]
+    assert "ampkit.parameter_casts" in edges["ampkit.conversion.classes"]
 
 
 def test_no_import_circles(graph):
     edges, _ = graph
     assert _cycles(edges) == []
+
+
+# Type-only circles still left, each with the work that removes it: tools/ is being
+# split into subpackages on another branch (issue 38); drop the entry when it lands.
+_TYPE_ONLY_CIRCLES_LEFT = [["ampkit.tools.compare_report", "ampkit.tools.comparison"]]
+
+
+def test_no_import_circles_type_only_included():
+    edges, _ = _graph(type_only=True)
+    assert "ampkit.tools.comparison" in edges["ampkit.tools.compare_report"]  # type-only
+    assert [c for c in _cycles(edges) if c not in _TYPE_ONLY_CIRCLES_LEFT] == []
 
 
 def test_no_private_names_imported_across_modules(graph):

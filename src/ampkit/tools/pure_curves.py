@@ -134,7 +134,7 @@ def _make_pure(model: nn.Module, opt: torch.optim.Optimizer, mode: str,
                rounding_seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     """``mode``'s model and optimizer (fp32: as they are)."""
     import ampkit
-    from ampkit.master_weights_pure import PureLowPrecisionOptimizer
+    from ampkit.pure import PureLowPrecisionOptimizer
 
     if mode == "nearest":
         model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,

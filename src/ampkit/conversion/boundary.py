@@ -1,0 +1,334 @@
+"""A converted module's boundary: casts on the way in, a region around its forward
+(the conversion's policy, all-low-precision for a white-listed module, autocast off for
+a kept-fp32 one), casts on the way out. The :class:`Boundary` is entered eagerly as one
+``try``/``finally`` (:meth:`Boundary.enter`, :meth:`Boundary.leave`) and traced inside
+compiled code (:meth:`Boundary.call_traced`), where a policy with lists enters its
+region through a graph key made when the boundary is installed.
+
+Example:
+    >>> import torch
+    >>> from ampkit.conversion.boundary import Region, compute_device_type
+    >>> compute_device_type(torch.nn.Linear(2, 2), ()), Region.FP32.value
+    ('cpu', 'fp32')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ampkit.arguments import LOW_PRECISION
+from ampkit.autocast_mode import autocast, enter_in_graph, exit_in_graph, in_graph_key
+from ampkit.casting import cast_tree
+from ampkit.compile_frames import not_traced, skip_recursively
+from ampkit.containers import iter_tensors
+from ampkit.conversion.classes import give_boundary, original_class
+from ampkit.conversion.config import record_of
+from ampkit.conversion.norms import (
+    LOW_INPUT_LAYER_NORM,
+    SaveLowCopies,
+    low_contiguous,
+    saved_tensor_hooks_free,
+    takes_low_input,
+)
+from ampkit.parameter_casts import (
+    casting_on_use,
+    end_forward_pass,
+    new_forward_pass,
+    restore_to,
+    swap_depth,
+)
+from ampkit.policy import Policy
+
+__all__ = ["ALL_LOW_PRECISION", "Boundary", "Region", "compute_device_type",
+           "install_boundary", "region_autocast"]
+
+_LOW = LOW_PRECISION
+
+
+#: The policy of a white-listed module's region: every op on floating inputs runs in
+#: the low-precision dtype (its fp32 parameters are cast on use, once per region).
+ALL_LOW_PRECISION = Policy(
+    name="all-low-precision", unlisted="lower",
+    description="Every compute op runs in the low-precision dtype (module white lists).")
+
+
+class Region(enum.Enum):
+    """What a boundary module's forward runs inside."""
+
+    UNCHANGED = "unchanged"
+    POLICY = "policy"  # ampkit.autocast with the conversion's policy (O1, O2)
+    LOW = "low"  # ampkit.autocast running every op in low precision (white list)
+    FP32 = "fp32"  # autocast off: a kept-fp32 module
+
+
+@functools.lru_cache(maxsize=64)
+def region_autocast(device_type: str, dtype: torch.dtype | None,
+                     policy: Policy | None) -> autocast:
+    """One reusable region per (device, dtype, policy): ampkit.autocast keeps its state
+    on a thread-local stack, so one object can be entered by nested and other threads."""
+    if policy is None:
+        return autocast(device_type, enabled=False)
+    return autocast(device_type, dtype, policy=policy)
+
+
+def compute_device_type(module: nn.Module, args: Any) -> str:
+    """The device a module computes on: its first parameter's (or buffer's), else its
+    first tensor input's."""
+    # The module's own tensors first: cheap, and almost always there (norms, the root's
+    # first layer is usually reached after one or two children).
+    for store in (module._parameters, module._buffers):
+        for tensor in store.values():
+            if tensor is not None:
+                return tensor.device.type
+    for tensor in module.parameters():
+        return tensor.device.type
+    for tensor in iter_tensors(args):
+        return tensor.device.type
+    return "cpu"
+
+
+def _check_gathered_fp32(module: nn.Module) -> None:
+    """A kept-fp32 module in an FSDP2 group: its parameters, as FSDP gathered them for
+    this forward, must be fp32, or the group's ``MixedPrecisionPolicy`` rounds what the
+    level keeps in fp32."""
+    low = next(((n, p.dtype) for n, p in module._parameters.items()
+                if p is not None and p.is_floating_point() and p.dtype is not torch.float32),
+               None)
+    if low is None:
+        return
+    record = record_of(module)
+    name = "?" if record is None else record.name
+    level = ""
+    if record is not None and record.config.param_compute_dtype is not None:
+        level = " at O2"
+    raise RuntimeError(
+        f"ampkit keeps module {name!r} ({original_class(type(module)).__name__}) in "
+        f"float32{level}, but FSDP2 gathered its parameter {low[0]!r} as {low[1]}: it is "
+        f"in a fully_shard group whose MixedPrecisionPolicy has param_dtype={low[1]}. "
+        f"Shard the model with ampkit.fsdp.fully_shard(model, blocks=...), which gives "
+        f"kept modules fp32 groups of their own, or call fully_shard on this module "
+        f"first with mp_policy=ampkit.fsdp.mixed_precision_policy(model, kept=True)")
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Boundary:
+    """One module's boundary: casts on the way in, a region around the forward, casts
+    on the way out, as one ``try``/``finally`` around the module's call
+    (:func:`converted_call`, the ``__call__`` of the module's converted class). Holds
+    no reference to the module, so ``copy.deepcopy`` of a converted model gets working
+    boundaries of its own.
+
+    A ``with`` around the call, not a pre-hook and a post-hook: torch runs
+    ``always_call`` post-hooks for ``Exception`` only, so after a ``KeyboardInterrupt``
+    a hook pair would leave its region entered and parameters swapped; and a region
+    entered in one hook and left in another cannot be traced by ``torch.compile``.
+
+    A kept-fp32 norm in :data:`MIXED_INPUT_NORMS` gets its low-precision input as it is
+    (its kernel computes in fp32 inside from fp32 parameters and statistics, and
+    returns the input's dtype): no activation-sized cast on the way in, none on the way
+    out, none in the backward pass."""
+
+    region: Region
+    input_dtype: torch.dtype | None
+    output_dtype: torch.dtype | None
+    compute_dtype: torch.dtype | None = None
+    policy: Policy | None = None
+    _: dataclasses.KW_ONLY
+    root: bool = False  # the converted model's own boundary: a forward pass starts
+    # The module's class when it was converted: the conversion's own class swap and
+    # FSDP2's later replace it with subclasses.
+    module_type: type | None = None
+    # The output is a parameter's value (a parametrization's result): cast only while
+    # a converted model's forward or a module cast on use runs, its use; read from
+    # outside (``model[0].weight``, ``remove_parametrizations``) it stays fp32.
+    on_use: bool = False
+    # Device type -> key of the region's policy for autocast_mode.enter_in_graph (made
+    # when the boundary is installed, for the module's device: compiled code enters
+    # the region through it); a missing or None key: entered as an ampkit.autocast.
+    graph_keys: dict[str, int | None] = dataclasses.field(default_factory=dict)
+
+    def _listed_policy(self) -> Policy | None:
+        """The region's policy where it has lists (an ampkit region, not torch.autocast)."""
+        if self.region is Region.POLICY:
+            policy = self.policy
+        elif self.region is Region.LOW:
+            policy = ALL_LOW_PRECISION
+        else:
+            return None
+        return None if policy is None or policy.is_native else policy
+
+    def prepare_graph_region(self, device_type: str) -> None:
+        """Make the key compiled code enters this region's policy with on ``device_type``."""
+        policy = self._listed_policy()
+        if policy is not None and device_type not in self.graph_keys:
+            self.graph_keys[device_type] = in_graph_key(device_type, policy)
+
+    # The keys index this process's table of regions: a pickled (or copied) boundary
+    # carries the device types and makes its keys again where it is loaded.
+    def __getstate__(self) -> dict[str, Any]:
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        state["graph_keys"] = list(self.graph_keys)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        devices = state.pop("graph_keys", [])
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        self.graph_keys = {}
+        for device_type in devices:
+            self.prepare_graph_region(device_type)
+
+    def _contexts(self, device_type: str) -> list[Any]:
+        if self.region is Region.UNCHANGED:
+            return []
+        if self.region is Region.FP32:
+            # Nothing to switch off when no autocast is on (O3, outside regions).
+            if torch.is_autocast_enabled(device_type):
+                return [region_autocast(device_type, None, None)]
+            return []
+        policy = self.policy if self.region is Region.POLICY else ALL_LOW_PRECISION
+        return [region_autocast(device_type, self.compute_dtype, policy)]
+
+    def _low_input(self, module: nn.Module, device_type: str, args: Any) -> bool:
+        """A kept norm that takes its low-precision input as it is."""
+        return (self.region is Region.FP32 and self.output_dtype in _LOW
+                and takes_low_input(module, device_type, self.module_type)
+                and low_contiguous(args, self.output_dtype))
+
+    def enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> tuple[list[Any], int, tuple[Any, ...], dict[str, Any]]:
+        """Eager: enter the boundary (all or nothing); ``(entered contexts, swap depth,
+        args, kwargs)`` for :meth:`leave` and the call."""
+        if not self.root and self.region is Region.FP32 and getattr(
+                module, "_is_fsdp_managed_module", False):
+            _check_gathered_fp32(module)
+        swaps = swap_depth()
+        device_type = compute_device_type(module, (args, kwargs))
+        entered: list[Any] = []
+        if self.root:
+            # A forward of the model begins: the copies of its parameters live until
+            # the outermost one ends (leave, which the except below reaches too).
+            new_forward_pass()
+        try:
+            for context in self._contexts(device_type):
+                context.__enter__()
+                entered.append(context)
+            if self.input_dtype is not None:
+                if self._low_input(module, device_type, (args, kwargs)):
+                    if issubclass(self.module_type or type(module), nn.LayerNorm):
+                        LOW_INPUT_LAYER_NORM.__enter__()  # type: ignore[no-untyped-call]
+                        entered.append(LOW_INPUT_LAYER_NORM)
+                else:
+                    cast = cast_tree((args, kwargs), self.input_dtype)
+                    if (self.region is Region.FP32 and torch.is_grad_enabled()
+                            and saved_tensor_hooks_free()):
+                        upcasts = {id(new): (new, old, new._version) for old, new in zip(
+                            iter_tensors((args, kwargs)), iter_tensors(cast))
+                            if new is not old and old.dtype in _LOW}
+                        if upcasts:
+                            hooks = SaveLowCopies(upcasts)
+                            hooks.__enter__()
+                            entered.append(hooks)
+                    args, kwargs = cast
+        except BaseException:
+            self.leave(entered, swaps)
+            raise
+        return entered, swaps, args, kwargs
+
+    def leave(self, entered: list[Any], swaps: int) -> None:
+        """Eager: put swapped parameters back and close the contexts, in that order,
+        each step even when an earlier one raised."""
+        try:
+            restore_to(swaps)
+        finally:
+            if self.root:
+                end_forward_pass()
+            while entered:
+                entered.pop().__exit__(None, None, None)
+
+    def cast_output(self, module: nn.Module, args: Any, output: Any) -> Any:
+        """A forward hook, the first of the module's: the output cast. A hook, so that
+        forward hooks the user registered on the module see what it hands back."""
+        if self.output_dtype is None or output is None or (
+                self.on_use and not torch.compiler.is_compiling() and not casting_on_use()):
+            return None
+        return cast_tree(output, self.output_dtype)
+
+    def call_traced(self, module: nn.Module, call: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> Any:
+        # Traced by dynamo (the module is called inside compiled code): only what it
+        # traces, regions as ``with torch.autocast`` blocks. torch.compile of the model
+        # itself runs the model's own call outside the graph (see converted_call), so
+        # its region, whatever the policy, is in effect while the forward is traced.
+        # A policy with lists enters its rules as two nodes of the graph around a
+        # traced torch.autocast block (autocast_mode.enter_in_graph); one that
+        # intercepts a composite through the Python mode cannot be entered by a graph:
+        # an ampkit region, a graph break at its entry and exit.
+        device_type = compute_device_type(module, (args, kwargs))
+        if self.input_dtype is not None and not (
+                self._low_input(module, device_type, (args, kwargs))
+                and not issubclass(self.module_type or type(module), nn.LayerNorm)):
+            # (LayerNorm's low-input kernel is entered through a function mode, which
+            # is not traced here: its input is cast, the forward is the same.)
+            args, kwargs = cast_tree((args, kwargs), self.input_dtype)
+        if self.region is Region.UNCHANGED:
+            return call(*args, **kwargs)
+        if self.region is Region.FP32:
+            if not torch.is_autocast_enabled(device_type):
+                return call(*args, **kwargs)
+            with torch.autocast(device_type, enabled=False):
+                return call(*args, **kwargs)
+        policy = self.policy if self.region is Region.POLICY else ALL_LOW_PRECISION
+        if policy is None or policy.is_native:
+            with torch.autocast(device_type, self.compute_dtype):
+                return call(*args, **kwargs)
+        key = self.graph_keys.get(device_type)
+        if key is not None:
+            # The policy's lists as two nodes of the graph around the call, inside the
+            # traced native region: no graph break (see autocast_mode.enter_in_graph).
+            with torch.autocast(device_type, self.compute_dtype):
+                enter_in_graph(key)
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    exit_in_graph(key)
+        _region_outside_the_graph()  # a graph break, named (fullgraph=True: the error)
+        with region_autocast(device_type, self.compute_dtype, policy):
+            return call(*args, **kwargs)
+
+
+@not_traced
+def _region_outside_the_graph() -> None:
+    """Where compiled code meets a converted module's region that a graph cannot enter:
+    the graph breaks here, and ``fullgraph=True`` fails with the reason below."""
+
+
+_region_outside_the_graph._torchdynamo_disable_msg = (  # type: ignore[attr-defined]
+    "ampkit: a converted module's region, called inside compiled code, has a policy "
+    "that intercepts a Python-level composite (an op with no dispatcher op, such as "
+    "F.interpolate, on its lists, or an unlisted rule other than 'native', such as "
+    "MindSpore O1's white-listed modules); compiled code cannot enter it, so the "
+    "region runs outside the graph. Compile the model itself (torch.compile(model)) "
+    "or leave that op off the lists to get one graph")
+
+
+for _eager in (Boundary.enter, Boundary.leave, Boundary.cast_output):
+    # The boundary's eager bookkeeping and everything it calls: plain Python when
+    # dynamo meets it as a frame of its own (the model's hooks, which torch.compile of
+    # the model runs outside the graph); traced where compiled code calls it.
+    skip_recursively(_eager.__code__)
+
+
+def install_boundary(module: nn.Module, boundary: Boundary) -> None:
+    """Give ``module`` its boundary: its converted class, the key its region is entered
+    with in compiled code, and the output cast (the first of its forward hooks)."""
+    give_boundary(module, boundary)
+    boundary.prepare_graph_region(compute_device_type(module, ()))
+    if boundary.output_dtype is not None:
+        module.register_forward_hook(boundary.cast_output, prepend=True)

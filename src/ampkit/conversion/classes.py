@@ -1,0 +1,244 @@
+"""The subclasses a converted module gets. A module with a boundary, one whose
+parameters are cast on use and one that casts its inputs each get a subclass of their
+own class, with the same name, module and qualified name, whose ``__call__`` does that
+module's part of the conversion (:func:`converted_call`, :func:`cast_call`,
+:func:`input_cast_call`). A class is made once per (class, call), pickles and deep
+copies rebuild it (:func:`rebuild_converted`), and :func:`original_class` sees through
+it (and through FSDP2's ``FSDP<Name>`` on top).
+
+Example:
+    >>> import torch
+    >>> import ampkit
+    >>> from ampkit.conversion.classes import original_class
+    >>> model = ampkit.convert_model(torch.nn.Linear(2, 2), "O2", torch.bfloat16)
+    >>> type(model).__name__, type(model) is torch.nn.Linear, original_class(type(model))
+    ('Linear', False, <class 'torch.nn.modules.linear.Linear'>)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+
+# Mutated in place by torch, never rebound: nn.Module._call_impl reads them the same way.
+from torch.nn.modules.module import (
+    _global_backward_hooks,
+    _global_backward_pre_hooks,
+    _global_forward_hooks,
+    _global_forward_pre_hooks,
+)
+
+from ampkit.casting import cast_tree
+from ampkit.compile_frames import skip_frame_only
+from ampkit.parameter_casts import own_cast_hooks, restore_swapped, swap_params
+
+__all__ = ["BoundaryCall", "cast_call", "cast_inputs_hook", "cast_inputs_to",
+           "converted_call", "give_boundary", "give_cast_call", "input_cast_call",
+           "original_class", "rebuild_converted"]
+
+
+class BoundaryCall(Protocol):
+    """What :func:`converted_call` asks of a module's boundary
+    (:class:`ampkit.conversion.boundary.Boundary`)."""
+
+    def enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> tuple[list[Any], int, tuple[Any, ...], dict[str, Any]]: ...
+
+    def leave(self, entered: list[Any], swaps: int) -> None: ...
+
+    def call_traced(self, module: nn.Module, call: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any: ...
+
+
+def original_class(cls: type) -> type:
+    """``cls`` without the subclasses FSDP2 (``FSDP<Name>``) and a converted model's
+    own class swap put on top of the module's class."""
+    while (cls in _converted_classes or any(b.__name__ == "FSDPModule" for b in cls.__bases__)
+           ) and cls.__bases__:
+        cls = _converted_classes.get(cls) or cls.__bases__[-1]
+    return cls
+
+
+def converted_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``__call__`` of a module with a boundary (the converted model, a kept-fp32 or
+    white-listed module): the module's own call, inside its boundary, as one
+    ``try``/``finally``.
+
+    ``torch.compile(model)`` runs this frame and the boundary's bookkeeping as plain
+    Python (see :func:`skip_frame_only`) and compiles the module call it makes, so the
+    model's region is in effect when dynamo traces the forward: its policy is traced
+    and guarded on, with no graph break, and one graph serves every call under that
+    policy. Called from compiled code, it is traced
+    (:meth:`ampkit.conversion.boundary.Boundary.call_traced`)."""
+    boundary: BoundaryCall | None = self.__dict__.get(_BOUNDARY)
+    call = super(_converted_in(type(self)), self).__call__  # type: ignore[arg-type]
+    if boundary is None:  # a copy made without the record: a plain module again
+        return call(*args, **kwargs)
+    if torch.compiler.is_compiling():
+        return boundary.call_traced(self, call, args, kwargs)
+    entered, swaps, args, kwargs = boundary.enter(self, args, kwargs)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        boundary.leave(entered, swaps)
+
+
+skip_frame_only(converted_call.__code__)
+_BOUNDARY = "_ampkit_boundary"
+
+
+def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``__call__`` of a module whose parameters are cast on use (and that has no
+    boundary): while the pair of forward hooks :class:`CastParametersOnUse` installed
+    are its only hooks (and no global module hooks are set), their work done here
+    instead, around the module's forward, as ``nn.Module.__call__`` would call it.
+
+    Host cost: a module with hooks takes ``nn.Module._call_impl``'s slow path and two
+    Python hook calls; here, one frame and a ``try``/``finally``. The outcome is the
+    hooks': the copies are swapped in where the pre-hook (first of the module's) would
+    swap them, and the parameters are back before anything after the forward runs,
+    exceptions of every kind (``KeyboardInterrupt`` too) included. With any other
+    hook on the module (FSDP2's unshard, which must come before the swap, a user's, a
+    checkpointing hook) or under tracing (``torch.compile``, ``torch.jit.trace``), or
+    with ``module.compile()``, the module's ordinary call runs, hooks and all."""
+    # Compiling first: traced, the ordinary call, and own_cast_hooks (plain Python when
+    # a frame of its own) is never reached inside a graph.
+    own = None if torch.compiler.is_compiling() else own_cast_hooks(self)
+    if (own is None or _tracing_state() is not None
+            or self._backward_pre_hooks or self._backward_hooks
+            or self._compiled_call_impl is not None
+            or _global_forward_pre_hooks or _global_forward_hooks
+            or _global_backward_pre_hooks or _global_backward_hooks):
+        return super(_converted_in(type(self)), self).__call__(  # type: ignore[arg-type]
+            *args, **kwargs)
+    swapped: list[tuple[str, torch.Tensor]] = []
+    try:
+        # (CastParametersOnUse.swap_in, not asking is_compiling again)
+        swap_params(self, swapped, own.dtype, False, own.keep)
+        return self.forward(*args, **kwargs)
+    finally:
+        restore_swapped(self, swapped)
+
+
+# Run as plain Python when dynamo meets it as a frame of its own
+# (torch.compile(module) of such a module: the swap made eagerly and the forward
+# compiled, as the hooks were); traced, taking the ordinary call, inside compiled code.
+skip_frame_only(cast_call.__code__)
+_tracing_state = torch._C._get_tracing_state
+_INPUT_DTYPE = "_ampkit_input_dtype"
+
+
+def input_cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """``__call__`` of a module that casts its floating inputs to its parameters'
+    low-precision dtype (O3 in a model that keeps float32 buffers; see
+    ``_cast_inputs_past_buffers`` in :mod:`ampkit.conversion.plan`): the cast, then the
+    module's ordinary call, hooks and all. One frame and one walk of the arguments, not
+    a boundary's region bookkeeping: nothing else happens at this boundary."""
+    dtype = self.__dict__.get(_INPUT_DTYPE)
+    if dtype is not None:
+        args, kwargs = cast_tree((args, kwargs), dtype)
+    return super(_converted_in(type(self)), self).__call__(  # type: ignore[arg-type]
+        *args, **kwargs)
+
+
+def cast_inputs_hook(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """The same cast as a forward pre-hook, for a module whose class has a ``__call__``
+    of its own (or was given another by the conversion)."""
+    dtype = module.__dict__.get(_INPUT_DTYPE)
+    return None if dtype is None else cast_tree((args, kwargs), dtype)
+
+
+# converted class -> the class it was made from (and its inverse below)
+_converted_classes: dict[type, type] = {}
+_converted_of: dict[tuple[type, Any], type] = {}
+_converted_lock = threading.Lock()
+
+
+def _converted_in(cls: type) -> type:
+    """The converted class in ``cls``'s MRO (``cls`` itself, or FSDP2's subclass of it)."""
+    return next(klass for klass in cls.__mro__ if klass in _converted_classes)
+
+
+def rebuild_converted(base: type, call: Any = None) -> nn.Module:
+    """Unpickling a converted model: an empty instance of its converted class
+    (``call``: its ``__call__``; ``None``, as pickles made before it was recorded have
+    it: :func:`converted_call`)."""
+    return object.__new__(_converted_class(base, call or converted_call))
+
+
+def _reduce_converted(self: nn.Module, protocol: int) -> Any:
+    converted = _converted_in(type(self))
+    if converted is not type(self):  # a further subclass (FSDP2's): pickled its own way
+        return super(converted, self).__reduce_ex__(protocol)  # type: ignore[arg-type]
+    call = converted.__dict__["__call__"]
+    base = _converted_classes[converted]
+    return (rebuild_converted, (base,) if call is converted_call else (base, call),
+            self.__dict__.copy())
+
+
+def _own_forward_frame(forward: Any) -> Any:
+    """A ``forward`` that calls torch's own (``nn.Sequential.forward``, ...) from a frame
+    of ampkit's. ``torch.compile`` of a module whose forward is torch's traces its call
+    from a frame of its own (the boundary then runs inside the graph); with this
+    forward it runs the module's call (its boundary, the region entered) as Python and
+    compiles the forward, as for a model class of the user's own: one graph, whatever
+    the policy."""
+
+    def forward_frame(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return forward(self, *args, **kwargs)
+
+    forward_frame.__doc__ = forward.__doc__
+    return forward_frame
+
+
+def _converted_class(base: type, call: Any = converted_call) -> type:
+    """The subclass of ``base`` a converted model gets: the same name, with ``call``
+    (:func:`converted_call` for a boundary, :func:`cast_call` for a module cast on
+    use) as its ``__call__`` (made once per class and call)."""
+    with _converted_lock:
+        cls = _converted_of.get((base, call))
+        if cls is None:
+            namespace = {"__call__": call, "__reduce_ex__": _reduce_converted,
+                         "__module__": base.__module__, "__qualname__": base.__qualname__,
+                         "__doc__": base.__doc__}
+            forward = getattr(base, "forward", None)
+            if call is converted_call and getattr(forward, "__module__", "").startswith(
+                    "torch."):
+                namespace["forward"] = _own_forward_frame(forward)
+            cls = type(base.__name__, (base,), namespace)
+            _converted_of[(base, call)] = cls
+            _converted_classes[cls] = base
+        return cls
+
+
+def give_boundary(module: nn.Module, boundary: BoundaryCall) -> None:
+    """Give ``module`` the class whose call runs inside ``boundary``, and the boundary."""
+    base = type(module)
+    if base.__dict__.get("__call__") is not converted_call:
+        module.__class__ = _converted_class(_converted_classes.get(base, base))
+    object.__setattr__(module, _BOUNDARY, boundary)
+
+
+def give_cast_call(module: nn.Module) -> None:
+    """Give a module whose parameters are cast on use (hooks installed) the class whose
+    call does the hooks' work itself (:func:`cast_call`), where its class has the
+    plain ``nn.Module`` call and no conversion class yet."""
+    if type(module) not in _converted_classes and type(module).__call__ is \
+            nn.Module.__call__:
+        module.__class__ = _converted_class(type(module), cast_call)
+
+
+def cast_inputs_to(module: nn.Module, dtype: torch.dtype | None) -> None:
+    """Make ``module`` cast its floating inputs to ``dtype``: through its class's call
+    (:func:`input_cast_call`) where it has the plain ``nn.Module`` call, else through a
+    forward pre-hook (:func:`cast_inputs_hook`), the first of its own."""
+    object.__setattr__(module, _INPUT_DTYPE, dtype)
+    if type(module) not in _converted_classes and type(module).__call__ is \
+            nn.Module.__call__:
+        module.__class__ = _converted_class(type(module), input_cast_call)
+    else:
+        module.register_forward_pre_hook(cast_inputs_hook, prepend=True,
+                                         with_kwargs=True)

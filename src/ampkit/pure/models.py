@@ -1,0 +1,207 @@
+"""The models ``ampkit.initialize`` set up for pure low-precision training: the record of
+their rounding and seed (:func:`mark_pure_models`, :func:`pure_settings`), the check at
+an optimizer's first step that it is pure when it steps their parameters and steps
+what they hold (not parameters FSDP2 has since replaced), and
+:func:`pure_low_precision`, what ``initialize`` calls.
+
+Example:
+    >>> import torch
+    >>> from ampkit.pure import mark_pure_models, pure_settings
+    >>> model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    >>> mark_pure_models([model], "stochastic", None); pure_settings(model)
+    ('stochastic', 0)
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ampkit.pure.optimizer import (
+    PureLowPrecisionOptimizer,
+    check_rounding,
+    check_seed,
+    optimizer_class_name,
+    pure_rounding,
+)
+from ampkit.pure.rounding import is_dtensor
+from ampkit.step_hooks import check_at_first_step
+
+__all__ = ["mark_pure_models", "pure_low_precision", "pure_settings"]
+
+
+class _PureRecord:
+    """What ``initialize`` recorded about a parameter it made pure: the rounding, the
+    seed, and where the parameter sits (its module, weakly, and its name there), so
+    that a step can tell whether the model still holds it."""
+
+    __slots__ = ("module", "name", "qualified", "rounding", "seed")
+
+    def __init__(self, rounding: str, seed: int, module: nn.Module, name: str,
+                 qualified: str) -> None:
+        self.rounding = rounding
+        self.seed = seed
+        self.module = weakref.ref(module)
+        self.name = name  # in its module
+        self.qualified = qualified  # in the model
+
+    def replaced_by_shard(self, p: torch.Tensor) -> bool:
+        """The model now holds a sharded parameter where ``p`` was (FSDP2's
+        ``fully_shard`` replaced it)."""
+        module = self.module()
+        now = None if module is None else module._parameters.get(self.name)
+        return now is not None and now is not p and is_dtensor(now) and not is_dtensor(p)
+
+
+# parameters of models initialize() made pure -> their _PureRecord: an optimizer built
+# over them later must be pure too, and must step what the model holds (see
+# _check_pure_at_first_step); models themselves -> (rounding, seed)
+_PURE_PARAMS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_PURE_MODELS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _check_pure_at_first_step(optimizer: torch.optim.Optimizer) -> None:
+    # Checked at each optimizer's first step (ampkit.step_hooks), before anything
+    # changed. Two wrong orders would train wrongly with no error: an optimizer built
+    # before fully_shard steps tensors the model no longer uses (nothing trains), and a
+    # plain optimizer over parameters of a model trained purely rounds every update to
+    # nearest (small updates stall).
+    name = optimizer_class_name(optimizer)
+    plain = "_ampkit_pure" not in optimizer.__dict__
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            found: _PureRecord | None = _PURE_PARAMS.get(p)
+            if found is not None and found.replaced_by_shard(p):
+                raise RuntimeError(
+                    f"this {name} steps parameter {found.qualified!r} as it was before "
+                    f"fully_shard replaced it with a sharded DTensor parameter (the "
+                    f"optimizer was built first), so its steps would change nothing the "
+                    f"model uses. Build the optimizer after sharding, with the one "
+                    f"call that makes it train as ampkit.initialize set the model up: "
+                    f"optimizer = ampkit.fsdp.prepare_optimizer(model, "
+                    f"torch.optim.{name}(model.parameters(), ...))")
+    if plain:
+        _check_not_plain(optimizer, name)
+
+
+def _check_not_plain(optimizer: torch.optim.Optimizer, name: str) -> None:
+    # What pure models hold now, beside what initialize recorded: sharding (torch's
+    # fully_shard too) replaces their parameters with new ones.
+    held = {id(p): settings for model, settings in list(_PURE_MODELS.items())
+            for p in model.parameters() if p.dtype is torch.bfloat16}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            found = _PURE_PARAMS.get(p)
+            settings = (found.rounding, found.seed) if found is not None else held.get(id(p))
+            if settings is None:
+                continue
+            rounding, seed = settings
+            if is_dtensor(p):
+                fix = (f"Under FSDP2 build it with the one call that reads the rounding "
+                       f"and seed from the model: optimizer = ampkit.fsdp."
+                       f"prepare_optimizer(model, torch.optim.{name}(model.parameters(), "
+                       f"...))")
+            else:
+                fix = (f"Make it pure before its first step: pass it to "
+                       f"ampkit.initialize(model, optimizer, ...) with the same settings, "
+                       f"or optimizer = ampkit.pure."
+                       f"PureLowPrecisionOptimizer(optimizer, {rounding!r}, seed={seed})")
+            raise RuntimeError(
+                f"this {name} steps bf16 parameters of a model that ampkit.initialize "
+                f"set up with master_weights={rounding!r}, but it is a plain "
+                f"optimizer: its steps would round every update to nearest, and small "
+                f"updates would be lost. {fix}")
+
+
+
+def mark_pure_models(models: list[nn.Module], rounding: str, seed: int | None) -> None:
+    """Record that ``models`` train purely with ``rounding`` and ``seed``: an optimizer
+    built over their parameters later, and never made pure, raises ``RuntimeError``
+    at its first step instead of training with updates rounded to nearest; so does an
+    optimizer over parameters that FSDP2's ``fully_shard`` has since replaced.
+    :func:`pure_settings` reads the record back (``ampkit.fsdp`` does).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure import mark_pure_models
+        >>> model = torch.nn.Linear(2, 2).to(torch.bfloat16)
+        >>> mark_pure_models([model], "kahan", 0)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> model(torch.ones(1, 2, dtype=torch.bfloat16)).sum().backward()
+        >>> opt.step()
+        Traceback (most recent call last):
+        ...
+        RuntimeError: this SGD steps bf16 parameters of a model that ...
+    """
+    rounding = check_rounding(rounding)
+    check_seed(seed, "seed")
+    seed = 0 if seed is None else seed
+    for model in models:
+        _PURE_MODELS[model] = (rounding, seed)
+        for prefix, module in model.named_modules():
+            for name, p in module._parameters.items():
+                if p is not None and p.dtype is torch.bfloat16:
+                    _PURE_PARAMS[p] = _PureRecord(rounding, seed, module, name,
+                                                  f"{prefix}.{name}" if prefix else name)
+    check_at_first_step(_check_pure_at_first_step)
+
+
+def pure_settings(model: nn.Module) -> tuple[str, int] | None:
+    """``(rounding, seed)`` of a model that ``ampkit.initialize`` set up for pure
+    low-precision training (``master_weights="stochastic"`` or ``"kahan"``), else
+    ``None``: what an optimizer built for it later must use.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> from ampkit.pure import pure_settings
+        >>> model = ampkit.initialize(torch.nn.Linear(2, 2), level="O2", dtype="bfloat16",
+        ...                           master_weights="kahan", rounding_seed=4)
+        >>> pure_settings(model), pure_settings(torch.nn.Linear(2, 2))
+        (('kahan', 4), None)
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    settings: tuple[str, int] | None = _PURE_MODELS.get(model)
+    return settings
+
+
+def pure_low_precision(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
+                       optimizer: torch.optim.Optimizer, rounding: str, *,
+                       seed: int | None = None) -> Any:
+    """Make ``optimizer`` pure (:class:`PureLowPrecisionOptimizer`); what
+    ``ampkit.initialize(..., master_weights="stochastic" | "kahan")`` does. The models
+    need nothing: their ``state_dict`` holds their bf16 parameters, and the Kahan
+    compensation is optimizer state. Calling it again on the same optimizer changes
+    nothing.
+
+    Raises:
+        TypeError: ``models`` is not a module or a list/tuple of modules (and the
+            errors of :class:`PureLowPrecisionOptimizer`).
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        >>> model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,
+        ...                                master_weights="stochastic", rounding_seed=0)
+        >>> model[0].weight.dtype, type(opt).__name__
+        (torch.bfloat16, 'PureLowPrecisionAdamW')
+        >>> model(torch.rand(2, 4)).sum().backward(); opt.step()
+        >>> opt.state[model[0].weight]["exp_avg"].dtype
+        torch.bfloat16
+    """
+    listed = [models] if isinstance(models, nn.Module) else models
+    if not isinstance(listed, list | tuple) or not all(
+            isinstance(m, nn.Module) for m in listed):
+        raise TypeError(f"models must be an nn.Module or a list/tuple of them, got "
+                        f"{type(models).__name__}")
+    rounding = check_rounding(rounding)
+    if pure_rounding(optimizer) == rounding:
+        return optimizer
+    return PureLowPrecisionOptimizer(optimizer, rounding, seed=seed)

@@ -1,0 +1,678 @@
+"""The pure low-precision optimizer: :class:`PureLowPrecisionOptimizer` makes a torch
+optimizer step bf16 parameters through fp32 working copies, chunk by chunk, and round
+the results back (:mod:`ampkit.pure.rounding`); its ``state_dict``, pickling and
+checks. How a step works, what it costs and how checkpoints behave: :mod:`ampkit.pure`.
+
+Example:
+    >>> import torch
+    >>> from ampkit.pure import PURE_ROUNDINGS, PureLowPrecisionOptimizer
+    >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+    >>> opt = PureLowPrecisionOptimizer(torch.optim.AdamW([w]), "kahan")
+    >>> type(opt).__name__, isinstance(opt, torch.optim.AdamW), PURE_ROUNDINGS[:2]
+    ('PureLowPrecisionAdamW', True, ('stochastic', 'kahan'))
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ampkit.pure.rounding import (
+    Positions,
+    local_tensor,
+    round_kahan,
+    round_stochastic_into,
+)
+
+__all__ = ["PURE_ROUNDINGS", "PureLowPrecisionOptimizer", "PureState", "check_pure_optimizer",
+           "check_rounding", "check_seed", "optimizer_class_name", "pure_rounding",
+           "rebuild_pure"]
+
+#: The rounding modes :class:`PureLowPrecisionOptimizer` accepts; ``initialize``'s
+#: ``master_weights`` takes the first two (``"nearest"`` is the stalling baseline).
+PURE_ROUNDINGS: tuple[str, ...] = ("stochastic", "kahan", "nearest")
+
+_COMP = "kahan_compensation"  # per-parameter optimizer state: the Kahan compensation
+_COUNT = "rounding_step"  # per-parameter optimizer state: rounded updates so far
+_SEED = "rounding_seed"  # a hyper-parameter of every parameter group
+_OWN_STATE = (_COMP, _COUNT)  # state of this mode, which the inner optimizer never sees
+_SD_KEY = "ampkit_pure_low_precision"  # the optimizer state_dict entry of this mode
+_MIN_SLICE = 1 << 16  # the fewest elements rounded stochastically at once
+
+
+def check_rounding(rounding: Any) -> str:
+    if not isinstance(rounding, str) or rounding not in PURE_ROUNDINGS:
+        raise ValueError(f"rounding must be one of {list(PURE_ROUNDINGS)}, got {rounding!r}")
+    return rounding
+
+
+def _check_no_float16(params: Any) -> None:
+    for p in params:
+        if isinstance(p, torch.Tensor) and p.dtype is torch.float16:
+            raise ValueError("pure low-precision training takes bfloat16 "
+                             "parameters; float16 has too little range for "
+                             "optimizer state and updates: use fp32 parameters "
+                             "(master_weights=True) for float16")
+
+
+def _needs_closure(optimizer: Any) -> bool:
+    """Whether the optimizer's step requires a closure (LBFGS): such a step evaluates
+    the closure again at weights it tries."""
+    try:
+        closure = inspect.signature(_inner_step(type(optimizer))).parameters.get("closure")
+    except (TypeError, ValueError):  # no signature to read: assume the common case
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def _inner_step(cls: type) -> Callable[..., Any]:
+    """The step of the optimizer class a pure class was made from (or ``cls``'s own),
+    without torch's wrapper that runs the step hooks: the pure step runs them once
+    around all chunks, with every parameter group whole, instead of once per chunk."""
+    if issubclass(cls, PureLowPrecisionOptimizer):
+        cls = cls.__bases__[1]
+    step = cls.step  # type: ignore[attr-defined]  # an optimizer class
+    if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
+        step = step.__wrapped__
+    return step
+
+
+def check_seed(seed: Any, name: str) -> None:
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise TypeError(f"{name} must be an int or None, got {seed!r}")
+
+
+def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
+                         seed: Any = None, seed_name: str = "seed") -> None:
+    """Raise the error :class:`PureLowPrecisionOptimizer` would raise for these
+    arguments, without changing anything (``ampkit.initialize`` checks every optimizer
+    before converting the models; ``seed_name`` is the argument's name there).
+
+    Raises:
+        TypeError: ``optimizer`` is not an optimizer; ``seed`` not an int.
+        ValueError: an unknown ``rounding``, a float16 parameter, or an optimizer
+            already pure with another rounding.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure import check_pure_optimizer
+        >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+        >>> check_pure_optimizer(torch.optim.SGD([w], lr=0.1), "kahan")  # fine: None
+        >>> check_pure_optimizer(torch.optim.SGD([w], lr=0.1), "kahan", seed=0.5)
+        Traceback (most recent call last):
+        ...
+        TypeError: seed must be an int or None, got 0.5
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    rounding = check_rounding(rounding)
+    check_seed(seed, seed_name)
+    existing = pure_rounding(optimizer)
+    if existing is not None:
+        if existing != rounding:
+            raise ValueError(f"this optimizer already trains in pure low precision with "
+                             f"rounding={existing!r}, not {rounding!r}")
+        return
+    for group in optimizer.param_groups:
+        _check_no_float16(group["params"])
+
+
+class PureState:
+    """What a pure optimizer keeps besides torch's own ``param_groups`` and ``state``:
+    its rounding and chunk budget (pickled with it), and, with Kahan, each parameter's
+    :func:`_fingerprint` as the last step left it (not pickled: a copy's parameters are
+    new tensors, and a compensation without a record is taken as it is)."""
+
+    __slots__ = ("chunk_bytes", "rounding", "slice_elements", "versions")
+
+    def __init__(self, rounding: str, chunk_bytes: int | None) -> None:
+        self.rounding = rounding
+        self.chunk_bytes = chunk_bytes
+        self.versions: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # elements rounded stochastically at once in the current step: a share of the
+        # chunk budget, so the hash's temporaries stay within a fraction of a chunk
+        self.slice_elements = _MIN_SLICE
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"rounding": self.rounding, "chunk_bytes": self.chunk_bytes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["rounding"], state["chunk_bytes"])  # type: ignore[misc]
+
+
+def _chunks(params: list[torch.Tensor], budget: int) -> Iterator[list[torch.Tensor]]:
+    """Consecutive runs of ``params`` whose fp32 working copies (weight, gradient and
+    up to two moments: 16 bytes per element) stay within ``budget`` bytes (a parameter
+    larger than the budget is a chunk of its own)."""
+    chunk: list[torch.Tensor] = []
+    used = 0
+    for p in params:
+        size = 16 * p.numel()
+        if chunk and used + size > budget:
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(p)
+        used += size
+    if chunk:
+        yield chunk
+
+
+def _stored_low(key: str, value: Any, param: torch.Tensor) -> bool:
+    """Whether an optimizer state entry of a bf16 parameter is stored in bf16:
+    per-element state (moments, momentum: the parameter's shape). The step count and
+    scalar state that follows from it and the hyper-parameters (NAdam's ``mu_product``,
+    ASGD's ``eta``) stay fp32 and exact. State of other shapes (LBFGS's flat direction
+    and gradient over all parameters) stays as the optimizer made it: LBFGS's curvature
+    pairs are differences of such vectors, which bf16 would swamp. This mode's own
+    entries are kept their own way."""
+    return (key != "step" and key not in _OWN_STATE and isinstance(value, torch.Tensor)
+            and value.is_floating_point() and value.dim() > 0
+            and value.shape == param.shape)
+
+
+def _as_saved(value: Any, device: torch.device) -> Any:
+    """A checkpoint's state entry as it was saved (tensors copied onto ``device``, in
+    their saved dtype; also inside lists), where torch would cast it to the parameter's
+    dtype."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device, copy=True)
+    if isinstance(value, list | tuple):
+        return type(value)(_as_saved(v, device) for v in value)
+    return value
+
+
+def _working_copy(value: Any) -> Any:
+    """What the inner optimizer sees of a state entry: an fp32 copy of a bf16 tensor, a
+    copy of any other tensor or list (so a step that fails changes nothing), else the
+    value itself."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype is torch.bfloat16:
+            return value.to(torch.float32, copy=True)
+        return value.clone()
+    if isinstance(value, list):
+        return list(value)
+    return value
+
+
+def _stand_in(opt: Any, p: torch.Tensor) -> nn.Parameter:
+    """An fp32 working parameter for the bf16 parameter ``p``: its weight (plus the Kahan
+    compensation), an fp32 copy of its gradient, and fp32 copies of its state under the
+    working parameter's key in ``opt.state``."""
+    pure: PureState = opt._ampkit_pure
+    state = opt.state
+    own = state.get(p, {})
+    work = p.detach().to(torch.float32, copy=True)
+    comp = own.get(_COMP)
+    if comp is not None:
+        seen = pure.versions.get(p)
+        if pure.rounding != "kahan" or (seen is not None and seen != _fingerprint(p)):
+            # Changed since the last step (a load, an edit): the compensation belonged
+            # to the weight that step left.
+            del own[_COMP]
+        else:
+            work.add_(comp)
+    w = nn.Parameter(work)
+    if p.grad is not None:
+        w.grad = p.grad.to(torch.float32, copy=True)
+    state[w] = {k: _working_copy(v) for k, v in own.items() if k not in _OWN_STATE}
+    return w
+
+
+def _round_back(opt: Any, p: torch.Tensor, w: nn.Parameter, seed: int, index: int) -> None:
+    """Round the working parameter ``w`` and its state back into ``p``'s own storage
+    and ``p``'s state (in place where the bf16 tensors exist)."""
+    pure: PureState = opt._ampkit_pure
+    state = opt.state
+    results = state.pop(w, None)
+    own = state[p]
+    count = own.get(_COUNT, 0)
+    work = local_tensor(w.detach())
+    target = local_tensor(p.detach())
+    jobs: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # stochastic roundings
+    if pure.rounding == "stochastic":
+        jobs.append(("", target, work))
+    elif pure.rounding == "nearest":
+        target.copy_(work)
+    else:
+        new, lost = round_kahan(work)  # lost: truncated, weight + lost rounds to weight
+        comp = own.get(_COMP)
+        if comp is None or comp.shape != p.shape or comp.dtype is not torch.bfloat16:
+            comp = own[_COMP] = torch.zeros_like(p.detach())
+        local_tensor(comp).copy_(lost)
+        target.copy_(new)
+    if results is not None:
+        for k, v in results.items():
+            if _stored_low(k, v, p) and v.dtype is torch.float32:
+                old = own.get(k)
+                if (not isinstance(old, torch.Tensor) or old.dtype is not torch.bfloat16
+                        or old.shape != v.shape or type(old) is not type(v)):
+                    old = torch.empty_like(v, dtype=torch.bfloat16)
+                if pure.rounding == "nearest":
+                    local_tensor(old).copy_(local_tensor(v))
+                else:
+                    jobs.append((k, local_tensor(old), local_tensor(v)))
+                own[k] = old
+            else:
+                own[k] = v
+        for k in [k for k in own if k not in results and k not in _OWN_STATE]:
+            del own[k]
+    if jobs:  # one hash for all (they have the parameter's shape, see _stored_low)
+        round_stochastic_into([(out, value) for _, out, value in jobs], Positions(p),
+                               (seed, index, count, *(name for name, _, _ in jobs)),
+                               pure.slice_elements)
+    own[_COUNT] = count + 1
+    if pure.rounding == "kahan":
+        pure.versions[p] = _fingerprint(p)
+
+
+def _fingerprint(p: torch.Tensor) -> tuple[int, int]:
+    """What changes when ``p`` is changed by anything but the step: its version counter
+    (bumped by in-place ops such as ``load_state_dict``'s ``copy_``) and its storage
+    (``p.data = ...``). In-place edits through ``p.data`` change neither."""
+    return p._version, local_tensor(p.detach()).data_ptr()
+
+
+@functools.cache
+def _pure_class(base: type) -> type:
+    """``base`` with :class:`PureLowPrecisionOptimizer`'s methods in front
+    (``PureLowPrecisionAdamW``, ...), one per optimizer class. Pickle and
+    ``copy.deepcopy`` rebuild it from ``base`` (see ``__reduce_ex__``)."""
+    return type(f"PureLowPrecision{base.__name__}", (PureLowPrecisionOptimizer, base),
+                {"__module__": PureLowPrecisionOptimizer.__module__})
+
+
+def rebuild_pure(base: type) -> Any:
+    """An empty pure ``base`` optimizer; copy/pickle then calls ``__setstate__``."""
+    return object.__new__(_pure_class(base))
+
+
+class PureLowPrecisionOptimizer:
+    """Make a torch optimizer train bf16 parameters with bf16 state, in place.
+
+    ``PureLowPrecisionOptimizer(opt, rounding, seed=...)`` returns ``opt`` itself, now
+    also an instance of this class. Its class becomes a subclass of both, so
+    ``isinstance(opt, torch.optim.AdamW)`` holds. LR schedulers (made before or after),
+    ``state_dict`` and every other reference to ``opt`` keep working, and ``opt`` pickles
+    by naming its original class. ``param_groups`` keep the model's bf16 parameters, and
+    ``state`` stays keyed by them, stored in bf16. See the docstring of :mod:`ampkit.pure` for how a
+    step rounds. Tested with AdamW (for-loop, foreach, fused), SGD with momentum, NAdam,
+    ASGD and LBFGS. Any ``torch.optim`` optimizer whose state is per-parameter tensors
+    works the same way.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer`` over bf16 (and possibly fp32)
+            parameters.
+        rounding: ``"stochastic"``, ``"kahan"`` or ``"nearest"`` (see
+            :data:`PURE_ROUNDINGS`).
+        seed: the stochastic rounding's seed, stored as the hyper-parameter
+            ``"rounding_seed"`` of every parameter group (and of groups added later).
+            ``None`` means 0. It is never drawn from torch's RNG: replicas must agree.
+        chunk_bytes: the most fp32 working memory one chunk of a step may take.
+            ``None``: a sixteenth of what the whole optimizer would take (about one
+            byte per parameter on top of the 6-8 held). A parameter larger than the
+            budget is a chunk of its own: its working copies (16 bytes per element)
+            are the floor of the step's extra memory.
+
+    ``add_param_group`` refuses float16 parameters too.
+
+    Raises:
+        TypeError: ``optimizer`` is not an optimizer, or ``seed`` or ``chunk_bytes``
+            not an int.
+        ValueError: an unknown ``rounding`` (the accepted ones are listed), a float16
+            parameter, or an optimizer already made pure with another rounding.
+        RuntimeError: ``optimizer.step`` was replaced on the instance by something
+            other than an LR scheduler.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure import PureLowPrecisionOptimizer
+        >>> model = torch.nn.Linear(4, 2).to(torch.bfloat16)
+        >>> opt = PureLowPrecisionOptimizer(torch.optim.AdamW(model.parameters()), "kahan",
+        ...                                 seed=0)
+        >>> model(torch.ones(1, 4, dtype=torch.bfloat16)).sum().backward()
+        >>> opt.step()
+        >>> sorted(opt.state[model.weight]), opt.state[model.weight]["exp_avg"].dtype
+        (['exp_avg', 'exp_avg_sq', 'kahan_compensation', 'rounding_step', 'step'], \
+torch.bfloat16)
+    """
+
+    _ampkit_pure: PureState
+
+    def __new__(cls, optimizer: torch.optim.Optimizer, rounding: str = "stochastic", *,
+                seed: int | None = None, chunk_bytes: int | None = None) -> Any:
+        check_pure_optimizer(optimizer, rounding, seed=seed)
+        if chunk_bytes is not None and (not isinstance(chunk_bytes, int)
+                                        or isinstance(chunk_bytes, bool) or chunk_bytes <= 0):
+            raise TypeError(f"chunk_bytes must be a positive int or None, got "
+                            f"{chunk_bytes!r}")
+        if pure_rounding(optimizer) is not None:  # already pure, with this rounding
+            return optimizer
+        patched = optimizer.__dict__.get("step")
+        if patched is not None and not getattr(patched, "_wrapped_by_lr_sched", False):
+            raise RuntimeError("optimizer.step was replaced on this optimizer instance; "
+                               "make the optimizer pure before patching its step")
+        seed = 0 if seed is None else seed
+        object.__setattr__(optimizer, "_ampkit_pure", PureState(rounding, chunk_bytes))
+        # Loss scalers hand fused optimizers found_inf and let them skip on the device;
+        # here the rounding would still run. Make scalers unscale, check and skip the
+        # call instead, so a skipped step changes nothing at all.
+        optimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
+        optimizer.defaults[_SEED] = seed  # what add_param_group fills in
+        for group in optimizer.param_groups:
+            group[_SEED] = seed
+        with torch.no_grad():  # state made before: store it in bf16 from now on
+            for p, state in optimizer.state.items():
+                if p.dtype is torch.bfloat16:
+                    for k, v in state.items():
+                        if _stored_low(k, v, p) and v.dtype is torch.float32:
+                            state[k] = v.to(torch.bfloat16)
+        optimizer.__class__ = _pure_class(type(optimizer))  # type: ignore[arg-type]
+        if patched is not None:  # an LR scheduler's wrapper bound to the old class
+            ref = weakref.ref(optimizer)
+
+            def step(*args: Any, **kwargs: Any) -> Any:
+                opt = ref()
+                assert opt is not None
+                opt._opt_called = True  # type: ignore[attr-defined]  # the scheduler's flag
+                return type(opt).step(opt, *args, **kwargs)
+
+            step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+            optimizer.step = step  # type: ignore[method-assign]
+        return optimizer
+
+    def __init__(self, optimizer: torch.optim.Optimizer, rounding: str = "stochastic", *,
+                 seed: int | None = None, chunk_bytes: int | None = None) -> None:
+        # Everything happened in __new__, which returns the optimizer itself.
+        pass
+
+    # -- parameter groups and copies ---------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``, refusing float16 parameters; the group's
+        ``rounding_seed`` defaults to the optimizer's.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.pure import PureLowPrecisionOptimizer
+            >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+            >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), "kahan",
+            ...                                 seed=5)
+            >>> opt.add_param_group({"params": [torch.nn.Parameter(
+            ...     torch.ones(2, dtype=torch.bfloat16))], "lr": 0.01})
+            >>> [g["rounding_seed"] for g in opt.param_groups]
+            [5, 5]
+        """
+        if isinstance(param_group, dict):
+            params = param_group.get("params")
+            if params is not None and not isinstance(params, torch.Tensor | set):
+                params = list(params)  # a generator is read once: hand torch the list
+                param_group = {**param_group, "params": params}
+            _check_no_float16([params] if isinstance(params, torch.Tensor)
+                              else params or [])
+            check_seed(param_group.get(_SEED), _SEED)
+        super().add_param_group(param_group)  # type: ignore[misc]
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # copy.deepcopy and pickle: rebuild through the optimizer's own class (the pure
+        # subclass is made at run time, so pickle cannot look it up by name).
+        base = type(self).__bases__[1]
+        return rebuild_pure, (base,), self.__getstate__()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch's optimizer pickles only defaults, state and param_groups (the seed is
+        # in the last two, the counts in state); a copy must also round the same way.
+        state = super().__getstate__()  # type: ignore[misc]
+        state["_ampkit_pure"] = self._ampkit_pure
+        state["_step_supports_amp_scaling"] = False
+        return state
+
+    # -- one step ---------------------------------------------------------------------
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """Run the optimizer's own step on fp32 working parameters, chunk by chunk, and
+        round the results back into the bf16 parameters and state (see the module
+        docstring).
+
+        ``kwargs`` go to the optimizer's own step. ``found_inf`` != 0 (from a loss
+        scaler) skips the step and changes nothing. A closure is called once, before
+        the update, unless the optimizer's step requires one (LBFGS), which then
+        evaluates it at the weights it tries.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.pure import PureLowPrecisionOptimizer
+            >>> w = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+            >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=1e-3), "kahan")
+            >>> for _ in range(3):
+            ...     w.grad = torch.ones_like(w)
+            ...     opt.step()
+            >>> comp = opt.state[w]["kahan_compensation"]
+            >>> w.item(), round(w.item() + comp.item(), 4)  # weight + what it lost: 0.997
+            (0.99609375, 0.997)
+        """
+        inner = _inner_step(type(self))
+        loss = None
+        if closure is not None and not _needs_closure(self):
+            with torch.enable_grad():
+                loss = closure()
+            closure = None
+        found_inf = kwargs.get("found_inf", getattr(self, "found_inf", None))
+        if isinstance(found_inf, torch.Tensor) and bool(found_inf.item() != 0):
+            return loss  # an overflow: nothing may change
+        groups = self.param_groups  # type: ignore[attr-defined]
+        # The lists themselves are refilled in place: optimizers may hold them (LBFGS).
+        lists = [g["params"] for g in groups]
+        saved = [list(ps) for ps in lists]
+        # each parameter's (index in the optimizer, its group's seed): the hash's key
+        default = self.defaults.get(_SEED, 0)  # type: ignore[attr-defined]
+        where = {id(p): (i, seed) for i, (p, seed) in enumerate(
+            (p, g.get(_SEED, default)) for g, ps in zip(groups, saved) for p in ps)}
+        pure = self._ampkit_pure
+        budget = pure.chunk_bytes
+        if budget is None:
+            budget = sum(16 * p.numel() for ps in saved for p in ps) // 16
+        pure.slice_elements = max(_MIN_SLICE, budget // 64)
+        try:
+            if closure is not None:  # LBFGS: one pass over everything, closure re-run
+                return self._step_all(inner, closure, lists, saved, where, kwargs)
+            for i in range(len(groups)):
+                active = [p for p in saved[i] if p.grad is not None]
+                for chunk in _chunks(active, budget):
+                    pairs = self._stand_ins(chunk)
+                    try:
+                        working = [w for _, w in pairs]
+                        for j, ps in enumerate(lists):
+                            ps[:] = working if j == i else []
+                        inner(self, **kwargs)
+                        self._round_all(pairs, where)
+                    finally:
+                        self._discard(pairs)
+        finally:
+            for ps, original in zip(lists, saved):
+                ps[:] = original
+        return loss
+
+    def _stand_ins(self, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, Any]]:
+        """``(parameter, what the inner step sees)``: a working fp32 parameter for each
+        bf16 one, the parameter itself for any other."""
+        with torch.no_grad():
+            return [(p, _stand_in(self, p) if p.dtype is torch.bfloat16 else p)
+                    for p in params]
+
+    def _round_all(self, pairs: list[tuple[torch.Tensor, Any]],
+                   where: dict[int, tuple[int, int]]) -> None:
+        with torch.no_grad():
+            for p, w in pairs:
+                if w is not p:
+                    index, seed = where[id(p)]
+                    _round_back(self, p, w, seed, index)
+
+    def _discard(self, pairs: list[tuple[torch.Tensor, Any]]) -> None:
+        for p, w in pairs:
+            if w is not p:
+                self.state.pop(w, None)  # type: ignore[attr-defined]
+
+    def _step_all(self, inner: Callable[..., Any], closure: Callable[[], Any],
+                  lists: list[list[Any]], saved: list[list[Any]],
+                  where: dict[int, tuple[int, int]], kwargs: dict[str, Any]) -> Any:
+        """A step that evaluates ``closure`` at weights it tries (LBFGS): every
+        parameter at once. Before each evaluation the working weights are rounded to
+        nearest into the model's parameters, and the groups hold the model's parameters
+        while the closure runs (its ``zero_grad`` must clear their gradients); after it
+        the model's gradients are handed to the working parameters."""
+        pairs = self._stand_ins([p for ps in saved for p in ps])
+        low = [(p, w) for p, w in pairs if w is not p]
+        working = iter(w for _, w in pairs)
+        stand_ins = [[next(working) for _ in original] for original in saved]
+
+        def swap(to: list[list[Any]]) -> None:
+            for ps, new in zip(lists, to):
+                ps[:] = new
+
+        def evaluate() -> Any:
+            with torch.no_grad():
+                for p, w in low:
+                    local_tensor(p.detach()).copy_(local_tensor(w.detach()))
+            swap(saved)  # the closure's zero_grad() must reach the model's gradients
+            try:
+                loss = closure()
+            finally:
+                swap(stand_ins)
+            with torch.no_grad():
+                for p, w in low:
+                    w.grad = None if p.grad is None else p.grad.to(torch.float32,
+                                                                   copy=True)
+            return loss
+
+        try:
+            swap(stand_ins)
+            loss = inner(self, evaluate, **kwargs)
+            self._round_all(pairs, where)
+        finally:
+            self._discard(pairs)
+        return loss
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's ``state_dict`` (with each parameter's ``rounding_step`` and, with
+        Kahan, ``kahan_compensation``; each group's ``rounding_seed``) plus this mode's
+        rounding, which ``load_state_dict`` checks.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.pure import PureLowPrecisionOptimizer
+            >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+            >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), seed=7)
+            >>> sd = opt.state_dict()
+            >>> sd["param_groups"][0]["rounding_seed"], sd["ampkit_pure_low_precision"]
+            (7, {'rounding': 'stochastic'})
+        """
+        out = super().state_dict()  # type: ignore[misc]
+        out[_SD_KEY] = {"rounding": self._ampkit_pure.rounding}
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load torch's ``state_dict``, keeping scalar state in fp32 and taking the
+        groups' ``rounding_seed`` from it, so a resumed run continues bit for bit. A
+        Kahan compensation is kept only by a Kahan optimizer, from a checkpoint that is
+        not marked as another rounding's (Distributed Checkpoint drops the mark).
+
+        Raises:
+            ValueError: the checkpoint was saved with another rounding.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.pure import PureLowPrecisionOptimizer
+            >>> w = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+            >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), seed=7)
+            >>> sd = opt.state_dict()
+            >>> other = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=0.1), seed=1)
+            >>> other.load_state_dict(sd); other.param_groups[0]["rounding_seed"]
+            7
+        """
+        state_dict = dict(state_dict)
+        extra = state_dict.pop(_SD_KEY, None)
+        pure = self._ampkit_pure
+        saved_rounding = None if extra is None else extra.get("rounding")
+        if saved_rounding is not None and saved_rounding != pure.rounding:
+            raise ValueError(f"the checkpoint was saved with rounding="
+                             f"{saved_rounding!r}; this optimizer uses "
+                             f"rounding={pure.rounding!r}")
+        if pure.rounding != "kahan" and any(
+                isinstance(s, dict) and _COMP in s
+                for s in state_dict.get("state", {}).values()):
+            # Without Kahan a compensation would never be updated nor used: drop it.
+            state_dict["state"] = {k: {n: v for n, v in s.items() if n != _COMP}
+                                   for k, s in state_dict["state"].items()}
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+        pure.versions = WeakIdKeyDictionary()  # the loaded compensations count as saved
+        seed = self.defaults.get(_SEED, 0)  # type: ignore[attr-defined]
+        for group in self.param_groups:  # type: ignore[attr-defined]
+            group.setdefault(_SEED, seed)  # a checkpoint of a plain optimizer has none
+        # torch casts every floating state entry to the parameter's dtype; here only
+        # per-element state is bf16 (see _stored_low): take the rest from the
+        # checkpoint again, as saved (copied: never the checkpoint's own tensors).
+        saved = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]  # type: ignore[attr-defined]
+        for key, p in zip(saved, params):
+            if p.dtype is not torch.bfloat16 or p not in self.state:  # type: ignore[attr-defined]
+                continue
+            for k, v in state_dict["state"].get(key, {}).items():
+                if k not in ("step", *_OWN_STATE) and not _stored_low(k, v, p):
+                    self.state[p][k] = _as_saved(v, p.device)  # type: ignore[attr-defined]
+
+
+# The step hooks (and the profiler's record) run once around the whole pure step, as
+# torch's wrapper runs them around any optimizer's step; marked hooked so that
+# Optimizer.__setstate__ (copy.deepcopy, unpickling) does not wrap it again.
+PureLowPrecisionOptimizer.step = torch.optim.Optimizer.profile_hook_step(  # type: ignore[method-assign]
+    PureLowPrecisionOptimizer.step)
+PureLowPrecisionOptimizer.step.hooked = True  # type: ignore[attr-defined]
+PureLowPrecisionOptimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
+
+
+def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:
+    """The rounding ``optimizer`` applies updates with, or ``None`` when it is not a
+    :class:`PureLowPrecisionOptimizer`.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure import PureLowPrecisionOptimizer, pure_rounding
+        >>> w = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+        >>> opt = torch.optim.SGD([w], lr=0.1)
+        >>> pure_rounding(opt), pure_rounding(PureLowPrecisionOptimizer(opt, "kahan"))
+        (None, 'kahan')
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    pure = optimizer.__dict__.get("_ampkit_pure")
+    return None if pure is None else pure.rounding
+
+
+
+def optimizer_class_name(optimizer: torch.optim.Optimizer) -> str:
+    """The name of the torch optimizer class ``optimizer`` was built as (a pure one's
+    ``PureLowPrecisionAdamW`` is ``"AdamW"``), for messages that show its constructor.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure import PureLowPrecisionOptimizer, optimizer_class_name
+        >>> w = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
+        >>> optimizer_class_name(PureLowPrecisionOptimizer(torch.optim.AdamW([w])))
+        'AdamW'
+    """
+    cls = type(optimizer)
+    if issubclass(cls, PureLowPrecisionOptimizer):
+        cls = cls.__bases__[1]
+    return cls.__name__
+
