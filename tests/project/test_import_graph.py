@@ -120,7 +120,7 @@ def test_the_graph_is_read(graph):
     # A sanity check on the reader itself: known edges are found, including one made by
     # an import inside a function (compare's Comparison.write_report).
     assert "ampkit.registry" in edges["ampkit.policy"]
-    assert "ampkit.tools.compare_report" in edges["ampkit.tools.comparison"]
+    assert "ampkit.tools.accuracy.compare_report" in edges["ampkit.tools.accuracy.comparison"]
 
 
 def test_no_import_circles(graph):

@@ -329,7 +329,7 @@ def test_compare_on_a_cuda_device_this_machine_lacks_is_a_one_line_error(
 def test_only_the_known_import_notes_are_silenced(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from ampkit.tools.cli_args import known_import_noise_silenced
+    from ampkit.tools.cli.args import known_import_noise_silenced
 
     with caplog.at_level(logging.WARNING), known_import_noise_silenced():
         logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: no such lib")

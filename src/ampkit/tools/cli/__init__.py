@@ -1,16 +1,16 @@
 """The ``ampkit`` command line (also ``python -m ampkit``).
 
 * ``ampkit demo`` trains a small CNN on scikit-learn's digits in fp32 and at the AMP
-  levels (see :mod:`ampkit.tools.demo`), shows a progress bar per run, prints a summary
+  levels (see :mod:`ampkit.tools.demo.run`), shows a progress bar per run, prints a summary
   table and the ampkit lines of the O2 run, and writes a report folder (see
-  :mod:`ampkit.tools.report`).
+  :mod:`ampkit.tools.demo.report`).
 * ``ampkit compare TARGET --inputs FN`` runs the user's model in fp32 and in low
-  precision and reports op by op (see :mod:`ampkit.tools.cli_compare`).
+  precision and reports op by op (see :mod:`ampkit.tools.cli.compare`).
 * ``ampkit tune [TARGET --eval FN]`` searches the op lists that keep a metric within a
-  tolerance; without TARGET, on the demo's CNN (see :mod:`ampkit.tools.cli_tune`).
+  tolerance; without TARGET, on the demo's CNN (see :mod:`ampkit.tools.cli.tune`).
 
 TARGET and FN are ``package.module:attribute`` references, imported with the current
-folder on ``sys.path`` (see :mod:`ampkit.tools.cli_target`).
+folder on ``sys.path`` (see :mod:`ampkit.tools.cli.target`).
 
 Options of ``ampkit demo``:
 
@@ -56,8 +56,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import ampkit
-from ampkit.tools import cli_compare, cli_tune
-from ampkit.tools.cli_args import (
+from ampkit.tools.cli import compare as compare_command
+from ampkit.tools.cli import tune as tune_command
+from ampkit.tools.cli.args import (
     DTYPE_SPELLINGS,
     MISSING,
     PROG,
@@ -73,7 +74,7 @@ from ampkit.tools.cli_args import (
     positive_int,
     spelled,
 )
-from ampkit.tools.demo import (
+from ampkit.tools.demo.run import (
     DEFAULT_EPOCHS,
     DTYPE_CHOICES,
     LEVEL_CHOICES,
@@ -88,7 +89,7 @@ from ampkit.tools.demo import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ampkit.tools.demo import DemoResult
+    from ampkit.tools.demo.run import DemoResult
 
 __all__ = ["build_parser", "main"]
 
@@ -143,8 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: 100, a few seconds)")
     demo.add_argument("--quiet", action="store_true",
                       help="no progress bars and no code listing: only the final table")
-    cli_compare.add_parser(commands)
-    cli_tune.add_parser(commands)
+    compare_command.add_parser(commands)
+    tune_command.add_parser(commands)
     return parser
 
 
@@ -176,7 +177,7 @@ def _run(settings: DemoSettings, quiet: bool) -> DemoResult:
         TimeElapsedColumn,
     )
 
-    from ampkit.tools.demo import run_demo
+    from ampkit.tools.demo.run import run_demo
 
     if quiet:
         return run_demo(settings)
@@ -191,7 +192,7 @@ def _print_summary(result: DemoResult, files: Any, quiet: bool, out: Console) ->
     from rich.syntax import Syntax
     from rich.table import Table
 
-    from ampkit.tools.report import COLUMN_NOTES, identical_runs, summary_table
+    from ampkit.tools.demo.report import COLUMN_NOTES, identical_runs, summary_table
 
     summary = summary_table(result)
     epochs = result.settings.epochs
@@ -226,7 +227,8 @@ def _demo(args: argparse.Namespace) -> int:
         resolve_device(args.device)
     except RuntimeError as error:
         return fail("demo", str(error), MISSING)
-    from ampkit.tools.report import check_output_dir, report_file_names, write_report
+    from ampkit.tools.demo.report import report_file_names, write_report
+    from ampkit.tools.pages.html import check_output_dir
 
     settings = DemoSettings(epochs=args.epochs, device=args.device, seed=args.seed,
                             pure_bf16_steps=args.pure_bf16_steps,
@@ -267,9 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return _demo(args)
         if args.command == "compare":
-            return cli_compare.run(args)
+            return compare_command.run(args)
         if args.command == "tune":
-            return cli_tune.run(args)
+            return tune_command.run(args)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
