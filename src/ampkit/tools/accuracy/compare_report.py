@@ -2,7 +2,7 @@
 
 Written with the demo report's pieces (:mod:`ampkit.tools.demo.report`: bare matplotlib
 figures, plots embedded as ``data:`` URIs, the same style sheet) and a jinja2 template
-(``templates/compare.html.j2``, on the demo's ``base.html.j2``; jinja2 comes with
+(``tools/pages/templates/compare.html.j2``, on the demo's ``base.html.j2``; jinja2 comes with
 torch). Files (:data:`REPORT_FILES`):
 
 * ``error_per_layer.png``: relative error of each leaf module's output (and inputs)

@@ -10,7 +10,7 @@
 * ``loss_scale.png``: the loss scale over the steps of the runs that scale their loss
   (float16 runs; only when there are some);
 * ``pure_bf16.png``: the pure-bf16 curves, when the demo trained them;
-* ``report.html``: one page (the jinja2 template ``pages/templates/demo.html.j2``) with the
+* ``report.html``: one page (the jinja2 template ``tools/pages/templates/demo.html.j2``) with the
   summary table (``<table id="results">``, one row per run), which runs trained
   bit-identically and why (:func:`identical_runs`), the plots embedded as ``data:``
   URIs (the file can be mailed on its own), the code the O2 run used, and each run's
