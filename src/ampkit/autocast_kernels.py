@@ -53,12 +53,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.compile_frames import skip_recursively
 from ampkit.registry import AUTOCAST_KEYS, dispatcher_schemas
 
-__all__ = ["activate", "install_compile_hooks", "register", "registered"]
+__all__ = ["activate", "hold", "install_compile_hooks", "let_go", "register", "registered",
+           "same_as_native"]
 
 
 class _Active(threading.local):
@@ -108,6 +110,36 @@ _registered: set[tuple[str, str]] = set()  # (dispatch key, "ns::op.overload")
 
 
 _generation = 0  # bumped by release(): rule tables registered before must register again
+# Regions whose rules use the kernels now, in any thread: release() refuses while one
+# is live. id(holder) -> (thread ident, what to name in the error).
+_holders: dict[int, tuple[int, str]] = {}
+
+
+def hold(holder: object, what: str) -> None:
+    """Mark the kernels as used by ``holder`` (a region, named ``what`` in errors) in
+    the calling thread until :func:`let_go`: :func:`release` refuses meanwhile. Holding
+    first and then checking :func:`generation` leaves no moment in which another
+    thread's ``release()`` could take the kernels from under a region.
+
+    Example:
+        >>> from ampkit.autocast_kernels import hold, let_go
+        >>> token = object()
+        >>> hold(token, "a region")
+        >>> let_go(token)
+    """
+    with _lock:
+        _holders[id(holder)] = (threading.get_ident(), what)
+
+
+def let_go(holder: object) -> None:
+    """Undo :func:`hold` (no error if ``holder`` holds nothing).
+
+    Example:
+        >>> from ampkit.autocast_kernels import let_go
+        >>> let_go(object())
+    """
+    with _lock:
+        _holders.pop(id(holder), None)
 
 
 def generation() -> int:
@@ -127,8 +159,12 @@ def release() -> None:
 
     While registered, a listed op called under autocast outside any ampkit region pays
     one Python call (the kernel defers to native autocast). This removes them; the next
-    region whose policy needs them registers them again. Call it outside any region
-    (a region active in another thread meanwhile computes as native autocast does).
+    region whose policy needs them registers them again. Call it outside any region:
+    while a region that uses them is live, in any thread, it raises and changes
+    nothing (that region would otherwise silently compute as native autocast does).
+
+    Raises:
+        RuntimeError: a live region uses the kernels (each named, with its thread).
 
     Example:
         >>> import torch
@@ -142,6 +178,16 @@ def release() -> None:
     """
     global _generation
     with _lock:
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for key in [k for k, (ident, _) in _holders.items() if ident not in names]:
+            del _holders[key]  # a thread that ended inside a region holds nothing
+        if _holders:
+            users = "; ".join(f"{what} in thread {names[ident]!r}"
+                              for ident, what in _holders.values())
+            raise RuntimeError(f"release_kernels(): {len(_holders)} live ampkit region(s) "
+                               f"use the kernels ({users}); without them the region's "
+                               f"lists would silently stop applying. Call it after "
+                               f"those regions exit")
         for library in _libraries.values():
             library._destroy()
         _libraries.clear()
@@ -279,10 +325,12 @@ def _autocast_key(device: str) -> str:
     return AUTOCAST_KEYS.get(device, "AutocastPrivateUse1")
 
 
-def register(device: str, names: Iterable[str]) -> None:
+def register(device: str, names: Iterable[str] | Mapping[str, str]) -> None:
     """Put ampkit's kernel on ``device``'s Autocast key for every functional dispatcher
     overload (:func:`ampkit.registry.dispatcher_schemas`) of each op in ``names`` that
-    does not have it yet.
+    does not have it yet. Given a mapping ``name -> rule``, an overload whose native
+    rule is that rule (:func:`same_as_native`) gets no kernel: native's computes the
+    same.
 
     Example:
         >>> from ampkit.autocast_kernels import register, registered
@@ -291,13 +339,17 @@ def register(device: str, names: Iterable[str]) -> None:
         True
     """
     key = _autocast_key(device)
+    rules = names if isinstance(names, Mapping) and skip_native_equal else {}
+    # Probed before the lock is taken (each probe calls native's kernel).
+    same = {name: same_as_native(name, device, rule) for name, rule in rules.items()
+            if rule in _NATIVE_RULES}
     with _lock:
         for name in names:
             qualname = _qualname(name)
             for schema in dispatcher_schemas(name):
                 full = (f"{qualname}.{schema.overload_name}" if schema.overload_name
                         else qualname)
-                if (key, full) in _registered:
+                if (key, full) in _registered or (name in same and same[name].get(full)):
                     continue
                 namespace, _, op_name = full.partition("::")
                 kernel = _kernel(device, key, name, _overload(qualname, schema), schema)
@@ -311,6 +363,176 @@ def register(device: str, names: Iterable[str]) -> None:
                     library.impl(op_name, kernel, key, with_keyset=True)
                 _registered.add((key, full))
     install_compile_hooks()
+
+
+# -- native's rule for an op, read from native's own kernel -----------------------------------
+
+class _Reached(Exception):  # noqa: N818 - a signal, not an error
+    """The probe learnt what it asked: the casts native's kernel made, and whether
+    that answers the question (every expected cast made) or the kernel handed on to
+    an op first."""
+
+    def __init__(self, casts: list[tuple[torch.dtype, torch.dtype]], complete: bool) -> None:
+        super().__init__()
+        self.casts, self.complete = casts, complete
+
+
+class _Probe:
+    """The state of one probe call: the casts expected, the casts seen."""
+
+    def __init__(self, expected: list[tuple[torch.dtype, torch.dtype]]) -> None:
+        self.expected = expected
+        self.casts: list[tuple[torch.dtype, torch.dtype]] = []
+
+
+class _ProbeTensor(torch.Tensor):
+    """A one-element tensor with no data that shows what native's kernel does with it.
+    Once the casts the probe expects are made it stops the call (no op runs); another
+    op first stops it too. A tensor subclass, not a dispatch mode: entering a mode
+    imports torch._dynamo (seconds)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    probe: _Probe
+
+    @staticmethod
+    def __new__(cls, dtype: torch.dtype, device: torch.device, probe: _Probe) -> _ProbeTensor:
+        made: _ProbeTensor = torch.Tensor._make_wrapper_subclass(
+            cls, (1,), dtype=dtype, device=device)
+        made.probe = probe
+        return made
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (),  # type: ignore[override]
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        first = args[0]
+        probe = _probe_of(args, kwargs)
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") is not None:
+            probe.casts.append((first.dtype, kwargs["dtype"]))
+            if probe.casts == probe.expected:
+                raise _Reached(probe.casts, True)
+            return _ProbeTensor(kwargs["dtype"], first.device, probe)
+        raise _Reached(probe.casts, False)
+
+
+def _probe_of(args: Any, kwargs: Any) -> _Probe:
+    for value in (*args, *kwargs.values()):
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, _ProbeTensor):
+                return item.probe
+    raise AssertionError("a probe call without a probe tensor")  # pragma: no cover
+
+
+def _native_casts(op: Any, schema: Any, device: str, given: torch.dtype,
+                  to: torch.dtype) -> bool:
+    """Whether native's Autocast kernel of ``op`` (in a bf16 region), given every tensor
+    input in ``given``, casts each of them to ``to`` before it hands on. Unknown (a
+    schema the probe cannot fill, a kernel that does something else) is ``False``."""
+    required = [a for a in schema.arguments if not a.has_default_value()]
+    kinds = [str(a.type) for a in required]
+    count = sum(2 if k.startswith("List[") else 1 for k in kinds if "Tensor" in k)
+    if not count:
+        return False
+    probe = _Probe([(given, to)] * count)
+    where = torch.device(device)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for argument, kind in zip(required, kinds):
+        value: Any
+        if kind in ("Tensor", "Optional[Tensor]"):
+            value = _ProbeTensor(given, where, probe)
+        elif kind in ("List[Tensor]", "List[Optional[Tensor]]"):
+            value = [_ProbeTensor(given, where, probe) for _ in range(2)]
+        elif kind.startswith("Optional["):
+            value = None
+        else:
+            value = _PROBE_VALUES.get(kind, _PROBE_VALUES)
+            if value is _PROBE_VALUES:
+                return False
+        if argument.kwarg_only:
+            kwargs[argument.name] = value
+        else:
+            args.append(value)
+    saved = activate(None, None, None, None)  # ampkit's kernels, if any: native's way
+    try:
+        # The user's dispatch modes (a profiler, op counter, NaN checker) must not see the
+        # probe's call: it is ampkit's question to torch, not an op of the program.
+        with _disable_current_modes(), torch.autocast(device, torch.bfloat16):
+            op(*args, **kwargs)
+    except _Reached as reached:
+        return reached.complete
+    except Exception:  # the op's own checks refused the probe's inputs: not known
+        return False
+    finally:
+        restore(saved)
+    return False
+
+
+_PROBE_VALUES: dict[str, Any] = {"int": 1, "SymInt": 1, "float": 1.0, "bool": False,
+                                 "Scalar": 1, "List[int]": [1], "List[SymInt]": [1]}
+
+
+def _native_does(op: Any, schema: Any, device: str, rule: str) -> bool:
+    """Whether native's kernel of ``op`` applies ``rule`` (``"lower"``: every fp32
+    input to the low dtype; ``"fp32"``: every low input to fp32). Not ``"promote"``:
+    native's promote refuses a low dtype other than the region's (``cat`` of fp16 and
+    fp32 under bf16 raises), where ampkit's promotes to the widest."""
+    low, f32 = torch.bfloat16, torch.float32
+    if rule == "lower":
+        return _native_casts(op, schema, device, f32, low)
+    if rule == "fp32":
+        return _native_casts(op, schema, device, low, f32)
+    return False
+
+
+_native_same: dict[tuple[str, str, str], dict[str, bool]] = {}
+#: False: native-equal entries take ampkit's kernels all the same. For tests that check
+#: ampkit's casts against native's op by op (clear ``_compile_rules``' cache around).
+skip_native_equal = True
+#: The rules of ampkit's that a native kernel can apply exactly (see _native_does).
+_NATIVE_RULES = frozenset({"lower", "fp32"})
+
+
+def same_as_native(name: str, device: str, rule: str) -> dict[str, bool]:
+    """For each functional overload of op ``name`` (``"ns::op.overload"``), whether
+    native autocast's kernel on ``device`` already applies ``rule`` to it. Read from
+    native's own Autocast kernel: called on data-less one-element tensors, it shows
+    which inputs it casts to what, and is stopped before any op runs. An ampkit entry
+    needs no kernel where native already does the same.
+
+    Example:
+        >>> from ampkit.autocast_kernels import same_as_native
+        >>> same_as_native("mse_loss", "cpu", "fp32")
+        {'aten::mse_loss': True}
+        >>> same_as_native("mm", "cpu", "lower")  # mm.dtype: no native kernel
+        {'aten::mm': True, 'aten::mm.dtype': False}
+        >>> same_as_native("mm", "cpu", "fp32")
+        {'aten::mm': False, 'aten::mm.dtype': False}
+    """
+    key = (name, device, rule)
+    cached = _native_same.get(key)
+    if cached is not None:
+        return cached
+    autocast_key = _autocast_key(device)
+    qualname = _qualname(name)
+    try:
+        available = bool(torch._C._is_autocast_available(device)) and (
+            device == "cpu" or bool(getattr(torch, device).is_available()))
+    except (AttributeError, RuntimeError):
+        available = False
+    same: dict[str, bool] = {}
+    for schema in dispatcher_schemas(name):
+        full = f"{qualname}.{schema.overload_name}" if schema.overload_name else qualname
+        native = f"{schema.name}.{schema.overload_name}" if schema.overload_name \
+            else schema.name
+        same[full] = bool(
+            rule in _NATIVE_RULES and available
+            and torch._C._dispatch_has_kernel_for_dispatch_key(native, autocast_key)
+            and not torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough(
+                native, autocast_key)
+            and _native_does(_overload(qualname, schema), schema, device, rule))
+    _native_same[key] = same
+    return same
 
 
 # -- torch.compile: a guard on the thread's policy, and the policy in the cache key -----------

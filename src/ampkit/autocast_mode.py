@@ -64,6 +64,7 @@ from ampkit.arguments import default_device_type
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.compile_frames import not_traced
 from ampkit.policy import Policy, as_dtype
+from ampkit.presets import _IN_USE as _PRESETS_IN_USE
 from ampkit.presets import get_policy
 from ampkit.registry import AUTOCAST_KEYS as _AUTOCAST_KEYS
 from ampkit.registry import (
@@ -155,6 +156,11 @@ def _compile_rules(policy: Policy, device_type: str) -> _Rules:
         if rule == "native" or (rule == "keep" and name not in native):
             continue
         if dispatcher_schemas(name):
+            if name in native and autocast_kernels.skip_native_equal and all(
+                    autocast_kernels.same_as_native(name, device_type, rule).values()):
+                # Native's kernel already does exactly this (re-listing linear in a
+                # white list): no kernel, no Python call per op, the same numerics.
+                continue
             ops[name] = rule
             continue
         for fn in entry_points(name):
@@ -278,6 +284,9 @@ class _Frame:
     pushed: bool = False  # this frame pushed the thread's mode
     saved: tuple[Any, ...] | None = None  # the mode's state before this frame
     dsaved: tuple[Any, ...] | None = None  # the Autocast kernels' state before it
+    base: Policy | None = None  # the policy the region was given, before its lists
+    thread: int = 0  # the ident of the thread that entered it
+    held: bool = False  # this frame holds the Autocast kernels (autocast_kernels.hold)
 
 
 class _ThreadState(threading.local):
@@ -291,6 +300,25 @@ class _ThreadState(threading.local):
 
 
 _state = _ThreadState()
+# Every entered frame of every thread, for the checks that must see other threads'
+# regions (unregister_policy). id(frame) -> frame; one dict store per region entry.
+_live: dict[int, _Frame] = {}
+
+
+def _regions_using(policy: Policy) -> str | None:
+    """The live regions (any thread) that were given ``policy``, described; ``None``
+    if none. Frames of threads that ended inside a region are dropped."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    users = []
+    for key, frame in list(_live.items()):
+        if frame.thread not in names:
+            _live.pop(key, None)
+        elif frame.base is policy or frame.base == policy:
+            users.append(f"on {frame.device_type} in thread {names[frame.thread]!r}")
+    return f"{len(users)} live ampkit region(s) ({'; '.join(users)})" if users else None
+
+
+_PRESETS_IN_USE.append(_regions_using)
 
 
 def observe_regions(observer: Callable[[Policy | None], None], *, stop: bool = False) -> None:
@@ -338,7 +366,15 @@ def _push(frame: _Frame) -> None:
     st = _state
     mode = st.mode
     try:
+        frame.thread = threading.get_ident()
+        _live[id(frame)] = frame
         rules = frame.rules
+        if rules.ops:
+            # Held before the generation is read: a release() in another thread from
+            # here on refuses, one before it made the generation new (we register).
+            name = frame.policy.name if frame.policy is not None else None
+            autocast_kernels.hold(frame, f"policy {name!r} on {frame.device_type}")
+            frame.held = True
         if rules.ops and rules.registered != autocast_kernels.generation():
             # First entry of this policy (or the first since autocast_kernels.release()).
             autocast_kernels.register(frame.device_type, rules.ops)
@@ -382,9 +418,15 @@ def _undo(frame: _Frame) -> None:
                 if mode is not None:
                     mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         finally:
-            native, frame.native = frame.native, None
-            if native is not None:
-                native.__exit__(None, None, None)
+            try:
+                native, frame.native = frame.native, None
+                if native is not None:
+                    native.__exit__(None, None, None)
+            finally:
+                if frame.held:
+                    frame.held = False
+                    autocast_kernels.let_go(frame)
+                _live.pop(id(frame), None)
 
 
 def _pop(owner: object) -> None:
@@ -423,7 +465,7 @@ class _Carried:
                     frames[-1].device_type == self.frame.device_type):
                 return fn(*args, **kwargs)  # the forward itself: already in effect
             _push(dataclasses.replace(self.frame, owner=self, native=None, pushed=False,
-                                      saved=None, dsaved=None))
+                                      saved=None, dsaved=None, held=False))
             try:
                 return fn(*args, **kwargs)
             finally:
@@ -618,6 +660,10 @@ def release_kernels() -> None:
     custom-list regions are done, outside any region; a later region that needs the
     kernels registers them again.
 
+    Raises:
+        RuntimeError: a live region (in any thread) uses the kernels: it is named, and
+            nothing is released (the region's lists would silently stop applying).
+
     Example:
         >>> import torch
         >>> import ampkit
@@ -708,6 +754,7 @@ class autocast:
         self.device_type = _check_device(default_device_type() if device_type is None
                                          else device_type)
         base = get_policy(policy)
+        self._base = base  # what unregister_policy checks live regions against
         if not enabled and isinstance(dtype, torch.dtype):
             chosen: torch.dtype | None = dtype  # unused in a disabled region; as torch
         else:
@@ -733,7 +780,8 @@ class autocast:
         native = _native_autocast(self.device_type, self.dtype, enabled=self.enabled,
                                   cache_enabled=cache)
         frame = _Frame(self, self.device_type, self.policy if self.enabled else None,
-                       self._rules, self.cache_enabled)
+                       self._rules, self.cache_enabled,
+                       base=self._base if self.enabled else None)
         native.__enter__()
         frame.native = native  # from here on _undo exits it
         _push(frame)

@@ -319,6 +319,13 @@ class ConversionConfig:
             have (float16 included) instead of refusing a model that is not fp32;
             nothing is cast that ``param_dtype`` does not ask for (apex's
             ``cast_model_type=False`` with ``allow_incoming_model_not_fp32``).
+        cast_shared_on_use: a parameter shared by a kept-fp32 module and a module
+            whose parameters ``param_dtype`` stores in low precision stays fp32 (the
+            truth the kept module computes with), and each such low-precision module
+            computes with a low-precision copy of it made on use, as O2 does (MXNet's
+            offline cast, which casts a parameter only when all its users are low
+            precision). ``False``: such a conversion is refused (``ValueError``), as
+            is a shared floating buffer asked to be in two dtypes either way.
 
     Example:
         >>> import torch
@@ -326,6 +333,17 @@ class ConversionConfig:
         >>> cfg = conversion_for_level("O2", torch.bfloat16)
         >>> cfg.param_dtype, cfg.param_compute_dtype, cfg.output_dtype, cfg.policy.name
         (None, torch.bfloat16, torch.float32, 'torch-O2')
+
+        A bias shared by a bf16 layer and a kept fp32 one stays fp32:
+
+        >>> from ampkit.front_door import convert_model
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        >>> net[1].bias = net[0].bias
+        >>> net = convert_model(net, ConversionConfig(
+        ...     param_dtype=torch.bfloat16, keep_fp32_modules=("1",), input_dtype=torch.bfloat16,
+        ...     cast_shared_on_use=True))
+        >>> net[0].weight.dtype, net[0].bias.dtype, net(torch.rand(1, 2)).dtype
+        (torch.bfloat16, torch.float32, torch.float32)
     """
 
     param_dtype: torch.dtype | None = None
@@ -341,6 +359,7 @@ class ConversionConfig:
     param_compute_dtype: torch.dtype | None = None
     state_dict_dtype: torch.dtype | None = None
     params_as_given: bool = False
+    cast_shared_on_use: bool = False
 
     def __post_init__(self) -> None:
         put = functools.partial(object.__setattr__, self)
@@ -358,9 +377,13 @@ class ConversionConfig:
                                                 "low_precision_modules"))
         if self.policy is not None:
             put("policy", get_policy(self.policy))
-        for name in ("cast_buffers", "params_as_given"):
+        for name in ("cast_buffers", "params_as_given", "cast_shared_on_use"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.cast_shared_on_use and self.param_dtype not in _LOW:
+            raise ValueError(f"cast_shared_on_use applies to parameters that param_dtype "
+                             f"stores in low precision (torch.float16 or torch.bfloat16), "
+                             f"but param_dtype is {self.param_dtype}: it would do nothing")
         needs_compute = [n for n, v in (("policy", self.policy),
                                         ("low_precision_modules", self.low_precision_modules))
                          if v is not None]
@@ -1128,35 +1151,53 @@ class _Plan:
     boundaries: dict[int, tuple[nn.Module, _Boundary]] = dataclasses.field(
         default_factory=dict)
     owners: list[nn.Module] = dataclasses.field(default_factory=list)
+    # modules that compute with low-precision copies of their fp32 parameters, made on
+    # use, in cast_dtype (O2's param_compute_dtype; or param_dtype, for the parameters
+    # cast_shared_on_use keeps fp32)
     cast_on_use: list[nn.Module] = dataclasses.field(default_factory=list)
     input_casts: list[nn.Module] = dataclasses.field(default_factory=list)
     # a module outside the kept ones keeps float buffers while parameters go low
     keeps_float_buffers: bool = False
+    cast_dtype: torch.dtype | None = None
 
 
 def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
     keep = _resolve(model, config.keep_fp32_modules, "keep_fp32_modules")
     white = (_resolve(model, config.low_precision_modules, "low_precision_modules")
              if config.low_precision_modules is not None else None)
-    plan = _Plan()
+    plan = _Plan(cast_dtype=config.param_compute_dtype)
     seen: set[int] = set()
+    shared_fp32: set[int] = set()  # parameters kept fp32 for a kept module (see below)
+    low_owners: list[nn.Module] = []  # modules whose parameters go to low precision
 
     def assign(module: nn.Module, name: str, dtype: torch.dtype | None) -> None:
         if dtype is None:
             return
-        stores: list[tuple[str, torch.Tensor | None]] = list(module._parameters.items())
+        stores: list[tuple[str, torch.Tensor | None, bool]] = [
+            (n, t, True) for n, t in module._parameters.items()]
         if config.cast_buffers:
-            stores += list(module._buffers.items())
-        for tname, tensor in stores:
+            stores += [(n, t, False) for n, t in module._buffers.items()]
+        for tname, tensor, is_param in stores:
             if tensor is None or not tensor.is_floating_point():
                 continue
             full = f"{name}.{tname}" if name else tname
             earlier = plan.tensor_dtype.get(id(tensor))
             if earlier is not None and earlier[0] is not dtype:
-                raise ValueError(f"{full} and {earlier[1]} are one shared tensor, but the "
-                                 f"conversion would store it as {earlier[0]} in one place "
-                                 f"and {dtype} in the other; keep both modules in fp32 "
-                                 f"(keep_fp32_modules) or neither")
+                if not (config.cast_shared_on_use and is_param):
+                    raise ValueError(
+                        f"{full} and {earlier[1]} are one shared tensor, but the "
+                        f"conversion would store it as {earlier[0]} in one place and "
+                        f"{dtype} in the other; keep both modules in fp32 "
+                        f"(keep_fp32_modules) or neither" + (
+                            "" if config.cast_shared_on_use or not is_param else
+                            ", or keep it fp32 and cast it on use for the other "
+                            "(ConversionConfig's cast_shared_on_use=True)"))
+                # One of the two is a kept module's fp32: that is what is stored (the
+                # truth), and the low-precision owners cast it on use (after the walk).
+                shared_fp32.add(id(tensor))
+                if dtype is torch.float32:
+                    plan.tensor_dtype[id(tensor)] = (dtype, full)
+                continue
             plan.tensor_dtype[id(tensor)] = (dtype, full)
 
     def walk(module: nn.Module, name: str, in_kept: bool, in_white: bool) -> None:
@@ -1191,6 +1232,8 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             plan.boundaries[id(module)] = (module, boundary)
         if module._parameters or module._buffers:
             plan.owners.append(module)
+        if not kept and white is None and config.param_dtype in _LOW:
+            low_owners.append(module)
         if (config.param_compute_dtype is not None and not kept
                 and not _updates_float_buffers(module)
                 and not getattr(module, OWN_PARAMETER_CASTS, False) and any(
@@ -1201,6 +1244,12 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             walk(child, f"{name}.{child_name}" if name else child_name, kept, whitelisted)
 
     walk(model, "", False, False)
+    if shared_fp32:
+        # (param_dtype is low here, so param_compute_dtype is None: no O2 list to merge)
+        plan.cast_dtype = config.param_dtype
+        plan.cast_on_use = [
+            m for m in low_owners if not getattr(m, OWN_PARAMETER_CASTS, False) and any(
+                p is not None and id(p) in shared_fp32 for p in m._parameters.values())]
     _cast_inputs_past_buffers(model, config, plan)
     _merge_root(model, config, plan)
     return plan
@@ -1252,8 +1301,10 @@ def _merge_root(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None
         region = _Region.POLICY if config.policy is not None else _Region.UNCHANGED
         compute, input_dtype, output_dtype = (config.compute_dtype, config.input_dtype,
                                               config.output_dtype)
+    # (Modules casting parameters on use need the root: it starts each forward pass,
+    # which bounds the copies' life.)
     if (region is _Region.UNCHANGED and input_dtype is None and output_dtype is None
-            and config.param_compute_dtype is None):
+            and config.param_compute_dtype is None and not plan.cast_on_use):
         return
     plan.boundaries[id(model)] = (model, _Boundary(region, input_dtype, output_dtype,
                                                    compute, config.policy, root=True,
@@ -1314,10 +1365,10 @@ def _register_state_dict_hook(module: nn.Module, hook: Any) -> None:
 
 
 def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
-    if config.param_compute_dtype is not None:
+    if plan.cast_dtype is not None and plan.cast_on_use:
         from torch.nn.utils.parametrize import is_parametrized
 
-        dtype = config.param_compute_dtype
+        dtype = plan.cast_dtype
         cast = CastParametersOnUse(dtype)
         for module in plan.cast_on_use:
             legacy = _legacy_reparametrizations(module)

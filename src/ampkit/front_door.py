@@ -176,13 +176,20 @@ def _check_optimizers(optimizers: list[torch.optim.Optimizer], models: list[nn.M
                                      f"updates")
 
 
-def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any]) -> None:
+def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any],
+                            optimizers: list[torch.optim.Optimizer]) -> None:
+    """This run's loss scalers, bound to its optimizers: a later ``initialize`` for
+    other optimizers leaves them alone (``scale_loss`` finds them by optimizer)."""
+    from ampkit.scaling.multi_loss import _release_optimizers, configure_loss_scaling
+
     log_skipped = scaling.pop("log_skipped_steps", False)
     if props.loss_scale is None and not scaling:
-        return  # nothing to set up: scale_loss keeps whatever was configured
-    from ampkit.scaling.multi_loss import configure_loss_scaling
-
-    for scaler in configure_loss_scaling(props.loss_scale, **scaling):
+        # Nothing to set up: scale_loss keeps whatever was configured, and these
+        # optimizers no longer belong to an earlier run's scalers.
+        _release_optimizers(optimizers)
+        return
+    for scaler in configure_loss_scaling(props.loss_scale, optimizers=optimizers or None,
+                                         **scaling):
         scaler.log_skipped_steps = log_skipped
 
 
@@ -311,7 +318,8 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         mark_pure_models(model_list, mode.value, rounding_seed)
         opt_list = [pure_low_precision(model_list, opt, mode.value,
                                        seed=rounding_seed) for opt in opt_list]
-    _configure_loss_scaling(props, scaling)
+    _configure_loss_scaling(props, scaling, [o for o in opt_list  # scale_loss takes these
+                                             if isinstance(o, torch.optim.Optimizer)])
     skipped = fp8_skip_message(named_fp8)
     if skipped is not None:  # what fp8 left out, said once
         warnings.warn(skipped, Fp8SkipWarning, stacklevel=2)

@@ -199,14 +199,26 @@ def default_dtype(device_type: str | None = None) -> torch.dtype:
     """The low-precision dtype ``dtype=None`` means: the device's autocast default
     (bfloat16 on CPU, float16 on CUDA). ``device_type=None`` is CUDA when available.
 
+    A model on the ``"meta"`` device (deferred initialisation) has no device yet: it
+    gets the default of the device ``device_type=None`` means (CUDA when available,
+    else CPU); pass ``dtype`` to choose another. A device type without autocast is a
+    ``ValueError`` naming it.
+
     Example:
         >>> from ampkit.levels import default_dtype
         >>> default_dtype("cpu")
         torch.bfloat16
+        >>> default_dtype("meta") == default_dtype(None)
+        True
     """
-    if device_type is None:
+    if device_type is None or device_type == "meta":
         device_type = default_device_type()
-    dtype = torch.get_autocast_dtype(device_type)
+    try:
+        dtype = torch.get_autocast_dtype(device_type)
+    except RuntimeError as error:  # torch's "unsupported scalarType" names nothing
+        raise ValueError(f"dtype=None means the autocast default of the model's device, "
+                         f"but device type {device_type!r} has none ({error}); pass "
+                         f"dtype=torch.bfloat16 or torch.float16") from None
     return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 import torch
@@ -90,12 +90,19 @@ def register_policy(policy: Policy, *, overwrite: bool = False) -> Policy:
     return policy
 
 
+#: Checks that ``unregister_policy`` asks whether a policy is in use: each returns a
+#: description of the users, or ``None``. The autocast engine adds its live regions'.
+_IN_USE: list[Callable[[Policy], str | None]] = []
+
+
 def unregister_policy(name: str) -> None:
     """Remove the policy registered as ``name`` (the presets ampkit ships stay).
 
     Raises:
         KeyError: nothing is registered as ``name``.
         ValueError: ``name`` is one of the presets ampkit ships.
+        RuntimeError: a live ``ampkit.autocast`` region (in any thread) was given the
+            policy; nothing is removed (exit the region first).
 
     Example:
         >>> from ampkit.policy import Policy
@@ -111,6 +118,11 @@ def unregister_policy(name: str) -> None:
     if name not in _PRESETS:
         raise KeyError(f"no policy is registered as {name!r}; registered: "
                        f"{sorted(set(_PRESETS) - _SHIPPED)}")
+    for in_use in _IN_USE:
+        users = in_use(_PRESETS[name])
+        if users is not None:
+            raise RuntimeError(f"unregister_policy({name!r}): the policy is in use by "
+                               f"{users}; exit those regions first, then unregister it")
     del _PRESETS[name]
 
 

@@ -596,3 +596,27 @@ def test_refuse_low_rule_holds_only_under_its_policy() -> None:
         unregister_function(ns, "f")
     with pytest.raises(ValueError, match="message is the error text of"):
         register_function(ns, "f", CastRule.FP32, message="why")
+
+
+def test_initialize_replaces_the_loss_scalers_as_apex_does() -> None:
+    # apex's loss scalers are process-wide: a second amp.initialize resets them, and
+    # scale_loss uses the latest ones even with the first run's optimizer. (The core's
+    # initialize keeps each run's own: the dialect asks for apex's behaviour.)
+    nets = [_net(), _net()]
+    opts = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
+    amp.initialize(nets[0], opts[0], opt_level="O2", verbosity=0)
+
+    def overflow() -> None:
+        opts[0].zero_grad()
+        loss = nets[0](torch.rand(2, 6)).float().sum() * float("inf")
+        with amp.scale_loss(loss, opts[0]) as scaled:
+            scaled.backward()
+        opts[0].step()
+
+    overflow()
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 2.0 ** 15
+    amp.initialize(nets[1], opts[1], opt_level="O2", verbosity=0)
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 2.0 ** 16  # reset, as apex
+    overflow()  # the first run's optimizer, the new (latest) scaler
+    assert amp.state_dict()["loss_scaler0"]["loss_scale"] == 2.0 ** 15
+    assert amp._amp_state.loss_scalers[0].loss_scale() == 2.0 ** 15

@@ -226,6 +226,79 @@ def test_cast_optional_params_casts_only_low_precision_ops_parameters() -> None:
     assert net(torch.rand(2, 6)).dtype == FP32
 
 
+class _SharedParams(nn.Module):
+    """MXNet's test_amp_offline_casting_shared_params: two low-precision layers share a
+    weight, and the second shares its bias with a layer excluded to fp32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lp16_op1 = nn.Linear(4, 4)
+        self.lp16_op2 = nn.Linear(4, 4)
+        self.lp16_op2.weight = self.lp16_op1.weight
+        self.fp32_op = nn.Linear(4, 4)
+        self.fp32_op.bias = self.lp16_op2.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.lp16_op1(x)
+        return torch.cat((self.lp16_op2(x), self.fp32_op(x)), dim=1)
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_offline_cast_keeps_a_parameter_shared_with_an_excluded_layer_fp32(name: str) -> None:
+    # MXNet casts a parameter offline only when every op that reads it is low
+    # precision: the shared bias stays fp32, the excluded layer computes with it in
+    # fp32 and the low-precision layer with a low-precision copy (ampkit refused the
+    # conversion with a ValueError before).
+    low = {"float16": FP16, "bfloat16": BF16}[name]
+    torch.manual_seed(0)
+    net = _SharedParams()
+    x = torch.empty(3, 4).uniform_(-1, 1)
+    w, b1 = net.lp16_op1.weight.detach(), net.lp16_op1.bias.detach()
+    w3 = net.fp32_op.weight.detach()
+    shared = net.fp32_op.bias.detach().clone().requires_grad_()
+    h = F.linear(x.to(low), w.to(low), b1.to(low))
+    expected = torch.cat((F.linear(h, w.to(low), shared.to(low)).float(),
+                          F.linear(h.float(), w3, shared)), dim=1)
+    expected.sum().backward()
+
+    lp = amp.convert_hybrid_block(net, x, name, cast_params_offline=True,
+                                  excluded_sym_names=["fp32_op"])
+    assert lp.lp16_op2.weight is lp.lp16_op1.weight and lp.fp32_op.bias is lp.lp16_op2.bias
+    assert (lp.lp16_op1.weight.dtype, lp.lp16_op1.bias.dtype) == (low, low)
+    assert (lp.fp32_op.weight.dtype, lp.fp32_op.bias.dtype) == (FP32, FP32)
+    out = lp(x)
+    assert out.dtype == FP32 and torch.equal(out, expected)
+    out.sum().backward()
+    assert lp.fp32_op.bias.grad.dtype == FP32
+    assert torch.allclose(lp.fp32_op.bias.grad, shared.grad, rtol=0, atol=1e-6)
+    assert lp.fp32_op.bias.dtype == FP32  # the copy was put back after the forward
+    assert net.lp16_op1.weight.dtype == FP32  # the given block is as it was
+
+
+def test_offline_cast_tied_embedding_and_head() -> None:
+    # A tied embedding and output layer: Embedding is not on MXNet's low-precision
+    # list, so its weight stays fp32, and the head computes with an fp16 copy of it.
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.head = nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(ids))
+
+    torch.manual_seed(0)
+    net = Tied()
+    ids = torch.tensor([[1, 2, 3]])
+    w = net.embed.weight.detach()
+    expected = F.linear(F.embedding(ids, w).half(), w.half()).float()
+    lp = amp.convert_model(net, "float16", cast_optional_params=True)
+    assert lp.head.weight is lp.embed.weight and lp.embed.weight.dtype == FP32
+    out = lp(ids)
+    assert out.dtype == FP32 and torch.equal(out, expected)
+
+
 def test_convert_errors() -> None:
     with pytest.raises(TypeError, match=r"block must be a torch\.nn\.Module"):
         amp.convert_hybrid_block("net")

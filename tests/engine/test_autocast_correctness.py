@@ -83,15 +83,18 @@ def test_region_inside_inference_mode_computes_without_grad() -> None:
 
 
 def test_weight_updated_in_place_is_cast_again() -> None:
-    lin = nn.Linear(4, 3)
-    x = torch.rand(2, 4)
-    with ampkit.autocast("cpu", BF16, custom_white_list=["linear"]):
-        lin(x)
+    # ampkit's own weight cache (an op ampkit's kernel lowers: native CPU autocast leaves
+    # embedding alone). A white-listed linear is native's own rule since issue 35: it
+    # takes no kernel, so native's kernel and native's cache apply, as in a region with
+    # the default policy.
+    emb = nn.Embedding(5, 3)
+    idx = torch.tensor([1, 2, 4])
+    with ampkit.autocast("cpu", BF16, custom_white_list=["embedding"]):
+        emb(idx)
         with torch.no_grad():
-            lin.weight.add_(1.0)  # an optimizer step inside one long region
-        out = lin(x)
-    expected = F.linear(x.bfloat16(), lin.weight.detach().bfloat16(),
-                        lin.bias.detach().bfloat16())
+            emb.weight.add_(1.0)  # an optimizer step inside one long region
+        out = emb(idx)
+    expected = F.embedding(idx, emb.weight.detach().bfloat16())
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
@@ -220,6 +223,39 @@ def test_checkpoint_recomputes_under_the_regions_policy(use_reentrant: bool) -> 
     expected = _checkpointed_grads(None)
     got = _checkpointed_grads(use_reentrant)
     for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    assert not torch.is_autocast_enabled("cpu") and ampkit.current_policy("cpu") is None
+
+
+def _nested_grads(use_reentrant: bool | None) -> list[torch.Tensor]:
+    """Nested regions: an outer policy, an inner one around the checkpoint call, a third
+    entered inside the checkpointed function, and the backward pass run under yet
+    another region (which the recomputation must not pick up)."""
+    torch.manual_seed(0)
+    block, head = _Block(), nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        with ampkit.autocast("cpu", F16, custom_black_list=["tanh"]):
+            t = block(t)
+        return torch.softmax(head(t), -1)
+
+    with ampkit.autocast("cpu", BF16, custom_black_list=["linear"]), \
+            ampkit.autocast("cpu", BF16, custom_white_list=["softmax", "sigmoid"]):
+        out = fn(x) if use_reentrant is None else checkpoint(
+            fn, x, use_reentrant=use_reentrant)
+    with ampkit.autocast("cpu", BF16, custom_black_list=["softmax", "mul"]):
+        out.float().sum().backward()
+    return [*(p.grad for p in block.parameters()), *(p.grad for p in head.parameters()),
+            x.grad]
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_checkpoint_recomputes_under_nested_regions_policies(use_reentrant: bool) -> None:
+    expected = _nested_grads(None)
+    got = _nested_grads(use_reentrant)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype
         torch.testing.assert_close(g, e, rtol=0, atol=0)
     assert not torch.is_autocast_enabled("cpu") and ampkit.current_policy("cpu") is None
 

@@ -314,6 +314,61 @@ def test_tied_weight_asked_to_be_in_two_dtypes_is_an_error():
         is FP32
 
 
+class _TiedPair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(8, 4)
+        self.head = nn.Linear(4, 8, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.embed(ids))
+
+
+def test_cast_shared_on_use_keeps_the_kept_modules_parameter_fp32():
+    # No policy and no input/output casts: the stored bf16 embedding would meet an fp32
+    # weight without the copy made on use; the kept head computes in fp32.
+    torch.manual_seed(0)
+    model, ids = _TiedPair(), torch.tensor([[1, 2, 5]])
+    tied = model.embed.weight
+    config = ConversionConfig(param_dtype=BF16, keep_fp32_modules=("head",),
+                              cast_shared_on_use=True)
+    convert_model(model, config)
+    assert model.head.weight is model.embed.weight is tied and tied.dtype is FP32
+    out = model(ids)
+    w = tied.detach().clone()
+    assert out.dtype is FP32
+    assert torch.equal(out, F.linear(F.embedding(ids, w.to(BF16)).float(), w))
+    out.sum().backward()
+    assert tied.grad.dtype is FP32 and tied.dtype is FP32
+    # The copy lives for one forward of the model: an edit through .data (no version
+    # bump) is seen by the next forward.
+    assert not ampkit.parameter_casts.is_cached(tied)
+    tied.data.mul_(2)
+    assert torch.equal(model(ids), F.linear(F.embedding(ids, (2 * w).to(BF16)).float(), 2 * w))
+
+
+def test_cast_shared_on_use_errors():
+    with pytest.raises(ValueError, match="cast_shared_on_use applies to parameters that "
+                                         "param_dtype stores in low precision"):
+        ConversionConfig(param_compute_dtype=BF16, cast_shared_on_use=True)
+    with pytest.raises(TypeError, match="cast_shared_on_use must be a bool"):
+        ConversionConfig(param_dtype=BF16, cast_shared_on_use=1)
+    # Without it the error names the option; a shared buffer is refused either way.
+    with pytest.raises(ValueError, match=r"head.weight and embed.weight are one shared "
+                                         r"tensor.*cast_shared_on_use=True"):
+        convert_model(_TiedPair(), ConversionConfig(param_dtype=BF16,
+                                                    keep_fp32_modules=("head",)))
+    a, b = nn.BatchNorm1d(3), nn.BatchNorm1d(3)
+    b.running_mean = a.running_mean
+    model = nn.Sequential(a, b)
+    with pytest.raises(ValueError, match=r"1.running_mean and 0.running_mean are one "
+                                         r"shared tensor.*or neither$"):
+        convert_model(model, ConversionConfig(param_dtype=BF16, keep_fp32_modules=("1",),
+                                              cast_shared_on_use=True))
+    assert a.weight.dtype is FP32 and get_conversion(model) is None  # nothing changed
+
+
 def test_parameters_keep_their_identity():
     model = DigitsCNN()
     params = list(model.parameters())

@@ -346,3 +346,72 @@ def test_o2_checkpoint_loads_into_a_plain_fp32_model_and_back():
     again.load_state_dict(plain.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(),
                                                 plain.state_dict().values()))
+
+
+# -- deferred initialisation: a model on the meta device ------------------------------------
+
+def _meta_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4),
+                         nn.LayerNorm(4))
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_meta_model_with_dtype_none_converts_then_materialises(level):
+    # dtype=None on a meta model used to fail inside torch ("unsupported scalarType").
+    # It takes the default of the device a None device means (CPU here), and after
+    # to_empty() + load_state_dict it is the model initialised normally, bit for bit.
+    torch.manual_seed(0)
+    ref = initialize(_meta_net(), level=level, dtype=None)
+    with torch.device("meta"):
+        deferred = _meta_net()
+    deferred = initialize(deferred, level=level, dtype=None)
+    deferred.to_empty(device="cpu")
+    deferred.load_state_dict(ref.state_dict())
+    assert [(n, t.dtype) for n, t in deferred.state_dict().items()] == [
+        (n, t.dtype) for n, t in ref.state_dict().items()]
+    x = torch.randn(5, 6)
+    outs = []
+    for model in (ref, deferred):
+        out = model(x)
+        out.float().square().sum().backward()
+        outs.append((out, [p.grad for p in model.parameters()]))
+    (a, ga), (b, gb) = outs
+    assert a.dtype == b.dtype and torch.equal(a, b)
+    assert all(torch.equal(g, h) for g, h in zip(ga, gb))
+
+
+# -- each run's loss scalers are its own -----------------------------------------------------
+
+def _overflowing_step(net, opt):
+    # An fp16 O1 step whose loss is inf: every gradient overflows, the step is skipped.
+    opt.zero_grad()
+    loss = net(torch.ones(2, 4)).float().sum() * float("inf")
+    with ampkit.scale_loss(loss, opt) as scaled:
+        scaled.backward()
+    opt.step()
+
+
+def test_a_second_initialize_leaves_the_first_runs_scalers_alone():
+    # Native reference: torch's GradScaler over the same two overflowing steps.
+    ref = torch.amp.GradScaler("cpu")
+    w = nn.Parameter(torch.ones(1))
+    ref_opt = torch.optim.SGD([w], lr=0.1)
+    for _ in range(2):
+        ref.scale(w.sum() * float("inf")).backward()
+        ref.step(ref_opt)
+        ref.update()
+        ref_opt.zero_grad()
+    nets = [nn.Linear(4, 4), nn.Linear(4, 4)]
+    opts = [torch.optim.SGD(n.parameters(), lr=0.1) for n in nets]
+    initialize(nets[0], opts[0], level="O1", dtype=FP16)
+    _overflowing_step(nets[0], opts[0])
+    initialize(nets[1], opts[1], level="O1", dtype=FP16)  # a second run: its own scalers
+    _overflowing_step(nets[0], opts[0])
+    # The first run's scale went on from where it was (two back-offs, as torch's).
+    assert multi_loss.loss_scaler(0, optimizer=opts[0]).get_scale() == ref.get_scale() == 2.0 ** 14
+    assert multi_loss.loss_scaler(0, optimizer=opts[1]).get_scale() == 2.0 ** 16
+    assert multi_loss.loss_scaler(0).get_scale() == 2.0 ** 16  # the latest set-up
+    loss = nets[0](torch.ones(2, 4)).float().sum() + nets[1](torch.ones(2, 4)).float().sum()
+    with pytest.raises(ValueError, match=r"different ampkit\.initialize"), \
+            ampkit.scale_loss(loss, opts):
+        pass

@@ -124,6 +124,7 @@ from ampkit.scaling.multi_loss import (
     loss_scaling_state_dict,
 )
 from ampkit.scaling.multi_loss import scale_loss as _scale_loss
+from ampkit.scaling.schedule import check_scale_value
 
 __all__ = [
     "OPT_LEVELS",
@@ -484,8 +485,11 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0,
     if not state.properties.enabled:
         yield loss
         return
+    # apex's loss scalers are process-wide: each amp.initialize replaces them, and
+    # every scale_loss uses the latest ones, whatever optimizers it is given (the core
+    # keeps each initialize's scalers with that call's optimizers instead).
     with _scale_loss(loss, _inner_optimizers(optimizers), loss_id,
-                     delay_unscale=delay_unscale) as scaled:
+                     delay_unscale=delay_unscale, scaler=loss_scaler(loss_id)) as scaled:
         yield scaled
 
 
@@ -829,6 +833,7 @@ class _LossScalerView:
 
     @_loss_scale.setter
     def _loss_scale(self, value: float) -> None:
+        value = check_scale_value(value, "_loss_scale")  # before anything changes
         scaler = loss_scaler(self._loss_id)
         if scaler.is_enabled():
             scaler.load_state_dict({**scaler.state_dict(), "scale": float(value)})

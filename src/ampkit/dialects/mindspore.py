@@ -78,6 +78,7 @@ from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.loss_scale import DynamicLossScale, StaticLossScale
 from ampkit.scaling.overflow import all_finite as _all_finite
 from ampkit.scaling.overflow import unscale_grads_
+from ampkit.scaling.schedule import check_scale_value
 
 __all__ = [
     "DynamicLossScaleManager",
@@ -275,11 +276,11 @@ def custom_mixed_precision(network: nn.Module, *, white_list: Sequence[Any] | No
 def _scale_value(value: Any, argument: str) -> float:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{argument} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 1:
+    # The core's check (finite, > 0), then MindSpore's own floor.
+    number = check_scale_value(value, argument)
+    if number < 1:
         raise ValueError(f"{argument} must be a finite number >= 1, got {value!r}")
-    return float(value)
+    return number
 
 
 def _scale_factor(value: Any, argument: str) -> float:

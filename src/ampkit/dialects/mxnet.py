@@ -671,9 +671,13 @@ def _convert_block(block: nn.Module, target_dtype: Any, target_dtype_ops: Any,
         excluded = tuple(excluded_sym_names)
     keep = excluded + (tuple(_low_precision_holders(block, policy))
                        if cast_optional_params else ())
+    # A parameter shared with an fp32 module stays fp32: MXNet casts a parameter
+    # offline only when every op that reads it is low precision, and casts it on use
+    # for the low-precision ones otherwise.
     config = ConversionConfig(
         param_dtype=low if cast_optional_params else None, keep_fp32_modules=keep,
-        compute_dtype=low, policy=policy, output_dtype=torch.float32)
+        compute_dtype=low, policy=policy, output_dtype=torch.float32,
+        cast_shared_on_use=cast_optional_params)
     # MXNet returns a new block and leaves the given one as it was (its tests convert
     # one block twice, with other lists, and compare with the fp32 original).
     converted = copy.deepcopy(block)

@@ -59,7 +59,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import numbers
 import threading
 import warnings
@@ -86,6 +85,7 @@ from ampkit.presets import (
 )
 from ampkit.registry import OpEntry
 from ampkit.scaling.grad_scaler import GradScaler as _CoreGradScaler
+from ampkit.scaling.schedule import check_scale_value
 
 __all__ = ["GradScaler", "auto_cast", "black_list", "decorate", "is_bfloat16_supported",
            "is_float16_supported", "white_list"]
@@ -600,7 +600,8 @@ class GradScaler:
             >>> scaler.get_init_loss_scaling(), scaler.state_dict()["scale"]
             (128.0, 128.0)
         """
-        value = _as_float(new_init_loss_scaling, "new_init_loss_scaling")
+        value = check_scale_value(_as_float(new_init_loss_scaling, "new_init_loss_scaling"),
+                                  "new_init_loss_scaling")
         self._replace(scale=value)
         self._init_loss_scaling = value
 
@@ -742,10 +743,8 @@ class GradScaler:
         if missing or unknown:
             raise ValueError(f"GradScaler.load_state_dict: missing keys {missing}, unknown "
                              f"keys {unknown}; expected {list(_STATE)}")
-        scale = _as_float(state_dict["scale"], "state_dict['scale']")
-        if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"state_dict['scale'] must be a positive finite number, got "
-                             f"{scale}")
+        scale = check_scale_value(_as_float(state_dict["scale"], "state_dict['scale']"),
+                                  "state_dict['scale']")
         self._init_loss_scaling = scale  # Paddle: the loaded scale is the initial one
         loaded = {name: state_dict[paddle] for paddle, name in _STATE.items()}
         self._replace(**{**loaded, "scale": scale})

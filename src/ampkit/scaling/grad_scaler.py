@@ -515,10 +515,12 @@ class GradScaler:
 
         ``new_scale`` sets the scale instead (a positive finite float, or a one-element
         float32 tensor on the scaler's device type); the bounds do not apply to it.
-        Reads nothing back to the host.
+        Reads nothing back to the host, except a ``new_scale`` tensor's value, which is
+        checked as a number is.
 
         Raises:
             RuntimeError: if no optimizer was stepped or unscaled in this iteration.
+            ValueError: ``new_scale`` is not finite and > 0 (nothing is changed).
 
         Example:
             >>> import torch
@@ -543,6 +545,10 @@ class GradScaler:
                     raise ValueError(f"new_scale must be a float or a one-element tensor "
                                      f"on device type {scale.device.type!r} that does not "
                                      f"require grad, got {new_scale!r}")
+                # Checked as a number is (one host sync, on a call that sets the
+                # scale by hand): a NaN or negative scale would poison every step.
+                check_scale_value(float(new_scale.detach().reshape(()).item()),
+                                  "new_scale")
                 scale.copy_(new_scale.reshape(()))
             else:
                 scale.fill_(check_scale_value(new_scale, "new_scale"))

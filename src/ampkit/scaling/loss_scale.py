@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any, TypeVar
 
@@ -45,6 +46,7 @@ from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_sca
 __all__ = ["DynamicLossScale", "StaticLossScale"]
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 def _as_scale_tensor(value: Any, argument: str, schedule: ScaleSchedule | None
@@ -53,11 +55,27 @@ def _as_scale_tensor(value: Any, argument: str, schedule: ScaleSchedule | None
         if value.numel() != 1 or not value.is_floating_point():
             raise ValueError(f"{argument} must be a positive finite number or a "
                              f"one-element floating tensor, got {value!r}")
-        # A tensor's value is not checked: that would be a host sync on every adjust().
+        # The value is checked as a number's is: one host sync, here where a scale
+        # enters. adjust() and to() build their results without coming back here.
+        number = float(value.detach().reshape(()).item())
+        if schedule is None:
+            check_scale_value(number, argument)
+        else:
+            schedule.check_init_scale(number, argument)
         return value.detach().to(torch.float32).reshape(())
     number = (check_scale_value(value, argument) if schedule is None
               else schedule.check_init_scale(value, argument))
     return torch.tensor(number, dtype=torch.float32)
+
+
+def _evolve(state: S, **tensors: torch.Tensor) -> S:
+    """``state`` with some of its tensors replaced by ones this module computed from
+    checked values: no check again (checking a tensor's value is a host sync, and
+    adjust() runs every step)."""
+    new = copy.copy(state)
+    for name, value in tensors.items():
+        object.__setattr__(new, name, value)
+    return new
 
 
 def _as_counter(value: Any, argument: str, device: torch.device) -> torch.Tensor:
@@ -99,7 +117,11 @@ class StaticLossScale:
     """A constant loss scale (MindSpore ``StaticLossScaler``, apex ``loss_scale=128.0``).
 
     Args:
-        loss_scale: the scale; a positive finite number (or a one-element tensor).
+        loss_scale: the scale; a positive finite number (or a one-element floating
+            tensor holding one: its value is checked, one host sync).
+
+    Raises:
+        ValueError: ``loss_scale`` is not finite and > 0.
 
     Example:
         >>> import torch
@@ -158,7 +180,7 @@ class StaticLossScale:
             >>> StaticLossScale(2.0).to("cpu").loss_scale.device.type
             'cpu'
         """
-        return StaticLossScale(self.loss_scale.to(device))
+        return _evolve(self, loss_scale=self.loss_scale.to(device))
 
 
 _RULE = ScaleSchedule()  # the default rule
@@ -170,7 +192,8 @@ class DynamicLossScale:
 
     Args:
         loss_scale: the current scale; a positive finite number within the bounds (or
-            a 0-dim float tensor).
+            a one-element floating tensor holding one: its value is checked, one host
+            sync; :meth:`adjust` and :meth:`to` do not check again).
         growth_interval: clean steps in a row before growing (MindSpore
             ``scale_window``, jmp ``period``); int >= 1.
         growth_factor: multiplier when growing; > 1.
@@ -275,8 +298,8 @@ class DynamicLossScale:
         overflows = self.overflow_tracker.clone()
         update_scale_(scale, growth, overflows, _found_inf(grads_finite, scale.device),
                       self.schedule)
-        return dataclasses.replace(self, loss_scale=scale, growth_tracker=growth,
-                                   overflow_tracker=overflows)
+        return _evolve(self, loss_scale=scale, growth_tracker=growth,
+                       overflow_tracker=overflows)
 
     def to(self, device: torch.device | str) -> DynamicLossScale:
         """The same state with its tensors on ``device``.
@@ -286,6 +309,6 @@ class DynamicLossScale:
             >>> DynamicLossScale(2.0).to("cpu").growth_tracker.device.type
             'cpu'
         """
-        return dataclasses.replace(self, loss_scale=self.loss_scale.to(device),
-                                   growth_tracker=self.growth_tracker.to(device),
-                                   overflow_tracker=self.overflow_tracker.to(device))
+        return _evolve(self, loss_scale=self.loss_scale.to(device),
+                       growth_tracker=self.growth_tracker.to(device),
+                       overflow_tracker=self.overflow_tracker.to(device))

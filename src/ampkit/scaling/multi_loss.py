@@ -150,6 +150,10 @@ class _State:
 
 _lock = threading.Lock()
 _state: _State | None = None
+# Optimizer -> the set-up made for it (``configure_loss_scaling(optimizers=...)``, which
+# ``ampkit.initialize`` passes its optimizers to): a later set-up for other optimizers
+# leaves it alone, so each run keeps its own scales.
+_bound: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 _pending: weakref.WeakKeyDictionary[torch.optim.Optimizer, _PendingGrads] = (
     weakref.WeakKeyDictionary())
 # Optimizer -> (guard, the instance's own ``step`` attribute before guarding, if any,
@@ -165,9 +169,17 @@ def configure_loss_scaling(loss_scale: str | float | None = "dynamic", *,
                            min_loss_scale: float | None = None,
                            max_loss_scale: float | None = 2.0 ** 24,
                            growth_interval: int = 2000,
-                           hysteresis: int = 1) -> tuple[GradScaler, ...]:
-    """Set up one scaler per loss id for :func:`scale_loss`, replacing any earlier
-    setup (and its scales). Returns the scalers, indexed by loss id.
+                           hysteresis: int = 1,
+                           optimizers: Sequence[torch.optim.Optimizer] | None = None
+                           ) -> tuple[GradScaler, ...]:
+    """Set up one scaler per loss id for :func:`scale_loss`. Returns the scalers,
+    indexed by loss id.
+
+    The new set-up becomes the current one (what :func:`loss_scaler` and
+    :func:`scale_loss` with other optimizers use), replacing the current one. Given
+    ``optimizers`` (as ``ampkit.initialize`` gives its own), it also belongs to them:
+    :func:`scale_loss` with those optimizers uses it, whatever is set up later for
+    other optimizers, so a second run leaves the first one's scales alone.
 
     Args:
         loss_scale: ``"dynamic"``, a positive number (static scaling), or ``None`` (no
@@ -178,15 +190,18 @@ def configure_loss_scaling(loss_scale: str | float | None = "dynamic", *,
         max_loss_scale: ceiling of the dynamic scale (apex default 2**24), or ``None``.
         growth_interval: clean steps before the dynamic scale doubles.
         hysteresis: overflows in a row before the scale halves (every overflow skips).
+        optimizers: the optimizers this set-up belongs to, or ``None``.
 
     Raises:
         ValueError: a bad value, naming the argument.
+        TypeError: ``optimizers`` holds something that is not an optimizer.
 
     Example:
         >>> from ampkit.scaling.multi_loss import configure_loss_scaling
         >>> [s.get_scale() for s in configure_loss_scaling(128.0, num_losses=2)]
         [128.0, 128.0]
     """
+    opts = [] if optimizers is None else _as_optimizers(optimizers)
     num_losses = positive_int(num_losses, "num_losses")
     config = LossScalingConfig(
         loss_scale=parse_loss_scale(loss_scale), num_losses=int(num_losses),
@@ -197,7 +212,17 @@ def configure_loss_scaling(loss_scale: str | float | None = "dynamic", *,
     global _state
     with _lock:
         _state = state
+        for opt in opts:
+            _bound[opt] = state
     return state.scalers
+
+
+def _release_optimizers(optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Forget the set-up these optimizers belonged to (a run without loss scaling now
+    owns them): :func:`scale_loss` with them uses the current set-up again."""
+    with _lock:
+        for opt in optimizers:
+            _bound.pop(opt, None)
 
 
 def _current_state() -> _State:
@@ -208,17 +233,38 @@ def _current_state() -> _State:
         return _state
 
 
-def loss_scaler(loss_id: int = 0) -> GradScaler:
+def _state_for(optimizers: Sequence[torch.optim.Optimizer]) -> _State:
+    """The set-up the optimizers belong to, else the current one."""
+    with _lock:
+        states = {id(s): s for s in (_bound.get(o) for o in optimizers) if s is not None}
+    if len(states) > 1:
+        raise ValueError("optimizers: they belong to loss scaling set up by different "
+                         "ampkit.initialize() (or configure_loss_scaling(optimizers=...)) "
+                         "calls, each with its own scales; scale each run's loss with "
+                         "that run's optimizers only")
+    return next(iter(states.values())) if states else _current_state()
+
+
+def loss_scaler(loss_id: int = 0, *, optimizer: torch.optim.Optimizer | None = None
+                ) -> GradScaler:
     """The scaler behind ``loss_id`` (set up with the defaults if nothing was
-    configured).
+    configured): of the set-up ``optimizer`` belongs to (see
+    :func:`configure_loss_scaling`), else of the current one.
 
     Example:
+        >>> import torch
         >>> from ampkit.scaling.multi_loss import configure_loss_scaling, loss_scaler
-        >>> _ = configure_loss_scaling("dynamic", init_scale=256.0)
-        >>> loss_scaler(0).get_scale()
-        256.0
+        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        >>> _ = configure_loss_scaling("dynamic", init_scale=256.0, optimizers=[opt])
+        >>> _ = configure_loss_scaling("dynamic", init_scale=8.0)   # another run
+        >>> loss_scaler(0).get_scale(), loss_scaler(0, optimizer=opt).get_scale()
+        (8.0, 256.0)
     """
-    state = _current_state()
+    state = _current_state() if optimizer is None else _state_for(_as_optimizers(optimizer))
+    return _scaler_of(state, loss_id)
+
+
+def _scaler_of(state: _State, loss_id: int) -> GradScaler:
     if (isinstance(loss_id, bool) or not isinstance(loss_id, numbers.Integral)
             or not 0 <= loss_id < len(state.scalers)):
         raise ValueError(f"loss_id must be an int in [0, {len(state.scalers)}) (num_losses="
@@ -335,15 +381,18 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
     optimizers' new gradients, and on overflow make each optimizer's next ``step()`` a
     no-op and lower that loss's scale.
 
-    Uses a dynamic scaler with the defaults when :func:`configure_loss_scaling` was
-    never called. ``scaler`` (from :func:`build_loss_scaler`) replaces ``loss_id``'s
+    The scaler is ``loss_id``'s of the set-up the optimizers belong to (each
+    ``ampkit.initialize`` call with optimizers makes one), else of the current one: a
+    dynamic scaler with the defaults when :func:`configure_loss_scaling` was never
+    called. ``scaler`` (from :func:`build_loss_scaler`) replaces ``loss_id``'s
     configured one; ``loss_id`` then only tells apart the scaled gradients of
     ``delay_unscale``. See the module docstring for gradients accumulated across losses
     and for ``delay_unscale``.
 
     Raises:
         TypeError: ``optimizers`` is not an optimizer or a list/tuple of them.
-        ValueError: ``loss_id`` out of range for ``num_losses``.
+        ValueError: ``loss_id`` out of range for ``num_losses``, or optimizers of two
+            set-ups (two ``initialize`` runs) in one call.
         RuntimeError: an optimizer holds gradients scaled for another ``loss_id``.
 
     Example:
@@ -365,7 +414,7 @@ def scale_loss(loss: torch.Tensor, optimizers: torch.optim.Optimizer
         raise TypeError(f"loss must be a tensor, got {type(loss).__name__}")
     opts = list({id(o): o for o in _as_optimizers(optimizers)}.values())
     if scaler is None:
-        scaler = loss_scaler(loss_id)
+        scaler = _scaler_of(_state_for(opts), loss_id)
     elif not isinstance(scaler, GradScaler):
         raise TypeError(f"scaler must be None or an ampkit GradScaler (see "
                         f"build_loss_scaler), got {type(scaler).__name__}")
