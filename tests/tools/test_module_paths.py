@@ -18,9 +18,9 @@ TOOLS = ROOT / "src" / "ampkit" / "tools"
 def _import_old(name):
     # Import statements, as a user writes them (the warning should point here).
     if name == "compare":
-        import ampkit.tools.accuracy.compare as module
+        import ampkit.tools.compare as module
     else:
-        import ampkit.tools.accuracy.tune as module
+        import ampkit.tools.tune as module
     return module
 
 
@@ -36,7 +36,7 @@ def test_old_module_paths_warn_once_and_are_the_moved_module(monkeypatch, name):
     assert len(deprecations) == 1
     assert f"ampkit.tools.accuracy.{name}" in str(deprecations[0].message)
     assert deprecations[0].filename == __file__  # pointed at the importing line
-    assert callable(getattr(old, name))  # ampkit.tools.accuracy.compare.compare, as before
+    assert callable(getattr(old, name))  # ampkit.tools.compare.compare, as before
 
 
 def test_the_tools_room_holds_subpackages_not_prefixed_files():

@@ -44,7 +44,7 @@ _LAZY = {
     "summary_table": "ampkit.tools.demo.report",
     "write_report": "ampkit.tools.demo.report",
     # The functions ``compare`` and ``tune`` are ``ampkit.compare`` and ``ampkit.tune``;
-    # ``ampkit.tools.accuracy.compare``/``.tune`` are deprecated aliases of their old modules.
+    # ``ampkit.tools.compare``/``.tune`` are deprecated aliases of their old modules.
     "Comparison": "ampkit.tools.accuracy.compare",
     "write_comparison_report": "ampkit.tools.accuracy.compare_report",
     "Trial": "ampkit.tools.accuracy.tune",
