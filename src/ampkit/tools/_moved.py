@@ -1,5 +1,6 @@
 """Old module paths kept as deprecated aliases after ``ampkit.tools`` was given
-subpackages (issue 38): importing one warns once and hands back the module's new home.
+subpackages (issue 38): importing one warns once and hands back the module's new home,
+whose names the alias serves.
 
 Example:
     >>> import warnings
@@ -23,9 +24,8 @@ __all__ = ["moved_module"]
 
 def moved_module(old: str, new: str) -> ModuleType:
     """Warn (``DeprecationWarning``, pointed at the user's import line rather than at
-    importlib) that module ``old`` moved to ``new``, and return ``new`` for the alias to
-    put in ``sys.modules[old]``. An alias module runs once per process, so it warns
-    once."""
+    importlib) that module ``old`` moved to ``new``, and return ``new``, whose names the
+    alias serves. An alias module runs once per process, so it warns once."""
     # 3: past this function and the alias module to the importing line (warnings
     # already skips importlib's own frames).
     warnings.warn(f"{old} is deprecated: it moved to {new} (same names); import it "
