@@ -1,9 +1,9 @@
 """The HTML report of :func:`ampkit.compare`: two plots and the tables, on one page.
 
-Written with the demo report's pieces (:mod:`ampkit.tools.demo.report`: bare matplotlib
-figures, plots embedded as ``data:`` URIs, the same style sheet) and a jinja2 template
-(``tools/pages/templates/compare.html.j2``, on the demo's ``base.html.j2``; jinja2 comes with
-torch). Files (:data:`REPORT_FILES`):
+Written with the pieces it shares with the demo's report (:mod:`ampkit.tools.pages`:
+bare matplotlib figures, plots embedded as ``data:`` URIs, the same style sheet) and a
+jinja2 template (``tools/pages/templates/compare.html.j2``, on the shared
+``base.html.j2``; jinja2 comes with torch). Files (:data:`REPORT_FILES`):
 
 * ``error_per_layer.png``: relative error of each leaf module's output (and inputs)
   along the network, with the threshold and where divergence starts;

@@ -1,6 +1,6 @@
 """Small pieces the HTML reports share (the demo's :mod:`ampkit.tools.demo.report` and
-:mod:`ampkit.tools.accuracy.compare_report`): a bare matplotlib figure, a PNG as a ``data:`` URI
-for embedding, and the time stamp a page is signed with.
+:mod:`ampkit.tools.accuracy.compare_report`): a bare matplotlib figure, a PNG as a
+``data:`` URI for embedding, and the time stamp a page is signed with.
 
 Example:
     >>> from ampkit.tools.pages.plotting import timestamp
