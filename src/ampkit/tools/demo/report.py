@@ -46,9 +46,8 @@ from ampkit.tools.pages.plotting import new_figure, png_data_uri, timestamp
 if TYPE_CHECKING:
     from ampkit.tools.demo.run import DemoResult, DemoSettings, RunResult
 
-__all__ = ["IdenticalRuns", "ReportFiles", "SummaryTable", "identical_runs",
-           "report_data", "report_file_names",
-           "summary_table", "write_report"]
+__all__ = ["IdenticalRuns", "ReportFiles", "SummaryTable", "identical_runs", "report_data",
+           "report_file_names", "summary_table", "write_report"]
 
 #: Bumped when a key of ``results.json`` changes meaning or goes away.
 JSON_SCHEMA_VERSION = 1
