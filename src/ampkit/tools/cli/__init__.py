@@ -1,9 +1,9 @@
 """The ``ampkit`` command line (also ``python -m ampkit``).
 
 * ``ampkit demo`` trains a small CNN on scikit-learn's digits in fp32 and at the AMP
-  levels (see :mod:`ampkit.tools.demo.run`), shows a progress bar per run, prints a summary
-  table and the ampkit lines of the O2 run, and writes a report folder (see
-  :mod:`ampkit.tools.demo.report`).
+  levels (see :mod:`ampkit.tools.demo.run`), shows a progress bar per run, prints a
+  summary table and the ampkit lines of the O2 run, and writes a report folder (see
+  :mod:`ampkit.tools.demo.report`; the command: :mod:`ampkit.tools.cli.demo`).
 * ``ampkit compare TARGET --inputs FN`` runs the user's model in fp32 and in low
   precision and reports op by op (see :mod:`ampkit.tools.cli.compare`).
 * ``ampkit tune [TARGET --eval FN]`` searches the op lists that keep a metric within a
@@ -53,45 +53,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 import ampkit
 from ampkit.tools.cli import compare as compare_command
+from ampkit.tools.cli import demo as demo_command
 from ampkit.tools.cli import tune as tune_command
-from ampkit.tools.cli.args import (
-    DTYPE_SPELLINGS,
-    MISSING,
-    PROG,
-    Parser,
-    add_device_option,
-    add_run_options,
-    choice_list,
-    console,
-    fail,
-    folder_undo,
-    missing_modules,
-    non_negative_int,
-    positive_int,
-    spelled,
-)
-from ampkit.tools.demo.run import (
-    DEFAULT_EPOCHS,
-    DTYPE_CHOICES,
-    LEVEL_CHOICES,
-    TRAINING_CODE_CONTEXT,
-    DemoSettings,
-    RunConfig,
-    RunResult,
-    demo_configurations,
-    resolve_device,
-)
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from ampkit.tools.demo.run import DemoResult
+from ampkit.tools.cli.args import PROG, Parser
 
 __all__ = ["build_parser", "main"]
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``ampkit`` argument parser (subcommands ``demo``, ``compare``, ``tune``;
@@ -110,147 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                         version=f"ampkit {ampkit.__version__} (torch {torch.__version__})")
     commands = parser.add_subparsers(dest="command", metavar="{demo,compare,tune}",
                                      required=True)
-    demo = commands.add_parser(
-        "demo", help="train a small CNN on scikit-learn's digits in fp32 and at each AMP "
-                     "level, and write a report",
-        description="Train the same small CNN on scikit-learn's digits (no download) once "
-                    "per configuration, print a table and the ampkit code of the O2 run, "
-                    "and write plots, an HTML page and JSON to --out.")
-    demo.add_argument("--epochs", type=positive_int, default=DEFAULT_EPOCHS,
-                      help=f"training epochs per run (default: {DEFAULT_EPOCHS})")
-    add_device_option(demo, default="auto",
-                      default_help="auto, which is CUDA when available, else CPU")
-    demo.add_argument("--levels", type=choice_list(LEVEL_CHOICES), action="extend",
-                      help=f"comma-separated, among {', '.join(LEVEL_CHOICES)} (O0 = fp32; "
-                           "case does not matter); "
-                           "default: fp32,O1,O2,O3 without O3-fp16. Given, every listed "
-                           "level runs in every listed dtype")
-    dtype_names = spelled(tuple(DTYPE_CHOICES), DTYPE_SPELLINGS)
-    demo.add_argument("--dtypes", type=choice_list(tuple(DTYPE_CHOICES), DTYPE_SPELLINGS),
-                      action="extend",
-                      help=f"comma-separated, among {dtype_names} (any case; default: both); "
-                           "fp16 runs use dynamic loss scaling")
-    add_run_options(
-        demo, out="ampkit-report", out_help="report folder, created if needed",
-        overwrite_help="replace report files of the same names already in --out (without "
-                       "it, the demo refuses to start when one is there; other files are "
-                       "never touched)",
-        seed_help="seed of the data split, the initial weights and the batch order",
-        threads_help="CPU threads for torch's ops; one suits the demo's tiny convolutions "
-                     "best, and stays fast when other programs keep the cores busy")
-    demo.add_argument("--pure-bf16-steps", type=non_negative_int, default=100,
-                      help="steps of the pure-bf16 curves (fp32, round-to-nearest, "
-                           "stochastic rounding) of a tiny character GPT; 0 skips them "
-                           "(default: 100, a few seconds)")
-    demo.add_argument("--quiet", action="store_true",
-                      help="no progress bars and no code listing: only the final table")
+    demo_command.add_parser(commands)
     compare_command.add_parser(commands)
     tune_command.add_parser(commands)
     return parser
-
-
-class _ProgressBars:
-    """One rich progress bar per run."""
-
-    def __init__(self, progress: Any) -> None:
-        self.progress = progress
-        self.task: Any = None
-
-    def run_started(self, config: RunConfig, total_steps: int) -> None:
-        self.task = self.progress.add_task(config.name, total=total_steps, loss=float("nan"))
-
-    def step_finished(self, config: RunConfig, step: int, loss: float) -> None:
-        self.progress.update(self.task, completed=step, loss=loss)
-
-    def run_finished(self, result: RunResult) -> None:
-        self.progress.update(self.task, description=f"{result.name} "
-                                                    f"(test acc {result.test_accuracy:.1%})")
-
-
-def _run(settings: DemoSettings, quiet: bool) -> DemoResult:
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from ampkit.tools.demo.run import run_demo
-
-    if quiet:
-        return run_demo(settings)
-    progress = Progress(TextColumn("{task.description:<24}"), BarColumn(),
-                        MofNCompleteColumn(), TextColumn("steps  loss {task.fields[loss]:.4f}"),
-                        TimeElapsedColumn(), console=Console(stderr=True))
-    with progress:
-        return run_demo(settings, _ProgressBars(progress))
-
-
-def _print_summary(result: DemoResult, files: Any, quiet: bool, out: Console) -> None:
-    from rich.syntax import Syntax
-    from rich.table import Table
-
-    from ampkit.tools.demo.report import COLUMN_NOTES, identical_runs, summary_table
-
-    summary = summary_table(result)
-    epochs = result.settings.epochs
-    table = Table(title=f"ampkit demo: digits CNN, {epochs} epoch{'' if epochs == 1 else 's'} "
-                        f"per run on {result.device} ({result.device_name})")
-    for i, column in enumerate(summary.columns):
-        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=True)
-    for row in summary.rows:
-        table.add_row(*row)
-    out.print(table)
-    for same in identical_runs(result):
-        out.print(same.sentence(), highlight=False)
-    if quiet:
-        return
-    out.print(f"{COLUMN_NOTES} Peak memory: {result.memory_measure}.",
-              style="dim", highlight=False)
-    out.print(f"\nReport: {files.html} (plots: {files.folder}, data: {files.json.name})",
-              highlight=False, soft_wrap=True)
-    example = result.example_config
-    if example is not None:
-        out.print(f"\nThe {example.name} run's ampkit code ({TRAINING_CODE_CONTEXT}):",
-                  highlight=False)
-        out.print(Syntax(result.example_code(), "python", theme="ansi_dark",
-                         background_color="default"))
-
-
-def _demo(args: argparse.Namespace) -> int:
-    needs = missing_modules("sklearn", "matplotlib", "rich")
-    if needs:
-        return fail("demo", f"the demo {needs}", MISSING)
-    try:
-        resolve_device(args.device)
-    except RuntimeError as error:
-        return fail("demo", str(error), MISSING)
-    from ampkit.tools.demo.report import report_file_names, write_report
-    from ampkit.tools.pages.html import check_output_dir
-
-    settings = DemoSettings(epochs=args.epochs, device=args.device, seed=args.seed,
-                            pure_bf16_steps=args.pure_bf16_steps,
-                            configurations=demo_configurations(args.levels, args.dtypes))
-    names = report_file_names(settings)
-    undo = folder_undo(args.out, names)  # a folder this run made goes if it fails
-    try:
-        check_output_dir(args.out, names, overwrite=args.overwrite)
-    except OSError as error:
-        undo()
-        return fail("demo", str(error))
-    import torch
-
-    torch.set_num_threads(args.threads)
-    try:
-        result = _run(settings, args.quiet)
-        files = write_report(result, args.out)
-    except BaseException:
-        undo()
-        raise
-    _print_summary(result, files, args.quiet, console())
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -267,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "demo":
-            return _demo(args)
+            return demo_command.run(args)
         if args.command == "compare":
             return compare_command.run(args)
         if args.command == "tune":
