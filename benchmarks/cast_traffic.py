@@ -2,7 +2,7 @@
 
 Counts the dtype-changing copies (``_to_copy``, ``copy_``, ``_foreach_copy_`` between
 different dtypes) of one training step (forward, backward, optimizer step, zero_grad)
-below autograd, with :func:`ampkit.tools.cast_traffic.count_casts`, on two small models:
+below autograd, with :func:`ampkit.tools.ops.cast_traffic.count_casts`, on two small models:
 
 * ``cnn``: a ResNet-style CNN with BatchNorm (the one of ``gpu_throughput.py``, widths
   16-32-64, one basic block per stage, 10 classes) on 16 random 32x32 images;
@@ -53,8 +53,8 @@ from gpu_throughput import GPT, GPTConfig, ResNet
 
 import ampkit
 from ampkit.parameter_casts import reuse_casts
-from ampkit.tools.cast_traffic import CastTraffic, count_casts
-from ampkit.tools.cli_args import positive_int
+from ampkit.tools.cli.args import positive_int
+from ampkit.tools.ops.cast_traffic import CastTraffic, count_casts
 
 MODES = ("fp32", "native", "O1", "O2", "O3")
 

@@ -47,7 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ampkit
-from ampkit.tools.cli_args import positive_int
+from ampkit.tools.cli.args import positive_int
 
 CONFIGS = ("bf16", "native", "O2", "py-cast")
 

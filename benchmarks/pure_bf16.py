@@ -1,7 +1,7 @@
 """Convergence of pure bf16 training (master_weights="stochastic"/"kahan") vs fp32.
 
 Two measurements, each in one process, every mode from the same initial weights on the
-same batches (see :mod:`ampkit.tools.pure_curves`):
+same batches (see :mod:`ampkit.tools.demo.pure_curves`):
 
 1. the demo's digits CNN (SGD, momentum 0.9, lr 0.05, batch 64, ``--epochs`` epochs):
    test accuracy, mean over ``--seeds`` seeds (seed = data split, init and batch order);
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from ampkit.tools.pure_curves import digits_accuracy, train_curves
+from ampkit.tools.demo.pure_curves import digits_accuracy, train_curves
 
 MODES = ("fp32", "nearest", "stochastic", "kahan")
 

@@ -40,11 +40,11 @@ _LAZY = {
     "scale_loss": "ampkit.scaling.multi_loss",
     "configure_loss_scaling": "ampkit.scaling.multi_loss",
     # tools
-    "collect_op_stats": "ampkit.tools.op_stats",
-    "NumericsChecker": "ampkit.tools.numerics_checker",
-    "CheckMode": "ampkit.tools.numerics_checker",
-    "compare": "ampkit.tools.compare",
-    "tune": "ampkit.tools.tune",
+    "collect_op_stats": "ampkit.tools.ops.op_stats",
+    "NumericsChecker": "ampkit.tools.ops.numerics_checker",
+    "CheckMode": "ampkit.tools.ops.numerics_checker",
+    "compare": "ampkit.tools.accuracy.compare",
+    "tune": "ampkit.tools.accuracy.tune",
 }
 
 

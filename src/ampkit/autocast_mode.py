@@ -323,7 +323,7 @@ add_in_use_check(_regions_using)
 def observe_regions(observer: Callable[[Policy | None], None], *, stop: bool = False) -> None:
     """Call ``observer`` with each region's policy (``None``: autocast off) as it is
     entered in this thread; ``stop=True`` removes it again (no error if absent). For
-    tools that report on regions (:mod:`ampkit.tools.list_usage`).
+    tools that report on regions (:mod:`ampkit.tools.ops.list_usage`).
 
     Example:
         >>> import torch

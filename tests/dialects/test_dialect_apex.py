@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 import ampkit
 import ampkit.apex as amp
-from ampkit.dialects import apex as apex_module
+from ampkit.dialects.apex import handle as apex_handle
+from ampkit.dialects.apex import state as apex_state
 from ampkit.function_patching import CastRule, register_function, unregister_function
 from ampkit.scaling.multi_loss import configure_loss_scaling
 
@@ -24,7 +25,7 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 def _fresh_loss_scaling() -> Iterator[None]:
     yield
     configure_loss_scaling("dynamic")  # undo what amp.initialize configured
-    for handle in list(getattr(apex_module, "_active_handles", [])):  # apex's refusals
+    for handle in list(apex_handle._active_handles):  # apex's refusals
         handle._deactivate()
 
 
@@ -174,7 +175,7 @@ def test_bad_values_are_value_errors() -> None:
 
 def test_scale_loss_before_initialize_is_a_runtime_error(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
-    monkeypatch.setattr(apex_module, "_state", None)
+    monkeypatch.setattr(apex_state, "_state", None)
     w = nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([w], lr=0.1)
     with (pytest.raises(RuntimeError, match=r"before amp\.initialize"),

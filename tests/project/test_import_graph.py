@@ -126,10 +126,31 @@ def test_the_graph_is_read(graph):
     # an import inside a function (compare's Comparison.write_report), and the modules
     # of a package are nodes of their own, with edges between them.
     assert "ampkit.registry" in edges["ampkit.policy"]
-    assert "ampkit.tools.compare_report" in edges["ampkit.tools.comparison"]
+    assert "ampkit.tools.accuracy.compare_report" in edges["ampkit.tools.accuracy.comparison"]
     assert "ampkit.conversion.classes" in edges["ampkit.conversion.boundary"]
     assert "ampkit.conversion.plan" in edges["ampkit.conversion"]
     assert "ampkit.parameter_casts" in edges["ampkit.conversion.classes"]
+
+
+def _room(module: str) -> str:
+    # ampkit.tools.<room>.<module> -> <room>; a flat tools module is its own room.
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "tools" else ""
+
+
+def test_tools_rooms_depend_downward(graph):
+    # tools/ is rooms by concept (issue 38): the command line sits on top, and the rooms
+    # the others build on (what ops ran, the HTML pages) never reach up into them.
+    edges, _ = graph
+    assert {"ampkit.tools.cli.compare", "ampkit.tools.accuracy.compare"} <= \
+        edges["ampkit.tools.cli"] | edges["ampkit.tools.cli.compare"]
+    into_cli = {m for m, targets in edges.items() if _room(m) != "cli"
+                and any(_room(t) == "cli" for t in targets)}
+    assert into_cli == {"ampkit.__main__"}
+    for low in ("ops", "pages", "demo"):
+        reached = {_room(t) for m, targets in edges.items() if _room(m) == low
+                   for t in targets}
+        assert not reached & {"accuracy", "cli"}, low
 
 
 def test_no_import_circles(graph):

@@ -329,7 +329,7 @@ def test_compare_on_a_cuda_device_this_machine_lacks_is_a_one_line_error(
 def test_only_the_known_import_notes_are_silenced(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from ampkit.tools.cli_args import known_import_noise_silenced
+    from ampkit.tools.cli.args import known_import_noise_silenced
 
     with caplog.at_level(logging.WARNING), known_import_noise_silenced():
         logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: no such lib")
@@ -491,12 +491,12 @@ def test_a_folder_that_was_there_stays_and_others_files_are_kept(
 def test_a_demo_that_stops_removes_the_folder_it_made(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import ampkit.tools.cli as cli
+    import ampkit.tools.cli.demo as demo_command
 
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_run", interrupted)
+    monkeypatch.setattr(demo_command, "_run", interrupted)
     assert _status(["demo", "--quiet", "--out", str(tmp_path / "a" / "report")]) == 130
     assert capsys.readouterr().err == "ampkit: interrupted\n"
     assert list(tmp_path.iterdir()) == []

@@ -14,8 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ampkit
-from ampkit.tools.compare import Comparison, ErrorStats
-from ampkit.tools.tune import aggressive_policy
+from ampkit.tools.accuracy.compare import Comparison, ErrorStats
+from ampkit.tools.accuracy.tune import aggressive_policy
 
 
 def _offset_model() -> nn.Sequential:

@@ -20,7 +20,8 @@ from sklearn.model_selection import train_test_split
 
 import ampkit
 from ampkit.tools.cli import main
-from ampkit.tools.demo import (
+from ampkit.tools.demo.digits import DigitsCNN
+from ampkit.tools.demo.run import (
     DEFAULT_EPOCHS,
     DemoResult,
     DemoSettings,
@@ -30,7 +31,6 @@ from ampkit.tools.demo import (
     run_demo,
     training_code,
 )
-from ampkit.tools.digits import DigitsCNN
 
 SEED = 3  # not the default, so a seed that is ignored somewhere shows up
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers_models import console_script
 
-from ampkit.tools.demo import RunConfig, training_code
+from ampkit.tools.demo.run import RunConfig, training_code
 
 STEPS = 1347 // 64  # one epoch of the 75% training split, last partial batch dropped
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import ampkit
-from ampkit.tools.numerics_checker import CheckMode, NonFiniteError, NumericsChecker
+from ampkit.tools.ops.numerics_checker import CheckMode, NonFiniteError, NumericsChecker
 
 
 class Net(nn.Module):

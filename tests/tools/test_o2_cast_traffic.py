@@ -17,7 +17,7 @@ import ampkit
 from ampkit.conversion import MIXED_INPUT_NORMS
 from ampkit.front_door import convert_model
 from ampkit.parameter_casts import reuse_casts
-from ampkit.tools.cast_traffic import count_casts
+from ampkit.tools.ops.cast_traffic import count_casts
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import ampkit
-from ampkit.tools.op_stats import OpCallCounts, OpStats, collect_op_stats
+from ampkit.tools.ops.op_stats import OpCallCounts, OpStats, collect_op_stats
 
 
 def test_linear_under_native_bf16_autocast_counts_its_matmul_as_bf16() -> None:

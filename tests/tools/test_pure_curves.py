@@ -1,11 +1,11 @@
-"""The pure-bf16 curves tool (ampkit.tools.pure_curves) and the demo's report of them:
+"""The pure-bf16 curves tool (ampkit.tools.demo.pure_curves) and the demo's report of them:
 pure bf16 converges as fp32 does on the demo's tasks, where round-to-nearest stalls."""
 
 from __future__ import annotations
 
 import pytest
 
-from ampkit.tools.pure_curves import digits_accuracy, train_curves
+from ampkit.tools.demo.pure_curves import digits_accuracy, train_curves
 
 # -- convergence ----------------------------------------------------------------------
 
@@ -29,8 +29,8 @@ def test_char_gpt_loss_tracks_fp32_where_round_to_nearest_stalls():
 def test_the_demo_report_plots_the_three_curves(tmp_path):
     import json
 
-    from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
-    from ampkit.tools.report import write_report
+    from ampkit.tools.demo.report import write_report
+    from ampkit.tools.demo.run import DemoSettings, demo_configurations, run_demo
 
     result = run_demo(DemoSettings(epochs=1, device="cpu", pure_bf16_steps=15,
                                    configurations=demo_configurations(["fp32"])))

@@ -10,15 +10,15 @@ import matplotlib.image
 import pytest
 import torch
 
-from ampkit.tools.demo import DemoResult, DemoSettings, RunConfig, RunResult
-from ampkit.tools.report import (
-    check_output_dir,
+from ampkit.tools.demo.report import (
     identical_runs,
     report_data,
     report_file_names,
     summary_table,
     write_report,
 )
+from ampkit.tools.demo.run import DemoResult, DemoSettings, RunConfig, RunResult
+from ampkit.tools.pages.html import check_output_dir
 
 
 def _run(name: str, *, accuracy: float = 0.9, scales: tuple[float, ...] = (),

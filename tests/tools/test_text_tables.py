@@ -84,7 +84,7 @@ def test_text_table_refuses_a_bad_shape(kwargs: dict, message: str) -> None:
 
 
 def test_tune_table_columns_widen_for_wide_numbers() -> None:
-    from ampkit.tools.tune import Trial, TuneResult, aggressive_policy
+    from ampkit.tools.accuracy.tune import Trial, TuneResult, aggressive_policy
 
     policy = aggressive_policy("bfloat16")
     trials = (Trial(0, policy, -1.23456789e100, -0.5, False, 0.25, "scaled_dot_product_attention",

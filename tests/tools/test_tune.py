@@ -14,7 +14,7 @@ import torch.nn as nn
 
 import ampkit
 from ampkit.policy import Policy
-from ampkit.tools.tune import BUDGET_EXHAUSTED, MetricError, TuneWarning
+from ampkit.tools.accuracy.tune import BUDGET_EXHAUSTED, MetricError, TuneWarning
 
 
 def _model() -> nn.Sequential:

@@ -1,9 +1,9 @@
-"""Small pieces the HTML reports share (the demo's :mod:`ampkit.tools.report` and
-:mod:`ampkit.tools.compare_report`): a bare matplotlib figure, a PNG as a ``data:`` URI
-for embedding, and the time stamp a page is signed with.
+"""Small pieces the HTML reports share (the demo's :mod:`ampkit.tools.demo.report` and
+:mod:`ampkit.tools.accuracy.compare_report`): a bare matplotlib figure, a PNG as a
+``data:`` URI for embedding, and the time stamp a page is signed with.
 
 Example:
-    >>> from ampkit.tools.plotting import timestamp
+    >>> from ampkit.tools.pages.plotting import timestamp
     >>> len(timestamp()) >= len("2026-01-01 00:00")
     True
 """
@@ -25,7 +25,7 @@ def new_figure(width: float = 8.0, height: float = 4.5) -> Figure:
     """A bare matplotlib ``Figure`` of ``width`` x ``height`` inches at 100 dpi.
 
     Example:
-        >>> from ampkit.tools.plotting import new_figure
+        >>> from ampkit.tools.pages.plotting import new_figure
         >>> new_figure(2.0, 1.0).get_size_inches().tolist()
         [2.0, 1.0]
     """
@@ -41,7 +41,7 @@ def png_data_uri(path: Path) -> str:
     Example:
         >>> import tempfile
         >>> from pathlib import Path
-        >>> from ampkit.tools.plotting import png_data_uri
+        >>> from ampkit.tools.pages.plotting import png_data_uri
         >>> with tempfile.TemporaryDirectory() as out:
         ...     png = Path(out) / "x.png"
         ...     _ = png.write_bytes(b"PNG")
@@ -55,7 +55,7 @@ def timestamp() -> str:
     """The local time, to the minute, with its zone (``2026-11-24 17:20 UTC``).
 
     Example:
-        >>> from ampkit.tools.plotting import timestamp
+        >>> from ampkit.tools.pages.plotting import timestamp
         >>> timestamp()[4], timestamp()[13]
         ('-', ':')
     """

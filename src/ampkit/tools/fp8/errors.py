@@ -13,16 +13,16 @@ layer computes its three matmuls three ways from that input:
   same low-precision input and output gradient, as ``initialize(fp8=...)`` computes it.
 
 For the output, the input gradient and the weight gradient, the fp8 and low errors
-against fp32 are :class:`~ampkit.tools.comparison.ErrorStats` (relative error: the largest
+against fp32 are :class:`~ampkit.tools.accuracy.comparison.ErrorStats` (relative error: the largest
 absolute error over the largest fp32 magnitude), and ``output_fp8_vs_low`` compares
 fp8 with the low run directly. The output gradient is a fixed random tensor (seeded),
 the same for all three. An error a layer only passes on is not charged to it: each
 layer starts from the float32 run's input. ``ampkit.compare(..., fp8=...)`` adds these
-rows to its :class:`~ampkit.tools.comparison.Comparison`.
+rows to its :class:`~ampkit.tools.accuracy.comparison.Comparison`.
 
 Example:
     >>> import torch
-    >>> from ampkit.tools.fp8_errors import fp8_layer_errors
+    >>> from ampkit.tools.fp8.errors import fp8_layer_errors
     >>> _ = torch.manual_seed(0)
     >>> net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(),
     ...                           torch.nn.Linear(32, 16))
@@ -46,7 +46,7 @@ from ampkit.fp8.conv1d import conv1d_features, is_hf_conv1d
 from ampkit.fp8.recipe import float8_linear_config, recipe_name
 from ampkit.fp8.selection import select_fp8_layers
 from ampkit.policy import as_dtype
-from ampkit.tools.comparison import ErrorStats, Fp8LayerError
+from ampkit.tools.accuracy.comparison import ErrorStats, Fp8LayerError
 
 __all__ = ["fp8_layer_errors"]
 
@@ -131,7 +131,7 @@ def fp8_layer_errors(model: nn.Module, *inputs: Any, fp8: Any = "tensorwise",
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.fp8_errors import fp8_layer_errors
+        >>> from ampkit.tools.fp8.errors import fp8_layer_errors
         >>> fp8_layer_errors(torch.nn.Linear(3, 2), torch.ones(1, 3))  # 3: not fp8-able
         ()
     """

@@ -1,6 +1,6 @@
 """The demo's report folder: PNG plots, one self-contained HTML page, and JSON.
 
-:func:`write_report` writes, for a :class:`~ampkit.tools.demo.DemoResult`:
+:func:`write_report` writes, for a :class:`~ampkit.tools.demo.run.DemoResult`:
 
 * ``loss_curves.png``: the training loss of every run (moving average) and, below, each
   run's difference from the fp32 run's loss, step by step; runs that trained
@@ -10,7 +10,7 @@
 * ``loss_scale.png``: the loss scale over the steps of the runs that scale their loss
   (float16 runs; only when there are some);
 * ``pure_bf16.png``: the pure-bf16 curves, when the demo trained them;
-* ``report.html``: one page (the jinja2 template ``templates/demo.html.j2``) with the
+* ``report.html``: one page (the jinja2 template ``tools/pages/templates/demo.html.j2``) with the
   summary table (``<table id="results">``, one row per run), which runs trained
   bit-identically and why (:func:`identical_runs`), the plots embedded as ``data:``
   URIs (the file can be mailed on its own), the code the O2 run used, and each run's
@@ -22,8 +22,8 @@ It writes those names only (:func:`report_file_names`) and deletes nothing.
 :func:`summary_table` is the table the CLI prints and the page shows.
 
 Example (:func:`write_report` runs the demo and writes these):
-    >>> from ampkit.tools.demo import DemoSettings, demo_configurations
-    >>> from ampkit.tools.report import report_file_names
+    >>> from ampkit.tools.demo.run import DemoSettings, demo_configurations
+    >>> from ampkit.tools.demo.report import report_file_names
     >>> report_file_names(DemoSettings(configurations=demo_configurations(["fp32"])))
     ('loss_curves.png', 'accuracy.png', 'report.html', 'results.json')
 """
@@ -35,22 +35,19 @@ import functools
 import json
 import math
 import os
-import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ampkit.tools._text import finite_or_none
-from ampkit.tools.plotting import new_figure, png_data_uri, timestamp
+from ampkit.tools.pages.html import check_output_dir, render_page
+from ampkit.tools.pages.plotting import new_figure, png_data_uri, timestamp
 
 if TYPE_CHECKING:
-    import jinja2
+    from ampkit.tools.demo.run import DemoResult, DemoSettings, RunResult
 
-    from ampkit.tools.demo import DemoResult, DemoSettings, RunResult
-
-__all__ = ["IdenticalRuns", "ReportFiles", "SummaryTable", "check_output_dir",
-           "identical_runs", "render_page", "report_data", "report_file_names",
-           "summary_table", "write_report"]
+__all__ = ["IdenticalRuns", "ReportFiles", "SummaryTable", "identical_runs", "report_data",
+           "report_file_names", "summary_table", "write_report"]
 
 #: Bumped when a key of ``results.json`` changes meaning or goes away.
 JSON_SCHEMA_VERSION = 1
@@ -96,8 +93,8 @@ def summary_table(result: DemoResult) -> SummaryTable:
     fp32 run, in points) only when fp32 ran.
 
     Example:
-        >>> from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
-        >>> from ampkit.tools.report import summary_table
+        >>> from ampkit.tools.demo.run import DemoSettings, demo_configurations, run_demo
+        >>> from ampkit.tools.demo.report import summary_table
         >>> result = run_demo(DemoSettings(epochs=1, device="cpu",
         ...                                configurations=demo_configurations(["fp32"])))
         >>> table = summary_table(result)
@@ -190,7 +187,7 @@ class IdenticalRuns:
     ``"view"``, ``"new"`` or ``"scaler"``.
 
     Example:
-        >>> from ampkit.tools.report import IdenticalRuns
+        >>> from ampkit.tools.demo.report import IdenticalRuns
         >>> same = IdenticalRuns(("O1-bf16", "O2-bf16"), 105, 0.987,
         ...                      (("_to_copy", "copy"), ("detach", "view")))
         >>> print(same.sentence())  # doctest: +NORMALIZE_WHITESPACE
@@ -244,8 +241,8 @@ def identical_runs(result: DemoResult) -> list[IdenticalRuns]:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.demo import DemoSettings, RunConfig, run_demo
-        >>> from ampkit.tools.report import identical_runs
+        >>> from ampkit.tools.demo.run import DemoSettings, RunConfig, run_demo
+        >>> from ampkit.tools.demo.report import identical_runs
         >>> result = run_demo(DemoSettings(epochs=1, device="cpu", configurations=(
         ...     RunConfig("O1", torch.bfloat16), RunConfig("O2", torch.bfloat16))))
         >>> [same.names for same in identical_runs(result)]
@@ -275,8 +272,8 @@ def report_file_names(settings: DemoSettings) -> tuple[str, ...]:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.demo import DemoSettings, RunConfig
-        >>> from ampkit.tools.report import report_file_names
+        >>> from ampkit.tools.demo.run import DemoSettings, RunConfig
+        >>> from ampkit.tools.demo.report import report_file_names
         >>> report_file_names(DemoSettings(configurations=(RunConfig("O1", torch.float16),)))
         ('loss_curves.png', 'accuracy.png', 'loss_scale.png', 'report.html', 'results.json')
     """
@@ -286,43 +283,6 @@ def report_file_names(settings: DemoSettings) -> tuple[str, ...]:
     if settings.pure_bf16_steps:
         names.append("pure_bf16.png")
     return (*names, "report.html", "results.json")
-
-
-def check_output_dir(path: str | os.PathLike[str], files: Iterable[str] = (), *,
-                     overwrite: bool = True) -> Path:
-    """Create the folder ``path`` (and its parents) if needed and check that a file can
-    be written in it; with ``overwrite=False``, also that none of ``files`` is there
-    already. Return the folder as a ``Path``.
-
-    Raises:
-        OSError: (the subclass the system raised; ``FileExistsError`` for files in the
-            way) with a one-line message naming the folder.
-
-    Example:
-        >>> import os, tempfile
-        >>> from ampkit.tools.report import check_output_dir
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     check_output_dir(os.path.join(tmp, "a", "b")).is_dir()
-        True
-    """
-    folder = Path(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ampkit-write-check-"):
-            pass
-    except OSError as error:
-        reason = error.strerror or str(error)
-        if isinstance(error, FileExistsError):
-            reason = "a file of that name exists, and the report needs a folder"
-        raise type(error)(f"cannot write the report to {str(folder)!r}: {reason}") \
-            from error
-    present = [name for name in files if (folder / name).exists()]
-    if present and not overwrite:
-        raise FileExistsError(
-            f"cannot write the report to {str(folder)!r}: it already holds "
-            f"{', '.join(present)}; pass --overwrite to replace "
-            f"{'it' if len(present) == 1 else 'them'}, or choose another --out")
-    return folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,8 +309,8 @@ def report_data(result: DemoResult) -> dict[str, Any]:
     """The JSON content of the report (plain ``dict``/``list``/``str``/numbers).
 
     Example:
-        >>> from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
-        >>> from ampkit.tools.report import report_data
+        >>> from ampkit.tools.demo.run import DemoSettings, demo_configurations, run_demo
+        >>> from ampkit.tools.demo.report import report_data
         >>> settings = DemoSettings(epochs=1, device="cpu",
         ...                         configurations=demo_configurations(["fp32"]))
         >>> run = report_data(run_demo(settings))["runs"][0]
@@ -554,30 +514,8 @@ def _plot_pure_curves(result: DemoResult, path: Path) -> bool:
 
 # -- the page -------------------------------------------------------------------------------
 
-@functools.cache
-def _environment() -> jinja2.Environment:
-    import jinja2
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
-        autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-
-
-def render_page(template: str, **context: Any) -> str:
-    """Render one of the tools' HTML templates (``templates/<template>``; autoescaped,
-    so text from results cannot inject markup).
-
-    Example:
-        >>> from ampkit.tools.report import render_page
-        >>> page = render_page("base.html.j2")
-        >>> page.startswith("<!doctype html>"), "<style>" in page
-        (True, True)
-    """
-    return _environment().get_template(template).render(**context)
-
-
 def _html_page(result: DemoResult, files: ReportFiles) -> str:
-    from ampkit.tools.demo import TRAINING_CODE_CONTEXT
+    from ampkit.tools.demo.run import TRAINING_CODE_CONTEXT
 
     s = result.settings
     meta = (f"{len(result.runs)} runs of {s.epochs} epochs on {result.device} "
@@ -609,8 +547,8 @@ def write_report(result: DemoResult, out_dir: str | os.PathLike[str]) -> ReportF
 
     Example:
         >>> import json, tempfile
-        >>> from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
-        >>> from ampkit.tools.report import write_report
+        >>> from ampkit.tools.demo.run import DemoSettings, demo_configurations, run_demo
+        >>> from ampkit.tools.demo.report import write_report
         >>> result = run_demo(DemoSettings(epochs=1, device="cpu",
         ...                                configurations=demo_configurations(["fp32"])))
         >>> with tempfile.TemporaryDirectory() as out:

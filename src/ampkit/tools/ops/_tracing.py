@@ -8,12 +8,12 @@
   arguments and result. It watches at the level the autocast engine works at, so what
   it names is exactly what a ``custom_black_list`` can move.
 * :class:`DispatchRegion` is the base of the counters that watch below autocast and
-  autograd (:mod:`~ampkit.tools.op_stats`, :mod:`~ampkit.tools.cast_traffic`): a region
+  autograd (:mod:`~ampkit.tools.ops.op_stats`, :mod:`~ampkit.tools.ops.cast_traffic`): a region
   entered once, handing every aten call that ran inside it to ``_on_call``.
 
 Example:
     >>> import torch
-    >>> from ampkit.tools._tracing import ModuleScope, OpWatch
+    >>> from ampkit.tools.ops._tracing import ModuleScope, OpWatch
     >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     >>> x, seen = torch.ones(1, 2), []
     >>> scope = ModuleScope(net)
@@ -46,7 +46,7 @@ class ModuleScope:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools._tracing import ModuleScope
+        >>> from ampkit.tools.ops._tracing import ModuleScope
         >>> net = torch.nn.Sequential(torch.nn.Identity())
         >>> names = []
         >>> with ModuleScope(net, on_enter=lambda n, m, a: names.append(n)):
@@ -106,7 +106,7 @@ class OpWatch(TorchFunctionMode):
 
     Example:
         >>> import torch
-        >>> from ampkit.tools._tracing import OpWatch
+        >>> from ampkit.tools.ops._tracing import OpWatch
         >>> x, names = torch.ones(2), []
         >>> with OpWatch(lambda name, *_: names.append(name)):
         ...     _ = torch.exp(x) + 1
@@ -163,7 +163,7 @@ class DispatchRegion:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools._tracing import DispatchRegion
+        >>> from ampkit.tools.ops._tracing import DispatchRegion
         >>> class Names(DispatchRegion):
         ...     def __init__(self):
         ...         super().__init__("a Names region can be entered only once")

@@ -5,7 +5,7 @@ The demo, the pure-bf16 curves and ``ampkit tune`` without a TARGET share it, so
 their numbers describe the same model on the same split.
 
 Example:
-    >>> from ampkit.tools.digits import DigitsCNN, load_digits_data
+    >>> from ampkit.tools.demo.digits import DigitsCNN, load_digits_data
     >>> data = load_digits_data(seed=0)
     >>> DigitsCNN()(data.x_test[:2]).shape
     torch.Size([2, 10])
@@ -29,7 +29,7 @@ class DigitsCNN(nn.Module):
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.digits import DigitsCNN
+        >>> from ampkit.tools.demo.digits import DigitsCNN
         >>> DigitsCNN()(torch.zeros(2, 1, 8, 8)).shape
         torch.Size([2, 10])
     """
@@ -62,7 +62,7 @@ def load_digits_data(seed: int = 0, device: torch.device | str = "cpu") -> Digit
     """Load and split the digits (1,797 images, shipped with scikit-learn).
 
     Example:
-        >>> from ampkit.tools.digits import load_digits_data
+        >>> from ampkit.tools.demo.digits import load_digits_data
         >>> data = load_digits_data()
         >>> tuple(data.x_train.shape), tuple(data.x_test.shape)
         ((1347, 1, 8, 8), (450, 1, 8, 8))
@@ -86,7 +86,7 @@ def batch_order(num_train: int, batch_size: int, epochs: int,
     partial batch dropped so that every step costs the same.
 
     Example:
-        >>> from ampkit.tools.digits import batch_order
+        >>> from ampkit.tools.demo.digits import batch_order
         >>> epochs = batch_order(10, 4, epochs=2, seed=0)
         >>> [len(epoch) for epoch in epochs], [len(batch) for batch in epochs[0]]
         ([2, 2], [4, 4])

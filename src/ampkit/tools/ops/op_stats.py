@@ -22,7 +22,7 @@ are of the thread that entered the region (and of the backward passes it runs).
 
 Example:
     >>> import torch
-    >>> from ampkit.tools.op_stats import collect_op_stats
+    >>> from ampkit.tools.ops.op_stats import collect_op_stats
     >>> lin = torch.nn.Linear(4, 3)
     >>> x, target = torch.rand(2, 4), torch.tensor([0, 2])
     >>> with collect_op_stats() as stats, torch.autocast("cpu", torch.bfloat16):
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ampkit.tools._tracing import DispatchRegion
+from ampkit.tools.ops._tracing import DispatchRegion
 
 __all__ = ["OpCallCounts", "OpStats", "Precision", "collect_op_stats"]
 
@@ -54,7 +54,7 @@ class Precision(enum.Enum):
     """The column an op call is counted in.
 
     Example:
-        >>> from ampkit.tools.op_stats import Precision
+        >>> from ampkit.tools.ops.op_stats import Precision
         >>> Precision("bfloat16").name
         'BFLOAT16'
     """
@@ -77,7 +77,7 @@ class OpCallCounts:
     """Calls of one op (or of all ops), by the precision they ran in.
 
     Example:
-        >>> from ampkit.tools.op_stats import OpCallCounts
+        >>> from ampkit.tools.ops.op_stats import OpCallCounts
         >>> c = OpCallCounts(float16=1, bfloat16=2, float32=3, other=4)
         >>> c.total, c.floating, c.low_precision
         (10, 6, 3)
@@ -145,7 +145,7 @@ class OpStats(DispatchRegion):
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.op_stats import collect_op_stats
+        >>> from ampkit.tools.ops.op_stats import collect_op_stats
         >>> with collect_op_stats() as stats:
         ...     _ = torch.ones(3, dtype=torch.float16) * 2
         >>> print(stats.table())
@@ -196,7 +196,7 @@ class OpStats(DispatchRegion):
 
         Example:
             >>> import torch
-            >>> from ampkit.tools.op_stats import collect_op_stats
+            >>> from ampkit.tools.ops.op_stats import collect_op_stats
             >>> with collect_op_stats() as stats:
             ...     _ = torch.ones(2, dtype=torch.float16) * 2
             >>> print(stats.table().splitlines()[0])
@@ -226,7 +226,7 @@ def collect_op_stats() -> OpStats:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.op_stats import collect_op_stats
+        >>> from ampkit.tools.ops.op_stats import collect_op_stats
         >>> w = torch.rand(3, 3, requires_grad=True)
         >>> with collect_op_stats() as stats:
         ...     (w.half() @ w.half()).sum().backward()

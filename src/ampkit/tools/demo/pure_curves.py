@@ -15,7 +15,7 @@ The demo report plots the curves; ``benchmarks/pure_bf16.py`` and the tests comp
 final held-out losses.
 
 Example:
-    >>> from ampkit.tools.pure_curves import train_curves
+    >>> from ampkit.tools.demo.pure_curves import train_curves
     >>> curves = train_curves(("fp32", "stochastic"), steps=3, dim=16, layers=1)
     >>> sorted(curves), len(curves["fp32"].losses)
     (['fp32', 'stochastic'], 3)
@@ -51,7 +51,7 @@ def load_text() -> str:
         ImportError: scikit-learn is not installed (``pip install ampkit[demo]``).
 
     Example:
-        >>> from ampkit.tools.pure_curves import load_text
+        >>> from ampkit.tools.demo.pure_curves import load_text
         >>> text = load_text()
         >>> len(text) > 30_000, "digits" in text
         (True, True)
@@ -92,7 +92,7 @@ class CharGPT(nn.Module):
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.pure_curves import CharGPT
+        >>> from ampkit.tools.demo.pure_curves import CharGPT
         >>> CharGPT(vocab=20, dim=16, heads=2, layers=1, context=8)(
         ...     torch.zeros(2, 8, dtype=torch.long)).shape
         torch.Size([2, 8, 20])
@@ -149,15 +149,15 @@ def _make_pure(model: nn.Module, opt: torch.optim.Optimizer, mode: str,
 
 def digits_accuracy(mode: str, *, seed: int = 0, epochs: int = 5, lr: float = 0.05,
                     batch_size: int = 64) -> float:
-    """Test accuracy of the demo's :class:`~ampkit.tools.digits.DigitsCNN` trained like
+    """Test accuracy of the demo's :class:`~ampkit.tools.demo.digits.DigitsCNN` trained like
     the demo (SGD with momentum 0.9, its data split and batch order) in ``mode``.
 
     Example:
-        >>> from ampkit.tools.pure_curves import digits_accuracy
+        >>> from ampkit.tools.demo.pure_curves import digits_accuracy
         >>> digits_accuracy("stochastic", epochs=1) > 0.5
         True
     """
-    from ampkit.tools.digits import DigitsCNN, batch_order, load_digits_data
+    from ampkit.tools.demo.digits import DigitsCNN, batch_order, load_digits_data
 
     _check_modes([mode])
     data = load_digits_data(seed)
@@ -193,7 +193,7 @@ def train_curves(modes: Iterable[str] = ("fp32", "nearest", "stochastic"), *,
         ValueError: an unknown mode (the accepted ones are listed), or ``steps`` < 1.
 
     Example:
-        >>> from ampkit.tools.pure_curves import train_curves
+        >>> from ampkit.tools.demo.pure_curves import train_curves
         >>> train_curves(["fp16"], steps=1)
         Traceback (most recent call last):
         ...

@@ -2,7 +2,7 @@
 
 ``ampkit compare TARGET --inputs FN`` builds the model (TARGET: an ``nn.Module`` or a
 callable returning one) and its inputs (FN: a callable returning the forward's
-arguments), both as ``package.module:attribute`` (see :mod:`ampkit.tools.cli_target`),
+arguments), both as ``package.module:attribute`` (see :mod:`ampkit.tools.cli.target`),
 runs it in float32 and under ``--precision`` (a level ``O1``-``O3``, a preset name, or
 a policy file written by ``ampkit tune`` / ``Policy.save``; default ``torch``, native
 autocast's lists) or as ``--config FILE`` says (an :class:`ampkit.AmpConfig` file: the
@@ -12,10 +12,10 @@ gradients, on ``--device`` (default: where TARGET and ``--inputs`` put them). Wi
 ``--fp8 RECIPE`` (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``; needs
 ``ampkit[fp8]``) every Linear that can run in fp8 is also measured alone in fp8 and in
 ``--dtype`` against float32
-(:attr:`Comparison.fp8_layers <ampkit.tools.compare.Comparison.fp8_layers>`): a table
+(:attr:`Comparison.fp8_layers <ampkit.tools.accuracy.compare.Comparison.fp8_layers>`): a table
 of its own, printed and in the HTML report, and a ``fp8_layers`` key in
 ``compare.json``. It prints :meth:`Comparison.table
-<ampkit.tools.compare.Comparison.table>` and writes the HTML report, its two plots and
+<ampkit.tools.accuracy.compare.Comparison.table>` and writes the HTML report, its two plots and
 ``compare.json`` into ``--out`` (default ``compare-report``); report files already
 there are replaced only with ``--overwrite``, and no other file is touched.
 
@@ -25,7 +25,7 @@ optional dependency (matplotlib draws the plots) or device.
 
 Example:
     >>> import argparse
-    >>> from ampkit.tools.cli_compare import add_parser
+    >>> from ampkit.tools.cli.compare import add_parser
     >>> commands = argparse.ArgumentParser().add_subparsers(dest="command")
     >>> args = add_parser(commands).parse_args(
     ...     ["models:build", "--inputs", "models:batch", "--precision", "o2",
@@ -40,7 +40,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ampkit.tools.cli_args import (
+from ampkit.tools.cli.args import (
     MISSING,
     add_device_option,
     add_run_options,
@@ -55,7 +55,7 @@ from ampkit.tools.cli_args import (
     number,
     positive_int,
 )
-from ampkit.tools.cli_target import (
+from ampkit.tools.cli.target import (
     TargetError,
     forward_error,
     inputs_factory,
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     if needs:
         return fail("compare", f"ampkit compare {needs}", MISSING)
     if args.device is not None:
-        from ampkit.tools.demo import resolve_device
+        from ampkit.tools.demo.run import resolve_device
 
         try:
             resolve_device(args.device)
@@ -186,8 +186,8 @@ def run(args: argparse.Namespace) -> int:
         build = model_factory(args.target)
     except TargetError as error:
         return fail("compare", str(error))
-    from ampkit.tools.compare_report import REPORT_FILES
-    from ampkit.tools.report import check_output_dir
+    from ampkit.tools.accuracy.compare_report import REPORT_FILES
+    from ampkit.tools.pages.html import check_output_dir
 
     undo = folder_undo(args.out, REPORT_FILES)  # nothing this run made outlives a failure
     try:
@@ -237,14 +237,14 @@ def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: An
     if args.device is not None:
         from torch.utils._pytree import tree_map
 
-        from ampkit.tools.demo import resolve_device
+        from ampkit.tools.demo.run import resolve_device
 
         device = resolve_device(args.device)
         model = model.to(device)
         inputs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t,
                           inputs)
     precision = args.precision if args.config is None else args.config
-    from ampkit.tools.compare import check_settings
+    from ampkit.tools.accuracy.compare import check_settings
 
     try:  # what compare refuses before it runs the model is bad input, said in one line
         check_settings(model, precision=precision, dtype=args.dtype,

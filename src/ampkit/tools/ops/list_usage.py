@@ -18,7 +18,7 @@ whole training.
 Example:
     >>> import torch
     >>> import ampkit
-    >>> from ampkit.tools.list_usage import list_usage
+    >>> from ampkit.tools.ops.list_usage import list_usage
     >>> q = k = v = torch.rand(1, 2, 4, 8)
     >>> with list_usage() as usage, ampkit.autocast(
     ...         "cpu", torch.bfloat16, custom_black_list={"softmax"},
@@ -39,7 +39,7 @@ from typing import Any
 
 from ampkit.autocast_mode import innermost_policy, observe_regions
 from ampkit.policy import Policy
-from ampkit.tools._tracing import OpWatch
+from ampkit.tools.ops._tracing import OpWatch
 
 __all__ = ["EntryUsage", "ListUsage", "list_usage"]
 
@@ -51,7 +51,7 @@ class EntryUsage:
     """One listed op of one policy, and how many op calls matched it.
 
     Example:
-        >>> from ampkit.tools.list_usage import EntryUsage
+        >>> from ampkit.tools.ops.list_usage import EntryUsage
         >>> EntryUsage("torch+custom", "fp32_ops", "softmax", 0).matched
         False
     """
@@ -74,7 +74,7 @@ class ListUsage:
     Example:
         >>> import torch
         >>> import ampkit
-        >>> from ampkit.tools.list_usage import list_usage
+        >>> from ampkit.tools.ops.list_usage import list_usage
         >>> with list_usage() as usage:
         ...     with ampkit.autocast("cpu", custom_white_list={"add", "exp"}):
         ...         _ = torch.ones(2) + 1
@@ -138,7 +138,7 @@ class ListUsage:
         Example:
             >>> import torch
             >>> import ampkit
-            >>> from ampkit.tools.list_usage import list_usage
+            >>> from ampkit.tools.ops.list_usage import list_usage
             >>> with list_usage() as usage, ampkit.autocast("cpu", custom_white_list={"add"}):
             ...     _ = torch.ones(1) + 1
             >>> usage.report()
@@ -174,7 +174,7 @@ def list_usage() -> ListUsage:
     Example:
         >>> import torch
         >>> import ampkit
-        >>> from ampkit.tools.list_usage import list_usage
+        >>> from ampkit.tools.ops.list_usage import list_usage
         >>> with list_usage() as usage, ampkit.autocast("cpu", custom_black_list={"exp"}):
         ...     _ = torch.ones(2).sum()
         >>> [e.op for e in usage.unmatched()]

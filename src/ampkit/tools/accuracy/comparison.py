@@ -1,12 +1,12 @@
 """The results of :func:`ampkit.compare` (and of :func:`ampkit.tune`'s trials): the
 error measures (:class:`ErrorStats`), per op call, module and gradient, and the
 :class:`Comparison` that holds them, ranks them and writes them out (text table, JSON,
-HTML report). The runs that produce them are in :mod:`ampkit.tools.compare`; the
+HTML report). The runs that produce them are in :mod:`ampkit.tools.accuracy.compare`; the
 definitions of the measures are in its docstring.
 
 Example:
     >>> import torch
-    >>> from ampkit.tools.comparison import ErrorStats
+    >>> from ampkit.tools.accuracy.comparison import ErrorStats
     >>> ErrorStats.between([torch.ones(2)], [torch.ones(2)]).max_abs
     0.0
 """
@@ -40,7 +40,7 @@ class ErrorStats:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.compare import ErrorStats
+        >>> from ampkit.tools.accuracy.compare import ErrorStats
         >>> e = ErrorStats.between([torch.tensor([1.0, 2.5])], [torch.tensor([1.0, 2.0])])
         >>> e.max_abs, e.max_rel, e.num_nan
         (0.5, 0.25, 0)
@@ -106,7 +106,7 @@ class OpError:
     itself added (against the same op run in float32 on the same inputs).
 
     Example:
-        >>> from ampkit.tools.compare import ErrorStats, OpError
+        >>> from ampkit.tools.accuracy.compare import ErrorStats, OpError
         >>> r = OpError(0, "exp", "", 0, "torch.bfloat16", (2,),
         ...             ErrorStats(0.1, 0.05, 1.0, 0, 0), input_rel=0.01, local_rel=0.04)
         >>> r.added
@@ -135,7 +135,7 @@ class ModuleError:
     """One module call: its inputs' and output's error.
 
     Example:
-        >>> from ampkit.tools.compare import ErrorStats, ModuleError
+        >>> from ampkit.tools.accuracy.compare import ErrorStats, ModuleError
         >>> m = ModuleError("fc", "Linear", 0, 0, 0, "torch.bfloat16",
         ...                 ErrorStats(0.0, 0.5, 0.9, 0, 0), input_rel=0.0)
         >>> m.added
@@ -202,8 +202,8 @@ class Fp8LayerError:
         grad_weight_fp8, grad_weight_low: the weight gradient's error against fp32.
 
     Example:
-        >>> from ampkit.tools.comparison import ErrorStats
-        >>> from ampkit.tools.comparison import Fp8LayerError
+        >>> from ampkit.tools.accuracy.comparison import ErrorStats
+        >>> from ampkit.tools.accuracy.comparison import Fp8LayerError
         >>> e = ErrorStats(0.1, 0.02, 0.999, 0, 0)
         >>> Fp8LayerError("1", "rowwise", "torch.bfloat16", *[e] * 7).worst_fp8
         0.02
@@ -226,8 +226,8 @@ class Fp8LayerError:
         weight gradient).
 
         Example:
-            >>> from ampkit.tools.comparison import ErrorStats
-            >>> from ampkit.tools.comparison import Fp8LayerError
+            >>> from ampkit.tools.accuracy.comparison import ErrorStats
+            >>> from ampkit.tools.accuracy.comparison import Fp8LayerError
             >>> e, f = ErrorStats(0, 0.0, 1, 0, 0), ErrorStats(1, 0.5, 0.9, 0, 0)
             >>> Fp8LayerError("1", "rowwise", "torch.bfloat16", e, e, e, f, e, e, e).worst_fp8
             0.5
@@ -259,7 +259,7 @@ class Comparison:
     loss: tuple[float, float] | None  # (float32, low precision) with loss_fn
     unmatched_ops: int  # low-precision op calls with no float32 counterpart
     # with fp8=: each fp8-capable Linear's local error in fp8 and in dtype, against fp32
-    # (ampkit.tools.fp8_errors.fp8_layer_errors)
+    # (ampkit.tools.fp8.errors.fp8_layer_errors)
     fp8_layers: tuple[Fp8LayerError, ...] = ()
 
     @property
@@ -418,17 +418,17 @@ class Comparison:
             ...     c.write_report(out).name
             'compare.html'
         """
-        from ampkit.tools.compare_report import write_comparison_report
+        from ampkit.tools.accuracy.compare_report import write_comparison_report
 
         return write_comparison_report(self, out_dir)
 
 
 def fp8_layers_table(rows: tuple[Fp8LayerError, ...]) -> str:
-    """Rows of :func:`ampkit.tools.fp8_errors.fp8_layer_errors` as a plain-text table
+    """Rows of :func:`ampkit.tools.fp8.errors.fp8_layer_errors` as a plain-text table
     (relative errors).
 
     Example:
-        >>> from ampkit.tools.comparison import fp8_layers_table
+        >>> from ampkit.tools.accuracy.comparison import fp8_layers_table
         >>> fp8_layers_table(())
         'fp8 per layer: no Linear can run in fp8'
     """

@@ -17,7 +17,7 @@ Modes follow Paddle's tensor checker:
 
 Example:
     >>> import torch
-    >>> from ampkit.tools.numerics_checker import NumericsChecker, CheckMode
+    >>> from ampkit.tools.ops.numerics_checker import NumericsChecker, CheckMode
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Softmax(-1))
     >>> x = torch.tensor([[1.0, 3e38]])
     >>> with NumericsChecker(model, CheckMode.CHECK_NAN_INF) as checker:
@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ampkit.fp8.selection import is_float8
-from ampkit.tools._tracing import ModuleScope
+from ampkit.tools.ops._tracing import ModuleScope
 
 __all__ = ["CheckMode", "NonFiniteError", "NumericsChecker", "OpRecord"]
 
@@ -54,7 +54,7 @@ class CheckMode(enum.Enum):
     """What the checker records (Paddle's tensor-checker modes).
 
     Example:
-        >>> from ampkit.tools.numerics_checker import CheckMode
+        >>> from ampkit.tools.ops.numerics_checker import CheckMode
         >>> CheckMode("overflow") is CheckMode.CHECK_ALL_FOR_OVERFLOW
         True
     """
@@ -71,7 +71,7 @@ class OpRecord:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.numerics_checker import NumericsChecker
+        >>> from ampkit.tools.ops.numerics_checker import NumericsChecker
         >>> with NumericsChecker(mode="all") as c:
         ...     _ = torch.tensor([1.0, 0.0]) * 2
         >>> r = c.records[-1]
@@ -112,7 +112,7 @@ class NonFiniteError(FloatingPointError):
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.numerics_checker import NumericsChecker, NonFiniteError
+        >>> from ampkit.tools.ops.numerics_checker import NumericsChecker, NonFiniteError
         >>> try:
         ...     with NumericsChecker():
         ...         _ = torch.tensor([0.0]) / 0
@@ -177,7 +177,7 @@ class NumericsChecker:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.numerics_checker import NumericsChecker, NonFiniteError
+        >>> from ampkit.tools.ops.numerics_checker import NumericsChecker, NonFiniteError
         >>> try:
         ...     with NumericsChecker():
         ...         torch.log(torch.tensor([-1.0]))
@@ -209,7 +209,7 @@ class NumericsChecker:
         # A model with fp8 layers: their casts to fp8 are watched too (fp8_casts).
         self._fp8 = None
         if model is not None and any(is_float8(m) for m in model.modules()):
-            from ampkit.tools.fp8_casts import Fp8CastWatch
+            from ampkit.tools.fp8.casts import Fp8CastWatch
 
             self._fp8 = Fp8CastWatch(model)
 
@@ -275,7 +275,7 @@ class NumericsChecker:
 
         Example:
             >>> import torch
-            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> from ampkit.tools.ops.numerics_checker import NumericsChecker
             >>> x = torch.tensor([float("inf")])
             >>> with NumericsChecker(mode="nan_inf") as c:
             ...     _ = (x * 2).exp()
@@ -291,7 +291,7 @@ class NumericsChecker:
 
         Example:
             >>> import torch
-            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> from ampkit.tools.ops.numerics_checker import NumericsChecker
             >>> with NumericsChecker(mode="nan_inf") as c:
             ...     _ = torch.tensor([100.0], dtype=torch.float16).exp() + 1
             >>> c.origin.op, [r.op for r in c.bad_records()]
@@ -304,7 +304,7 @@ class NumericsChecker:
 
         Example:
             >>> import torch
-            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> from ampkit.tools.ops.numerics_checker import NumericsChecker
             >>> net = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Softmax(-1))
             >>> with NumericsChecker(net, mode="nan_inf") as c:
             ...     _ = net(torch.tensor([float("nan")]))
@@ -316,13 +316,13 @@ class NumericsChecker:
     @property
     def fp8_casts(self) -> Any:
         """For a model with fp8 layers (``initialize(fp8=...)``), the
-        :class:`~ampkit.tools.fp8_casts.Fp8CastWatch` of their casts to fp8: its
+        :class:`~ampkit.tools.fp8.casts.Fp8CastWatch` of their casts to fp8: its
         ``worst`` names the layer and tensor whose cast saturated or underflowed most;
         ``None`` for other models.
 
         Example:
             >>> import torch
-            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> from ampkit.tools.ops.numerics_checker import NumericsChecker
             >>> NumericsChecker(torch.nn.Linear(2, 2)).fp8_casts is None
             True
         """
@@ -339,7 +339,7 @@ class NumericsChecker:
 
         Example:
             >>> import torch
-            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> from ampkit.tools.ops.numerics_checker import NumericsChecker
             >>> with NumericsChecker(mode="overflow") as c:
             ...     _ = torch.exp(torch.tensor([20.0]))
             >>> c.suggest_fp32_ops()
@@ -359,7 +359,7 @@ class NumericsChecker:
         """The records as a text table (Paddle-style columns).
 
         Example:
-            >>> from ampkit.tools.numerics_checker import NumericsChecker
+            >>> from ampkit.tools.ops.numerics_checker import NumericsChecker
             >>> NumericsChecker().table().split()[:3]
             ['#', 'op', 'where']
         """

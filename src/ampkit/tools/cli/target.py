@@ -25,13 +25,13 @@ exception and the line of the user's code it came from (:func:`call_user`,
 :func:`forward_error`).
 
 Example:
-    >>> from ampkit.tools.cli_target import load_callable
+    >>> from ampkit.tools.cli.target import load_callable
     >>> load_callable("math:sqrt", "--eval")(16.0)
     4.0
     >>> load_callable("math:pi", "--eval")
     Traceback (most recent call last):
     ...
-    ampkit.tools.cli_target.TargetError: --eval 'math:pi' is a float, not a callable
+    ampkit.tools.cli.target.TargetError: --eval 'math:pi' is a float, not a callable
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class TargetError(ValueError):
     """A ``package.module:attribute`` reference that cannot be used (a one-line message).
 
     Example:
-        >>> from ampkit.tools.cli_target import TargetError, load_object
+        >>> from ampkit.tools.cli.target import TargetError, load_object
         >>> isinstance(TargetError("x"), ValueError)
         True
     """
@@ -68,7 +68,7 @@ class UserCodeError(TargetError):
     ``__cause__``).
 
     Example:
-        >>> from ampkit.tools.cli_target import TargetError, UserCodeError
+        >>> from ampkit.tools.cli.target import TargetError, UserCodeError
         >>> issubclass(UserCodeError, TargetError)
         True
     """
@@ -108,11 +108,11 @@ def call_user(what: str, fn: Callable[..., Any], *args: Any) -> Any:
     exception and the user's line it came from.
 
     Example:
-        >>> from ampkit.tools.cli_target import call_user
+        >>> from ampkit.tools.cli.target import call_user
         >>> call_user("--eval 'm:f'", int, "x")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ampkit.tools.cli_target.UserCodeError: --eval 'm:f' raised ValueError: invalid ...
+        ampkit.tools.cli.target.UserCodeError: --eval 'm:f' raised ValueError: invalid ...
     """
     try:
         return fn(*args)
@@ -140,7 +140,7 @@ def forward_error(error: BaseException, model: Any, target: str) -> UserCodeErro
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.cli_target import forward_error
+        >>> from ampkit.tools.cli.target import forward_error
         >>> net = torch.nn.Linear(2, 2)
         >>> try:
         ...     net(torch.ones(3))
@@ -189,13 +189,13 @@ def load_object(reference: str, option: str) -> Any:
             it raised, on one line), a missing attribute.
 
     Example:
-        >>> from ampkit.tools.cli_target import load_object
+        >>> from ampkit.tools.cli.target import load_object
         >>> load_object("os.path:join", "TARGET").__name__
         'join'
         >>> load_object("os.path", "TARGET")
         Traceback (most recent call last):
         ...
-        ampkit.tools.cli_target.TargetError: TARGET must be package.module:attribute \
+        ampkit.tools.cli.target.TargetError: TARGET must be package.module:attribute \
 (e.g. mypkg.models:build_model), got 'os.path'
     """
     module_name, colon, attribute = reference.partition(":")
@@ -229,7 +229,7 @@ def load_callable(reference: str, option: str) -> Callable[..., Any]:
         TargetError: as :func:`load_object`, or the object is not callable.
 
     Example:
-        >>> from ampkit.tools.cli_target import load_callable
+        >>> from ampkit.tools.cli.target import load_callable
         >>> load_callable("builtins:len", "--eval")([1, 2])
         2
     """
@@ -247,13 +247,13 @@ def user_function(reference: str, option: str,
     (``(accept, expected)``), so is a returned value ``accept`` refuses.
 
     Example:
-        >>> from ampkit.tools.cli_target import user_function
+        >>> from ampkit.tools.cli.target import user_function
         >>> f = user_function("builtins:str", "--eval", (lambda v: isinstance(v, float),
         ...                                              "a number"))
         >>> f(1.5)  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        ampkit.tools.cli_target.UserCodeError: --eval 'builtins:str' returned a str: it must
+        ampkit.tools.cli.target.UserCodeError: --eval 'builtins:str' returned a str: it must
         return a number
     """
     fn = load_callable(reference, option)
@@ -279,17 +279,17 @@ def model_factory(reference: str) -> Callable[[], Any]:
             or a model without floating-point parameters.
 
     Example:
-        >>> from ampkit.tools.cli_target import model_factory
+        >>> from ampkit.tools.cli.target import model_factory
         >>> build = model_factory("torch.nn:Identity")
         >>> build()
         Traceback (most recent call last):
         ...
-        ampkit.tools.cli_target.TargetError: TARGET 'torch.nn:Identity': the model has \
+        ampkit.tools.cli.target.TargetError: TARGET 'torch.nn:Identity': the model has \
 no floating-point parameters: there is nothing to run in low precision
     """
     import torch.nn as nn
 
-    from ampkit.tools.compare import check_model
+    from ampkit.tools.accuracy.compare import check_model
 
     value = load_object(reference, "TARGET")
     if not isinstance(value, nn.Module) and not callable(value):
@@ -315,11 +315,11 @@ def load_model(reference: str) -> Any:
     """The ``nn.Module`` TARGET names: :func:`model_factory`, called.
 
     Example:
-        >>> from ampkit.tools.cli_target import load_model
+        >>> from ampkit.tools.cli.target import load_model
         >>> load_model("torch.nn:Identity")
         Traceback (most recent call last):
         ...
-        ampkit.tools.cli_target.TargetError: TARGET 'torch.nn:Identity': the model has \
+        ampkit.tools.cli.target.TargetError: TARGET 'torch.nn:Identity': the model has \
 no floating-point parameters: there is nothing to run in low precision
     """
     return model_factory(reference)()
@@ -333,7 +333,7 @@ def inputs_factory(reference: str) -> Callable[[], tuple[Any, ...]]:
         TargetError: as :func:`load_callable`.
 
     Example:
-        >>> from ampkit.tools.cli_target import inputs_factory
+        >>> from ampkit.tools.cli.target import inputs_factory
         >>> inputs_factory("builtins:tuple")()
         ()
     """

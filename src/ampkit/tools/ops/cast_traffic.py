@@ -23,7 +23,7 @@ that entered the region (and of the backward passes it runs).
 
 Example:
     >>> import torch
-    >>> from ampkit.tools.cast_traffic import count_casts
+    >>> from ampkit.tools.ops.cast_traffic import count_casts
     >>> x = torch.ones(4, 4)
     >>> with count_casts() as traffic:
     ...     y = x.to(torch.bfloat16) * 2       # 16 elements read as fp32, written as bf16
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ampkit.tools._tracing import DispatchRegion
+from ampkit.tools.ops._tracing import DispatchRegion
 
 __all__ = ["CastTraffic", "count_casts"]
 
@@ -78,7 +78,7 @@ class CastTraffic(DispatchRegion):
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.cast_traffic import count_casts
+        >>> from ampkit.tools.ops.cast_traffic import count_casts
         >>> w = torch.ones(8, requires_grad=True)
         >>> with count_casts() as traffic:
         ...     w.half().float().sum().backward()   # 4 casts of 8 x (4 + 2) bytes
@@ -140,7 +140,7 @@ class CastTraffic(DispatchRegion):
 
         Example:
             >>> import torch
-            >>> from ampkit.tools.cast_traffic import count_casts
+            >>> from ampkit.tools.ops.cast_traffic import count_casts
             >>> with count_casts() as traffic:
             ...     _ = torch.zeros(2, dtype=torch.float16).double()
             >>> list(traffic.by_dtypes())
@@ -160,7 +160,7 @@ def count_casts() -> CastTraffic:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.cast_traffic import count_casts
+        >>> from ampkit.tools.ops.cast_traffic import count_casts
         >>> lin = torch.nn.Linear(4, 4)
         >>> with count_casts() as traffic, torch.autocast("cpu", torch.bfloat16):
         ...     _ = lin(torch.rand(2, 4))      # autocast casts the input, weight and bias

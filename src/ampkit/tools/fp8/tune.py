@@ -45,7 +45,7 @@ from ampkit.arguments import non_negative_number
 from ampkit.fp8.recipe import float8_linear_config, parse_fp8, recipe_name
 from ampkit.fp8.selection import select_fp8_layers
 from ampkit.tools._text import finite_or_none, text_table
-from ampkit.tools.tune import evaluate_metric
+from ampkit.tools.accuracy.tune import evaluate_metric
 
 __all__ = ["Fp8Trial", "Fp8TuneResult", "tune_fp8"]
 
@@ -55,7 +55,7 @@ class Fp8Trial:
     """One evaluation with ``layers`` in fp8.
 
     Example:
-        >>> from ampkit.tools.fp8_tune import Fp8Trial
+        >>> from ampkit.tools.fp8.tune import Fp8Trial
         >>> Fp8Trial(0, ("1",), 0.5, 0.01, True).layers
         ('1',)
     """
@@ -83,7 +83,7 @@ class Fp8TuneResult:
         trials: every evaluation, in order.
 
     Example:
-        >>> from ampkit.tools.fp8_tune import Fp8TuneResult
+        >>> from ampkit.tools.fp8.tune import Fp8TuneResult
         >>> r = Fp8TuneResult("rowwise", (), ("1",), 1.0, 1.0, 0.1, True, ())
         >>> r.initialize_kwargs()
         {}
@@ -103,7 +103,7 @@ class Fp8TuneResult:
         (empty when none is chosen: leave fp8 off).
 
         Example:
-            >>> from ampkit.tools.fp8_tune import Fp8TuneResult
+            >>> from ampkit.tools.fp8.tune import Fp8TuneResult
             >>> r = Fp8TuneResult("rowwise", ("1",), ("0", "1"), 1.0, 1.0, 0.1, True, ())
             >>> r.initialize_kwargs()
             {'fp8': 'rowwise', 'fp8_first_last': True, 'fp8_exclude_modules': ['0']}
@@ -116,7 +116,7 @@ class Fp8TuneResult:
         """One line per trial, then the choice, as plain text.
 
         Example:
-            >>> from ampkit.tools.fp8_tune import Fp8TuneResult
+            >>> from ampkit.tools.fp8.tune import Fp8TuneResult
             >>> r = Fp8TuneResult("rowwise", (), ("1",), 1.0, 1.0, 0.1, True, ())
             >>> r.table().splitlines()[0]
             'reference (no fp8) metric 1, tolerance 0.1; fp8 (rowwise) in 0 of 1 candidates'
@@ -135,7 +135,7 @@ class Fp8TuneResult:
         """Plain data (non-finite numbers as ``None``).
 
         Example:
-            >>> from ampkit.tools.fp8_tune import Fp8TuneResult
+            >>> from ampkit.tools.fp8.tune import Fp8TuneResult
             >>> Fp8TuneResult("rowwise", (), (), 1.0, 1.0, 0.1, True, ()).to_dict()["fp8"]
             'rowwise'
         """
@@ -151,7 +151,7 @@ class Fp8TuneResult:
         """:meth:`to_dict` as JSON text.
 
         Example:
-            >>> from ampkit.tools.fp8_tune import Fp8TuneResult
+            >>> from ampkit.tools.fp8.tune import Fp8TuneResult
             >>> Fp8TuneResult("rowwise", (), (), 1.0, 1.0, 0.1, True, ()).to_json()[:1]
             '{'
         """

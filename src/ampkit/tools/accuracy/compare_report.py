@@ -1,21 +1,21 @@
 """The HTML report of :func:`ampkit.compare`: two plots and the tables, on one page.
 
-Written with the demo report's pieces (:mod:`ampkit.tools.report`: bare matplotlib
-figures, plots embedded as ``data:`` URIs, the same style sheet) and a jinja2 template
-(``templates/compare.html.j2``, on the demo's ``base.html.j2``; jinja2 comes with
-torch). Files (:data:`REPORT_FILES`):
+Written with the pieces it shares with the demo's report (:mod:`ampkit.tools.pages`:
+bare matplotlib figures, plots embedded as ``data:`` URIs, the same style sheet) and a
+jinja2 template (``tools/pages/templates/compare.html.j2``, on the shared
+``base.html.j2``; jinja2 comes with torch). Files (:data:`REPORT_FILES`):
 
 * ``error_per_layer.png``: relative error of each leaf module's output (and inputs)
   along the network, with the threshold and where divergence starts;
 * ``op_error_histogram.png``: a histogram of the error each op call added, per op;
 * ``compare.html`` (``<table id="ranked-ops">``, ``id="modules"``, ``id="grads"``, and
   with ``fp8=`` ``id="fp8-layers"``);
-* ``compare.json``: :meth:`~ampkit.tools.compare.Comparison.to_json`.
+* ``compare.json``: :meth:`~ampkit.tools.accuracy.compare.Comparison.to_json`.
 
 Example:
     >>> import tempfile, torch
     >>> import ampkit
-    >>> from ampkit.tools.compare_report import write_comparison_report
+    >>> from ampkit.tools.accuracy.compare_report import write_comparison_report
     >>> c = ampkit.compare(torch.nn.Linear(2, 2), torch.ones(1, 2), precision="O3",
     ...                    dtype="bfloat16")
     >>> with tempfile.TemporaryDirectory() as out:
@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING
 import torch
 
 import ampkit
-from ampkit.tools.plotting import new_figure, png_data_uri, timestamp
-from ampkit.tools.report import check_output_dir, render_page
+from ampkit.tools.pages.html import check_output_dir, render_page
+from ampkit.tools.pages.plotting import new_figure, png_data_uri, timestamp
 
 if TYPE_CHECKING:
-    from ampkit.tools.comparison import Comparison, ModuleError
+    from ampkit.tools.accuracy.comparison import Comparison, ModuleError
 
 __all__ = ["REPORT_FILES", "write_comparison_report"]
 

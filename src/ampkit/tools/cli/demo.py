@@ -1,67 +1,21 @@
-"""The ``ampkit`` command line (also ``python -m ampkit``).
-
-* ``ampkit demo`` trains a small CNN on scikit-learn's digits in fp32 and at the AMP
-  levels (see :mod:`ampkit.tools.demo`), shows a progress bar per run, prints a summary
-  table and the ampkit lines of the O2 run, and writes a report folder (see
-  :mod:`ampkit.tools.report`).
-* ``ampkit compare TARGET --inputs FN`` runs the user's model in fp32 and in low
-  precision and reports op by op (see :mod:`ampkit.tools.cli_compare`).
-* ``ampkit tune [TARGET --eval FN]`` searches the op lists that keep a metric within a
-  tolerance; without TARGET, on the demo's CNN (see :mod:`ampkit.tools.cli_tune`).
-
-TARGET and FN are ``package.module:attribute`` references, imported with the current
-folder on ``sys.path`` (see :mod:`ampkit.tools.cli_target`).
-
-Options of ``ampkit demo``:
-
-* ``--levels``: comma-separated (or repeated) among ``fp32`` (alias ``O0``), ``O1``,
-  ``O2``, ``O3``; ``--dtypes``: among ``bf16`` (or ``bfloat16``), ``fp16`` (or
-  ``float16``, ``half``). Without ``--levels`` the runs are
-  fp32, O1/O2/O3 in bf16 and O1/O2 in fp16; with it, every listed AMP level runs in every
-  listed dtype (``--dtypes`` alone filters the default set). Case does not matter.
-* ``--epochs`` (default 5), ``--seed`` (default 0, at most 2**32 - 1), ``--device``
-  (``auto``, ``cpu``, ``cuda``, ``cuda:<index>``), ``--out`` (default ``./ampkit-report``).
-* ``--overwrite``: replace files of the report's names already in ``--out``. Without
-  it the demo refuses to start when one is there. It never deletes a file, and never
-  touches a file of another name.
-* ``--threads`` (default 1): torch's CPU threads. The model is tiny (64 images of 8x8
-  per step), so more threads only add synchronisation, and on cores that other programs
-  keep busy they make each step many times slower.
-* ``--quiet``: no progress bars and no code listing: only the final table.
-
-Exit status of every command: 0 on success; 2 for bad input (an unknown option or
-choice, a number out of range, a TARGET that does not import or is of the wrong kind,
-an empty, unwritable or occupied ``--out``), reported on one line before any work,
-and for the user's own code failing (a factory, ``--inputs``, ``--eval``,
-``--loss-fn`` or the model's forward raising, or returning the wrong kind of value; a
-NaN float32 metric in ``tune``), one line naming the function, the exception and the
-user's line it came from, without a traceback; 1 for what the machine lacks (no CUDA
-GPU, a missing optional dependency); 3 when ``ampkit tune`` found no policy within the
-tolerance; 130 when interrupted. A command that fails removes the ``--out`` folders it
-made (never a folder that was there, nor a file of another name).
+"""``ampkit demo``: its options, and the run (a rich progress bar per configuration, the
+summary table and the O2 run's ampkit code printed, the report folder written; see
+:mod:`ampkit.tools.demo`). The options are listed in :mod:`ampkit.tools.cli`.
 
 Example:
     >>> from ampkit.tools.cli import build_parser
-    >>> args = build_parser().parse_args(["demo", "--levels", "fp32,o2", "--dtypes",
-    ...                                   "float16,BFloat16"])
-    >>> args.levels, args.dtypes, args.epochs
-    (['fp32', 'O2'], ['fp16', 'bf16'], 5)
+    >>> build_parser().parse_args(["demo", "--epochs", "2"]).epochs
+    2
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import ampkit
-from ampkit.tools import cli_compare, cli_tune
-from ampkit.tools.cli_args import (
+from ampkit.tools.cli.args import (
     DTYPE_SPELLINGS,
     MISSING,
-    PROG,
-    Parser,
     add_device_option,
     add_run_options,
     choice_list,
@@ -73,7 +27,7 @@ from ampkit.tools.cli_args import (
     positive_int,
     spelled,
 )
-from ampkit.tools.demo import (
+from ampkit.tools.demo.run import (
     DEFAULT_EPOCHS,
     DTYPE_CHOICES,
     LEVEL_CHOICES,
@@ -88,27 +42,13 @@ from ampkit.tools.demo import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ampkit.tools.demo import DemoResult
+    from ampkit.tools.demo.run import DemoResult
 
-__all__ = ["build_parser", "main"]
+__all__ = ["add_parser", "run"]
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``ampkit`` argument parser (subcommands ``demo``, ``compare``, ``tune``;
-    ``--version``).
 
-    Example:
-        >>> from ampkit.tools.cli import build_parser
-        >>> build_parser().parse_args(["demo"]).out
-        'ampkit-report'
-    """
-    import torch
-
-    parser = Parser(
-        prog=PROG, description="ampkit: Automatic Mixed Precision for PyTorch.")
-    parser.add_argument("--version", action="version",
-                        version=f"ampkit {ampkit.__version__} (torch {torch.__version__})")
-    commands = parser.add_subparsers(dest="command", metavar="{demo,compare,tune}",
-                                     required=True)
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``demo`` subcommand to an argparse subparsers object; return it."""
     demo = commands.add_parser(
         "demo", help="train a small CNN on scikit-learn's digits in fp32 and at each AMP "
                      "level, and write a report",
@@ -143,9 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default: 100, a few seconds)")
     demo.add_argument("--quiet", action="store_true",
                       help="no progress bars and no code listing: only the final table")
-    cli_compare.add_parser(commands)
-    cli_tune.add_parser(commands)
-    return parser
+    return demo
 
 
 class _ProgressBars:
@@ -176,7 +114,7 @@ def _run(settings: DemoSettings, quiet: bool) -> DemoResult:
         TimeElapsedColumn,
     )
 
-    from ampkit.tools.demo import run_demo
+    from ampkit.tools.demo.run import run_demo
 
     if quiet:
         return run_demo(settings)
@@ -191,7 +129,7 @@ def _print_summary(result: DemoResult, files: Any, quiet: bool, out: Console) ->
     from rich.syntax import Syntax
     from rich.table import Table
 
-    from ampkit.tools.report import COLUMN_NOTES, identical_runs, summary_table
+    from ampkit.tools.demo.report import COLUMN_NOTES, identical_runs, summary_table
 
     summary = summary_table(result)
     epochs = result.settings.epochs
@@ -218,7 +156,8 @@ def _print_summary(result: DemoResult, files: Any, quiet: bool, out: Console) ->
                          background_color="default"))
 
 
-def _demo(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Carry out ``ampkit demo`` for parsed ``args``; return the exit status."""
     needs = missing_modules("sklearn", "matplotlib", "rich")
     if needs:
         return fail("demo", f"the demo {needs}", MISSING)
@@ -226,7 +165,8 @@ def _demo(args: argparse.Namespace) -> int:
         resolve_device(args.device)
     except RuntimeError as error:
         return fail("demo", str(error), MISSING)
-    from ampkit.tools.report import check_output_dir, report_file_names, write_report
+    from ampkit.tools.demo.report import report_file_names, write_report
+    from ampkit.tools.pages.html import check_output_dir
 
     settings = DemoSettings(epochs=args.epochs, device=args.device, seed=args.seed,
                             pure_bf16_steps=args.pure_bf16_steps,
@@ -249,28 +189,3 @@ def _demo(args: argparse.Namespace) -> int:
         raise
     _print_summary(result, files, args.quiet, console())
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``ampkit`` command with ``argv`` (default: ``sys.argv[1:]``) and return
-    its exit status. Bad options exit through argparse (status 2, one line).
-
-    Example:
-        >>> from ampkit.tools.cli import main
-        >>> main(["demo", "--device", "tpu"])
-        Traceback (most recent call last):
-        ...
-        SystemExit: 2
-    """
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "demo":
-            return _demo(args)
-        if args.command == "compare":
-            return cli_compare.run(args)
-        if args.command == "tune":
-            return cli_tune.run(args)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    raise AssertionError(f"unhandled command {args.command!r}")  # argparse enforces choices

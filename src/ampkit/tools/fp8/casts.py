@@ -15,13 +15,13 @@ each cast with torchao's own scale function on the same values:
   tensor (or a row, with rowwise scaling) pushes the small values below fp8's
   smallest subnormal.
 
-:class:`~ampkit.tools.numerics_checker.NumericsChecker` runs one for a model that has
+:class:`~ampkit.tools.ops.numerics_checker.NumericsChecker` runs one for a model that has
 fp8 layers (its ``fp8_casts``); this class is the same, on its own.
 
 Example:
     >>> import torch
     >>> import ampkit
-    >>> from ampkit.tools.fp8_casts import Fp8CastWatch
+    >>> from ampkit.tools.fp8.casts import Fp8CastWatch
     >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
     >>> net = ampkit.initialize(net, level="O2", dtype=torch.bfloat16, fp8="tensorwise")
     >>> x = torch.randn(4, 16)
@@ -64,7 +64,7 @@ class Fp8CastRecord:
         call: the n-th cast of this tensor in this layer while watching (from 0).
 
     Example:
-        >>> from ampkit.tools.fp8_casts import Fp8CastRecord
+        >>> from ampkit.tools.fp8.casts import Fp8CastRecord
         >>> r = Fp8CastRecord("1", "input", "float8_e4m3fn", 100, 0, 25, 0)
         >>> r.saturated_fraction, r.underflowed_fraction
         (0.0, 0.25)
@@ -122,7 +122,7 @@ class Fp8CastWatch:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.fp8_casts import Fp8CastWatch
+        >>> from ampkit.tools.fp8.casts import Fp8CastWatch
         >>> with Fp8CastWatch(torch.nn.Linear(2, 2)) as watch:  # no fp8 layer
         ...     pass
         >>> watch.records, watch.worst
@@ -193,7 +193,7 @@ class Fp8CastWatch:
 
         Example:
             >>> import torch
-            >>> from ampkit.tools.fp8_casts import Fp8CastWatch
+            >>> from ampkit.tools.fp8.casts import Fp8CastWatch
             >>> Fp8CastWatch(torch.nn.Linear(2, 2)).worst is None
             True
         """
@@ -207,7 +207,7 @@ class Fp8CastWatch:
 
         Example:
             >>> import torch
-            >>> from ampkit.tools.fp8_casts import Fp8CastWatch
+            >>> from ampkit.tools.fp8.casts import Fp8CastWatch
             >>> Fp8CastWatch(torch.nn.Linear(2, 2)).table()
             'fp8 casts: none saturated or underflowed'
         """

@@ -14,14 +14,14 @@ seed, same initial weights, same data split, same batch order) and measures, per
   every CPU allocation and free, and the peak of their running total is taken;
 * the loss scaler's skipped steps and its scale after every step (float16 runs);
 * the share of op calls that ran in low precision, counted by
-  :func:`ampkit.tools.op_stats.collect_op_stats` over the first training step.
+  :func:`ampkit.tools.ops.op_stats.collect_op_stats` over the first training step.
 
 The training code uses ampkit the way a user would: ``ampkit.initialize`` and
 ``ampkit.GradScaler``. :func:`training_code` prints those lines for a configuration;
 they are the ones :func:`run_demo` executes.
 
 Example:
-    >>> from ampkit.tools.demo import DemoSettings, demo_configurations, run_demo
+    >>> from ampkit.tools.demo.run import DemoSettings, demo_configurations, run_demo
     >>> settings = DemoSettings(epochs=1, configurations=demo_configurations(["fp32"]),
     ...                         device="cpu")
     >>> result = run_demo(settings)
@@ -47,9 +47,9 @@ from torch import nn
 
 import ampkit
 from ampkit.arguments import default_device_type
-from ampkit.tools.digits import DigitsCNN, DigitsData, batch_order, load_digits_data
-from ampkit.tools.op_stats import collect_op_stats
-from ampkit.tools.pure_curves import PURE_DEMO_CURVES, train_curves
+from ampkit.tools.demo.digits import DigitsCNN, DigitsData, batch_order, load_digits_data
+from ampkit.tools.demo.pure_curves import PURE_DEMO_CURVES, train_curves
+from ampkit.tools.ops.op_stats import collect_op_stats
 
 __all__ = [
     "DEFAULT_EPOCHS",
@@ -95,7 +95,7 @@ class RunConfig:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.demo import RunConfig
+        >>> from ampkit.tools.demo.run import RunConfig
         >>> RunConfig("O2", torch.float16).name, RunConfig("fp32").name
         ('O2-fp16', 'fp32')
     """
@@ -156,7 +156,7 @@ def demo_configurations(levels: Iterable[str] | None = None,
     if listed. Order: fp32, then the bf16 runs, then the fp16 runs, each by level.
 
     Example:
-        >>> from ampkit.tools.demo import demo_configurations
+        >>> from ampkit.tools.demo.run import demo_configurations
         >>> [c.name for c in demo_configurations()]
         ['fp32', 'O1-bf16', 'O2-bf16', 'O3-bf16', 'O1-fp16', 'O2-fp16']
         >>> [c.name for c in demo_configurations(["O3", "fp32"], ["fp16"])]
@@ -206,7 +206,7 @@ def resolve_device(device: str) -> torch.device:
         RuntimeError: for a CUDA device this machine does not have.
 
     Example:
-        >>> from ampkit.tools.demo import resolve_device
+        >>> from ampkit.tools.demo.run import resolve_device
         >>> resolve_device("cpu")
         device(type='cpu')
         >>> resolve_device("gpu")
@@ -235,7 +235,7 @@ class DemoSettings:
     """What :func:`run_demo` trains, and how long.
 
     Example:
-        >>> from ampkit.tools.demo import DemoSettings
+        >>> from ampkit.tools.demo.run import DemoSettings
         >>> DemoSettings(epochs=2).epochs
         2
         >>> DemoSettings(epochs=0)
@@ -252,7 +252,7 @@ class DemoSettings:
     batch_size: int = 64
     learning_rate: float = 0.05
     #: steps of the pure-bf16 curves (fp32, round-to-nearest, stochastic rounding) of a
-    #: tiny character GPT (:mod:`ampkit.tools.pure_curves`); 0 skips them
+    #: tiny character GPT (:mod:`ampkit.tools.demo.pure_curves`); 0 skips them
     pure_bf16_steps: int = 0
 
     def __post_init__(self) -> None:
@@ -300,7 +300,7 @@ def training_code(config: RunConfig, device_type: str = "cpu") -> str:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.demo import RunConfig, training_code
+        >>> from ampkit.tools.demo.run import RunConfig, training_code
         >>> code = training_code(RunConfig("O2", torch.float16)).splitlines()
         >>> for line in code[:2]:  # then the six lines of the loop
         ...     print(line)
@@ -497,7 +497,7 @@ def cpu_description() -> str:
     the CPU depend on all of them.
 
     Example:
-        >>> from ampkit.tools.demo import cpu_description
+        >>> from ampkit.tools.demo.run import cpu_description
         >>> "torch thread" in cpu_description() and "native bf16" in cpu_description()
         True
     """
@@ -602,7 +602,7 @@ def run_demo(settings: DemoSettings | None = None,
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.demo import DemoSettings, RunConfig, run_demo
+        >>> from ampkit.tools.demo.run import DemoSettings, RunConfig, run_demo
         >>> result = run_demo(DemoSettings(epochs=1, device="cpu",
         ...                                configurations=(RunConfig("O1", torch.bfloat16),)))
         >>> run = result.runs[0]

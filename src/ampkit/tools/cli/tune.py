@@ -2,7 +2,7 @@
 
 ``ampkit tune TARGET --eval FN`` tunes the user's model: TARGET is an ``nn.Module`` or a
 callable returning one, FN is ``eval_fn(model) -> number``, both as
-``package.module:attribute`` (see :mod:`ampkit.tools.cli_target`). The search looks for
+``package.module:attribute`` (see :mod:`ampkit.tools.cli.target`). The search looks for
 the policy that runs the most ops in ``--dtype`` (``bf16`` or ``fp16``; default
 ``bf16``) while the metric stays within ``--tolerance`` of float32's (absolute in the
 metric's units; ``--relative``: a fraction of the float32 metric; a move either way
@@ -11,7 +11,7 @@ in at most ``--budget`` trials (default 5), starting from every op in low precis
 from ``--start`` (a preset name).
 
 Without TARGET it keeps its first behaviour: it trains the demo's small CNN
-(:class:`~ampkit.tools.digits.DigitsCNN`) on scikit-learn's digits in float32 for
+(:class:`~ampkit.tools.demo.digits.DigitsCNN`) on scikit-learn's digits in float32 for
 ``--epochs`` (default 1) and tunes with the test accuracy as the metric
 (higher is better, default tolerance 0.005).
 
@@ -26,7 +26,7 @@ without one (the closest policy is still written), 2 for bad input (one line, se
 
 Example:
     >>> import argparse
-    >>> from ampkit.tools.cli_tune import add_parser
+    >>> from ampkit.tools.cli.tune import add_parser
     >>> commands = argparse.ArgumentParser().add_subparsers(dest="command")
     >>> args = add_parser(commands).parse_args(["mymodels:build", "--eval", "mymodels:acc",
     ...                                         "--dtype", "FP16"])
@@ -43,7 +43,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ampkit.tools.cli_args import (
+from ampkit.tools.accuracy.tune import MetricError
+from ampkit.tools.cli.args import (
     MISSING,
     add_run_options,
     console,
@@ -53,8 +54,7 @@ from ampkit.tools.cli_args import (
     number,
     positive_int,
 )
-from ampkit.tools.cli_target import TargetError, forward_error, model_factory, user_function
-from ampkit.tools.tune import MetricError
+from ampkit.tools.cli.target import TargetError, forward_error, model_factory, user_function
 
 __all__ = ["NOT_WITHIN", "add_parser", "check_output_file", "run"]
 
@@ -135,7 +135,7 @@ def check_output_file(path: str, *, overwrite: bool) -> None:
 
     Example:
         >>> import os, tempfile
-        >>> from ampkit.tools.cli_tune import check_output_file
+        >>> from ampkit.tools.cli.tune import check_output_file
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     open(os.path.join(tmp, "p.json"), "w").close()
         ...     check_output_file(os.path.join(tmp, "p.json"), overwrite=False)
@@ -165,7 +165,7 @@ def _train_demo_model(epochs: int, seed: int) -> tuple[Any, Any]:
     import torch
     import torch.nn.functional as F
 
-    from ampkit.tools.digits import DigitsCNN, batch_order, load_digits_data
+    from ampkit.tools.demo.digits import DigitsCNN, batch_order, load_digits_data
 
     data = load_digits_data(seed, "cpu")
     with torch.random.fork_rng(devices=[]):
@@ -181,7 +181,7 @@ def _train_demo_model(epochs: int, seed: int) -> tuple[Any, Any]:
 
 
 def _is_metric(value: Any) -> bool:
-    from ampkit.tools.tune import metric_value
+    from ampkit.tools.accuracy.tune import metric_value
 
     try:
         metric_value(value, "--eval")

@@ -2,11 +2,11 @@
 error and the console.
 
 ``ampkit demo``, ``ampkit compare`` and ``ampkit tune`` (:mod:`ampkit.tools.cli`,
-:mod:`ampkit.tools.cli_compare`, :mod:`ampkit.tools.cli_tune`) all import from here, so
+:mod:`ampkit.tools.cli.compare`, :mod:`ampkit.tools.cli.tune`) all import from here, so
 a seed, a count or a dtype name is checked, and refused, in the same words everywhere.
 
 Example:
-    >>> from ampkit.tools.cli_args import BAD_INPUT, positive_int
+    >>> from ampkit.tools.cli.args import BAD_INPUT, positive_int
     >>> positive_int("0")
     Traceback (most recent call last):
     ...
@@ -49,7 +49,7 @@ def spelled(accepted: Sequence[str], aliases: dict[str, tuple[str, ...]]) -> str
     """Each choice with its other spellings, for a help text or an error.
 
     Example:
-        >>> from ampkit.tools.cli_args import DTYPE_SPELLINGS, spelled
+        >>> from ampkit.tools.cli.args import DTYPE_SPELLINGS, spelled
         >>> spelled(("bf16", "fp16"), DTYPE_SPELLINGS)
         'bf16|bfloat16, fp16|float16|half'
     """
@@ -62,7 +62,7 @@ def choice_list(accepted: Sequence[str], aliases: dict[str, tuple[str, ...]] | N
     choice (``aliases``) mapped to it.
 
     Example:
-        >>> from ampkit.tools.cli_args import DTYPE_SPELLINGS, choice_list
+        >>> from ampkit.tools.cli.args import DTYPE_SPELLINGS, choice_list
         >>> choice_list(("bf16", "fp16"), DTYPE_SPELLINGS)("half,BF16")
         ['fp16', 'bf16']
     """
@@ -99,7 +99,7 @@ class Parser(argparse.ArgumentParser):
     """argparse, with every error on one line: ``ampkit demo: error: ...``, exit 2.
 
     Example:
-        >>> from ampkit.tools.cli_args import Parser
+        >>> from ampkit.tools.cli.args import Parser
         >>> Parser(prog="ampkit demo").parse_args(["--no-such-option"])
         Traceback (most recent call last):
         ...
@@ -127,7 +127,7 @@ def positive_int(text: str) -> int:
     """An argument type: an integer >= 1.
 
     Example:
-        >>> from ampkit.tools.cli_args import positive_int
+        >>> from ampkit.tools.cli.args import positive_int
         >>> positive_int("3")
         3
     """
@@ -138,7 +138,7 @@ def non_negative_int(text: str) -> int:
     """An argument type: an integer >= 0.
 
     Example:
-        >>> from ampkit.tools.cli_args import non_negative_int
+        >>> from ampkit.tools.cli.args import non_negative_int
         >>> non_negative_int("0")
         0
     """
@@ -149,7 +149,7 @@ def number(text: str) -> float:
     """An argument type: a finite number >= 0.
 
     Example:
-        >>> from ampkit.tools.cli_args import number
+        >>> from ampkit.tools.cli.args import number
         >>> number("1e-3")
         0.001
     """
@@ -161,7 +161,7 @@ def seed(text: str) -> int:
     """An argument type: a seed numpy and scikit-learn accept (0 to 2**32 - 1).
 
     Example:
-        >>> from ampkit.tools.cli_args import seed
+        >>> from ampkit.tools.cli.args import seed
         >>> seed("-5")
         Traceback (most recent call last):
         ...
@@ -175,7 +175,7 @@ def output_path(text: str) -> str:
     """An argument type: a non-empty file or folder name.
 
     Example:
-        >>> from ampkit.tools.cli_args import output_path
+        >>> from ampkit.tools.cli.args import output_path
         >>> output_path("report")
         'report'
     """
@@ -194,7 +194,7 @@ def add_run_options(parser: argparse.ArgumentParser, *, out: str, out_help: str,
 
     Example:
         >>> import argparse
-        >>> from ampkit.tools.cli_args import add_run_options
+        >>> from ampkit.tools.cli.args import add_run_options
         >>> parser = argparse.ArgumentParser()
         >>> add_run_options(parser, out="report", out_help="report folder",
         ...                 overwrite_help="replace files", seed_help="torch's seed")
@@ -236,7 +236,7 @@ def known_import_noise_silenced() -> Iterator[None]:
 
     Example:
         >>> import logging
-        >>> from ampkit.tools.cli_args import known_import_noise_silenced
+        >>> from ampkit.tools.cli.args import known_import_noise_silenced
         >>> with known_import_noise_silenced():
         ...     logging.getLogger("torchao").warning("Failed to load x.so: no GPU")
     """
@@ -259,7 +259,7 @@ def folder_undo(path: str | os.PathLike[str], files: Iterable[str]) -> Callable[
 
     Example:
         >>> import os, tempfile
-        >>> from ampkit.tools.cli_args import folder_undo
+        >>> from ampkit.tools.cli.args import folder_undo
         >>> root = tempfile.mkdtemp()
         >>> out = os.path.join(root, "a", "report")
         >>> undo = folder_undo(out, ["r.html"])
@@ -301,7 +301,7 @@ def device_name(text: str) -> str:
     has it is checked after parsing (a missing GPU is exit status 1, not bad input).
 
     Example:
-        >>> from ampkit.tools.cli_args import device_name
+        >>> from ampkit.tools.cli.args import device_name
         >>> device_name("cuda:1")
         'cuda:1'
         >>> device_name("tpu")  # doctest: +ELLIPSIS
@@ -309,7 +309,7 @@ def device_name(text: str) -> str:
         ...
         argparse.ArgumentTypeError: invalid choice: 'tpu' (choose from auto, cpu, cuda, ...)
     """
-    from ampkit.tools.demo import resolve_device
+    from ampkit.tools.demo.run import resolve_device
 
     try:
         resolve_device(text)
@@ -327,7 +327,7 @@ def add_device_option(parser: argparse.ArgumentParser, *, default: str | None,
 
     Example:
         >>> import argparse
-        >>> from ampkit.tools.cli_args import add_device_option
+        >>> from ampkit.tools.cli.args import add_device_option
         >>> parser = argparse.ArgumentParser()
         >>> add_device_option(parser, default="auto", default_help="auto")
         >>> parser.parse_args(["--device", "cpu"]).device
@@ -342,7 +342,7 @@ def config_file(text: str) -> Any:
     ``.yml``), read and checked by ``AmpConfig.from_file``.
 
     Example:
-        >>> from ampkit.tools.cli_args import config_file
+        >>> from ampkit.tools.cli.args import config_file
         >>> config_file("amp.toml")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -364,7 +364,7 @@ def low_dtype(text: str) -> Any:
     other spellings, any case).
 
     Example:
-        >>> from ampkit.tools.cli_args import low_dtype
+        >>> from ampkit.tools.cli.args import low_dtype
         >>> low_dtype("BFloat16")
         torch.bfloat16
     """
@@ -383,7 +383,7 @@ def fp8_recipe(text: str) -> str:
     checked by ``ampkit.fp8.parse_fp8`` as ``initialize(fp8=...)`` checks it.
 
     Example:
-        >>> from ampkit.tools.cli_args import fp8_recipe
+        >>> from ampkit.tools.cli.args import fp8_recipe
         >>> fp8_recipe("RowWise")
         'rowwise'
         >>> fp8_recipe("e4m3")
@@ -406,7 +406,7 @@ def fail(command: str, message: str, status: int = BAD_INPUT) -> int:
 
     Example:
         >>> import contextlib, io
-        >>> from ampkit.tools.cli_args import fail
+        >>> from ampkit.tools.cli.args import fail
         >>> with contextlib.redirect_stderr(io.StringIO()) as err:
         ...     status = fail("tune", "no policy")
         >>> status, err.getvalue()
@@ -421,7 +421,7 @@ def missing_modules(*names: str) -> str | None:
     (``None`` when all are).
 
     Example:
-        >>> from ampkit.tools.cli_args import missing_modules
+        >>> from ampkit.tools.cli.args import missing_modules
         >>> missing_modules("json") is None
         True
         >>> missing_modules("sklearn_is_not_this")
@@ -437,7 +437,7 @@ def console() -> Console:
     one (a pipe, a log file), where rich would otherwise wrap tables at 80.
 
     Example:
-        >>> from ampkit.tools.cli_args import console
+        >>> from ampkit.tools.cli.args import console
         >>> console().width > 0
         True
     """
