@@ -9,6 +9,8 @@ one, read by MyST; the API reference is generated from the docstrings at build t
 from __future__ import annotations
 
 import inspect
+import shutil
+from pathlib import Path
 from typing import Any
 
 from sphinx.application import Sphinx
@@ -39,7 +41,10 @@ templates_path = ["_templates"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 
-# The reference: every public module, each listing the names in its ``__all__``.
+# The reference: every public module, each listing the names in its ``__all__``. Its
+# pages are generated into api/_generated at each build; the folder is emptied first,
+# so a module that moved leaves no stale page behind (autosummary never deletes one).
+shutil.rmtree(Path(__file__).parent / "api" / "_generated", ignore_errors=True)
 autosummary_generate = True
 autosummary_imported_members = False
 # imported-members: a constant whose class lives elsewhere (a `Policy` preset) counts as

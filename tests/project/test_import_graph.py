@@ -158,14 +158,18 @@ def test_no_import_circles(graph):
     assert _cycles(edges) == []
 
 
-# Type-only circles still left, each with the work that removes it: tools/ is being
-# split into subpackages on another branch (issue 38); drop the entry when it lands.
-_TYPE_ONLY_CIRCLES_LEFT = [["ampkit.tools.compare_report", "ampkit.tools.comparison"]]
+# Type-only circles still left, each with the work that removes it (issue 38): the
+# compare report annotates with Comparison, whose write_report method calls the report.
+# Giving the report a protocol of what it reads (or the method a writer it is handed)
+# removes it; drop the entry then.
+_TYPE_ONLY_CIRCLES_LEFT = [["ampkit.tools.accuracy.compare_report",
+                            "ampkit.tools.accuracy.comparison"]]
 
 
 def test_no_import_circles_type_only_included():
     edges, _ = _graph(type_only=True)
-    assert "ampkit.tools.comparison" in edges["ampkit.tools.compare_report"]  # type-only
+    assert "ampkit.tools.accuracy.comparison" in edges[
+        "ampkit.tools.accuracy.compare_report"]  # type-only
     assert [c for c in _cycles(edges) if c not in _TYPE_ONLY_CIRCLES_LEFT] == []
 
 

@@ -27,7 +27,7 @@ apex                                    ampkit core
                                         ``handle.scale_loss``/``wrap_optimizer``:
                                         :func:`ampkit.scale_loss` with their own scalers
 ``scale_loss(loss, optimizers, ...)``   :func:`ampkit.scale_loss`
-``master_params(optimizer)``            :func:`ampkit.master_params`
+``master_params(optimizer)``            the optimizer's own fp32 parameters
 ``state_dict()`` / ``load_state_dict``  ``ampkit.scaling.loss_scaling_state_dict`` / ``load_…``
 ``register_{half,float,promote}_``      :func:`ampkit.function_patching.register_function`
 ``function(module, name)``
