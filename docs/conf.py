@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import inspect
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 from sphinx.application import Sphinx
 
 import ampkit
+
+sys.path.insert(0, str(Path(__file__).parent / "_ext"))
+from reference import defining_module, public_modules
 
 project = "ampkit"
 author = "the ampkit authors"
@@ -52,6 +56,23 @@ autosummary_imported_members = False
 autodoc_default_options = {"members": True, "undoc-members": True, "imported-members": True,
                            "show-inheritance": True}
 autodoc_member_order = "bysource"
+
+
+def _module_data() -> dict[str, list[str]]:
+    """module -> the constants its ``__all__`` names (not functions, classes or modules),
+    each given an entry of its own on the module's page (autosummary lists only those
+    with a doc comment)."""
+    data: dict[str, list[str]] = {}
+    for name in public_modules():
+        module = sys.modules[name]
+        data[name] = [n for n in getattr(module, "__all__", ()) if not n.startswith("_")
+                      and not inspect.isclass(getattr(module, n))
+                      and not inspect.isroutine(getattr(module, n))
+                      and not inspect.ismodule(getattr(module, n))]
+    return data
+
+
+autosummary_context = {"module_data": _module_data()}
 autodoc_typehints = "description"
 # fully qualified: a short name such as `autocast` would match several targets
 autodoc_typehints_format = "fully-qualified"
@@ -89,7 +110,7 @@ def _skip_reexport(app: Sphinx, what: str, name: str, obj: Any, skip: bool,
         return None  # a constant: its ``__module__``, if any, is its class's
     if getattr(obj, "__name__", name) != name:
         return None  # a second name (``check_scale_value = positive_number``): here
-    defined_in = getattr(obj, "__module__", None)
+    defined_in = defining_module(obj)
     documenting = getattr(app.env, "temp_data", {}).get("autodoc:module")
     if defined_in is None or documenting is None or defined_in == documenting:
         return None
@@ -98,5 +119,16 @@ def _skip_reexport(app: Sphinx, what: str, name: str, obj: Any, skip: bool,
     return None
 
 
+def _no_type_docstring(app: Sphinx, what: str, name: str, obj: Any, options: Any,
+                       lines: list[str]) -> None:
+    """A constant without a doc comment would show its type's docstring (``dict``'s,
+    ``tuple``'s): its entry shows none instead."""
+    if what in ("data", "attribute") and not inspect.isclass(obj):
+        own = inspect.getdoc(type(obj)) or ""
+        if "\n".join(lines).strip() == own.strip():
+            lines.clear()
+
+
 def setup(app: Sphinx) -> None:
     app.connect("autodoc-skip-member", _skip_reexport)
+    app.connect("autodoc-process-docstring", _no_type_docstring)

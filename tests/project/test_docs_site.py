@@ -8,9 +8,7 @@ builds, under a file lock, and the other reuses the result.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +17,11 @@ from types import ModuleType
 import pytest
 from filelock import FileLock
 
-import ampkit
-
 ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs"
+sys.path.insert(0, str(DOCS / "_ext"))
+from reference import defining_module, public_modules  # noqa: E402 (the path first)
+
 GUIDES = ["install", "levels", "policies", "pure-bf16", "fp8", "loss-scaling",
           "distributed", "integrations", "tools", "accuracy", "migration", "limits",
           "benchmarks", "layout", "changelog"]
@@ -53,16 +52,6 @@ def test_site_builds_with_warnings_as_errors(site: Path) -> None:
         assert (site / f"{page}.html").is_file(), page
 
 
-def _public_modules() -> list[ModuleType]:
-    """``ampkit`` and every module under it whose dotted name has no ``_`` part."""
-    found = [ampkit]
-    for info in pkgutil.walk_packages(ampkit.__path__, "ampkit."):
-        if any(part.startswith("_") for part in info.name.split(".")):
-            continue
-        found.append(importlib.import_module(info.name))
-    return found
-
-
 def _documented(site: Path) -> set[str]:
     from sphinx.util.inventory import InventoryFile
 
@@ -84,13 +73,13 @@ def test_every_public_name_has_a_reference_entry(site: Path) -> None:
     documented = _documented(site)
     missing = []
     checked = 0
-    for module in _public_modules():
+    for module in [sys.modules[name] for name in public_modules()]:
         assert module.__name__ in documented, f"module {module.__name__} has no page"
         for name in getattr(module, "__all__", ()):
             if name.startswith("__"):
                 continue
             obj = getattr(module, name)
-            home = getattr(obj, "__module__", None)
+            home = defining_module(obj)
             qualname = getattr(obj, "__qualname__", None)
             if isinstance(obj, ModuleType):
                 target = obj.__name__
