@@ -37,6 +37,7 @@ import dataclasses
 import json
 import numbers
 import os
+import types
 import typing
 import warnings
 from collections.abc import Iterable, Mapping
@@ -162,7 +163,8 @@ def text_kind(name: str) -> type:
         (<class 'int'>, <class 'list'>, <class 'str'>)
     """
     hint = typing.get_type_hints(AmpConfig)[_field(name).name]
-    kinds = set(typing.get_args(hint)) - {type(None)} or {hint}
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = set(typing.get_args(hint)) - {type(None)} if union else {hint}
     if any(typing.get_origin(k) is tuple for k in kinds):
         return list
     if len(kinds) == 1 and next(iter(kinds)) in (bool, int, float):
@@ -177,7 +179,7 @@ def canonical_names(options: Mapping[str, Any], owner: str, stacklevel: int = 2
     ``stacklevel`` as ``warnings.warn``'s, counted from the caller).
 
     Raises:
-        ValueError: both names of one setting given.
+        ValueError: both names of one setting given (``None`` counts as not given).
 
     Example:
         >>> import warnings
@@ -193,7 +195,7 @@ def canonical_names(options: Mapping[str, Any], owner: str, stacklevel: int = 2
     for old, new in DEPRECATED_NAMES.items():
         if old not in out:
             continue
-        if new in out:
+        if out.get(new) is not None:
             raise ValueError(f"{owner}: {old} and {new} are the same setting; pass {new}")
         warnings.warn(f"{owner}: {old} is deprecated; pass {new} (the same setting)",
                       FutureWarning, stacklevel=stacklevel + 1)

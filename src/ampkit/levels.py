@@ -116,6 +116,7 @@ __all__ = [
     "keep_native_fp32",
     "level_properties",
     "master_weights_value",
+    "properties_of",
 ]
 
 
@@ -587,6 +588,21 @@ def conversion_config(props: LevelProperties, *,
     )
 
 
+def properties_of(settings: Mapping[str, Any], device_type: str | None = None
+                  ) -> LevelProperties:
+    """The level's properties that ``settings`` stand for (:func:`conversion_of`'s
+    first half): ``level``, ``dtype`` and the table's columns, by name.
+
+    Example:
+        >>> from ampkit.levels import properties_of
+        >>> properties_of({"level": "O3", "dtype": "bfloat16"}).cast_model_type
+        torch.bfloat16
+    """
+    level_args = {n: settings[n] for n in LEVEL_PROPERTY_NAMES if n in settings}
+    return level_properties(settings.get("level", "O1"), settings.get("dtype"),
+                            device_type=device_type, **level_args)
+
+
 def conversion_of(settings: Mapping[str, Any], device_type: str | None = None
                   ) -> tuple[LevelProperties, ConversionConfig]:
     """The level's properties and the conversion that ``settings`` stand for, in one
@@ -602,9 +618,7 @@ def conversion_of(settings: Mapping[str, Any], device_type: str | None = None
         >>> props.loss_scale, conv.param_compute_dtype, conv.policy.rule_for("gelu")
         ('dynamic', torch.float16, 'fp32')
     """
-    level_args = {n: settings[n] for n in LEVEL_PROPERTY_NAMES if n in settings}
-    props = level_properties(settings.get("level", "O1"), settings.get("dtype"),
-                             device_type=device_type, **level_args)
+    props = properties_of(settings, device_type)
     conversion = conversion_config(
         props, keep_fp32_modules=settings.get("keep_fp32_modules") or (),
         policy=settings.get("policy", "torch"),
