@@ -168,7 +168,7 @@ def text_kind(name: str) -> type:
     if any(typing.get_origin(k) is tuple for k in kinds):
         return list
     if len(kinds) == 1 and next(iter(kinds)) in (bool, int, float):
-        return next(iter(kinds))  # type: ignore[no-any-return]
+        return next(iter(kinds))
     return str
 
 

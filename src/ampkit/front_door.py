@@ -45,13 +45,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
+from ampkit.config import DEPRECATED_NAMES, SCALER_FIELDS, canonical_names, config_fields
 from ampkit.conversion import (
     ConversionConfig,
     apply_conversion,
     check_not_wrapped,
     prepare_conversion,
 )
-from ampkit.config import DEPRECATED_NAMES, SCALER_FIELDS, canonical_names, config_fields
 from ampkit.fp8.convert import (
     Fp8SkipWarning,
     apply_fp8,

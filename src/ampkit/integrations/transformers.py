@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import os
 from typing import Any, TypeVar, cast
 
@@ -107,8 +108,8 @@ def _with_config_flags(cls: type[_T]) -> type[_T]:
     :class:`ampkit.AmpConfig`'s fields, read when called: its help and accepted values
     from :func:`ampkit.config.field_help`, its type from the field's
     (:func:`_flag_type`); AmpConfig checks the values when the arguments are made."""
-    annotations = cls.__dict__.get("__annotations__", {})
-    cls.__annotations__ = annotations  # the class's own (a subclass has none yet)
+    annotations = dict(inspect.get_annotations(cls))  # the class's own, not its base's
+    cls.__annotations__ = annotations
     for f in schema.config_fields():
         name = f"ampkit_{f.name}"
         annotations[name], default = _flag_type(f)
