@@ -51,10 +51,6 @@ from ampkit.fp8.recipe import FP8_RECIPES
 __all__ = ["DEPRECATED_NAMES", "SCALER_FIELDS", "AmpConfig", "canonical_names",
            "config_fields", "field_help", "text_kind"]
 
-#: The fields that configure an ``ampkit.GradScaler`` (its keyword names).
-SCALER_FIELDS: tuple[str, ...] = ("init_scale", "growth_factor", "backoff_factor",
-                                  "growth_interval", "hysteresis", "min_scale", "max_scale")
-
 #: Names a setting was also taken under, each mapped to its one name now. They still
 #: work, with a ``FutureWarning`` naming the one to use (:func:`canonical_names`).
 #: ``min_scale``/``max_scale`` are the names: ``ampkit.GradScaler``, its schedule and
@@ -114,6 +110,11 @@ def _fp8_recipes() -> str:
 def _about(text: str, values: Any = None) -> dict[str, Any]:
     # a field's metadata: its help, and the function listing the values it accepts
     return {"help": text, "values": values}
+
+
+def _scaler(text: str) -> dict[str, Any]:
+    # the metadata of a field that is an ampkit.GradScaler option of the same name
+    return {"help": f"GradScaler: {text}", "values": None, "scaler": True}
 
 
 def field_help(name: str) -> str:
@@ -314,19 +315,19 @@ class AmpConfig:
     loss_scale: str | float | None = dataclasses.field(default=None, metadata=_about(
         "'dynamic' or a number (static); unset: the level's (dynamic for float16)"))
     init_scale: float | None = dataclasses.field(
-        default=None, metadata=_about("GradScaler: the first loss scale"))
+        default=None, metadata=_scaler("the first loss scale"))
     growth_factor: float | None = dataclasses.field(
-        default=None, metadata=_about("GradScaler: the factor the scale grows by"))
-    backoff_factor: float | None = dataclasses.field(default=None, metadata=_about(
-        "GradScaler: the factor the scale shrinks by on an overflow"))
-    growth_interval: int | None = dataclasses.field(default=None, metadata=_about(
-        "GradScaler: steps without an overflow before the scale grows"))
-    hysteresis: int | None = dataclasses.field(default=None, metadata=_about(
-        "GradScaler: overflows tolerated before the scale shrinks"))
+        default=None, metadata=_scaler("the factor the scale grows by"))
+    backoff_factor: float | None = dataclasses.field(default=None, metadata=_scaler(
+        "the factor the scale shrinks by on an overflow"))
+    growth_interval: int | None = dataclasses.field(default=None, metadata=_scaler(
+        "steps without an overflow before the scale grows"))
+    hysteresis: int | None = dataclasses.field(default=None, metadata=_scaler(
+        "overflows tolerated before the scale shrinks"))
     min_scale: float | None = dataclasses.field(
-        default=None, metadata=_about("GradScaler: the smallest loss scale"))
+        default=None, metadata=_scaler("the smallest loss scale"))
     max_scale: float | None = dataclasses.field(
-        default=None, metadata=_about("GradScaler: the largest loss scale"))
+        default=None, metadata=_scaler("the largest loss scale"))
     log_skipped_steps: bool = dataclasses.field(
         default=False, metadata=_about("print one line per step skipped on an overflow"))
     fp8: str | None = dataclasses.field(default=None, metadata=_about(
@@ -557,6 +558,12 @@ class AmpConfig:
             return cls.from_dict(data)
         except ValueError as error:
             raise ValueError(f"{os.fspath(path)}: {error}") from None
+
+
+#: The fields that configure an ``ampkit.GradScaler`` (its keyword names): those whose
+#: metadata says so.
+SCALER_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AmpConfig)
+                                       if f.metadata.get("scaler"))
 
 
 def _format(path: str | os.PathLike[str]) -> str:

@@ -227,27 +227,34 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             of the models' device: bfloat16 on CPU, float16 on CUDA.
         config: an :class:`ampkit.AmpConfig` (or the path of a config file) holding
             every choice below; a keyword given as well must agree with it.
-        **overrides: level properties ``cast_model_type``, ``keep_norms_fp32`` (apex:
-            ``keep_batchnorm_fp32``), ``master_weights`` (``True``, ``False``, or
-            ``"stochastic"``/``"kahan"`` for pure bfloat16 training, see
-            :mod:`ampkit.master_weights_pure`; ``rounding_seed`` seeds its
-            rounding), ``loss_scale``, ``patch_ops``
-            (apex: ``patch_torch_functions``), ``cast_model_outputs``; conversion
-            options ``keep_fp32_modules`` (module classes, qualified names or instances
-            kept in fp32), ``policy``, ``custom_white_list``, ``custom_black_list``
-            (the autocast policy of O1/O2), ``cast_buffers`` (``True``: store floating
-            buffers in the parameters' low-precision dtype too, as ``model.half()``
-            does; by default they keep their dtype at every level, see
-            :func:`ampkit.levels.conversion_config`); loss scaling options ``num_losses``,
-            ``min_loss_scale``, ``max_loss_scale``; fp8 options ``fp8`` (a recipe
-            name, ``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, or a
-            torchao ``Float8LinearConfig``: the eligible ``nn.Linear`` and
-            transformers ``Conv1D`` layers train in fp8 through torchao, needs
-            ``ampkit[fp8]``; a request that converts no layer is a ``ValueError``,
-            layers left out are said once in an ``ampkit.fp8.Fp8SkipWarning``),
-            ``fp8_exclude_modules`` (selectors kept
-            out of fp8) and ``fp8_first_last`` (convert the first and last linear layer
-            too), see :mod:`ampkit.fp8`. ``None`` keeps a level default.
+        **overrides: :class:`ampkit.AmpConfig`'s fields, by the same names and
+            with the same values (:func:`initialize_keywords` lists them; they make
+            the config, checked as every config is): ``policy``,
+            ``custom_white_list``, ``custom_black_list`` (the autocast policy of
+            O1/O2), ``keep_fp32_modules``, ``keep_norms_fp32``, ``master_weights``
+            (``True``, ``False``, or ``"stochastic"``/``"kahan"`` for pure bfloat16
+            training, see :mod:`ampkit.master_weights_pure`; ``rounding_seed`` seeds
+            its rounding), ``loss_scale``, the loss-scale options of
+            :func:`ampkit.scale_loss` (``init_scale``, ``growth_interval``,
+            ``hysteresis``, ``min_scale``, ``max_scale``, ``log_skipped_steps``),
+            ``fp8`` (a recipe name, ``"tensorwise"``, ``"rowwise"``,
+            ``"rowwise_with_gw_hp"``: the eligible ``nn.Linear`` and transformers
+            ``Conv1D`` layers train in fp8 through torchao, needs ``ampkit[fp8]``; a
+            request that converts no layer is a ``ValueError``, layers left out are
+            said once in an ``ampkit.fp8.Fp8SkipWarning``), ``fp8_exclude_modules``,
+            ``fp8_first_last`` (see :mod:`ampkit.fp8`) and ``cast_model_outputs``.
+            Here a field may also hold what a config file cannot: module classes or
+            instances among ``keep_fp32_modules``, a ``Policy``, a torchao
+            ``Float8LinearConfig``. Then the apex overrides
+            (:data:`ampkit.levels.APEX_OVERRIDES`): ``cast_model_type``,
+            ``patch_ops``, ``state_dict_dtype``, ``cast_buffers`` (``True``: store
+            floating buffers in the parameters' low-precision dtype too, as
+            ``model.half()`` does; by default they keep their dtype at every level,
+            see :func:`ampkit.levels.conversion_config`) and ``num_losses``. The
+            deprecated names ``min_loss_scale``, ``max_loss_scale``,
+            ``keep_batchnorm_fp32`` and ``patch_torch_functions``
+            (:data:`ampkit.config.DEPRECATED_NAMES`) still work, with a
+            ``FutureWarning`` naming the one to use. ``None`` keeps a level default.
 
     Returns:
         ``models`` when ``optimizers`` is ``None``, else ``(models, optimizers)``, each
