@@ -125,6 +125,8 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit.levels import PURE_MASTER_WEIGHTS
+
 __all__ = [
     "PURE_ROUNDINGS",
     "PureLowPrecisionOptimizer",
@@ -137,9 +139,10 @@ __all__ = [
     "stochastic_round",
 ]
 
-#: The rounding modes :class:`PureLowPrecisionOptimizer` accepts; ``initialize``'s
-#: ``master_weights`` takes the first two (``"nearest"`` is the stalling baseline).
-PURE_ROUNDINGS: tuple[str, ...] = ("stochastic", "kahan", "nearest")
+#: The rounding modes :class:`PureLowPrecisionOptimizer` accepts: the pure modes
+#: ``initialize``'s ``master_weights`` takes (:data:`ampkit.levels.PURE_MASTER_WEIGHTS`,
+#: spelled once there), and ``"nearest"``, the stalling baseline.
+PURE_ROUNDINGS: tuple[str, ...] = (*PURE_MASTER_WEIGHTS, "nearest")
 
 _COMP = "kahan_compensation"  # per-parameter optimizer state: the Kahan compensation
 _COUNT = "rounding_step"  # per-parameter optimizer state: rounded updates so far
