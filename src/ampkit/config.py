@@ -39,27 +39,14 @@ import numbers
 import os
 import types
 import typing
-import warnings
 from collections.abc import Iterable, Mapping
-from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from ampkit.fp8.recipe import FP8_RECIPES
 
-__all__ = ["DEPRECATED_NAMES", "SCALER_FIELDS", "AmpConfig", "canonical_names",
-           "config_fields", "field_help", "text_kind"]
-
-#: Names a setting was also taken under, each mapped to its one name now. They still
-#: work, with a ``FutureWarning`` naming the one to use (:func:`canonical_names`).
-#: ``min_scale``/``max_scale`` are the names: ``ampkit.GradScaler``, its schedule and
-#: ``AmpConfig`` take them; ``min_loss_scale``/``max_loss_scale`` are apex's, which
-#: ``ampkit.apex.initialize`` keeps. ``keep_batchnorm_fp32`` and
-#: ``patch_torch_functions`` are apex's names of ``keep_norms_fp32`` and ``patch_ops``.
-DEPRECATED_NAMES: Mapping[str, str] = MappingProxyType({
-    "min_loss_scale": "min_scale", "max_loss_scale": "max_scale",
-    "keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"})
+__all__ = ["SCALER_FIELDS", "AmpConfig", "config_fields", "field_help", "text_kind"]
 
 # file suffix -> format
 _FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
@@ -171,37 +158,6 @@ def text_kind(name: str) -> type:
     if len(kinds) == 1 and next(iter(kinds)) in (bool, int, float):
         return next(iter(kinds))
     return str
-
-
-def canonical_names(options: Mapping[str, Any], owner: str, stacklevel: int = 2
-                    ) -> dict[str, Any]:
-    """``options`` with each name of :data:`DEPRECATED_NAMES` replaced by its one name,
-    and a ``FutureWarning`` naming it (Python shows it once per line that calls;
-    ``stacklevel`` as ``warnings.warn``'s, counted from the caller).
-
-    Raises:
-        ValueError: both names of one setting given (``None`` counts as not given).
-
-    Example:
-        >>> import warnings
-        >>> from ampkit.config import canonical_names
-        >>> with warnings.catch_warnings(record=True) as seen:
-        ...     warnings.simplefilter("always")
-        ...     canonical_names({"min_loss_scale": 1.0}, "initialize")
-        {'min_scale': 1.0}
-        >>> str(seen[0].message)
-        'initialize: min_loss_scale is deprecated; pass min_scale (the same setting)'
-    """
-    out = dict(options)
-    for old, new in DEPRECATED_NAMES.items():
-        if old not in out:
-            continue
-        if out.get(new) is not None:
-            raise ValueError(f"{owner}: {old} and {new} are the same setting; pass {new}")
-        warnings.warn(f"{owner}: {old} is deprecated; pass {new} (the same setting)",
-                      FutureWarning, stacklevel=stacklevel + 1)
-        out[new] = out.pop(old)
-    return out
 
 
 def _op_list(value: Any, name: str) -> tuple[str, ...]:

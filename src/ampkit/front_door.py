@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from ampkit.config import DEPRECATED_NAMES, SCALER_FIELDS, canonical_names, config_fields
+from ampkit.arguments import DEPRECATED_NAMES, canonical_names
+from ampkit.config import SCALER_FIELDS, config_fields
 from ampkit.conversion import (
     ConversionConfig,
     apply_conversion,
@@ -77,7 +78,7 @@ def initialize_keywords() -> tuple[str, ...]:
     """Every keyword ``initialize`` takes besides ``level``, ``dtype`` and ``config``,
     read when called: :class:`ampkit.AmpConfig`'s fields, then the apex overrides
     (:data:`ampkit.levels.APEX_OVERRIDES`), then the deprecated names
-    (:data:`ampkit.config.DEPRECATED_NAMES`, which warn).
+    (:data:`ampkit.arguments.DEPRECATED_NAMES`, which warn).
 
     Example:
         >>> from ampkit.front_door import initialize_keywords
@@ -154,7 +155,7 @@ def _settings(config: Any, level: Any, dtype: Any, overrides: dict[str, Any],
 
 
 def _scale_loss_options(settings: dict[str, Any]) -> dict[str, Any]:
-    """``configure_loss_scaling``'s keywords (apex's words) for ``settings``."""
+    """``configure_loss_scaling``'s keywords for ``settings``."""
     scaling: dict[str, Any] = {}
     for name in SCALER_FIELDS:
         value = settings[name]
@@ -165,9 +166,7 @@ def _scale_loss_options(settings: dict[str, Any]) -> dict[str, Any]:
                              f"ampkit.scale_loss's scalers grow by 2 and back off by 0.5; "
                              f"leave it None here, or scale with an ampkit.GradScaler of "
                              f"your own")
-        # configure_loss_scaling keeps apex's names of the scale's bounds
-        key = {"min_scale": "min_loss_scale", "max_scale": "max_loss_scale"}.get(name, name)
-        scaling[key] = value
+        scaling[name] = value
     if settings.get("num_losses") is not None:
         scaling["num_losses"] = settings["num_losses"]
     if settings["log_skipped_steps"]:
@@ -253,7 +252,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             see :func:`ampkit.levels.conversion_config`) and ``num_losses``. The
             deprecated names ``min_loss_scale``, ``max_loss_scale``,
             ``keep_batchnorm_fp32`` and ``patch_torch_functions``
-            (:data:`ampkit.config.DEPRECATED_NAMES`) still work, with a
+            (:data:`ampkit.arguments.DEPRECATED_NAMES`) still work, with a
             ``FutureWarning`` naming the one to use. ``None`` keeps a level default.
 
     Returns:

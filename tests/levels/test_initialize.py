@@ -231,7 +231,7 @@ def test_fp16_levels_configure_dynamic_loss_scaling():
                max_scale=2.0 ** 20)
     config = multi_loss._current_state().config
     assert config.loss_scale == "dynamic" and config.num_losses == 2
-    assert config.min_loss_scale == 4.0 and config.max_loss_scale == 2.0 ** 20
+    assert config.min_scale == 4.0 and config.max_scale == 2.0 ** 20
     assert multi_loss.loss_scaler(1).get_scale() == 2.0 ** 16
 
 

@@ -30,7 +30,8 @@ import torch
 
 import ampkit
 from ampkit import config as schema
-from ampkit.config import DEPRECATED_NAMES, SCALER_FIELDS, AmpConfig, canonical_names
+from ampkit.arguments import DEPRECATED_NAMES, canonical_names
+from ampkit.config import SCALER_FIELDS, AmpConfig
 from ampkit.levels import APEX_OVERRIDES, LevelProperties, properties_of
 
 __all__ = ["SCALER_OPTIONS", "AmpkitSettings", "accepted_options", "missing_framework"]
