@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import os
+import typing
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -105,12 +106,16 @@ def _as_list(value: Any, kind: type, argument: str) -> tuple[list[Any], bool]:
                     f"non-empty list/tuple of them, got {type(wrong).__name__}")
 
 
-def _is_data(value: Any) -> bool:
-    """A value a config (data that goes to files) holds; a module class or instance
-    among the kept modules, a ``Policy`` or a torchao config is not."""
+def _is_data(value: Any, hint: Any) -> bool:
+    """A value a config (data that goes to files) holds for a field of type ``hint``:
+    text, a number, a path, names, or a value of the field's own type. A module class
+    or instance among the kept modules, a ``Policy`` or a torchao config is not."""
     if isinstance(value, list | tuple | set | frozenset):
         return all(isinstance(v, str) for v in value)
-    return value is None or isinstance(value, str | int | float | os.PathLike | torch.dtype)
+    if value is None or isinstance(value, str | int | float | os.PathLike):
+        return True
+    kinds = typing.get_args(hint) or (hint,)
+    return any(isinstance(value, k) for k in kinds if isinstance(k, type))
 
 
 def _settings(config: Any, level: Any, dtype: Any, overrides: dict[str, Any],
@@ -137,7 +142,8 @@ def _settings(config: Any, level: Any, dtype: Any, overrides: dict[str, Any],
     if config is None:
         # dtype=None is the models' device's default: the config is checked with it
         given.setdefault("dtype", default_dtype(device_type))
-        live = {k: v for k, v in given.items() if not _is_data(v)}
+        hints = typing.get_type_hints(schema.AmpConfig)
+        live = {k: v for k, v in given.items() if not _is_data(v, hints[k])}
         cfg = schema.AmpConfig(**{k: v for k, v in given.items() if k not in live})
     else:
         if isinstance(config, str | os.PathLike):

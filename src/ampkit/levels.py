@@ -247,22 +247,21 @@ def _cast_model_type(value: Any) -> torch.dtype | bool | None:
 
 def master_weights_value(value: Any) -> bool | str | None:
     """A checked ``master_weights`` value: ``True``, ``False``, ``None`` or one of
-    :data:`PURE_MASTER_WEIGHTS`; as text (a flag, a command line) ``"true"`` and
-    ``"false"`` are the booleans, and case does not matter.
+    :data:`PURE_MASTER_WEIGHTS`; as text (a flag, a command line, a YAML string)
+    ``"true"`` and ``"false"``, in any case, are the booleans.
 
     Example:
         >>> from ampkit.levels import master_weights_value
-        >>> master_weights_value("True"), master_weights_value("Kahan")
+        >>> master_weights_value("True"), master_weights_value("kahan")
         (True, 'kahan')
     """
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
-        key = value.strip().lower()
-        if key in ("true", "false"):
-            return key == "true"
-        if key in PURE_MASTER_WEIGHTS:
-            return key
+        if value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        if value in PURE_MASTER_WEIGHTS:
+            return value
     raise ValueError(f"master_weights must be True (fp32 master copies), False (none), "
                      f"None (the level's default) or one of {list(PURE_MASTER_WEIGHTS)} "
                      f"(pure bfloat16 training), got {value!r}")

@@ -126,7 +126,7 @@ def test_one_spelling_of_master_weights_everywhere() -> None:
     assert amp.to_config().master_weights is True
     assert AmpkitPrecision("O2", "float16", master_weights="true").config.master_weights \
         is True
-    args = build_parser().parse_args([*_COMPARE, "--master-weights", "Kahan", "--level",
+    args = build_parser().parse_args([*_COMPARE, "--master-weights", "kahan", "--level",
                                       "O2"])
     assert config_from_args(args).master_weights == "kahan"
     with pytest.raises(ValueError, match=r"--master-weights must be True .*got 'yes'"):
