@@ -141,7 +141,8 @@ class AmpkitSettings:
         if unknown:
             raise TypeError(f"{owner} got unknown options {unknown}; accepted: "
                             f"{['level', 'dtype', 'config', *accepted]}")
-        options = canonical_names(options, owner, stacklevel=3)
+        # the warning points at the line that made the plugin, accelerator or trainer
+        options = canonical_names(options, owner, stacklevel=4)
         schema_fields = schema.config_fields()
         fields = {f.name: options[f.name] for f in schema_fields
                   if options.get(f.name) is not None}
