@@ -324,6 +324,9 @@ def precision_signature() -> inspect.Signature:
     param = inspect.Parameter
     hints = typing.get_type_hints(schema.AmpConfig)
     positional = [param("self", param.POSITIONAL_OR_KEYWORD)]
+    # config: Any, not AmpConfig | str: shown the dataclass, LightningCLI (jsonargparse)
+    # would read a file path itself into an AmpConfig it cannot build; the accepted
+    # types are checked when the plugin is made.
     keywords = [param("config", param.KEYWORD_ONLY, default=None, annotation=Any)]
     for f in schema.config_fields():
         kind = text_kind(f.name)
