@@ -24,14 +24,18 @@ import difflib
 import math
 import numbers
 import sys
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, Literal, overload
 
 import torch
 
 __all__ = [
+    "DEPRECATED_NAMES",
     "FLOAT_DTYPES",
     "LOW_PRECISION",
+    "canonical_names",
     "default_device_type",
     "did_you_mean",
     "dtype_names",
@@ -305,3 +309,45 @@ def parse_loss_scale(value: Any, argument: str = "loss_scale", *,
                "scaling)" if allow_none else "'dynamic' or a positive finite number (a "
                "static scale)")
     raise ValueError(f"{argument} must be {choices}, got {value!r}")
+
+
+#: Names a setting was also taken under, each mapped to its one name now. They still
+#: work, with a ``FutureWarning`` naming the one to use (:func:`canonical_names`).
+#: ``min_scale``/``max_scale`` are the names: ``ampkit.GradScaler``, its schedule and
+#: ``AmpConfig`` take them; ``min_loss_scale``/``max_loss_scale`` are apex's, which
+#: ``ampkit.apex.initialize`` keeps. ``keep_batchnorm_fp32`` and
+#: ``patch_torch_functions`` are apex's names of ``keep_norms_fp32`` and ``patch_ops``.
+DEPRECATED_NAMES: Mapping[str, str] = MappingProxyType({
+    "min_loss_scale": "min_scale", "max_loss_scale": "max_scale",
+    "keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"})
+
+
+def canonical_names(options: Mapping[str, Any], owner: str, stacklevel: int = 2
+                    ) -> dict[str, Any]:
+    """``options`` with each name of :data:`DEPRECATED_NAMES` replaced by its one name,
+    and a ``FutureWarning`` naming it (Python shows it once per line that calls;
+    ``stacklevel`` as ``warnings.warn``'s, counted from the caller).
+
+    Raises:
+        ValueError: both names of one setting given (``None`` counts as not given).
+
+    Example:
+        >>> import warnings
+        >>> from ampkit.arguments import canonical_names
+        >>> with warnings.catch_warnings(record=True) as seen:
+        ...     warnings.simplefilter("always")
+        ...     canonical_names({"min_loss_scale": 1.0}, "initialize")
+        {'min_scale': 1.0}
+        >>> str(seen[0].message)
+        'initialize: min_loss_scale is deprecated; pass min_scale (the same setting)'
+    """
+    out = dict(options)
+    for old, new in DEPRECATED_NAMES.items():
+        if old not in out:
+            continue
+        if out.get(new) is not None:
+            raise ValueError(f"{owner}: {old} and {new} are the same setting; pass {new}")
+        warnings.warn(f"{owner}: {old} is deprecated; pass {new} (the same setting)",
+                      FutureWarning, stacklevel=stacklevel + 1)
+        out[new] = out.pop(old)
+    return out

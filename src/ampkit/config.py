@@ -32,10 +32,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import numbers
 import os
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -43,11 +46,7 @@ import torch
 
 from ampkit.fp8.recipe import FP8_RECIPES
 
-__all__ = ["SCALER_FIELDS", "AmpConfig", "field_help"]
-
-#: The fields that configure an ``ampkit.GradScaler`` (its keyword names).
-SCALER_FIELDS: tuple[str, ...] = ("init_scale", "growth_factor", "backoff_factor",
-                                  "growth_interval", "hysteresis", "min_scale", "max_scale")
+__all__ = ["SCALER_FIELDS", "AmpConfig", "config_fields", "field_help", "text_kind"]
 
 # file suffix -> format
 _FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
@@ -100,6 +99,11 @@ def _about(text: str, values: Any = None) -> dict[str, Any]:
     return {"help": text, "values": values}
 
 
+def _scaler(text: str) -> dict[str, Any]:
+    # the metadata of a field that is an ampkit.GradScaler option of the same name
+    return {"help": f"GradScaler: {text}", "values": None, "scaler": True}
+
+
 def field_help(name: str) -> str:
     """The help of :class:`AmpConfig`'s field ``name``, with the values it accepts
     (read from the parser that checks them): the one text every settings surface
@@ -111,12 +115,49 @@ def field_help(name: str) -> str:
         "low-precision dtype; unset: the device's autocast default; float16|fp16|half, \
 bfloat16|bf16 (any case)"
     """
-    fields = {f.name: f for f in dataclasses.fields(AmpConfig)}
+    meta = _field(name).metadata
+    values = meta.get("values")
+    return meta.get("help", name) + (f"; {values()}" if values is not None else "")
+
+
+def config_fields() -> tuple[dataclasses.Field[Any], ...]:
+    """:class:`AmpConfig`'s fields, read when called: the one list every settings
+    surface is generated from (``initialize``'s keywords, the integrations' options,
+    the Hugging Face flags, Lightning's parameters, the command line's flags).
+
+    Example:
+        >>> from ampkit.config import config_fields
+        >>> [f.name for f in config_fields()][:3]
+        ['level', 'dtype', 'policy']
+    """
+    return dataclasses.fields(AmpConfig)
+
+
+def _field(name: str) -> dataclasses.Field[Any]:
+    fields = {f.name: f for f in config_fields()}
     if name not in fields:
         raise ValueError(f"AmpConfig has no field {name!r}; accepted: {list(fields)}")
-    meta = fields[name].metadata
-    values = meta["values"]
-    return meta["help"] + (f"; {values()}" if values is not None else "")
+    return fields[name]
+
+
+def text_kind(name: str) -> type:
+    """What a command line or a flag gives for :class:`AmpConfig`'s field ``name``,
+    read from its type: ``bool``, ``int``, ``float``, ``list`` (of names) or ``str``
+    (text the field's own check parses: a level, a dtype's name, ``"dynamic"``, ...).
+
+    Example:
+        >>> from ampkit.config import text_kind
+        >>> text_kind("hysteresis"), text_kind("custom_black_list"), text_kind("dtype")
+        (<class 'int'>, <class 'list'>, <class 'str'>)
+    """
+    hint = typing.get_type_hints(AmpConfig)[_field(name).name]
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = set(typing.get_args(hint)) - {type(None)} if union else {hint}
+    if any(typing.get_origin(k) is tuple for k in kinds):
+        return list
+    if len(kinds) == 1 and next(iter(kinds)) in (bool, int, float):
+        return next(iter(kinds))
+    return str
 
 
 def _op_list(value: Any, name: str) -> tuple[str, ...]:
@@ -230,19 +271,19 @@ class AmpConfig:
     loss_scale: str | float | None = dataclasses.field(default=None, metadata=_about(
         "'dynamic' or a number (static); unset: the level's (dynamic for float16)"))
     init_scale: float | None = dataclasses.field(
-        default=None, metadata=_about("GradScaler: the first loss scale"))
+        default=None, metadata=_scaler("the first loss scale"))
     growth_factor: float | None = dataclasses.field(
-        default=None, metadata=_about("GradScaler: the factor the scale grows by"))
-    backoff_factor: float | None = dataclasses.field(default=None, metadata=_about(
-        "GradScaler: the factor the scale shrinks by on an overflow"))
-    growth_interval: int | None = dataclasses.field(default=None, metadata=_about(
-        "GradScaler: steps without an overflow before the scale grows"))
-    hysteresis: int | None = dataclasses.field(default=None, metadata=_about(
-        "GradScaler: overflows tolerated before the scale shrinks"))
+        default=None, metadata=_scaler("the factor the scale grows by"))
+    backoff_factor: float | None = dataclasses.field(default=None, metadata=_scaler(
+        "the factor the scale shrinks by on an overflow"))
+    growth_interval: int | None = dataclasses.field(default=None, metadata=_scaler(
+        "steps without an overflow before the scale grows"))
+    hysteresis: int | None = dataclasses.field(default=None, metadata=_scaler(
+        "overflows tolerated before the scale shrinks"))
     min_scale: float | None = dataclasses.field(
-        default=None, metadata=_about("GradScaler: the smallest loss scale"))
+        default=None, metadata=_scaler("the smallest loss scale"))
     max_scale: float | None = dataclasses.field(
-        default=None, metadata=_about("GradScaler: the largest loss scale"))
+        default=None, metadata=_scaler("the largest loss scale"))
     log_skipped_steps: bool = dataclasses.field(
         default=False, metadata=_about("print one line per step skipped on an overflow"))
     fp8: str | None = dataclasses.field(default=None, metadata=_about(
@@ -258,7 +299,7 @@ class AmpConfig:
         # Every check is one that initialize, the level table or GradScaler already
         # runs: the config calls them, so a config that is made is one they accept.
         from ampkit.fp8.convert import check_fp8_level, check_fp8_options
-        from ampkit.levels import Level, conversion_config, level_properties
+        from ampkit.levels import Level, conversion_of, master_weights_value
         from ampkit.policy import as_dtype
         from ampkit.scaling.schedule import ScaleSchedule
 
@@ -293,19 +334,18 @@ class AmpConfig:
         for name in ("growth_factor", "backoff_factor", "min_scale", "max_scale"):
             if getattr(self, name) is not None:
                 put(self, name, float(getattr(schedule, name)))
-        props = level_properties(self.level, self.dtype, device_type=None,
-                                 keep_norms_fp32=self.keep_norms_fp32,
-                                 master_weights=self.master_weights,
-                                 loss_scale=self.loss_scale,
-                                 cast_model_outputs=self.cast_model_outputs)
+        if self.master_weights is not None:  # one spelling: "true" is True
+            put(self, "master_weights", master_weights_value(self.master_weights))
+        if isinstance(self.loss_scale, str) and self.loss_scale != "dynamic":
+            # text (a flag, a command line): a number's text is the number
+            with contextlib.suppress(ValueError):
+                put(self, "loss_scale", float(self.loss_scale))
+        props, conversion = conversion_of(
+            {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         if self.cast_model_outputs is not None:  # the dtype the level table parsed
             put(self, "cast_model_outputs", props.cast_model_outputs)
         if isinstance(self.loss_scale, numbers.Real):
             put(self, "loss_scale", float(self.loss_scale))
-        conversion = conversion_config(
-            props, keep_fp32_modules=self.keep_fp32_modules, policy=self.policy,
-            custom_white_list=self.custom_white_list or None,
-            custom_black_list=self.custom_black_list or None)
         fp8 = check_fp8_options(self.fp8, self.fp8_exclude_modules, self.fp8_first_last)
         put(self, "fp8", check_fp8_level(fp8, conversion))
         if self.rounding_seed is not None and not props.master_weights_mode.pure:
@@ -328,35 +368,6 @@ class AmpConfig:
             {'hysteresis': 2}
         """
         return {k: getattr(self, k) for k in SCALER_FIELDS if getattr(self, k) is not None}
-
-    def initialize_options(self) -> dict[str, Any]:
-        """``ampkit.initialize``'s keywords for this config, the GradScaler options left
-        out (each consumer scales the loss its own way), ``None`` fields left out.
-
-        Example:
-            >>> from ampkit.config import AmpConfig
-            >>> AmpConfig(level="O2", dtype="bfloat16", policy="conservative"
-            ...           ).initialize_options()
-            {'level': 'O2', 'dtype': torch.bfloat16, 'policy': 'conservative'}
-        """
-        out: dict[str, Any] = {"level": self.level, "dtype": self.dtype}
-        if self.policy != "torch":
-            out["policy"] = self.policy
-        for name in ("custom_white_list", "custom_black_list", "keep_fp32_modules"):
-            if getattr(self, name):
-                out[name] = list(getattr(self, name))
-        for name in ("keep_norms_fp32", "master_weights", "rounding_seed", "loss_scale"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        if self.fp8 is not None:
-            out["fp8"] = self.fp8
-        if self.fp8_exclude_modules:
-            out["fp8_exclude_modules"] = list(self.fp8_exclude_modules)
-        if self.fp8_first_last:
-            out["fp8_first_last"] = True
-        if self.cast_model_outputs is not None:
-            out["cast_model_outputs"] = self.cast_model_outputs
-        return out
 
     def replace(self, **changes: Any) -> AmpConfig:
         """A copy with ``changes`` applied (and checked again).
@@ -503,6 +514,12 @@ class AmpConfig:
             return cls.from_dict(data)
         except ValueError as error:
             raise ValueError(f"{os.fspath(path)}: {error}") from None
+
+
+#: The fields that configure an ``ampkit.GradScaler`` (its keyword names): those whose
+#: metadata says so.
+SCALER_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AmpConfig)
+                                       if f.metadata.get("scaler"))
 
 
 def _format(path: str | os.PathLike[str]) -> str:

@@ -38,6 +38,7 @@ Example:
 from __future__ import annotations
 
 import os
+import typing
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
+from ampkit.arguments import DEPRECATED_NAMES, canonical_names
+from ampkit.config import SCALER_FIELDS, config_fields
 from ampkit.conversion import (
     ConversionConfig,
     apply_conversion,
@@ -52,7 +55,6 @@ from ampkit.conversion import (
     prepare_conversion,
 )
 from ampkit.fp8.convert import (
-    FP8_OPTIONS,
     Fp8SkipWarning,
     apply_fp8,
     check_fp8_converts,
@@ -60,36 +62,36 @@ from ampkit.fp8.convert import (
     prepare_fp8,
 )
 from ampkit.levels import (
-    LEVEL_PROPERTY_NAMES,
+    APEX_OVERRIDES,
     LevelProperties,
-    conversion_config,
     conversion_for_level,
-    level_properties,
+    conversion_of,
+    default_dtype,
 )
 
 if TYPE_CHECKING:
     from ampkit.config import AmpConfig
 
-__all__ = ["INITIALIZE_OVERRIDES", "convert_model", "initialize"]
+__all__ = ["INITIALIZE_OVERRIDES", "convert_model", "initialize", "initialize_keywords"]
 
-# apex's spelling -> ampkit's
-_ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"}
-_CONVERSION_OPTIONS = ("keep_fp32_modules", "policy", "custom_white_list",
-                       "custom_black_list", "state_dict_dtype", "cast_buffers")
-_LOSS_SCALING_OPTIONS = ("num_losses", "min_loss_scale", "max_loss_scale")
-# scale_loss options only a config passes (the keywords stay apex's)
-_PURE_OPTIONS = ("rounding_seed",)  # master_weights="stochastic"/"kahan" only
-# AmpConfig's fields that initialize also takes as keywords
-_CONFIG_FIELDS = ("keep_norms_fp32", "master_weights", "loss_scale", "rounding_seed",
-                  "policy", "custom_white_list", "custom_black_list", "keep_fp32_modules",
-                  "fp8", "fp8_exclude_modules", "fp8_first_last", "cast_model_outputs")
-# AmpConfig's GradScaler names -> configure_loss_scaling's
-_SCALE_LOSS_NAMES = {"min_scale": "min_loss_scale", "max_scale": "max_loss_scale"}
 
-#: Every keyword ``initialize`` accepts besides ``level`` and ``dtype``.
-INITIALIZE_OVERRIDES: tuple[str, ...] = (
-    *LEVEL_PROPERTY_NAMES, *_ALIASES, *_CONVERSION_OPTIONS, *_LOSS_SCALING_OPTIONS,
-    *_PURE_OPTIONS, *FP8_OPTIONS)
+def initialize_keywords() -> tuple[str, ...]:
+    """Every keyword ``initialize`` takes besides ``level``, ``dtype`` and ``config``,
+    read when called: :class:`ampkit.AmpConfig`'s fields, then the apex overrides
+    (:data:`ampkit.levels.APEX_OVERRIDES`), then the deprecated names
+    (:data:`ampkit.arguments.DEPRECATED_NAMES`, which warn).
+
+    Example:
+        >>> from ampkit.front_door import initialize_keywords
+        >>> "hysteresis" in initialize_keywords(), "cast_model_type" in initialize_keywords()
+        (True, True)
+    """
+    fields = tuple(f.name for f in config_fields() if f.name not in ("level", "dtype"))
+    return (*fields, *APEX_OVERRIDES, *DEPRECATED_NAMES)
+
+
+#: :func:`initialize_keywords` as the package is imported.
+INITIALIZE_OVERRIDES: tuple[str, ...] = initialize_keywords()
 
 
 def _as_list(value: Any, kind: type, argument: str) -> tuple[list[Any], bool]:
@@ -104,60 +106,78 @@ def _as_list(value: Any, kind: type, argument: str) -> tuple[list[Any], bool]:
                     f"non-empty list/tuple of them, got {type(wrong).__name__}")
 
 
-def _split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any],
-                                                          dict[str, Any]]:
-    unknown = sorted(set(overrides) - set(INITIALIZE_OVERRIDES))
+def _is_data(value: Any, hint: Any) -> bool:
+    """A value a config (data that goes to files) holds for a field of type ``hint``:
+    text, a number, a path, names, or a value of the field's own type. A module class
+    or instance among the kept modules, a ``Policy`` or a torchao config is not."""
+    if isinstance(value, list | tuple | set | frozenset):
+        return all(isinstance(v, str) for v in value)
+    if value is None or isinstance(value, str | int | float | os.PathLike):
+        return True
+    kinds = typing.get_args(hint) or (hint,)
+    return any(isinstance(value, k) for k in kinds if isinstance(k, type))
+
+
+def _settings(config: Any, level: Any, dtype: Any, overrides: dict[str, Any],
+              device_type: str | None) -> dict[str, Any]:
+    """``initialize``'s settings, by AmpConfig field name (and apex override): the
+    keywords make an :class:`ampkit.AmpConfig` (checked as every config is), or are
+    checked against ``config``: one that says the same is fine, one that says otherwise
+    is an error naming both. A field's in-memory value (module classes, a ``Policy``,
+    a torchao config) takes its place beside the config."""
+    from ampkit import config as schema
+
+    accepted = initialize_keywords()
+    unknown = sorted(set(overrides) - set(accepted))
     if unknown:
         raise TypeError(f"initialize got unknown overrides {unknown}; accepted: "
-                        f"{list(INITIALIZE_OVERRIDES)}")
-    level_args: dict[str, Any] = {}
-    for name in LEVEL_PROPERTY_NAMES:
-        if name in overrides:
-            level_args[name] = overrides[name]
-    for alias, name in _ALIASES.items():
-        if alias in overrides:
-            if name in overrides:
-                raise ValueError(f"{alias} and {name} are the same property; pass one")
-            level_args[name] = overrides[alias]
-    conversion = {k: overrides[k] for k in _CONVERSION_OPTIONS if k in overrides}
-    scaling = {k: overrides[k] for k in _LOSS_SCALING_OPTIONS if k in overrides}
-    return level_args, conversion, scaling
-
-
-def _from_config(config: Any, level: Any, dtype: Any, overrides: dict[str, Any]
-                 ) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
-    """``initialize``'s keywords from ``config``, with the keywords given alongside it
-    checked against it: a keyword that says the same is fine, one that says otherwise
-    is an error naming both."""
-    from ampkit.config import AmpConfig
-
-    if isinstance(config, str | os.PathLike):
-        config = AmpConfig.from_file(config)
-    if not isinstance(config, AmpConfig):
-        raise TypeError(f"config must be an ampkit.AmpConfig or the path of a config "
-                        f"file, got {type(config).__name__}")
-    given = {k: v for k, v in overrides.items() if k in _CONFIG_FIELDS}
+                        f"{list(accepted)}")
+    overrides = canonical_names(overrides, "initialize", stacklevel=3)
+    names = [f.name for f in config_fields()]
+    given = {k: v for k, v in overrides.items() if k in names}
     if level is not None:
         given["level"] = level
     if dtype is not None:
         given["dtype"] = dtype
-    for name, value in given.items():
-        if config.replace(**{name: value}) != config:
-            raise ValueError(f"initialize: {name}={value!r} contradicts config.{name}="
-                             f"{getattr(config, name)!r}; set it in the config only")
-    options = config.initialize_options()
-    scaling: dict[str, Any] = {}  # configure_loss_scaling's keywords
-    for name, value in config.scaler_options().items():
+    if config is None:
+        # dtype=None is the models' device's default: the config is checked with it
+        given.setdefault("dtype", default_dtype(device_type))
+        hints = typing.get_type_hints(schema.AmpConfig)
+        live = {k: v for k, v in given.items() if not _is_data(v, hints[k])}
+        cfg = schema.AmpConfig(**{k: v for k, v in given.items() if k not in live})
+    else:
+        if isinstance(config, str | os.PathLike):
+            config = schema.AmpConfig.from_file(config)
+        if not isinstance(config, schema.AmpConfig):
+            raise TypeError(f"config must be an ampkit.AmpConfig or the path of a config "
+                            f"file, got {type(config).__name__}")
+        for name, value in given.items():
+            if config.replace(**{name: value}) != config:
+                raise ValueError(f"initialize: {name}={value!r} contradicts config.{name}="
+                                 f"{getattr(config, name)!r}; set it in the config only")
+        cfg, live = config, {}
+    apex = {k: v for k, v in overrides.items() if k in APEX_OVERRIDES}
+    return {**{n: getattr(cfg, n) for n in names}, **live, **apex}
+
+
+def _scale_loss_options(settings: dict[str, Any]) -> dict[str, Any]:
+    """``configure_loss_scaling``'s keywords for ``settings``."""
+    scaling: dict[str, Any] = {}
+    for name in SCALER_FIELDS:
+        value = settings[name]
+        if value is None:
+            continue
         if name in ("growth_factor", "backoff_factor"):
-            raise ValueError(f"initialize: config.{name}={value!r} configures a "
-                             f"GradScaler, but ampkit.scale_loss's scalers grow by 2 and "
-                             f"back off by 0.5; leave it None here, or scale with an "
-                             f"ampkit.GradScaler of your own")
-        scaling[_SCALE_LOSS_NAMES.get(name, name)] = value
-    if config.log_skipped_steps:
+            raise ValueError(f"initialize: {name}={value!r} configures a GradScaler, but "
+                             f"ampkit.scale_loss's scalers grow by 2 and back off by 0.5; "
+                             f"leave it None here, or scale with an ampkit.GradScaler of "
+                             f"your own")
+        scaling[name] = value
+    if settings.get("num_losses") is not None:
+        scaling["num_losses"] = settings["num_losses"]
+    if settings["log_skipped_steps"]:
         scaling["log_skipped_steps"] = True
-    rest = {k: v for k, v in overrides.items() if k not in _CONFIG_FIELDS}
-    return options.pop("level"), options.pop("dtype"), {**options, **rest}, scaling
+    return scaling
 
 
 def _check_optimizers(optimizers: list[torch.optim.Optimizer], models: list[nn.Module]) -> None:
@@ -212,27 +232,34 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             of the models' device: bfloat16 on CPU, float16 on CUDA.
         config: an :class:`ampkit.AmpConfig` (or the path of a config file) holding
             every choice below; a keyword given as well must agree with it.
-        **overrides: level properties ``cast_model_type``, ``keep_norms_fp32`` (apex:
-            ``keep_batchnorm_fp32``), ``master_weights`` (``True``, ``False``, or
-            ``"stochastic"``/``"kahan"`` for pure bfloat16 training, see
-            :mod:`ampkit.pure`; ``rounding_seed`` seeds its
-            rounding), ``loss_scale``, ``patch_ops``
-            (apex: ``patch_torch_functions``), ``cast_model_outputs``; conversion
-            options ``keep_fp32_modules`` (module classes, qualified names or instances
-            kept in fp32), ``policy``, ``custom_white_list``, ``custom_black_list``
-            (the autocast policy of O1/O2), ``cast_buffers`` (``True``: store floating
-            buffers in the parameters' low-precision dtype too, as ``model.half()``
-            does; by default they keep their dtype at every level, see
-            :func:`ampkit.levels.conversion_config`); loss scaling options ``num_losses``,
-            ``min_loss_scale``, ``max_loss_scale``; fp8 options ``fp8`` (a recipe
-            name, ``"tensorwise"``, ``"rowwise"``, ``"rowwise_with_gw_hp"``, or a
-            torchao ``Float8LinearConfig``: the eligible ``nn.Linear`` and
-            transformers ``Conv1D`` layers train in fp8 through torchao, needs
-            ``ampkit[fp8]``; a request that converts no layer is a ``ValueError``,
-            layers left out are said once in an ``ampkit.fp8.Fp8SkipWarning``),
-            ``fp8_exclude_modules`` (selectors kept
-            out of fp8) and ``fp8_first_last`` (convert the first and last linear layer
-            too), see :mod:`ampkit.fp8`. ``None`` keeps a level default.
+        **overrides: :class:`ampkit.AmpConfig`'s fields, by the same names and
+            with the same values (:func:`initialize_keywords` lists them; they make
+            the config, checked as every config is): ``policy``,
+            ``custom_white_list``, ``custom_black_list`` (the autocast policy of
+            O1/O2), ``keep_fp32_modules``, ``keep_norms_fp32``, ``master_weights``
+            (``True``, ``False``, or ``"stochastic"``/``"kahan"`` for pure bfloat16
+            training, see :mod:`ampkit.pure`; ``rounding_seed`` seeds
+            its rounding), ``loss_scale``, the loss-scale options of
+            :func:`ampkit.scale_loss` (``init_scale``, ``growth_interval``,
+            ``hysteresis``, ``min_scale``, ``max_scale``, ``log_skipped_steps``),
+            ``fp8`` (a recipe name, ``"tensorwise"``, ``"rowwise"``,
+            ``"rowwise_with_gw_hp"``: the eligible ``nn.Linear`` and transformers
+            ``Conv1D`` layers train in fp8 through torchao, needs ``ampkit[fp8]``; a
+            request that converts no layer is a ``ValueError``, layers left out are
+            said once in an ``ampkit.fp8.Fp8SkipWarning``), ``fp8_exclude_modules``,
+            ``fp8_first_last`` (see :mod:`ampkit.fp8`) and ``cast_model_outputs``.
+            Here a field may also hold what a config file cannot: module classes or
+            instances among ``keep_fp32_modules``, a ``Policy``, a torchao
+            ``Float8LinearConfig``. Then the apex overrides
+            (:data:`ampkit.levels.APEX_OVERRIDES`): ``cast_model_type``,
+            ``patch_ops``, ``state_dict_dtype``, ``cast_buffers`` (``True``: store
+            floating buffers in the parameters' low-precision dtype too, as
+            ``model.half()`` does; by default they keep their dtype at every level,
+            see :func:`ampkit.levels.conversion_config`) and ``num_losses``. The
+            deprecated names ``min_loss_scale``, ``max_loss_scale``,
+            ``keep_batchnorm_fp32`` and ``patch_torch_functions``
+            (:data:`ampkit.arguments.DEPRECATED_NAMES`) still work, with a
+            ``FutureWarning`` naming the one to use. ``None`` keeps a level default.
 
     Returns:
         ``models`` when ``optimizers`` is ``None``, else ``(models, optimizers)``, each
@@ -266,24 +293,19 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         ...
         ValueError: initialize: dtype='float16' contradicts config.dtype=torch.bfloat16; ...
     """
-    config_scaling: dict[str, Any] = {}
-    if config is not None:
-        level, dtype, overrides, config_scaling = _from_config(config, level, dtype,
-                                                               overrides)
-    elif level is None:
-        level = "O1"
     model_list, one_model = _as_list(models, nn.Module, "models")
     opt_list, one_opt = ([], True) if optimizers is None else _as_list(
         optimizers, torch.optim.Optimizer, "optimizers")
-    rounding_seed = overrides.pop("rounding_seed", None)
-    fp8_args = {k: overrides.pop(k) for k in FP8_OPTIONS if k in overrides}
-    level_args, conversion, scaling = _split_overrides(overrides)
-    scaling.update(config_scaling)
+    device_type = next((p.device.type for m in model_list for p in m.parameters()), None)
+    settings = _settings(config, level, dtype, overrides, device_type)
+    scaling = _scale_loss_options(settings)
+    rounding_seed = settings["rounding_seed"]
+    fp8_args = {"fp8": settings["fp8"],
+                "fp8_exclude_modules": settings["fp8_exclude_modules"] or None,
+                "fp8_first_last": settings["fp8_first_last"]}
     for i, model in enumerate(model_list):
         check_not_wrapped(model, "model" if one_model else f"models[{i}]")
-    device_type = next((p.device.type for m in model_list for p in m.parameters()), None)
-    props = level_properties(level, dtype, device_type=device_type, **level_args)
-    converting = conversion_config(props, **conversion)
+    props, converting = conversion_of(settings, device_type)
     if rounding_seed is not None and not props.master_weights_mode.pure:
         raise ValueError("rounding_seed seeds the stochastic rounding of "
                          "master_weights='stochastic' or 'kahan'; this call keeps "

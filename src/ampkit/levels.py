@@ -89,6 +89,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -101,17 +102,21 @@ from ampkit.presets import get_policy
 from ampkit.registry import OpEntry, autocast_fp32_ops
 
 __all__ = [
+    "APEX_OVERRIDES",
     "LEVEL_PROPERTY_NAMES",
     "PURE_MASTER_WEIGHTS",
     "MasterWeights",
     "conversion_config",
     "conversion_for_level",
+    "conversion_of",
     "Level",
     "LevelProperties",
     "default_dtype",
     "describe_levels",
     "keep_native_fp32",
     "level_properties",
+    "master_weights_value",
+    "properties_of",
 ]
 
 
@@ -156,8 +161,15 @@ LEVEL_PROPERTY_NAMES: tuple[str, ...] = (
     "cast_model_outputs",
 )
 
-#: The pure low-precision values ``master_weights`` takes besides True/False/None.
-PURE_MASTER_WEIGHTS: tuple[str, ...] = ("stochastic", "kahan")
+#: ``initialize``'s keywords that :class:`ampkit.AmpConfig` does not hold: apex's rarer
+#: level properties and conversion options, each mapped to what it sets (``"level"``:
+#: :func:`level_properties`; ``"conversion"``: :func:`conversion_config`;
+#: ``"scale_loss"``: ``ampkit.scale_loss``'s set-up). They are in-memory choices of
+#: the apex dialect and of porting code; a config file holds none of them.
+APEX_OVERRIDES: Mapping[str, str] = MappingProxyType({
+    "cast_model_type": "level", "patch_ops": "level",
+    "state_dict_dtype": "conversion", "cast_buffers": "conversion",
+    "num_losses": "scale_loss"})
 
 
 class MasterWeights(enum.Enum):
@@ -195,6 +207,11 @@ class MasterWeights(enum.Enum):
         return self in (MasterWeights.STOCHASTIC, MasterWeights.KAHAN)
 
 
+#: The pure low-precision values ``master_weights`` takes besides True/False/None: the
+#: one spelling of each pure mode (:class:`MasterWeights`' own values).
+PURE_MASTER_WEIGHTS: tuple[str, ...] = tuple(m.value for m in MasterWeights if m.pure)
+
+
 def default_dtype(device_type: str | None = None) -> torch.dtype:
     """The low-precision dtype ``dtype=None`` means: the device's autocast default
     (bfloat16 on CPU, float16 on CUDA). ``device_type=None`` is CUDA when available.
@@ -228,9 +245,23 @@ def _cast_model_type(value: Any) -> torch.dtype | bool | None:
     return parse_dtype(value, "cast_model_type", accept=FLOAT_DTYPES, allow_none=True)
 
 
-def _master_weights(value: Any) -> bool | str | None:
-    if value is None or isinstance(value, bool) or value in PURE_MASTER_WEIGHTS:
-        return value  # type: ignore[no-any-return]  # one of the values just checked
+def master_weights_value(value: Any) -> bool | str | None:
+    """A checked ``master_weights`` value: ``True``, ``False``, ``None`` or one of
+    :data:`PURE_MASTER_WEIGHTS`; as text (a flag, a command line, a YAML string)
+    ``"true"`` and ``"false"``, in any case, are the booleans.
+
+    Example:
+        >>> from ampkit.levels import master_weights_value
+        >>> master_weights_value("True"), master_weights_value("kahan")
+        (True, 'kahan')
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        if value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        if value in PURE_MASTER_WEIGHTS:
+            return value
     raise ValueError(f"master_weights must be True (fp32 master copies), False (none), "
                      f"None (the level's default) or one of {list(PURE_MASTER_WEIGHTS)} "
                      f"(pure bfloat16 training), got {value!r}")
@@ -422,7 +453,7 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
         elif name == "loss_scale":
             checked[name] = parse_loss_scale(value)
         elif name == "master_weights":
-            checked[name] = _master_weights(value)
+            checked[name] = master_weights_value(value)
         else:
             checked[name] = _optional_bool(value, name)
     props = {**_defaults(lvl, low), **checked}
@@ -554,6 +585,47 @@ def conversion_config(props: LevelProperties, *,
         params_as_given=as_given,
         cast_buffers=cast_buffers,
     )
+
+
+def properties_of(settings: Mapping[str, Any], device_type: str | None = None
+                  ) -> LevelProperties:
+    """The level's properties that ``settings`` stand for (:func:`conversion_of`'s
+    first half): ``level``, ``dtype`` and the table's columns, by name.
+
+    Example:
+        >>> from ampkit.levels import properties_of
+        >>> properties_of({"level": "O3", "dtype": "bfloat16"}).cast_model_type
+        torch.bfloat16
+    """
+    level_args = {n: settings[n] for n in LEVEL_PROPERTY_NAMES if n in settings}
+    return level_properties(settings.get("level", "O1"), settings.get("dtype"),
+                            device_type=device_type, **level_args)
+
+
+def conversion_of(settings: Mapping[str, Any], device_type: str | None = None
+                  ) -> tuple[LevelProperties, ConversionConfig]:
+    """The level's properties and the conversion that ``settings`` stand for, in one
+    step: ``settings`` maps :class:`ampkit.AmpConfig`'s field names (and any of
+    :data:`APEX_OVERRIDES`) to values; a name left out keeps its default. The level
+    table's columns that ``AmpConfig`` holds (``keep_norms_fp32``, ``master_weights``,
+    ``loss_scale``, ``cast_model_outputs``) carry the same names in both.
+
+    Example:
+        >>> from ampkit.levels import conversion_of
+        >>> props, conv = conversion_of({"level": "O2", "dtype": "float16",
+        ...                              "custom_black_list": ("gelu",)})
+        >>> props.loss_scale, conv.param_compute_dtype, conv.policy.rule_for("gelu")
+        ('dynamic', torch.float16, 'fp32')
+    """
+    props = properties_of(settings, device_type)
+    conversion = conversion_config(
+        props, keep_fp32_modules=settings.get("keep_fp32_modules") or (),
+        policy=settings.get("policy", "torch"),
+        custom_white_list=settings.get("custom_white_list") or None,
+        custom_black_list=settings.get("custom_black_list") or None,
+        state_dict_dtype=settings.get("state_dict_dtype"),
+        cast_buffers=settings.get("cast_buffers", False))
+    return props, conversion
 
 
 def _level_policy(props: LevelProperties, base: Policy) -> Policy:

@@ -180,10 +180,11 @@ def test_every_entry_point_takes_the_same_spellings(tmp_path, field, spelling,
 
 def test_a_bad_hf_flag_is_refused_when_the_flags_are_parsed() -> None:
     parser = transformers.HfArgumentParser(AmpkitArguments)
-    with pytest.raises(ValueError, match=r"AmpkitArguments: dtype must be torch.float16 or "
-                                         r"torch.bfloat16 .*got 'fp32'"):
+    # each error names the flag given (the field's own check words it)
+    with pytest.raises(ValueError, match=r"AmpkitArguments: --ampkit_dtype must be "
+                                         r"torch.float16 or torch.bfloat16 .*got 'fp32'"):
         parser.parse_args_into_dataclasses(["--ampkit_dtype", "fp32"])
-    with pytest.raises(ValueError, match=r"AmpkitArguments: level must be one of "
+    with pytest.raises(ValueError, match=r"AmpkitArguments: --ampkit_level must be one of "
                                          r"\['O0', 'O1', 'O2', 'O3'\], got 'O5'"):
         parser.parse_args_into_dataclasses(["--ampkit_level", "O5"])
 

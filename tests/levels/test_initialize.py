@@ -90,9 +90,11 @@ def test_o1_forward_is_native_autocast_bit_for_bit_and_trains():
 
 def test_overrides_reach_the_conversion():
     model = DigitsCNN()
-    initialize(model, level="O2", dtype=BF16, keep_batchnorm_fp32=False,
-               keep_fp32_modules=["classifier.3"], cast_model_outputs=BF16,
-               custom_black_list=["relu"])
+    with pytest.warns(FutureWarning, match="keep_batchnorm_fp32 is deprecated; pass "
+                                           "keep_norms_fp32"):
+        initialize(model, level="O2", dtype=BF16, keep_batchnorm_fp32=False,
+                   keep_fp32_modules=["classifier.3"], cast_model_outputs=BF16,
+                   custom_black_list=["relu"])
     config = get_conversion(model)
     assert NORM_MODULES[0] not in config.keep_fp32_modules  # the apex spelling was honoured
     assert "classifier.3" in config.keep_fp32_modules
@@ -101,7 +103,9 @@ def test_overrides_reach_the_conversion():
 
 
 def test_patch_torch_functions_alias():
-    model = initialize(nn.Linear(2, 2), level="O2", dtype=BF16, patch_torch_functions=False)
+    with pytest.warns(FutureWarning, match="pass patch_ops"):
+        model = initialize(nn.Linear(2, 2), level="O2", dtype=BF16,
+                           patch_torch_functions=False)
     assert get_conversion(model).policy is None
 
 
@@ -112,16 +116,16 @@ def test_alias_and_name_together_is_an_error():
 
 def test_unknown_override_is_named_and_the_accepted_listed():
     with pytest.raises(TypeError, match=r"unknown overrides \['opt_level'\]; accepted: "
-                                        r"\['cast_model_type', "):
+                                        r"\['policy', "):
         initialize(nn.Linear(2, 2), level="O2", opt_level="O2")
     assert "keep_batchnorm_fp32" in INITIALIZE_OVERRIDES and "num_losses" in INITIALIZE_OVERRIDES
 
 
 @pytest.mark.parametrize(("level", "overrides", "message"), [
     ("O1", {"cast_model_type": FP16}, "O1 keeps fp32 parameters"),
-    ("O1", {"keep_batchnorm_fp32": True}, "keep_norms_fp32 must be None"),
+    ("O1", {"keep_norms_fp32": True}, "keep_norms_fp32 must be None"),
     ("O1", {"master_weights": True}, "nothing for master_weights to copy"),
-    ("O3", {"patch_torch_functions": True}, "use level O2"),
+    ("O3", {"patch_ops": True}, "use level O2"),
     ("O0", {"patch_ops": True}, "use level O1"),
     ("O3", {"policy": "conservative"}, "patch_ops=False does not do"),
     ("O2", {"loss_scale": "auto"}, "loss_scale must be 'dynamic'"),
@@ -223,11 +227,11 @@ def test_calling_again_with_the_same_settings_changes_nothing():
 # -- loss scaling ---------------------------------------------------------------------------
 
 def test_fp16_levels_configure_dynamic_loss_scaling():
-    initialize(nn.Linear(2, 2), level="O2", dtype=FP16, num_losses=2, min_loss_scale=4.0,
-               max_loss_scale=2.0 ** 20)
+    initialize(nn.Linear(2, 2), level="O2", dtype=FP16, num_losses=2, min_scale=4.0,
+               max_scale=2.0 ** 20)
     config = multi_loss._current_state().config
     assert config.loss_scale == "dynamic" and config.num_losses == 2
-    assert config.min_loss_scale == 4.0 and config.max_loss_scale == 2.0 ** 20
+    assert config.min_scale == 4.0 and config.max_scale == 2.0 ** 20
     assert multi_loss.loss_scaler(1).get_scale() == 2.0 ** 16
 
 

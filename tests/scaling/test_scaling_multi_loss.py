@@ -272,8 +272,8 @@ def test_scale_loss_before_configuration_uses_dynamic_defaults(
     ({"loss_scale": True}, ValueError, "loss_scale"),
     ({"num_losses": 0}, ValueError, "num_losses"),
     ({"num_losses": 1.5}, TypeError, "num_losses"),
-    ({"min_loss_scale": 0.0}, ValueError, "min_scale"),
-    ({"max_loss_scale": 2.0 ** 10}, ValueError, "max_scale"),
+    ({"min_scale": 0.0}, ValueError, "min_scale"),
+    ({"max_scale": 2.0 ** 10}, ValueError, "max_scale"),
     ({"hysteresis": 0}, ValueError, "hysteresis"),
 ])
 def test_configure_bad_input(kwargs: dict, error: type, argument: str) -> None:

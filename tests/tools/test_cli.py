@@ -313,6 +313,28 @@ def test_compare_takes_an_ampkit_config_file_and_a_device(
     assert not (tmp_path / "d").exists()
 
 
+def test_compare_takes_the_config_fields_as_flags(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # AmpConfig's fields are compare's flags too (made from the fields): --level and
+    # --keep-fp32-modules convert the model as a config file with them does
+    common = ["userpkg.models:build", "--inputs", "userpkg.models:batch"]
+    assert _status(["compare", *common, "--level", "o2", "--dtype", "bf16",
+                    "--keep-fp32-modules", "1", "--out", str(tmp_path / "a")]) == 0
+    assert _op_rows(tmp_path / "a") == [("linear", "1", "torch.float32")]
+    capsys.readouterr()
+    (tmp_path / "amp.json").write_text(json.dumps({"level": "O2", "dtype": "bfloat16"}))
+    line = _bad_input(["compare", *common, "--config", str(tmp_path / "amp.json"),
+                       "--level", "O3", "--out", str(tmp_path / "b")], capsys)
+    assert line == ("ampkit compare: error: --level O3 contradicts the config's "
+                    "level='O2'; give it once")
+    line = _bad_input(["compare", *common, "--precision", "O1", "--level", "O2"], capsys)
+    assert line == ("ampkit compare: error: --precision and the config's flags both "
+                    "choose the precision; give the level with --level")
+    line = _bad_input(["compare", *common, "--master-weights", "maybe"], capsys)
+    assert line.startswith("ampkit compare: error: --master-weights must be True")
+    assert not (tmp_path / "b").exists()
+
+
 def test_compare_on_a_cuda_device_this_machine_lacks_is_a_one_line_error(
         in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

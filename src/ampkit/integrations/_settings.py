@@ -29,34 +29,37 @@ from typing import Any
 import torch
 
 import ampkit
+from ampkit import config as schema
+from ampkit.arguments import DEPRECATED_NAMES, canonical_names
 from ampkit.config import SCALER_FIELDS, AmpConfig
-from ampkit.levels import LEVEL_PROPERTY_NAMES, LevelProperties
+from ampkit.levels import APEX_OVERRIDES, LevelProperties, properties_of
 
-__all__ = ["CONFIG_FIELDS", "OPTIONS", "SCALER_OPTIONS", "AmpkitSettings",
-           "missing_framework"]
+__all__ = ["SCALER_OPTIONS", "AmpkitSettings", "accepted_options", "missing_framework"]
 
 #: ``ampkit.GradScaler`` options an integration accepts (all but ``device`` and
 #: ``enabled``, which the integration decides).
 SCALER_OPTIONS: tuple[str, ...] = SCALER_FIELDS
-#: AmpConfig's fields: every integration takes each as a typed parameter.
-CONFIG_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AmpConfig))
-# initialize's options for apex-style scale_loss: an integration scales with its own
-# GradScaler, so these would configure something it never uses.
-_SCALE_LOSS_OPTIONS = {"num_losses": None, "min_loss_scale": "min_scale",
-                       "max_loss_scale": "max_scale"}
-# initialize's overrides that AmpConfig does not hold (rarely needed level properties
-# and apex's spellings): still accepted as keywords, beside the config.
-_EXTRA = (*(n for n in LEVEL_PROPERTY_NAMES if n not in CONFIG_FIELDS),
-          "keep_batchnorm_fp32", "patch_torch_functions")
-_ALIASES = {"keep_batchnorm_fp32": "keep_norms_fp32", "patch_torch_functions": "patch_ops"}
-#: Every option an integration accepts besides ``level``, ``dtype`` and ``config``.
-OPTIONS: tuple[str, ...] = tuple(n for n in CONFIG_FIELDS if n not in ("level", "dtype")
-                                 ) + _EXTRA
 
-# AmpConfig's bool fields that default to False: a typed parameter or flag left at
-# False says nothing (it cannot contradict a config that sets True)
-_FALSE_BY_DEFAULT = tuple(f.name for f in dataclasses.fields(AmpConfig)
-                          if f.default is False)
+
+def _extra_names() -> tuple[str, ...]:
+    # the apex overrides an integration passes on to initialize: not the scale_loss
+    # ones (it scales the loss with its own GradScaler)
+    return tuple(n for n, sets in APEX_OVERRIDES.items() if sets != "scale_loss")
+
+
+def accepted_options() -> tuple[str, ...]:
+    """Every option an integration accepts besides ``level``, ``dtype`` and ``config``,
+    read when called: :class:`ampkit.AmpConfig`'s fields, the apex overrides that pass
+    on to ``ampkit.initialize``, and the deprecated names (which warn).
+
+    Example:
+        >>> from ampkit.integrations._settings import accepted_options
+        >>> accepted_options()[:2], "cast_model_type" in accepted_options()
+        (('policy', 'custom_white_list'), True)
+    """
+    fields = tuple(f.name for f in schema.config_fields() if f.name not in ("level", "dtype"))
+    return (*fields, *_extra_names(), *DEPRECATED_NAMES)
+
 
 # host framework's precision word -> the dtype it asks for ("no": none)
 _HOST_DTYPES = {"no": None, "fp32": None, "32": None, "bf16": torch.bfloat16,
@@ -76,12 +79,12 @@ def missing_framework(module: str, extra: str) -> str:
 
 
 def _as_config(config: Any) -> AmpConfig:
-    if isinstance(config, AmpConfig):
+    if isinstance(config, schema.AmpConfig):
         return config
     if isinstance(config, str | os.PathLike):
-        return AmpConfig.from_file(config)
+        return schema.AmpConfig.from_file(config)
     if isinstance(config, Mapping):
-        return AmpConfig.from_dict(config)
+        return schema.AmpConfig.from_dict(config)
     raise TypeError(f"config must be an ampkit.AmpConfig, the path of a config file or a "
                     f"mapping of AmpConfig fields, got {type(config).__name__}")
 
@@ -105,8 +108,8 @@ class AmpkitSettings:
               default_level: str = "O2") -> AmpkitSettings:
         """Settings from ``config`` (an AmpConfig, the path of a config file or a
         mapping of its fields) and/or
-        ``level``, ``dtype`` and ``options`` (AmpConfig fields and the few other
-        ``initialize`` overrides); ``None`` values count as not given. Without a config,
+        ``level``, ``dtype`` and ``options`` (AmpConfig fields and the apex overrides,
+        :func:`accepted_options`); ``None`` values count as not given. Without a config,
         the fields given make one (``level`` defaulting to ``default_level``); with one,
         each field given must agree with it.
 
@@ -119,37 +122,41 @@ class AmpkitSettings:
         Example:
             >>> from ampkit.config import AmpConfig
             >>> from ampkit.integrations._settings import AmpkitSettings
-            >>> AmpkitSettings.build("O2", "bfloat16", {"min_loss_scale": 1.0}, owner="P")
+            >>> AmpkitSettings.build("O2", "float16", {"num_losses": 2}, owner="P")
             Traceback (most recent call last):
             ...
-            TypeError: P: min_loss_scale configures ampkit.scale_loss, ...; pass min_scale ...
+            TypeError: P: num_losses configures ampkit.scale_loss, which P does not use: ...
             >>> AmpkitSettings.build("O3", None, {}, owner="P", config=AmpConfig("O2"))
             Traceback (most recent call last):
             ...
             ValueError: P: level='O3' contradicts the config's level='O2'; ...
         """
-        for name, instead in _SCALE_LOSS_OPTIONS.items():
-            if options.get(name) is not None:
-                hint = (f"; pass {instead} (an ampkit.GradScaler option)" if instead
-                        else ": it scales one loss per optimizer step")
+        for name, sets in APEX_OVERRIDES.items():
+            if sets == "scale_loss" and options.get(name) is not None:
                 raise TypeError(f"{owner}: {name} configures ampkit.scale_loss, which "
-                                f"{owner} does not use{hint}")
-        unknown = sorted(set(options) - set(OPTIONS) - set(_SCALE_LOSS_OPTIONS))
+                                f"{owner} does not use: it scales one loss per optimizer "
+                                f"step")
+        accepted = accepted_options()
+        unknown = sorted(set(options) - set(accepted))
         if unknown:
             raise TypeError(f"{owner} got unknown options {unknown}; accepted: "
-                            f"{['level', 'dtype', 'config', *OPTIONS]}")
-        fields = {k: v for k, v in options.items() if k in CONFIG_FIELDS and v is not None}
+                            f"{['level', 'dtype', 'config', *accepted]}")
+        # the warning points at the line that made the plugin, accelerator or trainer
+        options = canonical_names(options, owner, stacklevel=4)
+        schema_fields = schema.config_fields()
+        fields = {f.name: options[f.name] for f in schema_fields
+                  if options.get(f.name) is not None}
         if level is not None:
             fields["level"] = str(getattr(level, "value", level))
         if dtype is not None:
             fields["dtype"] = dtype
-        for name in _FALSE_BY_DEFAULT:
-            if fields.get(name) is False:
-                del fields[name]  # the default: not a choice to check
-        extra = {k: v for k, v in options.items() if k in _EXTRA and v is not None}
+        for f in schema_fields:
+            if f.default is False and fields.get(f.name) is False:
+                del fields[f.name]  # the default: not a choice to check
+        extra = {k: v for k, v in options.items() if k in _extra_names() and v is not None}
         try:
             if config is None:
-                cfg = AmpConfig(**{"level": default_level, **fields})
+                cfg = schema.AmpConfig(**{"level": default_level, **fields})
             else:
                 cfg = _as_config(config)
                 for name, value in fields.items():
@@ -209,17 +216,12 @@ class AmpkitSettings:
             >>> AmpkitSettings.build("O3", None, {}, owner="P").properties("cpu").dtype
             torch.bfloat16
         """
-        cfg = self.config
-        level_args = {k: v for k, v in self.extra.items() if k in LEVEL_PROPERTY_NAMES}
-        for alias, name in _ALIASES.items():
-            if alias in self.extra:
-                level_args[name] = self.extra[alias]
-        return ampkit.level_properties(cfg.level, cfg.dtype, device_type=device_type,
-                                       keep_norms_fp32=cfg.keep_norms_fp32,
-                                       master_weights=cfg.master_weights,
-                                       loss_scale=cfg.loss_scale,
-                                       cast_model_outputs=cfg.cast_model_outputs,
-                                       **level_args)
+        return properties_of(self._settings(), device_type)
+
+    def _settings(self) -> dict[str, Any]:
+        # the config's fields and the apex overrides, by name (levels.conversion_of's)
+        return {**{f.name: getattr(self.config, f.name)
+                   for f in dataclasses.fields(self.config)}, **self.extra}
 
     def initialize(self, models: Any, optimizers: Any = None) -> Any:
         """``ampkit.initialize`` with the config's choices (its loss-scale options left
@@ -235,10 +237,12 @@ class AmpkitSettings:
             >>> net.weight.dtype  # O2: the fp32 truth, bf16 copies made on use
             torch.float32
         """
-        options = {**self.config.initialize_options(), **self.extra}
+        # the integration's own GradScaler takes the loss-scale options
+        config = self.config.replace(log_skipped_steps=False,
+                                     **dict.fromkeys(SCALER_FIELDS))
         if optimizers is None:
-            return ampkit.initialize(models, **options)
-        return ampkit.initialize(models, optimizers, **options)
+            return ampkit.initialize(models, config=config, **self.extra)
+        return ampkit.initialize(models, optimizers, config=config, **self.extra)
 
     def make_scaler(self, device_type: str) -> Any:
         """The ``ampkit.GradScaler`` the level calls for on ``device_type``, or ``None``

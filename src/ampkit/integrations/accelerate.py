@@ -60,7 +60,11 @@ from typing import Any
 import torch
 
 from ampkit.config import AmpConfig
-from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
+from ampkit.integrations._settings import (
+    AmpkitSettings,
+    accepted_options,
+    missing_framework,
+)
 
 try:
     from accelerate import Accelerator
@@ -114,7 +118,8 @@ class AmpkitAccelerator(Accelerator):
     def __init__(self, *, level: str | None = None, dtype: torch.dtype | str | None = None,
                  config: AmpConfig | str | os.PathLike[str] | None = None,
                  **kwargs: Any) -> None:
-        options = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTIONS}
+        accepted = accepted_options()
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in accepted}
         settings = AmpkitSettings.build(level, dtype, options, owner="AmpkitAccelerator",
                                         config=config)
         mixed = kwargs.pop("mixed_precision", None)

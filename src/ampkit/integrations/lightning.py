@@ -45,12 +45,15 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import inspect
+import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from ampkit.config import AmpConfig
+from ampkit import config as schema
+from ampkit.config import AmpConfig, text_kind
 from ampkit.integrations._settings import AmpkitSettings, missing_framework
 from ampkit.integrations._versions import require_hooks
 from ampkit.scaling.grad_scaler import scheduler_warning_suppressed
@@ -65,7 +68,7 @@ except ImportError as error:  # pragma: no cover - exercised without the extra
 
 require_hooks("lightning", "lightning", Precision, ("_after_closure",))
 
-__all__ = ["AmpkitPrecision"]
+__all__ = ["AmpkitPrecision", "precision_signature"]
 
 
 # Lightning's own words for what each level does, so that Lightning code reading
@@ -89,17 +92,13 @@ class AmpkitPrecision(Precision):
         config: an :class:`ampkit.AmpConfig`, the path of a config file (JSON/YAML),
             or a mapping of its fields (a YAML block under ``config:``); a parameter
             given as well must agree with it.
-        policy: and each of ``custom_white_list``, ``custom_black_list``,
-            ``keep_fp32_modules``, ``keep_norms_fp32``, ``master_weights``,
-            ``rounding_seed``, ``loss_scale``, ``init_scale``, ``growth_factor``,
-            ``backoff_factor``, ``growth_interval``, ``hysteresis``, ``min_scale``,
-            ``max_scale``, ``log_skipped_steps``, ``fp8``, ``fp8_exclude_modules``,
-            ``fp8_first_last``, ``cast_model_outputs``: the :class:`ampkit.AmpConfig`
-            field of that name (``None``: not given).
         step_scheduler_on_skip: step step-interval LR schedulers on steps skipped for
             an overflow too (default: they wait for a real optimizer step).
-        **options: the rarer ``ampkit.initialize`` overrides (``cast_model_type``,
-            ``patch_ops``, apex's spellings).
+        **options: every other :class:`ampkit.AmpConfig` field (``policy``,
+            ``custom_black_list``, ``hysteresis``, ...; ``None``: not given), each a
+            typed parameter of the signature LightningCLI reads
+            (:func:`precision_signature`, made from the fields), and the apex overrides
+            ``ampkit.initialize`` takes (``cast_model_type``, ``patch_ops``).
 
     Don't pass ``precision=`` to the ``Trainer`` as well: Lightning refuses both at once.
     Strategies: single device and DDP. At O3 (no autocast region) call ``self(x)`` in
@@ -125,44 +124,11 @@ class AmpkitPrecision(Precision):
     """
 
     def __init__(self, level: str | None = None, dtype: torch.dtype | str | None = None,
-                 # Any, not AmpConfig | str: shown the dataclass, LightningCLI
-                 # (jsonargparse) would read a file path itself into an AmpConfig it
-                 # cannot build; the accepted types are checked when the plugin is made.
-                 *, config: Any = None,
-                 policy: str | None = None,
-                 custom_white_list: list[str] | None = None,
-                 custom_black_list: list[str] | None = None,
-                 keep_fp32_modules: list[str] | None = None,
-                 keep_norms_fp32: bool | None = None,
-                 master_weights: bool | str | None = None,
-                 rounding_seed: int | None = None,
-                 loss_scale: float | str | None = None,
-                 init_scale: float | None = None,
-                 growth_factor: float | None = None,
-                 backoff_factor: float | None = None,
-                 growth_interval: int | None = None,
-                 hysteresis: int | None = None,
-                 min_scale: float | None = None,
-                 max_scale: float | None = None,
-                 log_skipped_steps: bool = False,
-                 fp8: str | None = None,
-                 fp8_exclude_modules: list[str] | None = None,
-                 fp8_first_last: bool = False,
-                 cast_model_outputs: torch.dtype | str | None = None,
-                 step_scheduler_on_skip: bool = False,
+                 *, config: Any = None, step_scheduler_on_skip: bool = False,
                  **options: Any) -> None:
-        fields = dict(policy=policy, custom_white_list=custom_white_list,
-                      custom_black_list=custom_black_list,
-                      keep_fp32_modules=keep_fp32_modules, keep_norms_fp32=keep_norms_fp32,
-                      master_weights=master_weights, rounding_seed=rounding_seed,
-                      loss_scale=loss_scale, init_scale=init_scale,
-                      growth_factor=growth_factor, backoff_factor=backoff_factor,
-                      growth_interval=growth_interval, hysteresis=hysteresis,
-                      min_scale=min_scale, max_scale=max_scale,
-                      log_skipped_steps=log_skipped_steps, fp8=fp8,
-                      fp8_exclude_modules=fp8_exclude_modules,
-                      fp8_first_last=fp8_first_last, cast_model_outputs=cast_model_outputs)
-        self._settings = AmpkitSettings.build(level, dtype, {**fields, **options},
+        # The AmpConfig fields arrive in ``options``; the signature LightningCLI reads
+        # (jsonargparse) lists each as a typed parameter: see _signature below.
+        self._settings = AmpkitSettings.build(level, dtype, options,
                                               owner="AmpkitPrecision", config=config)
         props = self._settings.properties(None)
         self.precision = _LIGHTNING_NAMES[(props.level.value, props.dtype)]  # type: ignore[assignment]
@@ -340,3 +306,48 @@ class AmpkitPrecision(Precision):
                              f"does not scale the loss; resume with the settings it was "
                              f"saved with")
         self.scaler.load_state_dict(state_dict)
+
+
+def precision_signature() -> inspect.Signature:
+    """:class:`AmpkitPrecision`'s signature as LightningCLI (jsonargparse) reads it: a
+    typed keyword parameter for each of :class:`ampkit.AmpConfig`'s fields, read when
+    called (``level`` and ``dtype`` first, positional too), its type the field's with
+    the text a YAML file or a flag gives (:func:`ampkit.config.text_kind`), ``None``
+    when not given; then ``config``, ``step_scheduler_on_skip`` and the apex overrides
+    (``**options``).
+
+    Example:
+        >>> from ampkit.integrations.lightning import precision_signature
+        >>> precision_signature().parameters["hysteresis"]
+        <Parameter "hysteresis: int | None = None">
+    """
+    param = inspect.Parameter
+    hints = typing.get_type_hints(schema.AmpConfig)
+    positional = [param("self", param.POSITIONAL_OR_KEYWORD)]
+    # config: Any, not AmpConfig | str: shown the dataclass, LightningCLI (jsonargparse)
+    # would read a file path itself into an AmpConfig it cannot build; the accepted
+    # types are checked when the plugin is made.
+    keywords = [param("config", param.KEYWORD_ONLY, default=None, annotation=Any)]
+    for f in schema.config_fields():
+        kind = text_kind(f.name)
+        if kind is list:
+            annotation: Any = list[str] | None
+        elif kind is str:
+            annotation = hints[f.name] | str | None
+        else:
+            annotation = hints[f.name] if f.default is False else hints[f.name] | None
+        default = False if f.default is False else None
+        if f.name in ("level", "dtype"):
+            positional.append(param(f.name, param.POSITIONAL_OR_KEYWORD, default=default,
+                                    annotation=annotation))
+        else:
+            keywords.append(param(f.name, param.KEYWORD_ONLY, default=default,
+                                  annotation=annotation))
+    keywords.append(param("step_scheduler_on_skip", param.KEYWORD_ONLY, default=False,
+                          annotation=bool))
+    return inspect.Signature([*positional, *keywords,
+                              param("options", param.VAR_KEYWORD, annotation=Any)])
+
+
+# what LightningCLI reads: the parameters made from AmpConfig's fields
+AmpkitPrecision.__init__.__signature__ = precision_signature()  # type: ignore[attr-defined]

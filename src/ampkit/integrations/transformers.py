@@ -52,17 +52,21 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
+import inspect
 import os
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
-from ampkit.arguments import parse_loss_scale
-from ampkit.config import AmpConfig, field_help
-from ampkit.integrations._settings import OPTIONS, AmpkitSettings, missing_framework
+from ampkit import config as schema
+from ampkit.config import AmpConfig, field_help, text_kind
+from ampkit.integrations._settings import (
+    AmpkitSettings,
+    accepted_options,
+    missing_framework,
+)
 from ampkit.integrations._versions import require_hooks
 
 try:
@@ -78,27 +82,51 @@ except ImportError as error:  # pragma: no cover - transformers' Trainer needs i
 require_hooks("transformers", "transformers", Trainer,
               ("_save", "create_accelerator_and_postprocess"))
 
-__all__ = ["AmpkitArguments", "AmpkitConfigRecord", "AmpkitTrainer"]
+__all__ = ["AmpkitArguments", "AmpkitConfigRecord", "AmpkitTrainer", "arguments_class"]
 
 _REFUSED_FLAGS = ("bf16_full_eval", "fp16_full_eval")
 CONFIG_FILE = "ampkit_config.json"
 
 
-def _flag(name: str, unset: str = "") -> dict[str, str]:
-    """The metadata of the ``--ampkit_<name>`` flag of AmpConfig's field ``name``: its
-    help and accepted values come from AmpConfig (:func:`ampkit.config.field_help`), so
-    the flags take every spelling AmpConfig takes; the values are checked when the
-    arguments are made."""
-    return {"help": field_help(name) + unset}
+_T = TypeVar("_T")
 
 
-@dataclasses.dataclass
+def _flag_type(f: dataclasses.Field[Any]) -> tuple[Any, Any]:
+    """The type and default of the flag of AmpConfig's field ``f``: what a command line
+    gives for it (:func:`ampkit.config.text_kind`), ``None`` when not given (a switch
+    that is off by default stays ``False``)."""
+    kind = text_kind(f.name)
+    if kind is bool:
+        return (bool, False) if f.default is False else (bool | None, None)
+    if kind is list:
+        return list[str] | None, None
+    return kind | None, None
+
+
+def _with_config_flags(cls: type[_T]) -> type[_T]:
+    """``cls`` as a dataclass with an ``ampkit_<name>`` flag for each of
+    :class:`ampkit.AmpConfig`'s fields, read when called: its help and accepted values
+    from :func:`ampkit.config.field_help`, its type from the field's
+    (:func:`_flag_type`); AmpConfig checks the values when the arguments are made."""
+    annotations = dict(inspect.get_annotations(cls))  # the class's own, not its base's
+    cls.__annotations__ = annotations
+    for f in schema.config_fields():
+        name = f"ampkit_{f.name}"
+        annotations[name], default = _flag_type(f)
+        setattr(cls, name, dataclasses.field(default=default,
+                                             metadata={"help": field_help(f.name)}))
+    return dataclasses.dataclass(cls)
+
+
+@_with_config_flags
 class AmpkitArguments:
-    """The ampkit config as command-line flags for ``HfArgumentParser`` (each field is
-    an :class:`ampkit.AmpConfig` field with an ``ampkit_`` prefix; ``None``: not given).
-    They accept the spellings ``AmpConfig`` accepts (``--ampkit_level o2``,
-    ``--ampkit_dtype bf16``), and are checked when made (a bad value or a flag that
-    contradicts ``--ampkit_config`` is a ``ValueError`` then).
+    """The ampkit config as command-line flags for ``HfArgumentParser``: an
+    ``ampkit_<name>`` flag for each :class:`ampkit.AmpConfig` field (made from the
+    fields, with their help; ``None``: not given; ``--ampkit_level`` unset: the
+    config's, else ``O2``). They accept the spellings ``AmpConfig`` accepts
+    (``--ampkit_level o2``, ``--ampkit_dtype bf16``, ``--ampkit_master_weights true``),
+    and are checked when made (a bad value or a flag that contradicts
+    ``--ampkit_config`` is a ``ValueError`` then).
 
     Example:
         >>> from transformers import HfArgumentParser
@@ -113,50 +141,6 @@ class AmpkitArguments:
     ampkit_config: str | None = dataclasses.field(
         default=None, metadata={"help": "an ampkit config file (.json, .yaml or .yml); the "
                                          "other --ampkit_* flags must agree with it"})
-    ampkit_level: str | None = dataclasses.field(
-        default=None, metadata=_flag("level", unset="; unset: the config's, else O2"))
-    ampkit_dtype: str | None = dataclasses.field(
-        default=None, metadata=_flag("dtype"))
-    ampkit_policy: str | None = dataclasses.field(
-        default=None, metadata=_flag("policy"))
-    ampkit_custom_white_list: list[str] | None = dataclasses.field(
-        default=None, metadata=_flag("custom_white_list"))
-    ampkit_custom_black_list: list[str] | None = dataclasses.field(
-        default=None, metadata=_flag("custom_black_list"))
-    ampkit_keep_fp32_modules: list[str] | None = dataclasses.field(
-        default=None, metadata=_flag("keep_fp32_modules"))
-    ampkit_keep_norms_fp32: bool | None = dataclasses.field(
-        default=None, metadata=_flag("keep_norms_fp32"))
-    ampkit_master_weights: str | None = dataclasses.field(
-        default=None, metadata=_flag("master_weights"))
-    ampkit_rounding_seed: int | None = dataclasses.field(
-        default=None, metadata=_flag("rounding_seed"))
-    ampkit_loss_scale: str | None = dataclasses.field(
-        default=None, metadata=_flag("loss_scale"))
-    ampkit_init_scale: float | None = dataclasses.field(
-        default=None, metadata=_flag("init_scale"))
-    ampkit_growth_factor: float | None = dataclasses.field(
-        default=None, metadata=_flag("growth_factor"))
-    ampkit_backoff_factor: float | None = dataclasses.field(
-        default=None, metadata=_flag("backoff_factor"))
-    ampkit_growth_interval: int | None = dataclasses.field(
-        default=None, metadata=_flag("growth_interval"))
-    ampkit_hysteresis: int | None = dataclasses.field(
-        default=None, metadata=_flag("hysteresis"))
-    ampkit_min_scale: float | None = dataclasses.field(
-        default=None, metadata=_flag("min_scale"))
-    ampkit_max_scale: float | None = dataclasses.field(
-        default=None, metadata=_flag("max_scale"))
-    ampkit_log_skipped_steps: bool = dataclasses.field(
-        default=False, metadata=_flag("log_skipped_steps"))
-    ampkit_fp8: str | None = dataclasses.field(
-        default=None, metadata=_flag("fp8"))
-    ampkit_fp8_exclude_modules: list[str] | None = dataclasses.field(
-        default=None, metadata=_flag("fp8_exclude_modules"))
-    ampkit_fp8_first_last: bool = dataclasses.field(
-        default=False, metadata=_flag("fp8_first_last"))
-    ampkit_cast_model_outputs: str | None = dataclasses.field(
-        default=None, metadata=_flag("cast_model_outputs"))
 
     def __post_init__(self) -> None:
         self.to_config()  # checked once, when the flags are parsed
@@ -166,7 +150,8 @@ class AmpkitArguments:
         given, as ``AmpkitTrainer``'s).
 
         Raises:
-            ValueError: a bad value, or a flag that contradicts ``--ampkit_config``.
+            ValueError: a bad value (naming its flag), or a flag that contradicts
+                ``--ampkit_config``.
 
         Example:
             >>> from ampkit.integrations.transformers import AmpkitArguments
@@ -175,20 +160,30 @@ class AmpkitArguments:
             'kahan'
         """
         fields = {f.name.removeprefix("ampkit_"): getattr(self, f.name)
-                  for f in dataclasses.fields(self) if f.name != "ampkit_config"}
-        master = fields["master_weights"]
-        if isinstance(master, str) and master.lower() in ("true", "false"):
-            fields["master_weights"] = master.lower() == "true"
-        scale = fields["loss_scale"]
-        if isinstance(scale, str) and scale != "dynamic":
-            # a command line gives text: a number's text becomes the number, and what
-            # is neither gets the one loss-scale wording
-            with contextlib.suppress(ValueError):
-                scale = float(scale)
-        fields["loss_scale"] = parse_loss_scale(scale, "--ampkit_loss_scale")
+                  for f in dataclasses.fields(cast(Any, self)) if f.name != "ampkit_config"}
         level, dtype = fields.pop("level"), fields.pop("dtype")
-        return AmpkitSettings.build(level, dtype, fields, owner="AmpkitArguments",
-                                    config=self.ampkit_config).config
+        owner = type(self).__name__
+        try:
+            return AmpkitSettings.build(level, dtype, fields, owner=owner,
+                                        config=self.ampkit_config).config
+        except (TypeError, ValueError) as error:
+            text = str(error)
+            for name in (*fields, "level", "dtype"):  # a field's check names the field:
+                text = text.replace(f"{owner}: {name} ", f"{owner}: --ampkit_{name} ", 1)
+            raise type(error)(text) from None
+
+
+def arguments_class() -> type[AmpkitArguments]:
+    """A fresh :class:`AmpkitArguments` made from :class:`ampkit.AmpConfig`'s fields as
+    they are now (``AmpkitArguments`` itself is made when this module is imported).
+
+    Example:
+        >>> from ampkit.integrations.transformers import arguments_class
+        >>> "ampkit_hysteresis" in arguments_class().__dataclass_fields__
+        True
+    """
+    return _with_config_flags(type("AmpkitArguments", (AmpkitArguments,),
+                                   {"__module__": __name__, "__doc__": AmpkitArguments.__doc__}))
 
 
 class AmpkitConfigRecord(TrainerCallback, ExportableState):
@@ -249,7 +244,8 @@ class AmpkitTrainer(Trainer):
                  level: str | None = None, dtype: torch.dtype | str | None = None,
                  config: AmpConfig | AmpkitArguments | str | os.PathLike[str] | None = None,
                  **kwargs: Any) -> None:
-        options = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTIONS}
+        accepted = accepted_options()
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in accepted}
         if isinstance(config, AmpkitArguments):
             config = config.to_config()
         settings = AmpkitSettings.build(level, dtype, options, owner="AmpkitTrainer",

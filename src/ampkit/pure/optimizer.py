@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit.levels import PURE_MASTER_WEIGHTS
 from ampkit.pure.rounding import (
     Positions,
     local_tensor,
@@ -35,9 +36,10 @@ __all__ = ["PURE_ROUNDINGS", "PureLowPrecisionOptimizer", "PureState", "check_pu
            "check_rounding", "check_seed", "optimizer_class_name", "pure_rounding",
            "rebuild_pure"]
 
-#: The rounding modes :class:`PureLowPrecisionOptimizer` accepts; ``initialize``'s
-#: ``master_weights`` takes the first two (``"nearest"`` is the stalling baseline).
-PURE_ROUNDINGS: tuple[str, ...] = ("stochastic", "kahan", "nearest")
+#: The rounding modes :class:`PureLowPrecisionOptimizer` accepts: the pure modes
+#: ``initialize``'s ``master_weights`` takes (:data:`ampkit.levels.PURE_MASTER_WEIGHTS`,
+#: spelled once there), and ``"nearest"``, the stalling baseline.
+PURE_ROUNDINGS: tuple[str, ...] = (*PURE_MASTER_WEIGHTS, "nearest")
 
 _COMP = "kahan_compensation"  # per-parameter optimizer state: the Kahan compensation
 _COUNT = "rounding_step"  # per-parameter optimizer state: rounded updates so far

@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from ampkit.arguments import parse_loss_scale, positive_int
+from ampkit.arguments import canonical_names, parse_loss_scale, positive_int
 from ampkit.scaling.distributed import agree_on_overflow_
 from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.overflow import unscale_grads_
@@ -83,8 +83,8 @@ class LossScalingConfig:
     loss_scale: str | float | None = "dynamic"
     num_losses: int = 1
     init_scale: float = 2.0 ** 16
-    min_loss_scale: float | None = None
-    max_loss_scale: float | None = 2.0 ** 24
+    min_scale: float | None = None
+    max_scale: float | None = 2.0 ** 24
     growth_interval: int = 2000
     hysteresis: int = 1
 
@@ -95,16 +95,16 @@ def _build_scaler(config: LossScalingConfig) -> GradScaler:
     if isinstance(config.loss_scale, str):  # "dynamic", the only string it takes
         return GradScaler(init_scale=config.init_scale,
                           growth_interval=config.growth_interval,
-                          hysteresis=config.hysteresis, min_scale=config.min_loss_scale,
-                          max_scale=config.max_loss_scale)
+                          hysteresis=config.hysteresis, min_scale=config.min_scale,
+                          max_scale=config.max_scale)
     # Static: bounds and growth are meaningless, the scale is the number given.
     return GradScaler(init_scale=config.loss_scale, hysteresis=config.hysteresis,
                       dynamic=False)
 
 
 def build_loss_scaler(loss_scale: str | float | None = "dynamic", *,
-                      init_scale: float = 2.0 ** 16, min_loss_scale: float | None = None,
-                      max_loss_scale: float | None = 2.0 ** 24, growth_interval: int = 2000,
+                      init_scale: float = 2.0 ** 16, min_scale: float | None = None,
+                      max_scale: float | None = 2.0 ** 24, growth_interval: int = 2000,
                       hysteresis: int = 1) -> GradScaler:
     """One scaler as :func:`configure_loss_scaling` builds it for each loss id, for a
     caller that keeps its own (apex's legacy optimizer wrapper has one per loss); pass
@@ -118,7 +118,7 @@ def build_loss_scaler(loss_scale: str | float | None = "dynamic", *,
     """
     return _build_scaler(LossScalingConfig(
         loss_scale=parse_loss_scale(loss_scale), init_scale=init_scale,
-        min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
+        min_scale=min_scale, max_scale=max_scale,
         growth_interval=growth_interval, hysteresis=hysteresis))
 
 
@@ -167,12 +167,12 @@ _NO_ATTRIBUTE = object()
 
 def configure_loss_scaling(loss_scale: str | float | None = "dynamic", *,
                            num_losses: int = 1, init_scale: float = 2.0 ** 16,
-                           min_loss_scale: float | None = None,
-                           max_loss_scale: float | None = 2.0 ** 24,
+                           min_scale: float | None = None,
+                           max_scale: float | None = 2.0 ** 24,
                            growth_interval: int = 2000,
                            hysteresis: int = 1,
-                           optimizers: Sequence[torch.optim.Optimizer] | None = None
-                           ) -> tuple[GradScaler, ...]:
+                           optimizers: Sequence[torch.optim.Optimizer] | None = None,
+                           **deprecated: Any) -> tuple[GradScaler, ...]:
     """Set up one scaler per loss id for :func:`scale_loss`. Returns the scalers,
     indexed by loss id.
 
@@ -187,11 +187,14 @@ def configure_loss_scaling(loss_scale: str | float | None = "dynamic", *,
             scaling).
         num_losses: how many loss ids (``0 .. num_losses - 1``); int >= 1.
         init_scale: the dynamic scalers' starting scale.
-        min_loss_scale: floor of the dynamic scale (apex), or ``None``.
-        max_loss_scale: ceiling of the dynamic scale (apex default 2**24), or ``None``.
+        min_scale: floor of the dynamic scale (apex's ``min_loss_scale``), or ``None``.
+        max_scale: ceiling of the dynamic scale (apex's ``max_loss_scale``, default
+            2**24), or ``None``.
         growth_interval: clean steps before the dynamic scale doubles.
         hysteresis: overflows in a row before the scale halves (every overflow skips).
         optimizers: the optimizers this set-up belongs to, or ``None``.
+        **deprecated: ``min_loss_scale``/``max_loss_scale``, the old names of
+            ``min_scale``/``max_scale``, with a ``FutureWarning``.
 
     Raises:
         ValueError: a bad value, naming the argument.
@@ -202,12 +205,20 @@ def configure_loss_scaling(loss_scale: str | float | None = "dynamic", *,
         >>> [s.get_scale() for s in configure_loss_scaling(128.0, num_losses=2)]
         [128.0, 128.0]
     """
+    if deprecated:
+        named = canonical_names(deprecated, "configure_loss_scaling", stacklevel=2)
+        unknown = sorted(set(named) - {"min_scale", "max_scale"})
+        if unknown:
+            raise TypeError(f"configure_loss_scaling() got unexpected keyword arguments "
+                            f"{unknown}")
+        min_scale = named.get("min_scale", min_scale)
+        max_scale = named.get("max_scale", max_scale)
     opts = [] if optimizers is None else _as_optimizers(optimizers)
     num_losses = positive_int(num_losses, "num_losses")
     config = LossScalingConfig(
         loss_scale=parse_loss_scale(loss_scale), num_losses=int(num_losses),
-        init_scale=init_scale, min_loss_scale=min_loss_scale,
-        max_loss_scale=max_loss_scale, growth_interval=growth_interval,
+        init_scale=init_scale, min_scale=min_scale,
+        max_scale=max_scale, growth_interval=growth_interval,
         hysteresis=hysteresis)
     state = _State(config)  # validates every value before anything is replaced
     global _state

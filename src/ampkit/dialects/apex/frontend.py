@@ -189,8 +189,8 @@ def initialize(models: nn.Module | Sequence[nn.Module],
     with framework_errors(names=_APEX_NAMES, types={ValueError: RuntimeError}):
         checked: Any = models  # a module, or a list or tuple of them (checked above)
         result = _initialize(checked, inner, level=opt_level, dtype=low,
-                             num_losses=num_losses, min_loss_scale=min_loss_scale,
-                             max_loss_scale=max_loss_scale, **_core_overrides(props, low))
+                             num_losses=num_losses, min_scale=min_loss_scale,
+                             max_scale=max_loss_scale, **_core_overrides(props, low))
     set_properties(props)
     amp_state.handle = (AmpHandle(allow_banned=False, scaling=False)
                          if props.patch_torch_functions else None)

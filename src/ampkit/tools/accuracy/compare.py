@@ -223,9 +223,9 @@ def _setup(precision: Any, dtype: Any, device_type: str,
     chosen = as_dtype(dtype)
     if _is_level(precision) or isinstance(precision, AmpConfig):
         from ampkit.front_door import convert_model
-        from ampkit.levels import Level, conversion_for_level
+        from ampkit.levels import conversion_of
 
-        options: dict[str, Any] = {}
+        settings: dict[str, Any] = {"level": precision}
         if isinstance(precision, AmpConfig):  # the conversion initialize(config=) makes
             cfg = precision
             if chosen is not None and cfg.dtype is not None and chosen != cfg.dtype:
@@ -234,15 +234,9 @@ def _setup(precision: Any, dtype: Any, device_type: str,
             chosen = chosen or cfg.dtype
             white = [*cfg.custom_white_list, *(white or ())] or None
             black = [*cfg.custom_black_list, *(black or ())] or None
-            options = {"keep_fp32_modules": cfg.keep_fp32_modules, "policy": cfg.policy,
-                       "keep_norms_fp32": cfg.keep_norms_fp32,
-                       "master_weights": cfg.master_weights,
-                       "cast_model_outputs": cfg.cast_model_outputs}
-            precision = cfg.level
-        level = Level.parse(precision)
-        config = conversion_for_level(level, chosen, device_type=device_type,
-                                      custom_white_list=white, custom_black_list=black,
-                                      **options)
+            settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+        settings.update(dtype=chosen, custom_white_list=white, custom_black_list=black)
+        props, config = conversion_of(settings, device_type)
         low = config.compute_dtype or torch.get_autocast_dtype(device_type)
         policy = config.policy
         # Entering the conversion's own region before the op watch keeps the engine
@@ -250,7 +244,7 @@ def _setup(precision: Any, dtype: Any, device_type: str,
         region: Callable[[], Any] = (
             functools.partial(ampkit.autocast, device_type, low, policy=policy)
             if policy is not None else contextlib.nullcontext)
-        return _Setup(f"{level.value}", low, lambda m: convert_model(m, config), region)
+        return _Setup(f"{props.level.value}", low, lambda m: convert_model(m, config), region)
     if not isinstance(precision, (str, Policy)):
         raise TypeError(f"precision must be a level ('O0'-'O3'), a policy name or a Policy, "
                         f"got {type(precision).__name__}")

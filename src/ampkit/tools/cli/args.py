@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["BAD_INPUT", "DEVICE_CHOICES", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG",
-           "Parser", "add_device_option", "add_run_options", "choice_list", "config_file",
-           "console", "device_name", "fail", "folder_undo", "fp8_recipe",
+           "Parser", "add_config_options", "add_device_option", "add_run_options",
+           "choice_list", "config_file", "config_flag", "config_from_args", "console",
+           "device_name", "fail", "folder_undo", "fp8_recipe",
            "known_import_noise_silenced", "low_dtype",
            "missing_modules", "non_negative_int", "number", "output_path", "positive_int",
            "seed", "spelled"]
@@ -444,3 +445,116 @@ def console() -> Console:
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+# -- AmpConfig's fields as flags --------------------------------------------------------
+
+def config_flag(name: str) -> str:
+    """The command-line flag of :class:`ampkit.AmpConfig`'s field ``name``.
+
+    Example:
+        >>> from ampkit.tools.cli.args import config_flag
+        >>> config_flag("keep_fp32_modules")
+        '--keep-fp32-modules'
+    """
+    return "--" + name.replace("_", "-")
+
+
+def _true_or_false(text: str) -> bool:
+    key = text.strip().lower()
+    if key not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+    return key == "true"
+
+
+def _names(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"must name at least one, got {text!r}")
+    return names
+
+
+def add_config_options(parser: argparse.ArgumentParser, *, skip: Iterable[str] = ()) -> None:
+    """Add a flag for each of :class:`ampkit.AmpConfig`'s fields (read when called;
+    those in ``skip`` are the command's own): :func:`config_flag`'s name, the field's
+    help (:func:`ampkit.config.field_help`), and a type read from the field's
+    (:func:`ampkit.config.text_kind`): a number, ``true``/``false``, comma-separated
+    names, or text that AmpConfig's own check parses. Unset, a flag says nothing
+    (``None``); :func:`config_from_args` makes the config.
+
+    Example:
+        >>> import argparse
+        >>> from ampkit.tools.cli.args import add_config_options, config_from_args
+        >>> parser = argparse.ArgumentParser()
+        >>> add_config_options(parser)
+        >>> args = parser.parse_args(["--level", "o2", "--dtype", "fp16",
+        ...                           "--custom-black-list", "softmax,exp", "--hysteresis", "2"])
+        >>> cfg = config_from_args(args)
+        >>> cfg.level, cfg.custom_black_list, cfg.hysteresis
+        ('O2', ('exp', 'softmax'), 2)
+    """
+    from ampkit.config import config_fields, field_help, text_kind
+
+    group = parser.add_argument_group(
+        "ampkit config", "AmpConfig's fields (ampkit.AmpConfig); with --config, each "
+                         "one given must agree with the file")
+    skipped = set(skip)
+    for f in config_fields():
+        if f.name in skipped:
+            continue
+        kind = text_kind(f.name)
+        options: dict[str, Any] = {"dest": f"config_{f.name}", "default": None,
+                                   "help": field_help(f.name)}
+        if kind is bool and f.default is False:  # a switch, off unless given
+            options["action"] = "store_const"
+            options["const"] = True
+        elif kind is bool:
+            options.update(type=_true_or_false, metavar="true|false")
+        elif kind is list:
+            options.update(type=_names, action="extend", metavar="NAMES")
+        else:
+            options.update(type=kind, metavar=f.name.upper())
+        group.add_argument(config_flag(f.name), **options)
+
+
+def config_from_args(args: argparse.Namespace, base: Any = None) -> Any:
+    """The :class:`ampkit.AmpConfig` the flags of :func:`add_config_options` say:
+    ``base`` (a config read from ``--config``) with each flag given checked against it,
+    or a config of the flags given; ``base`` when none is.
+
+    Raises:
+        ValueError: a bad value (the field's own check, naming its flag), or a flag that
+            contradicts ``base``.
+
+    Example:
+        >>> import argparse
+        >>> from ampkit import AmpConfig
+        >>> from ampkit.tools.cli.args import add_config_options, config_from_args
+        >>> parser = argparse.ArgumentParser()
+        >>> add_config_options(parser)
+        >>> config_from_args(parser.parse_args(["--level", "O3"]), AmpConfig("O2"))
+        Traceback (most recent call last):
+        ...
+        ValueError: --level O3 contradicts the config's level='O2'; give it once
+    """
+    from ampkit import config as schema
+
+    given = {f.name: getattr(args, f"config_{f.name}") for f in schema.config_fields()
+             if getattr(args, f"config_{f.name}", None) is not None}
+    if not given:
+        return base
+    try:
+        if base is None:
+            return schema.AmpConfig(**given)
+        for name, value in given.items():
+            if base.replace(**{name: value}) != base:
+                shown = ",".join(value) if isinstance(value, list) else value
+                raise ValueError(f"{config_flag(name)} {shown} contradicts the config's "
+                                 f"{name}={getattr(base, name)!r}; give it once")
+    except (TypeError, ValueError) as error:  # a command line gives values: one type
+        text = str(error)
+        for name in given:  # a field's check names the field: name its flag
+            if text.startswith(f"{name} "):
+                text = config_flag(name) + text[len(name):]
+        raise ValueError(text) from None
+    return base

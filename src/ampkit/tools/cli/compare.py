@@ -8,7 +8,10 @@ a policy file written by ``ampkit tune`` / ``Policy.save``; default ``torch``, n
 autocast's lists) or as ``--config FILE`` says (an :class:`ampkit.AmpConfig` file: the
 model converted as ``initialize(config=...)`` converts it) in ``--dtype``, with
 ``--custom-white-list`` / ``--custom-black-list`` added, and ``--loss-fn`` for
-gradients, on ``--device`` (default: where TARGET and ``--inputs`` put them). With
+gradients, on ``--device`` (default: where TARGET and ``--inputs`` put them). Every
+other :class:`ampkit.AmpConfig` field is a flag too (``--level``, ``--keep-fp32-modules``,
+``--master-weights``, ...: made from the fields, with their help); given, they make
+the config (or, with ``--config``, must agree with it). With
 ``--fp8 RECIPE`` (``tensorwise``, ``rowwise``, ``rowwise_with_gw_hp``; needs
 ``ampkit[fp8]``) every Linear that can run in fp8 is also measured alone in fp8 and in
 ``--dtype`` against float32
@@ -42,9 +45,11 @@ from typing import Any
 
 from ampkit.tools.cli.args import (
     MISSING,
+    add_config_options,
     add_device_option,
     add_run_options,
     config_file,
+    config_from_args,
     console,
     fail,
     folder_undo,
@@ -66,6 +71,9 @@ from ampkit.tools.cli.target import (
 __all__ = ["add_parser", "run"]
 
 _LEVELS = ("O1", "O2", "O3")
+# AmpConfig's fields that compare has flags of its own for (their meaning with --config
+# is compare's: see the module's docstring)
+_OWN_CONFIG_FLAGS = ("dtype", "fp8", "custom_white_list", "custom_black_list")
 
 
 def _precision(text: str) -> Any:
@@ -148,6 +156,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                          help="rows per table printed (default: 20; the report has all)")
     add_device_option(compare, default=None,
                       default_help="where TARGET and --inputs put the model and tensors")
+    # every other AmpConfig field, as a flag (--level, --keep-fp32-modules, ...); these
+    # four are compare's own flags above
+    add_config_options(compare, skip=_OWN_CONFIG_FLAGS)
     add_run_options(
         compare, out="compare-report", out_help="report folder, created if needed",
         overwrite_help="replace report files of the same names already in --out",
@@ -167,6 +178,15 @@ def run(args: argparse.Namespace) -> int:
             resolve_device(args.device)
         except RuntimeError as error:
             return fail("compare", str(error), MISSING)
+    try:
+        config = config_from_args(args, args.config)
+    except ValueError as error:
+        return fail("compare", " ".join(str(error).split()))
+    if config is not args.config:  # the config's fields given as flags made one
+        if args.precision != "torch":
+            return fail("compare", "--precision and the config's flags both choose the "
+                                   "precision; give the level with --level")
+        args.config = config
     if args.config is not None:
         problem = _against_config(args)
         if problem:
