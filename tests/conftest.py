@@ -103,3 +103,12 @@ def _registered_policies_stay_local() -> Iterator[None]:
     yield
     for name in set(ampkit.available_policies()) - before:
         ampkit.unregister_policy(name)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--conformance-all``: collect the whole conformance matrix (tests/conformance);
+    without it that folder collects its CI subset. Registered here, not in
+    tests/conformance/conftest.py, because pytest reads options only from the conftests
+    it loads at start-up, which a run of the whole suite does not include."""
+    parser.addoption("--conformance-all", action="store_true", default=False,
+                     help="run every cell of the conformance matrix (tests/conformance)")
