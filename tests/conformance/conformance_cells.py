@@ -633,7 +633,7 @@ class Values(list):  # type: ignore[type-arg]
 def _fresh_twin_loss(arch: str, mode: str, run: Run, step: int, train: bool) -> float:
     """The loss a model newly set up in ``mode`` from ``run.model``'s current state
     computes: no low-precision copy can be stale in it."""
-    if mode in MODES and MODES[mode].thread_region:  # the region is the thread's: share it, don't reopen
+    if mode in MODES and MODES[mode].thread_region:  # share the thread's region
         twin = Run(fresh(arch), run.opt, forward_ctx=run.forward_ctx)
     else:
         twin = setup(arch, mode)

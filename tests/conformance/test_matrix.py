@@ -16,10 +16,9 @@ import re
 import warnings
 from typing import Any
 
+import conformance_cells as C
 import pytest
 import torch
-
-import conformance_cells as C
 
 CHECKS = ("dtype_invariants", "wrong_order_errors")
 #: torch.compile is crossed with these modes only (a compiled cell costs 5-60 s here):
