@@ -201,6 +201,19 @@ def parametrized_sequential() -> nn.Module:
         torch.nn.utils.spectral_norm(nn.Linear(32, 32)))
 
 
+class SparseEmbeddingNet(nn.Module):
+    """A bag of sparse-gradient embeddings and a small head (issue 34, item 7)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.EmbeddingBag(VOCAB, HIDDEN, mode="mean", sparse=True)
+        self.hidden = nn.Linear(HIDDEN, HIDDEN)
+        self.head = nn.Linear(HIDDEN, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(F.gelu(self.hidden(self.embed(ids))))
+
+
 def _hf_config(kind: str) -> Any:
     import transformers as hf
 
@@ -245,6 +258,8 @@ class Arch:
     fp8_layers: bool = True
     #: torch.compile(fullgraph=True) is possible (dynamo does not trace nn.LSTM)
     fullgraph: bool = True
+    #: the machinery it is crossed with (None: all)
+    machinery: tuple[str, ...] | None = None
 
 
 def _ids(g: torch.Generator, n: int = BATCH, seq: int = SEQ) -> torch.Tensor:
@@ -273,6 +288,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("parametrized_sequential", parametrized_sequential,
          lambda g: {"x": torch.randn(16, 32, generator=g),
                     "y": torch.randn(16, 32, generator=g)}),
+    # sparse gradients: SGD (AdamW refuses them); crossed with the basic machinery only
+    Arch("sparse_embedding", SparseEmbeddingNet,
+         lambda g: {"x": _ids(g, 16), "y": torch.randint(0, 16, (16,), generator=g)},
+         fp8_layers=False,
+         machinery=("plain_steps", "grad_accumulation", "state_dict_resume",
+                    "data_edit_between_steps", "dtype_invariants")),
     Arch("frozen_base_adapters", AdapterNet,
          lambda g: {"x": torch.randn(16, 32, generator=g),
                     "y": torch.randn(16, 32, generator=g)}),
@@ -365,8 +386,10 @@ class Run:
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
-                             weight_decay=0.0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if isinstance(model, SparseEmbeddingNet):  # AdamW takes no sparse gradients
+        return torch.optim.SGD(params, lr=LR * 10)
+    return torch.optim.AdamW(params, lr=LR, weight_decay=0.0)
 
 
 def _initialize(**kwargs: Any) -> Callable[[nn.Module, torch.optim.Optimizer], Run]:
@@ -657,7 +680,9 @@ def m_data_edit(arch: str, mode: str) -> list[float]:
     """The patterns of issue 34: an optimizer step; an eval; every weight edited through
     ``.data`` (in place for half, a new tensor for the other half); two steps of a
     hand-written sign-SGD through ``.data`` (no optimizer step in between); and, after
-    an eval, the initial weights copied back in through ``.data`` (the EMA-swap pattern). fp32
+    an eval, the initial weights copied back in through ``.data`` (the EMA-swap pattern);
+    ``load_state_dict`` of halved weights; the parameters made views of one flat vector
+    (``vector_to_parameters``) and the vector scaled in place. fp32
     training sees each edit in the next forward; so must the mode: each forward after
     an edit equals, bit for bit, that of a model newly set up from the edited state."""
     run = setup(arch, mode)
@@ -686,6 +711,18 @@ def m_data_edit(arch: str, mode: str) -> list[float]:
     originals = [p for p in fresh(arch).parameters() if p.requires_grad]
     for p, original in zip(trainable, originals):  # other weights swapped in wholesale
         p.data.copy_(original.to(p.dtype))
+    twin.append(_fresh_twin_loss(arch, mode, run, 99, train=False))
+    losses.append(_eval(arch, run))
+    # load_state_dict of halved weights (no .data, a route of its own)
+    run.model.load_state_dict({k: v * 0.5 if v.is_floating_point() else v
+                               for k, v in run.model.state_dict().items()})
+    twin.append(_fresh_twin_loss(arch, mode, run, 99, train=False))
+    losses.append(_eval(arch, run))
+    # parameters made views of one flat vector, then the vector edited in place
+    with torch.no_grad():
+        flat = torch.nn.utils.parameters_to_vector(trainable)
+        torch.nn.utils.vector_to_parameters(flat, trainable)
+        flat.mul_(3.0)
     twin.append(_fresh_twin_loss(arch, mode, run, 99, train=False))
     losses.append(_eval(arch, run))
     losses.twin = twin

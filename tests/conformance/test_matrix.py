@@ -81,9 +81,12 @@ def _cells(everything: bool) -> list[Any]:
         archs = [C.DIALECT_ARCH[mode.name]] if mode.dialect else list(C.ARCHS)
         machinery = DIALECT_MACHINERY if mode.dialect else (*C.MACHINERY, *CHECKS)
         for arch in archs:
+            crossed = C.ARCHS[arch].machinery
             for mach in machinery:
                 if mach == "torch_compile" and mode.name not in COMPILED_MODES:
                     continue  # not crossed (see COMPILED_MODES)
+                if crossed is not None and mach not in crossed:
+                    continue  # not crossed (the architecture's own list)
                 if not everything and (arch, mode.name, mach) not in SUBSET:
                     continue
                 why = inapplicable(arch, mode.name, mach)
