@@ -42,6 +42,7 @@ SUBSET = {
     ("bert", "O1_custom_policy", "clip_grad_norm"),
     ("gpt2", "O2_fp16_scaler", "clip_grad_norm"),
     ("tied_embeddings", "O2_bf16", "torch_compile"),
+    ("parametrized_sequential", "O1_custom_policy", "torch_compile"),
     ("t5", "O2_bf16", "checkpoint_reentrant"),
     ("llama", "pure_bf16_stochastic", "checkpoint_non_reentrant"),
     ("cnn_batchnorm", "pure_bf16_stochastic", "state_dict_resume"),
