@@ -724,10 +724,12 @@ def m_data_edit(arch: str, mode: str) -> list[float]:
     twin.append(_fresh_twin_loss(arch, mode, run, 99, train=False))
     losses.append(_eval(arch, run))
     # parameters made views of one flat vector, then the vector edited in place
-    with torch.no_grad():
-        flat = torch.nn.utils.parameters_to_vector(trainable)
-        torch.nn.utils.vector_to_parameters(flat, trainable)
-        flat.mul_(3.0)
+    with torch.no_grad():  # one vector per dtype (pure bf16 keeps its norms fp32)
+        for dtype in {p.dtype for p in trainable}:
+            group = [p for p in trainable if p.dtype == dtype]
+            flat = torch.nn.utils.parameters_to_vector(group)
+            torch.nn.utils.vector_to_parameters(flat, group)
+            flat.mul_(3.0)
     twin.append(_fresh_twin_loss(arch, mode, run, 99, train=False))
     losses.append(_eval(arch, run))
     losses.twin = twin

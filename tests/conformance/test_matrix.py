@@ -62,7 +62,7 @@ def inapplicable(arch: str, mode: str, machinery: str) -> str | None:
     if machinery == "generate" and not spec.decoder:
         return f"{arch} is not a decoder with generate()"
     if m.fp8 and not spec.fp8_layers and machinery != "dtype_invariants":
-        return (f"{arch} has no Linear fp8 may convert (its one Linear is the last); "
+        return (f"fp8 may convert no Linear of {arch} (the first and last are left out); "
                 "that initialize refuses is the dtype_invariants cell")
     if machinery in ("torch_save_load_resume", "deepcopy_resume") and arch == (
             "parametrized_sequential"):
