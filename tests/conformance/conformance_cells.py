@@ -365,7 +365,14 @@ class Run:
     scaler: Any = None
     backward_fn: Callable[[torch.Tensor], None] | None = None
     unscale_fn: Callable[[], None] | None = None
-    close: Callable[[], None] = lambda: None
+    on_close: Callable[[], None] = lambda: None
+    closed: bool = False
+
+    def close(self) -> None:
+        """Undo what the mode opened for the thread (MXNet's region); once."""
+        if not self.closed:
+            self.closed = True
+            self.on_close()
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.backward_fn is not None:
@@ -462,7 +469,7 @@ def _mxnet(model: nn.Module, opt: torch.optim.Optimizer) -> Run:
         with amp.scale_loss(loss, opt) as scaled:
             scaled.backward()
     return Run(model, opt, backward_fn=backward, unscale_fn=lambda: amp.unscale(opt),
-               close=amp.deinit)
+               on_close=amp.deinit)
 
 
 def _torch_dialect(model: nn.Module, opt: torch.optim.Optimizer) -> Run:
@@ -532,7 +539,19 @@ def setup(arch: str, mode: str, *, prepare: Callable[[nn.Module], None] | None =
         prepare(model)
     opt = make_optimizer(model)
     factory = REFERENCES[mode] if mode in REFERENCES else MODES[mode].setup
-    return factory(model, opt)
+    run = factory(model, opt)
+    OPEN_RUNS.append(run)
+    return run
+
+
+#: every run set up since the last :func:`close_all` (the test module closes them after
+#: each cell, so a thread-wide region never outlives its cell, even one that failed)
+OPEN_RUNS: list[Run] = []
+
+
+def close_all() -> None:
+    while OPEN_RUNS:
+        OPEN_RUNS.pop().close()
 
 
 # --------------------------------------------------------------------------------------

@@ -104,10 +104,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _quiet() -> Any:
+def _quiet_and_closed() -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # HF's and torchao's notices; failures still raise
-        yield
+        try:
+            yield
+        finally:
+            C.close_all()  # no mode's thread-wide region outlives its cell
 
 
 def _close(got: list[float], ref: list[float], tolerance: str, what: str) -> None:
