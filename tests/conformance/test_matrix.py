@@ -154,7 +154,9 @@ def _check_dtypes(arch: str, mode: str) -> None:
             import ampkit
 
             report = ampkit.tools.fp8_report(run.model)
-            said = set(re.findall(r"^(\S+)\s+\d+ x \d+\s+yes\b", report, flags=re.M))
+            # a row: the layer's name, (its type,) "IN x OUT", yes/no
+            said = set(re.findall(r"^(\S+)\s+(?:\S+\s+)?\d+ x \d+\s+yes\b", report,
+                                  flags=re.M))
             done = _fp8_layers(run.model)
             if not done:
                 problems.append(f"fp8='tensorwise' converted no layer of {arch}:\n{report}")
