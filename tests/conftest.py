@@ -103,3 +103,17 @@ def _registered_policies_stay_local() -> Iterator[None]:
     yield
     for name in set(ampkit.available_policies()) - before:
         ampkit.unregister_policy(name)
+
+
+#: ``python -m tests.conformance``'s entry point is not a module to import (doctests).
+#: Kept here: a conftest.py in tests/conformance would replace this one as the module
+#: ``conftest`` that tests import ``DEVICES`` and the marks from.
+collect_ignore = ["conformance/__main__.py"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--conformance-all``: collect the whole conformance matrix (tests/conformance);
+    without it that folder collects its CI subset. Registered here, a conftest pytest
+    loads at start-up in every run (options from conftests found later are not read)."""
+    parser.addoption("--conformance-all", action="store_true", default=False,
+                     help="run every cell of the conformance matrix (tests/conformance)")
