@@ -14,38 +14,22 @@ Example:
 
 from __future__ import annotations
 
-import warnings
+from typing import Any
 
+from ampkit._moved import moved_module
+from ampkit.pure import *  # noqa: F403
 from ampkit.pure import (
-    PURE_ROUNDINGS,
-    PureLowPrecisionOptimizer,
     PureState,
-    check_pure_optimizer,
-    mark_pure_models,
-    optimizer_class_name,
-    pure_low_precision,
-    pure_rounding,
-    pure_settings,
+    __all__,  # noqa: F401
     rebuild_pure,
-    stochastic_round,
 )
-
-__all__ = [
-    "PURE_ROUNDINGS",
-    "PureLowPrecisionOptimizer",
-    "check_pure_optimizer",
-    "mark_pure_models",
-    "optimizer_class_name",
-    "pure_low_precision",
-    "pure_settings",
-    "pure_rounding",
-    "stochastic_round",
-]
 
 # The names pickles of pure optimizers made before the rename refer to.
 _Pure, _rebuild_pure = PureState, rebuild_pure
 
 # Module code runs once per process, so this warns once, naming the new path.
-warnings.warn("ampkit.master_weights_pure is deprecated: import from ampkit.pure "
-              "(pure low-precision training) instead; pickles that name the old module "
-              "still load, and save under the new one", DeprecationWarning, stacklevel=2)
+_moved = moved_module(__name__, "ampkit.pure")
+
+
+def __getattr__(name: str) -> Any:
+    return getattr(_moved, name)

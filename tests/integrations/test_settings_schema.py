@@ -21,7 +21,6 @@ import pytest
 import torch
 import torch.nn as nn
 import transformers
-from ampkit.tools.cli.args import config_from_args
 
 import ampkit
 import ampkit.config
@@ -32,6 +31,7 @@ from ampkit.integrations.lightning import AmpkitPrecision, precision_signature
 from ampkit.integrations.transformers import AmpkitArguments, arguments_class
 from ampkit.scaling import multi_loss
 from ampkit.tools.cli import build_parser
+from ampkit.tools.cli.args import config_from_args
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 

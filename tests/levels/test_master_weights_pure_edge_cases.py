@@ -325,7 +325,7 @@ def test_the_former_module_warns_once_and_names_the_new_one():
                          check=True, timeout=120).stdout
     caught = ast.literal_eval(out)  # the list printed above
     assert len(caught) == 1 and caught[0][0] == "DeprecationWarning", caught
-    assert "import from ampkit.pure" in caught[0][1]
+    assert "moved to ampkit.pure" in caught[0][1]
 
 
 def test_deepcopy_of_the_model_alone_copies_its_weights():

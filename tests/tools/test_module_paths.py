@@ -46,7 +46,7 @@ def test_old_module_paths_warn_once_and_serve_the_moved_modules_names(monkeypatc
 
 def test_the_tools_room_holds_subpackages_not_prefixed_files():
     flat = sorted(p.name for p in TOOLS.glob("*.py"))
-    assert flat == ["__init__.py", "_moved.py", "_text.py", "compare.py", "tune.py"]
+    assert flat == ["__init__.py", "_text.py", "compare.py", "tune.py"]
     packages = sorted(p.parent.name for p in TOOLS.glob("*/__init__.py"))
     assert packages == ["accuracy", "cli", "demo", "fp8", "ops", "pages"]
 

@@ -5,7 +5,7 @@ too, looked up there on use)."""
 
 from typing import Any
 
-from ampkit.tools._moved import moved_module
+from ampkit._moved import moved_module
 from ampkit.tools.accuracy.compare import *  # noqa: F403
 from ampkit.tools.accuracy.compare import __all__  # noqa: F401
 

@@ -1,10 +1,10 @@
-"""Old module paths kept as deprecated aliases after ``ampkit.tools`` was given
-subpackages (issue 38): importing one warns once and hands back the module's new home,
-whose names the alias serves.
+"""Old module paths kept as deprecated aliases after a module moved (``ampkit.pure``,
+once ``ampkit.master_weights_pure``; ``ampkit.tools``' subpackages): importing one warns
+once and hands back the module's new home, whose names the alias serves.
 
 Example:
     >>> import warnings
-    >>> from ampkit.tools._moved import moved_module
+    >>> from ampkit._moved import moved_module
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
     ...     moved_module("old.path", "json").__name__
