@@ -2,7 +2,8 @@
 parameters are cast on use and one that casts its inputs each get a subclass of their
 own class, with the same name, module and qualified name, whose ``__call__`` does that
 module's part of the conversion (:func:`converted_call`, :func:`cast_call`,
-:func:`input_cast_call`). A class is made once per (class, call), pickles and deep
+:func:`input_cast_call`). A converted model's class also runs its ``generate`` inside the
+model's boundary (:data:`ENTRY_METHODS`). A class is made once per (class, call), pickles and deep
 copies rebuild it (:func:`rebuild_converted`), and :func:`original_class` sees through
 it (and through FSDP2's ``FSDP<Name>`` on top).
 
@@ -117,7 +118,6 @@ def _entry_method(method: Any) -> Any:
     """``method`` of a converted model's class run inside the model's boundary (the
     root's; a kept or white-listed module with such a method runs it as it was)."""
 
-    @functools.wraps(method)
     def in_boundary(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         boundary: BoundaryCall | None = self.__dict__.get(_BOUNDARY)
         if boundary is None or not boundary.root:
@@ -135,7 +135,7 @@ def _entry_method(method: Any) -> Any:
     # As converted_call: torch.compile meeting this frame runs it as Python (the region
     # entered eagerly) and compiles what it calls.
     skip_frame_only(in_boundary.__code__)
-    return in_boundary
+    return functools.wraps(method)(in_boundary)
 
 
 def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
