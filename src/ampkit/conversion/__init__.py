@@ -45,6 +45,10 @@ subclass of its own class, with the same name, whose ``__call__`` runs the modul
 inside its boundary as one ``with``-like block: a ``KeyboardInterrupt`` leaves nothing
 behind, and ``torch.compile`` traces it without a graph break. There is no Python work
 per op beyond what ``ampkit.autocast`` itself does.
+The model's class also runs its ``generate`` method (Hugging Face's, which calls an
+encoder-decoder's encoder directly, outside the model's forward) inside the model's
+region and one forward pass (:data:`ampkit.conversion.classes.ENTRY_METHODS`); any
+other call of a submodule from outside the model's forward runs outside the boundary.
 
 With ``param_compute_dtype`` set (O2) the parameters are not cast at all: they stay the
 fp32 truth, the module's own ``nn.Parameter`` objects that the optimizer steps, and each

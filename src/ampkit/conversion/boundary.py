@@ -201,10 +201,14 @@ class Boundary:
                 and takes_low_input(module, device_type, self.module_type)
                 and low_contiguous(args, self.output_dtype))
 
-    def enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    def enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              cast_inputs: bool = True
               ) -> tuple[list[Any], int, tuple[Any, ...], dict[str, Any]]:
         """Eager: enter the boundary (all or nothing); ``(entered contexts, swap depth,
-        args, kwargs)`` for :meth:`leave` and the call."""
+        args, kwargs)`` for :meth:`leave` and the call. ``cast_inputs=False``: the
+        region (and, for the root, the forward pass) only, for a method of the model
+        other than its call (:data:`ampkit.conversion.classes.ENTRY_METHODS`), whose
+        calls of the model cast their own inputs."""
         if not self.root and self.region is Region.FP32 and getattr(
                 module, "_is_fsdp_managed_module", False):
             _check_gathered_fp32(module)
@@ -219,7 +223,7 @@ class Boundary:
             for context in self._contexts(device_type):
                 context.__enter__()
                 entered.append(context)
-            if self.input_dtype is not None:
+            if self.input_dtype is not None and cast_inputs:
                 if self._low_input(module, device_type, (args, kwargs)):
                     if issubclass(self.module_type or type(module), nn.LayerNorm):
                         LOW_INPUT_LAYER_NORM.__enter__()  # type: ignore[no-untyped-call]
@@ -261,7 +265,7 @@ class Boundary:
         return cast_tree(output, self.output_dtype)
 
     def call_traced(self, module: nn.Module, call: Any, args: tuple[Any, ...],
-                     kwargs: dict[str, Any]) -> Any:
+                     kwargs: dict[str, Any], cast_inputs: bool = True) -> Any:
         # Traced by dynamo (the module is called inside compiled code): only what it
         # traces, regions as ``with torch.autocast`` blocks. torch.compile of the model
         # itself runs the model's own call outside the graph (see converted_call), so
@@ -271,7 +275,7 @@ class Boundary:
         # intercepts a composite through the Python mode cannot be entered by a graph:
         # an ampkit region, a graph break at its entry and exit.
         device_type = compute_device_type(module, (args, kwargs))
-        if self.input_dtype is not None and not (
+        if self.input_dtype is not None and cast_inputs and not (
                 self._low_input(module, device_type, (args, kwargs))
                 and not issubclass(self.module_type or type(module), nn.LayerNorm)):
             # (LayerNorm's low-input kernel is entered through a function mode, which

@@ -2,7 +2,8 @@
 parameters are cast on use and one that casts its inputs each get a subclass of their
 own class, with the same name, module and qualified name, whose ``__call__`` does that
 module's part of the conversion (:func:`converted_call`, :func:`cast_call`,
-:func:`input_cast_call`). A class is made once per (class, call), pickles and deep
+:func:`input_cast_call`). A converted model's class also runs its ``generate`` inside the
+model's boundary (:data:`ENTRY_METHODS`). A class is made once per (class, call), pickles and deep
 copies rebuild it (:func:`rebuild_converted`), and :func:`original_class` sees through
 it (and through FSDP2's ``FSDP<Name>`` on top).
 
@@ -17,7 +18,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
+import types
 from typing import Any, Protocol
 
 import torch
@@ -35,7 +39,7 @@ from ampkit.casting import cast_tree
 from ampkit.compile_frames import skip_frame_only
 from ampkit.parameter_casts import own_cast_hooks, restore_swapped, swap_params
 
-__all__ = ["BoundaryCall", "cast_call", "cast_inputs_hook", "cast_inputs_to",
+__all__ = ["ENTRY_METHODS", "BoundaryCall", "cast_call", "cast_inputs_hook", "cast_inputs_to",
            "converted_call", "give_boundary", "give_cast_call", "input_cast_call",
            "original_class", "rebuild_converted"]
 
@@ -44,13 +48,16 @@ class BoundaryCall(Protocol):
     """What :func:`converted_call` asks of a module's boundary
     (:class:`ampkit.conversion.boundary.Boundary`)."""
 
-    def enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    root: bool
+
+    def enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              cast_inputs: bool = True
               ) -> tuple[list[Any], int, tuple[Any, ...], dict[str, Any]]: ...
 
     def leave(self, entered: list[Any], swaps: int) -> None: ...
 
     def call_traced(self, module: nn.Module, call: Any, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> Any: ...
+                    kwargs: dict[str, Any], cast_inputs: bool = True) -> Any: ...
 
 
 def original_class(cls: type) -> type:
@@ -88,6 +95,47 @@ def converted_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 skip_frame_only(converted_call.__code__)
 _BOUNDARY = "_ampkit_boundary"
+
+#: Methods of a converted model that call its modules from outside its own forward,
+#: run inside the model's boundary: its region and its forward pass, without the
+#: input and output casts (the model's own calls inside still make theirs).
+#: Hugging Face's ``generate`` calls the encoder of an encoder-decoder model directly
+#: (``model.get_encoder()(...)``, wherever the encoder sits), so without this the
+#: encoder would compute outside the level's region: in fp32 at O1, where native
+#: ``torch.autocast`` around ``generate`` runs it in low precision, and failing at
+#: O2, where a module mixes its low-precision copies with fp32 activations that only
+#: the region's casts reconcile (T5's feed-forward). Inside the region the whole
+#: ``generate`` computes as under native autocast around it (its logits processing
+#: included), and one pass spans it, so O2 casts each weight once per ``generate``,
+#: as native autocast's weight cache does once per region (nothing can change a
+#: parameter during ``generate``). The rule is a method's, not a submodule's: giving
+#: the children a boundary of their own would cost every call inside the forward a
+#: check, and miss an encoder nested deeper (BART's ``model.model.encoder``).
+ENTRY_METHODS = ("generate",)
+
+
+def _entry_method(method: Any) -> Any:
+    """``method`` of a converted model's class run inside the model's boundary (the
+    root's; a kept or white-listed module with such a method runs it as it was)."""
+
+    def in_boundary(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        boundary: BoundaryCall | None = self.__dict__.get(_BOUNDARY)
+        if boundary is None or not boundary.root:
+            return method(self, *args, **kwargs)
+        if torch.compiler.is_compiling():
+            return boundary.call_traced(self, functools.partial(method, self), args,
+                                        kwargs, cast_inputs=False)
+        entered, swaps, args, kwargs = boundary.enter(self, args, kwargs,
+                                                      cast_inputs=False)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            boundary.leave(entered, swaps)
+
+    # As converted_call: torch.compile meeting this frame runs it as Python (the region
+    # entered eagerly) and compiles what it calls.
+    skip_frame_only(in_boundary.__code__)
+    return functools.wraps(method)(in_boundary)
 
 
 def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -208,6 +256,12 @@ def _converted_class(base: type, call: Any = converted_call) -> type:
             if call is converted_call and getattr(forward, "__module__", "").startswith(
                     "torch."):
                 namespace["forward"] = _own_forward_frame(forward)
+            if call is converted_call:
+                for name in ENTRY_METHODS:
+                    # (an instance method only: a static or class method has no model)
+                    method = inspect.getattr_static(base, name, None)
+                    if isinstance(method, types.FunctionType):
+                        namespace[name] = _entry_method(method)
             cls = type(base.__name__, (base,), namespace)
             _converted_of[(base, call)] = cls
             _converted_classes[cls] = base
