@@ -169,8 +169,19 @@ def _check_dtypes(arch: str, mode: str) -> None:
             if wrong:
                 problems.append(f"{mode} keeps fp32 parameters as the truth; got {wrong}")
         else:
+            # A parametrization's sources (``parametrizations.<name>.original*``, the
+            # legacy hooks' ``<name>_orig``/``_g``/``_v``) stay fp32 where parameters go
+            # low, as norms with statistics do: torch's parametrizations cannot compute
+            # in bf16 (orthogonal's matrix_exp, spectral norm beside its fp32 u and v).
+            sources = {n for n in params if ".parametrizations." in f".{n}"
+                       or n.endswith(("_orig", "_g", "_v"))}
             low = {n: p.dtype for n, p in params.items() if n not in norm_params
-                   and p.dtype != m.low}
+                   and n not in sources and p.dtype != m.low}
+            wrong_sources = {n: params[n].dtype for n in sources
+                             if params[n].dtype != torch.float32}
+            if wrong_sources:
+                problems.append(f"{mode} keeps parametrization sources fp32; got "
+                                f"{wrong_sources}")
             if low:
                 problems.append(f"{mode} stores parameters in {m.low}; got {low}")
             norms = {n: params[n].dtype for n in norm_params if n in params

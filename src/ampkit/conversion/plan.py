@@ -82,8 +82,12 @@ def kept_by_conversion(module: nn.Module, config: ConversionConfig) -> bool:
     from torch.nn.utils.parametrize import ParametrizationList
 
     if isinstance(module, ParametrizationList):
+        # At O3 and in pure mode too (parameters stored low): torch's parametrizations
+        # compute in their parameters' dtype, and several cannot in bf16 (orthogonal's
+        # matrix_exp, spectral norm's power iteration beside its fp32 u and v).
         return (config.param_compute_dtype is not None
-                or config.low_precision_modules is not None)
+                or config.low_precision_modules is not None
+                or config.param_dtype in _LOW)
     return (config.param_compute_dtype is not None
             and isinstance(module, nn.Embedding | nn.EmbeddingBag)
             and bool(module.sparse))
@@ -99,7 +103,8 @@ def _kept_output_dtype(module: nn.Module, config: ConversionConfig) -> torch.dty
     """The dtype a kept module's floating outputs are cast to: a parametrization's
     result is a parameter's value, cast on use to the compute dtype."""
     if _is_parametrization(module):
-        return config.param_compute_dtype
+        return config.param_compute_dtype or (
+            config.param_dtype if config.param_dtype in _LOW else None)
     return config.kept_output_dtype
 
 
@@ -210,8 +215,14 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             (n, t, True) for n, t in module._parameters.items()]
         if config.cast_buffers:
             stores += [(n, t, False) for n, t in module._buffers.items()]
+        # A legacy spectral_norm/weight_norm hook's sources stay fp32 when parameters go
+        # low (O3, pure): the hook computes the weight from them in fp32 (spectral norm's
+        # power iteration meets its fp32 u and v) and hands it on in the low dtype.
+        sources = ({s for hook in legacy_reparametrizations(module)
+                    for s in reparametrization_sources(hook)}
+                   if dtype in _LOW else set())
         for tname, tensor, is_param in stores:
-            if tensor is None or not tensor.is_floating_point():
+            if tensor is None or not tensor.is_floating_point() or tname in sources:
                 continue
             full = f"{name}.{tname}" if name else tname
             earlier = plan.tensor_dtype.get(id(tensor))
@@ -257,7 +268,10 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
         if kept and not in_kept:
             boundary = Boundary(Region.FP32, torch.float32,
                                  _kept_output_dtype(module, config), module_type=type(module),
-                                 on_use=_is_parametrization(module))
+                                 # at O3 and in pure mode the low dtype is the
+                                 # parameter's own: read from anywhere, it is that
+                                 on_use=_is_parametrization(module)
+                                 and config.param_dtype not in _LOW)
         elif whitelisted and not in_white:
             boundary = Boundary(Region.LOW, None, config.white_list_output_dtype,
                                  config.compute_dtype, module_type=type(module))
@@ -407,6 +421,12 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
             # module (torch.nn.utils.parametrize reads the class under its own).
             if id(module) not in plan.boundaries and not is_parametrized(module):
                 give_cast_call(module)
+    if config.param_dtype in _LOW:
+        for module in plan.owners:
+            for hook in legacy_reparametrizations(module):
+                if any(plan.tensor_dtype.get(id(p), (None,))[0] is config.param_dtype
+                       for p in module._parameters.values() if p is not None):
+                    reparametrize_in_fp32(hook, config.param_dtype)
     for module, boundary in plan.boundaries.values():
         install_boundary(module, boundary)
     for module in plan.input_casts:
