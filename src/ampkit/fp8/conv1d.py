@@ -113,7 +113,7 @@ def conv1d_features(module: nn.Module) -> tuple[int, int]:
 
 def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     # Under torch.inference_mode() too, as under torch.no_grad(): see ampkit.fp8.linear.
-    return fp8_call(_fp8_forward, self, x)  # type: ignore[no-any-return]
+    return fp8_call(_fp8_forward, self, x)
 
 
 def _fp8_forward(self: Any, x: torch.Tensor) -> torch.Tensor:

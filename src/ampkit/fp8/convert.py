@@ -345,9 +345,9 @@ def apply_fp8(model: nn.Module, plan: Fp8Plan,
     ``convert_to_float8_training``, then ampkit's subclass of it, which also evaluates
     under ``torch.inference_mode()``: :mod:`ampkit.fp8.linear`) and their Conv1Ds for
     ``Float8Conv1D`` (:mod:`ampkit.fp8.conv1d`, in place), mark them so O2 does not
-    cast their parameters on use, and store the plan on the model. A parameter that torchao replaces (its
-    FSDP2 float8 all-gather wraps weights in a new tensor subclass) is replaced in
-    ``optimizers`` too, state included.
+    cast their parameters on use, and store the plan on the model. A parameter that
+    torchao replaces (its FSDP2 float8 all-gather wraps weights in a new tensor
+    subclass) is replaced in ``optimizers`` too, state included.
 
     Example:
         >>> import torch

@@ -52,7 +52,8 @@ _NAME = "Float8Linear"
 def fp8_call(call: Callable[..., Any], *args: Any) -> Any:
     """``call(*args)``; under ``torch.inference_mode()``, with inference mode and grad
     mode off around it, so that torchao's float8 matmul runs as it does under
-    ``torch.no_grad()`` (the same numbers, nothing recorded for backward).
+    ``torch.no_grad()`` (the same numbers, nothing recorded for backward). Inside
+    ``torch.compile``'s tracing, the call as it is.
 
     Example:
         >>> import torch
@@ -62,16 +63,18 @@ def fp8_call(call: Callable[..., Any], *args: Any) -> Any:
         ...                       torch.is_grad_enabled()))
         (False, False)
     """
-    if not torch.is_inference_mode_enabled():
+    # Traced by torch.compile: the call as it is (the graph is not this fix's concern).
+    if torch.compiler.is_compiling() or not torch.is_inference_mode_enabled():
         return call(*args)
     with torch.inference_mode(False), torch.no_grad():
         return call(*args)
 
 
 def _forward(self: Any, input: torch.Tensor) -> torch.Tensor:
-    # torchao's Float8Linear.forward, as it is
-    forward = super(float8_linear_class(), self).forward
-    return fp8_call(forward, input)  # type: ignore[no-any-return]
+    from torchao.float8.float8_linear import Float8Linear
+
+    # torchao's forward, as it is (named directly: torch.compile traces this frame)
+    return fp8_call(Float8Linear.forward, self, input)
 
 
 @functools.cache
