@@ -63,7 +63,8 @@ def fp8_call(call: Callable[..., Any], *args: Any) -> Any:
         ...                       torch.is_grad_enabled()))
         (False, False)
     """
-    # Traced by torch.compile: the call as it is (the graph is not this fix's concern).
+    # Traced by torch.compile: the call as it is (a compiled model already runs under
+    # inference_mode, with the compiled no_grad numbers; no mode switch in the graph).
     if torch.compiler.is_compiling() or not torch.is_inference_mode_enabled():
         return call(*args)
     with torch.inference_mode(False), torch.no_grad():
