@@ -544,3 +544,59 @@ def test_skipped_layers_are_said_once_with_the_count():
         ampkit.initialize(net, level="O2", dtype=torch.bfloat16, fp8="tensorwise",
                           fp8_first_last=True)
     assert not [w for w in seen if issubclass(w.category, ampkit.fp8.Fp8SkipWarning)]
+
+
+# -- evaluation under torch.inference_mode() ------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", pytest.param(
+    "rowwise", marks=NEEDS_CPU_ROWWISE_FP8)])
+def test_fp8_linears_evaluate_under_inference_mode_as_under_no_grad_bit_for_bit(recipe):
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = ampkit.initialize(_mlp(), level="O2", dtype=torch.bfloat16, fp8=recipe)
+    assert isinstance(model[2], Float8Linear) and type(model[2]).__name__ == "Float8Linear"
+    model.eval()
+    x = torch.randn(BATCH, 16, device=DEVICE)
+    with torch.no_grad():
+        expected = model(x)
+
+    def evaluate():
+        with torch.inference_mode():
+            out.append(model(x))
+
+    out: list[torch.Tensor] = []
+    # torchao's fp8 matmul, once per converted layer (2, 4, 6): not a high-precision
+    # fallback
+    assert _scaled_mm_per_layer(model, evaluate) == {
+        "0": 0, "2": 1, "4": 1, "6": 1, "8": 0, "10": 0}
+    assert out[0].dtype is expected.dtype is torch.float32
+    assert torch.equal(out[0], expected)
+    # and the model trains on afterwards, its fp8 matmuls included
+    model.train()
+    counts = _scaled_mm_per_layer(model, lambda: _train_step(model, x))
+    assert counts == {"0": 0, "2": 3, "4": 3, "6": 3, "8": 0, "10": 0}
+    # the whole model still pickles and deep-copies, and evaluates the same after
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for other in (torch.load(buffer, weights_only=False), copy.deepcopy(model)):
+        assert type(other[2]) is type(model[2])
+        with torch.inference_mode():
+            assert torch.equal(other(x), model(x))
+
+
+def test_gpt2_conv1d_evaluates_under_inference_mode_as_under_no_grad_bit_for_bit():
+    model = ampkit.initialize(_gpt2(), level="O2", dtype=torch.bfloat16, fp8="tensorwise")
+    model.eval()
+    x = _gpt2_tokens()
+    with torch.no_grad():
+        expected = model(x).logits
+    out: list[torch.Tensor] = []
+
+    def evaluate():
+        with torch.inference_mode():
+            out.append(model(x).logits)
+
+    assert _count_scaled_mm(evaluate) == len(GPT2_PROJECTIONS)  # one per projection
+    assert torch.equal(out[0], expected)

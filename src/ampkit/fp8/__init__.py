@@ -14,7 +14,9 @@ module:
   the torchao import and its ``ImportError`` naming ``ampkit[fp8]``);
 * :mod:`ampkit.fp8.selection`: which layers go to fp8 and why the others do not;
 * :mod:`ampkit.fp8.convert`: the swap, and how it composes with O2's parameters;
-* :mod:`ampkit.fp8.conv1d`: Hugging Face's ``Conv1D`` in fp8, in its own layout.
+* :mod:`ampkit.fp8.conv1d`: Hugging Face's ``Conv1D`` in fp8, in its own layout;
+* :mod:`ampkit.fp8.linear`: torchao's ``Float8Linear`` as ampkit converts it, which
+  (as ``Float8Conv1D``) also evaluates under ``torch.inference_mode()``.
 
 Importing this package does not import torchao.
 

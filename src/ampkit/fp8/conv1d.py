@@ -46,6 +46,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ampkit.fp8.linear import fp8_call
+
 __all__ = ["conv1d_features", "float8_conv1d_class", "hf_conv1d_class", "is_float8_conv1d",
            "is_hf_conv1d", "to_float8_conv1d"]
 
@@ -110,6 +112,11 @@ def conv1d_features(module: nn.Module) -> tuple[int, int]:
 
 
 def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:
+    # Under torch.inference_mode() too, as under torch.no_grad(): see ampkit.fp8.linear.
+    return fp8_call(_fp8_forward, self, x)
+
+
+def _fp8_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
 
     # As Float8Linear under an autocast region: torchao takes CUDA's autocast dtype.

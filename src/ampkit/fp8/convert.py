@@ -36,6 +36,7 @@ import torch.nn as nn
 
 from ampkit.conversion import OWN_PARAMETER_CASTS, ConversionConfig, get_conversion
 from ampkit.fp8.conv1d import is_hf_conv1d, to_float8_conv1d
+from ampkit.fp8.linear import to_ampkit_float8_linear
 from ampkit.fp8.recipe import check_fp8_device, float8_linear_config, parse_fp8, recipe_name
 from ampkit.fp8.selection import (
     FP8_DIM_MULTIPLE,
@@ -341,11 +342,12 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
 def apply_fp8(model: nn.Module, plan: Fp8Plan,
               optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
     """Swap the planned layers for ``Float8Linear`` (torchao's
-    ``convert_to_float8_training``) and their Conv1Ds for ``Float8Conv1D``
-    (:mod:`ampkit.fp8.conv1d`, in place), mark them so O2 does not cast their parameters
-    on use, and store the plan on the model. A parameter that torchao replaces (its
-    FSDP2 float8 all-gather wraps weights in a new tensor subclass) is replaced in
-    ``optimizers`` too, state included.
+    ``convert_to_float8_training``, then ampkit's subclass of it, which also evaluates
+    under ``torch.inference_mode()``: :mod:`ampkit.fp8.linear`) and their Conv1Ds for
+    ``Float8Conv1D`` (:mod:`ampkit.fp8.conv1d`, in place), mark them so O2 does not
+    cast their parameters on use, and store the plan on the model. A parameter that
+    torchao replaces (its FSDP2 float8 all-gather wraps weights in a new tensor
+    subclass) is replaced in ``optimizers`` too, state included.
 
     Example:
         >>> import torch
@@ -358,8 +360,10 @@ def apply_fp8(model: nn.Module, plan: Fp8Plan,
         ['Float8Linear', 'Float8Linear', 'Float8Linear']
     """
     from torchao.float8 import convert_to_float8_training
+    from torchao.float8.float8_linear import Float8Linear
 
     chosen = set(plan.converted)
+    already = {name for name, m in model.named_modules() if name in chosen and is_float8(m)}
     config = float8_linear_config(plan.recipe)
     before = {name: (m.weight, m.bias) for name, m in model.named_modules()
               if name in chosen}
@@ -371,6 +375,9 @@ def apply_fp8(model: nn.Module, plan: Fp8Plan,
     for name, module in model.named_modules():
         if name in chosen and not is_float8(module) and is_hf_conv1d(module):
             to_float8_conv1d(module, config)
+        elif name in chosen and name not in already and type(module) is Float8Linear:
+            # torchao's class, with a forward that also runs under inference_mode
+            to_ampkit_float8_linear(module)
     replaced: dict[int, torch.Tensor] = {}
     for name, module in model.named_modules():
         if is_float8(module):
