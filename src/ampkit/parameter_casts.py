@@ -482,6 +482,12 @@ def restore_swapped(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) 
     params: dict[str, Any] = module._parameters
     for name, p in swapped:
         params[name] = p
+    if swapped and isinstance(module, nn.RNNBase):
+        # An RNN's forward refreshes its ``_flat_weights`` from ``_parameters`` when
+        # they changed (it then held the copies): refresh them back to the parameters,
+        # or the module would keep the low-precision copies (non-leaf tensors, which
+        # neither pickle nor deepcopy) past its forward.
+        module._init_flat_weights()
 
 
 def restore_until(module: nn.Module | None) -> None:

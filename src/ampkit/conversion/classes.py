@@ -223,8 +223,13 @@ def _reduce_converted(self: nn.Module, protocol: int) -> Any:
         return super(converted, self).__reduce_ex__(protocol)  # type: ignore[arg-type]
     call = converted.__dict__["__call__"]
     base = _converted_classes[converted]
-    return (rebuild_converted, (base,) if call is converted_call else (base, call),
-            self.__dict__.copy())
+    # The base class's own state (an RNN's leaves out its weak references, and its
+    # __setstate__ makes them again on loading), its __dict__ for a class with none.
+    getstate = getattr(self, "__getstate__", None)
+    state = getstate() if getstate is not None else self.__dict__.copy()
+    if state is self.__dict__:
+        state = state.copy()
+    return (rebuild_converted, (base,) if call is converted_call else (base, call), state)
 
 
 def _own_forward_frame(forward: Any) -> Any:
