@@ -39,7 +39,7 @@ def _class_file(cls: type) -> str | None:
     its ``__module__`` whose source defines or assigns the name."""
     for value in vars(cls).values():
         function = inspect.unwrap(value) if inspect.isfunction(value) else None
-        if function is not None and function.__code__.co_qualname.startswith(
+        if function is not None and function.__qualname__.startswith(
                 f"{cls.__qualname__}."):
             return function.__code__.co_filename
     # ``class Name`` in the body, or a module-level assignment that makes it
