@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import ampkit.paddle as amp
 from ampkit.apex import master_params
-from ampkit.dialects import paddle as paddle_module
+from ampkit.dialects.paddle import region as paddle_region
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -21,7 +21,7 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 @pytest.fixture(autouse=True)
 def _fresh_global_amp_dtype(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Paddle's global AMP dtype outlives each auto_cast; every test starts from float16.
-    monkeypatch.setattr(paddle_module, "_amp_dtype", "float16", raising=False)
+    monkeypatch.setattr(paddle_region, "_amp_dtype", "float16")
     yield
 
 

@@ -104,12 +104,13 @@ def _mirror_takes_kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
     35 (native's computes them). Here they take ampkit's kernels all the same, so that
     ampkit's casts are what is compared with native's, op by op."""
     from ampkit import autocast_kernels
-    from ampkit.autocast_mode import _compile_rules, release_kernels
+    from ampkit.autocast_mode import release_kernels
+    from ampkit.autocast_rules import compile_rules
 
     monkeypatch.setattr(autocast_kernels, "skip_native_equal", False)
-    _compile_rules.cache_clear()
+    compile_rules.cache_clear()
     yield
-    _compile_rules.cache_clear()
+    compile_rules.cache_clear()
     release_kernels()
 
 

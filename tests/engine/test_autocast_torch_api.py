@@ -17,7 +17,7 @@ import torch.nn as nn
 
 import ampkit
 import ampkit.torch as amp
-from ampkit import autocast_kernels, autocast_mode
+from ampkit import autocast_kernels, autocast_mode, autocast_rules
 from ampkit.autocast_mode import UnsupportedDeviceError
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
@@ -140,7 +140,7 @@ def test_interrupt_while_entering_leaves_nothing_behind(
 
     # Ctrl-C lands after native autocast was entered and the Autocast kernels' rules
     # were activated, while the mode (for a Python composite on the list) is pushed.
-    monkeypatch.setattr(autocast_mode._PolicyMode, "__enter__", interrupted)
+    monkeypatch.setattr(autocast_rules.PolicyMode, "__enter__", interrupted)
     with pytest.raises(KeyboardInterrupt), ampkit.autocast(
             "cpu", BF16, custom_white_list=["add", "interpolate"], custom_black_list=["mm"]):
         pass

@@ -216,6 +216,19 @@ def test_tune_writes_a_policy_that_loads_and_compare_reads_it_back(
         "compare.html", "compare.json", "error_per_layer.png", "op_error_histogram.png"]
 
 
+def _rich_table(lines: list[str], title: int) -> list[list[str]]:
+    """The cells of the rich table printed under ``lines[title]``: its header, then
+    its rows, read between the box's rules."""
+    rows = []
+    for line in lines[title + 1:]:
+        line = line.strip()
+        if line[:1] in ("┃", "│"):
+            rows.append([cell.strip() for cell in line[1:-1].replace("┃", "│").split("│")])
+        elif line[:1] == "└":
+            return rows
+    raise AssertionError(f"no table under {lines[title]!r}")
+
+
 def test_compare_prints_the_table_and_writes_the_report(
         in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cmp"
@@ -227,8 +240,9 @@ def test_compare_prints_the_table_and_writes_the_report(
     lines = printed.splitlines()
     assert lines[0] == "ampkit.compare: O1 (torch.bfloat16) against float32"
     assert lines[1].startswith("divergence starts: module '0' (LayerNorm)")
-    ranked = lines[lines.index("ops ranked by error added") + 2].split()
-    assert ranked[0] == "layer_norm"
+    header, *ranked = _rich_table(lines, lines.index("ops ranked by error added"))
+    assert header == ["op", "added rel error", "calls", "worst in module"]
+    assert ranked[0][0] == "layer_norm"
     assert f"Report: {out / 'compare.html'}" in printed
     page = (out / "compare.html").read_text()
     assert page.count('src="data:image/png;base64,') == 2
@@ -248,10 +262,10 @@ def test_compare_fp8_prints_and_writes_the_per_layer_fp8_errors(
     lines = printed.splitlines()
     header = lines.index("fp8 per layer (tensorwise; relative error against fp32, local "
                          "to each layer)")
-    assert lines[header + 1].split() == ["layer", "out", "fp8", "out", "bfloat16", "fp8",
-                                         "vs", "bfloat16", "dx", "fp8", "dx", "bfloat16",
-                                         "dw", "fp8", "dw", "bfloat16"]
-    assert [line.split()[0] for line in lines[header + 2:header + 4]] == ["0", "2"]
+    columns, *layers = _rich_table(lines, header)
+    assert columns == ["layer", "out fp8", "out bfloat16", "fp8 vs bfloat16", "dx fp8",
+                       "dx bfloat16", "dw fp8", "dw bfloat16"]
+    assert [row[0] for row in layers] == ["0", "2"]
     rows = json.loads((out / "compare.json").read_text())["fp8_layers"]
     assert [(r["layer"], r["recipe"]) for r in rows] == [("0", "tensorwise"),
                                                          ("2", "tensorwise")]

@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import inspect
 import logging
 import warnings
@@ -75,30 +74,11 @@ from ampkit.arguments import parse_device_type
 from ampkit.containers import map_leaves
 from ampkit.scaling.distributed import agree_on_overflow_, check_process_group
 from ampkit.scaling.overflow import unscale_grads_
+from ampkit.scaling.scaler_state import OptimizerRecord, OptState, ScalerState
 from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
 
 __all__ = ["GradScaler", "OptState", "scheduler_warning_suppressed"]
 
-
-class OptState(enum.Enum):
-    """Where one optimizer is in the current iteration."""
-
-    READY = 0  # gradients still scaled
-    UNSCALED = 1  # unscale_() ran: gradients unscaled, found_inf recorded
-    STEPPED = 2  # step() ran (or was skipped); wait for update()
-
-
-@dataclasses.dataclass
-class _OptimizerRecord:
-    stage: OptState = OptState.READY
-    # nonzero when this optimizer's gradients overflowed (on any rank); on the scale's device
-    found_inf: torch.Tensor | None = None
-
-
-# state_dict keys: torch's five, then ampkit's (optional on load, so torch checkpoints load)
-_TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
-_EXTRA_KEYS = ("hysteresis", "min_scale", "max_scale", "dynamic", "_overflow_tracker",
-               "skipped_steps", "steps", "last_overflow_step")
 
 _log = logging.getLogger("ampkit.scaling")
 
@@ -134,7 +114,7 @@ def scheduler_warning_suppressed() -> Iterator[None]:
         yield
 
 
-class GradScaler:
+class GradScaler(ScalerState):
     """Scales the loss, unscales and checks gradients, skips steps that overflowed and
     adjusts the scale: ``torch.amp.GradScaler``'s contract, plus hysteresis, bounds, a
     static mode, bfloat16/float16/master gradients and distributed agreement.
@@ -235,34 +215,7 @@ class GradScaler:
         self._skipped: torch.Tensor | None = None  # iterations that overflowed, int64
         self._last_overflow: torch.Tensor | None = None  # its step index, int64 (-1: none)
         self._last_found_inf: torch.Tensor | None = None  # the last updated iteration's
-        self._records: dict[int, _OptimizerRecord] = {}
-
-    # -- state -----------------------------------------------------------------------
-
-    def _lazy_init(self, device: torch.device) -> None:
-        self._scale = torch.full((), self._init_scale, dtype=torch.float32, device=device)
-        self._growth_tracker = torch.full((), self._init_growth_tracker, dtype=torch.int32,
-                                          device=device)
-        self._overflow_tracker = torch.full((), self._init_overflow_tracker,
-                                            dtype=torch.int32, device=device)
-        self._skipped = torch.full((), self._init_skipped, dtype=torch.int64, device=device)
-        self._last_overflow = torch.full((), self._init_last_overflow, dtype=torch.int64,
-                                         device=device)
-
-    def _require_scale(self, method: str) -> torch.Tensor:
-        if self._scale is None:
-            raise RuntimeError(f"GradScaler.{method}() was called before any loss was "
-                               f"scaled; call scaler.scale(loss).backward() first in each "
-                               f"iteration")
-        return self._scale
-
-    def _record(self, optimizer: torch.optim.Optimizer) -> _OptimizerRecord:
-        return self._records.setdefault(id(optimizer), _OptimizerRecord())
-
-    @property
-    def schedule(self) -> ScaleSchedule:
-        """The immutable rule the scale follows (factors, interval, bounds, ...)."""
-        return self._schedule
+        self._records: dict[int, OptimizerRecord] = {}
 
     # -- torch's API -----------------------------------------------------------------
 
@@ -476,7 +429,7 @@ class GradScaler:
         return all(p in state for group in optimizer.param_groups for p in group["params"]
                    if p.grad is not None)
 
-    def _step_on_device(self, optimizer: torch.optim.Optimizer, record: _OptimizerRecord,
+    def _step_on_device(self, optimizer: torch.optim.Optimizer, record: OptimizerRecord,
                         args: tuple[Any, ...], kwargs: dict[str, Any], *,
                         still_scaled: bool) -> Any:
         """The optimizer unscales (``grad_scale``) and skips (``found_inf``) itself;
@@ -498,16 +451,6 @@ class GradScaler:
             del optimizer.found_inf  # type: ignore[attr-defined]
         record.stage = OptState.STEPPED
         return result
-
-    def _current_found_inf(self) -> torch.Tensor | None:
-        found = [r.found_inf for r in self._records.values() if r.found_inf is not None]
-        if not found:
-            return None
-        assert self._scale is not None
-        combined = found[0].to(self._scale.device, non_blocking=True)
-        for other in found[1:]:
-            combined = combined + other.to(self._scale.device, non_blocking=True)
-        return combined
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """End the iteration: back off if any optimizer overflowed, grow after
@@ -574,184 +517,6 @@ class GradScaler:
         self._steps += 1
         self._records = {}
 
-    def get_scale(self) -> float:
-        """The current scale as a Python float (a host sync); 1.0 when disabled.
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> GradScaler("cpu").get_scale(), GradScaler("cpu", enabled=False).get_scale()
-            (65536.0, 1.0)
-        """
-        if not self._enabled:
-            return 1.0
-        return self._init_scale if self._scale is None else float(self._scale.item())
-
-    def _get_scale_async(self) -> torch.Tensor | None:
-        # torch's name, used by some training libraries to read the scale without a sync.
-        return self._scale
-
-    def get_growth_factor(self) -> float:
-        """The growth factor.
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> GradScaler("cpu").get_growth_factor()
-            2.0
-        """
-        return self._schedule.growth_factor
-
-    def set_growth_factor(self, new_factor: float) -> None:
-        """Replace the growth factor (> 1).
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> scaler = GradScaler("cpu")
-            >>> scaler.set_growth_factor(4.0)
-            >>> scaler.get_growth_factor()
-            4.0
-        """
-        self._schedule = dataclasses.replace(self._schedule, growth_factor=new_factor)
-
-    def get_backoff_factor(self) -> float:
-        """The backoff factor.
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> GradScaler("cpu").get_backoff_factor()
-            0.5
-        """
-        return self._schedule.backoff_factor
-
-    def set_backoff_factor(self, new_factor: float) -> None:
-        """Replace the backoff factor (in (0, 1)).
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> scaler = GradScaler("cpu")
-            >>> scaler.set_backoff_factor(0.25)
-            >>> scaler.get_backoff_factor()
-            0.25
-        """
-        self._schedule = dataclasses.replace(self._schedule, backoff_factor=new_factor)
-
-    def get_growth_interval(self) -> int:
-        """The growth interval.
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> GradScaler("cpu").get_growth_interval()
-            2000
-        """
-        return self._schedule.growth_interval
-
-    def set_growth_interval(self, new_interval: int) -> None:
-        """Replace the growth interval (int >= 1).
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> scaler = GradScaler("cpu")
-            >>> scaler.set_growth_interval(100)
-            >>> scaler.get_growth_interval()
-            100
-        """
-        self._schedule = dataclasses.replace(self._schedule, growth_interval=new_interval)
-
-    def _get_growth_tracker(self) -> int:
-        if not self._enabled:
-            return 0
-        if self._growth_tracker is None:
-            return self._init_growth_tracker
-        return int(self._growth_tracker.item())
-
-    def _get_overflow_tracker(self) -> int:
-        if not self._enabled:
-            return 0
-        if self._overflow_tracker is None:
-            return self._init_overflow_tracker
-        return int(self._overflow_tracker.item())
-
-    def is_enabled(self) -> bool:
-        """Whether the scaler scales (``False``: every method is a pass-through).
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> GradScaler("cpu", enabled=False).is_enabled()
-            False
-        """
-        return self._enabled
-
-    # -- reporting -------------------------------------------------------------------
-
-    @property
-    def skipped_steps(self) -> int:
-        """Iterations skipped so far because of inf/NaN gradients (the current one
-        counts as soon as it has been checked). Reading it is a host sync.
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> GradScaler("cpu").skipped_steps
-            0
-        """
-        if not self._enabled:
-            return 0
-        committed = self._init_skipped if self._skipped is None else int(self._skipped.item())
-        current = self._current_found_inf()
-        return committed + (1 if current is not None and current.item() != 0 else 0)
-
-    @property
-    def steps(self) -> int:
-        """Iterations ended by ``update()`` so far (the index the next one gets).
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> GradScaler("cpu").steps
-            0
-        """
-        return self._steps
-
-    @property
-    def last_overflow_step(self) -> int | None:
-        """The index (counted by ``update()``, from 0) of the last iteration whose
-        gradients overflowed, or ``None``. Reading it is a host sync.
-
-        Example:
-            >>> import torch
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> w = torch.nn.Parameter(torch.ones(1))
-            >>> opt = torch.optim.SGD([w], lr=0.1)
-            >>> scaler = GradScaler("cpu")
-            >>> for x in (1.0, float("inf"), 1.0):
-            ...     scaler.scale((w * x).sum()).backward()
-            ...     scaler.step(opt)
-            ...     scaler.update()
-            ...     opt.zero_grad()
-            >>> scaler.last_overflow_step, scaler.skipped_steps, scaler.steps
-            (1, 1, 3)
-        """
-        if not self._enabled:
-            return None
-        index = (self._init_last_overflow if self._last_overflow is None
-                 else int(self._last_overflow.item()))
-        return None if index < 0 else index
-
-    def metrics(self) -> dict[str, torch.Tensor | float]:
-        """``{"loss_scale": ..., "skipped_steps": ...}`` for a training log, as tensors
-        on the scale's device (no host sync: the logger reads them when it writes);
-        plain numbers before the first ``scale()``. The integrations log them as
-        ``amp/loss_scale`` and ``amp/skipped_steps``.
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> GradScaler("cpu", init_scale=4.0).metrics()
-            {'loss_scale': 4.0, 'skipped_steps': 0.0}
-        """
-        if not self._enabled:
-            return {"loss_scale": 1.0, "skipped_steps": 0.0}
-        if self._scale is None or self._skipped is None:
-            return {"loss_scale": self._init_scale, "skipped_steps": float(self._init_skipped)}
-        return {"loss_scale": self._scale.detach().clone(),
-                "skipped_steps": self._skipped.to(torch.float32)}
-
     def step_scheduler(self, scheduler: Any, *args: Any, on_skip: bool = False,
                        **kwargs: Any) -> bool:
         """Step an LR scheduler after this iteration's optimizer steps, unless they were
@@ -778,151 +543,6 @@ class GradScaler:
         with scheduler_warning_suppressed():
             scheduler.step(*args, **kwargs)
         return True
-
-    @property
-    def last_step_skipped(self) -> bool:
-        """Whether the latest checked iteration overflowed, so its optimizer steps were
-        skipped: the current iteration once ``step``/``unscale_`` has run, else the one
-        before the last ``update()``. Reading it is a host sync.
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> GradScaler("cpu").last_step_skipped
-            False
-        """
-        if not self._enabled:
-            return False
-        current = self._current_found_inf()
-        if current is None:
-            current = self._last_found_inf
-        return current is not None and bool(current.item() != 0)
-
-    # -- checkpoints -----------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """The scaler's state: torch's five keys (``scale``, ``growth_factor``,
-        ``backoff_factor``, ``growth_interval``, ``_growth_tracker``) plus
-        ``hysteresis``, ``min_scale``, ``max_scale``, ``dynamic``, ``_overflow_tracker``
-        and ``skipped_steps``. Empty when disabled. Take it after ``update()``.
-
-        Example:
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> sorted(GradScaler("cpu").state_dict())[:4]
-            ['_growth_tracker', '_overflow_tracker', 'backoff_factor', 'dynamic']
-        """
-        if not self._enabled:
-            return {}
-        rule = self._schedule
-        return {
-            "scale": self.get_scale(),
-            "growth_factor": rule.growth_factor,
-            "backoff_factor": rule.backoff_factor,
-            "growth_interval": rule.growth_interval,
-            "_growth_tracker": self._get_growth_tracker(),
-            "hysteresis": rule.hysteresis,
-            "min_scale": rule.min_scale,
-            "max_scale": rule.max_scale,
-            "dynamic": rule.dynamic,
-            "_overflow_tracker": self._get_overflow_tracker(),
-            "skipped_steps": (self._init_skipped if self._skipped is None
-                              else int(self._skipped.item())),
-            "steps": self._steps,
-            "last_overflow_step": self.last_overflow_step,
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict` (ampkit's or torch's own; keys
-        ampkit adds keep this scaler's values when absent). A no-op when disabled.
-
-        Raises:
-            RuntimeError: the dict is empty (saved from a disabled scaler).
-            ValueError: keys are missing or unknown (named), or a value is invalid.
-
-        Example:
-            >>> import torch
-            >>> from ampkit.scaling.grad_scaler import GradScaler
-            >>> scaler = GradScaler("cpu")
-            >>> scaler.load_state_dict(torch.amp.GradScaler("cpu", init_scale=8.0).state_dict())
-            >>> scaler.get_scale()
-            8.0
-        """
-        if not self._enabled:
-            return
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"state_dict must be a dict, got {type(state_dict).__name__}")
-        if len(state_dict) == 0:
-            raise RuntimeError("the state dict is empty, probably saved from a disabled "
-                               "GradScaler; there is no scale to restore")
-        missing = [k for k in _TORCH_KEYS if k not in state_dict]
-        unknown = sorted(k for k in state_dict if k not in _TORCH_KEYS + _EXTRA_KEYS)
-        if missing or unknown:
-            raise ValueError(f"GradScaler.load_state_dict: missing keys {missing}, unknown "
-                             f"keys {unknown}; expected {list(_TORCH_KEYS)} and optionally "
-                             f"{list(_EXTRA_KEYS)}")
-        rule = self._schedule
-        schedule = ScaleSchedule(
-            growth_factor=state_dict["growth_factor"],
-            backoff_factor=state_dict["backoff_factor"],
-            growth_interval=state_dict["growth_interval"],
-            hysteresis=state_dict.get("hysteresis", rule.hysteresis),
-            min_scale=state_dict.get("min_scale", rule.min_scale),
-            max_scale=state_dict.get("max_scale", rule.max_scale),
-            dynamic=state_dict.get("dynamic", rule.dynamic))
-        scale = check_scale_value(state_dict["scale"], "state_dict['scale']")
-        counters = {key: state_dict.get(key, 0) for key in
-                    ("_growth_tracker", "_overflow_tracker", "skipped_steps")}
-        counters["steps"] = state_dict.get("steps", self._steps)
-        for key, value in counters.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"state_dict[{key!r}] must be an int >= 0, got {value!r}")
-        last_overflow = state_dict.get("last_overflow_step")
-        if last_overflow is not None and (isinstance(last_overflow, bool) or not isinstance(
-                last_overflow, int) or last_overflow < 0):
-            raise ValueError(f"state_dict['last_overflow_step'] must be None or an int >= 0, "
-                             f"got {last_overflow!r}")
-        self._schedule = schedule
-        self._init_scale = scale
-        self._init_growth_tracker = counters["_growth_tracker"]
-        self._init_overflow_tracker = counters["_overflow_tracker"]
-        self._init_skipped = counters["skipped_steps"]
-        self._steps = counters["steps"]
-        self._init_last_overflow = -1 if last_overflow is None else last_overflow
-        if self._scale is not None:
-            assert self._growth_tracker is not None and self._overflow_tracker is not None
-            assert self._skipped is not None
-            self._scale.fill_(scale)
-            self._growth_tracker.fill_(self._init_growth_tracker)
-            self._overflow_tracker.fill_(self._init_overflow_tracker)
-            self._skipped.fill_(self._init_skipped)
-            assert self._last_overflow is not None
-            self._last_overflow.fill_(self._init_last_overflow)
-        self._last_found_inf = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        if self._records:
-            raise RuntimeError("a GradScaler can only be pickled between iterations (before "
-                               "scale() or after update()), not in the middle of one")
-        if self._process_group is not None:
-            raise RuntimeError("a GradScaler with an explicit process_group cannot be "
-                               "pickled (process groups cannot); pickle one built with "
-                               "process_group=None")
-        state = self.__dict__.copy()
-        if self._enabled:
-            # Tensors go back to plain numbers; they are rebuilt lazily on the next scale().
-            saved = self.state_dict()
-            state["_init_scale"] = saved["scale"]
-            state["_init_growth_tracker"] = saved["_growth_tracker"]
-            state["_init_overflow_tracker"] = saved["_overflow_tracker"]
-            state["_init_skipped"] = saved["skipped_steps"]
-            last = saved["last_overflow_step"]
-            state["_init_last_overflow"] = -1 if last is None else last
-        for name in ("_scale", "_growth_tracker", "_overflow_tracker", "_skipped",
-                     "_last_overflow", "_last_found_inf"):
-            state[name] = None
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         rule = self._schedule

@@ -3,8 +3,8 @@ the one way the tools make values strict-JSON safe (:func:`finite_or_none`).
 
 Column widths come from the cells, so a long op name (``scaled_dot_product_attention``)
 widens its column instead of breaking the alignment. The tools' ``table()`` methods
-return plain strings with no optional dependency; the command line draws its own tables
-with rich.
+return plain strings with no optional dependency; the command line draws the same
+tables with rich (:class:`TextTable` holds a table's content for both).
 
 Example:
     >>> from ampkit.tools._text import text_table
@@ -16,11 +16,66 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["finite_or_none", "text_table"]
+__all__ = ["TextTable", "finite_or_none", "text_table"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TextTable:
+    """A table's content, drawn as plain text by :meth:`text` (what the tools'
+    ``table()`` methods return) or with rich by the command line
+    (:func:`ampkit.tools.cli.args.rich_table`): the two show the same cells.
+
+    Example:
+        >>> from ampkit.tools._text import TextTable
+        >>> print(TextTable(("op", "calls"), (("mm", "12"),)).text())
+        op  calls
+        mm     12
+    """
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    #: one letter per column, ``"l"`` or ``"r"``; default: the first left, the others right
+    align: str | None = None
+
+    @classmethod
+    def of(cls, columns: Sequence[object], rows: Iterable[Sequence[object]],
+           align: str | None = None) -> TextTable:
+        """A table of ``str()`` of each cell (checked as :func:`text_table` checks).
+
+        Example:
+            >>> from ampkit.tools._text import TextTable
+            >>> TextTable.of(("op", "calls"), [("mm", 12)]).rows
+            (('mm', '12'),)
+        """
+        table = cls(tuple(str(c) for c in columns),
+                    tuple(tuple(str(cell) for cell in row) for row in rows), align)
+        table.text()  # the checks: one cell per column, a valid align
+        return table
+
+    def alignment(self) -> str:
+        """One letter per column, ``"l"`` or ``"r"``.
+
+        Example:
+            >>> from ampkit.tools._text import TextTable
+            >>> TextTable(("op", "calls", "where"), ()).alignment()
+            'lrr'
+        """
+        return self.align or "l" + "r" * (len(self.columns) - 1)
+
+    def text(self) -> str:
+        """The table as aligned plain text (:func:`text_table`).
+
+        Example:
+            >>> from ampkit.tools._text import TextTable
+            >>> TextTable(("op",), (("mm",),)).text().splitlines()
+            ['op', 'mm']
+        """
+        return text_table(self.columns, self.rows, align=self.alignment())
 
 
 def text_table(columns: Sequence[str], rows: Iterable[Sequence[object]], *,

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -37,10 +38,7 @@ import ampkit
 from ampkit.tools.pages.html import check_output_dir, render_page
 from ampkit.tools.pages.plotting import new_figure, png_data_uri, timestamp
 
-if TYPE_CHECKING:
-    from ampkit.tools.accuracy.comparison import Comparison, ModuleError
-
-__all__ = ["REPORT_FILES", "write_comparison_report"]
+__all__ = ["REPORT_FILES", "ComparisonView", "write_comparison_report"]
 
 #: The files :func:`write_comparison_report` writes (and no others).
 REPORT_FILES = ("compare.html", "compare.json", "error_per_layer.png", "op_error_histogram.png")
@@ -49,11 +47,85 @@ _FLOOR = 1e-12  # errors below this (exact ops) are drawn at it on log axes
 _HISTOGRAM_OPS = 6  # ops named in the histogram; the others are pooled
 
 
+# What the report reads of a comparison, as protocols: the report depends on these
+# shapes only, so the results module (whose ``Comparison.write_report`` calls this one)
+# is never imported here, not even for type checking.
+
+class ErrorView(Protocol):
+    """What the report reads of an error (an ``ErrorStats``)."""
+
+    @property
+    def max_rel(self) -> float: ...
+
+
+class ModuleView(Protocol):
+    """What the report reads of one module call (a ``ModuleError``)."""
+
+    @property
+    def module(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def call(self) -> int: ...
+    @property
+    def error(self) -> ErrorView: ...
+    @property
+    def input_rel(self) -> float: ...
+
+
+class OpCallView(Protocol):
+    """What the report reads of one op call (an ``OpError``)."""
+
+    @property
+    def op(self) -> str: ...
+    @property
+    def added(self) -> float: ...
+
+
+class RankView(Protocol):
+    """What the report reads of one ranked op (an ``OpRank``)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class ComparisonView(Protocol):
+    """What :func:`write_comparison_report` reads of its comparison: a
+    :class:`~ampkit.tools.accuracy.comparison.Comparison` is one (the template reads
+    further fields of it, as ``c``).
+
+    Example:
+        >>> import torch, ampkit
+        >>> from ampkit.tools.accuracy.compare_report import ComparisonView
+        >>> c: ComparisonView = ampkit.compare(torch.nn.Linear(2, 2), torch.ones(1, 2),
+        ...                                    precision="O3", dtype="bfloat16")
+        >>> c.dtype, c.threshold > 0
+        ('torch.bfloat16', True)
+    """
+
+    @property
+    def precision(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def ops(self) -> Sequence[OpCallView]: ...
+    @property
+    def modules(self) -> Sequence[ModuleView]: ...
+    @property
+    def divergence(self) -> ModuleView | None: ...
+    @property
+    def first_divergent_op(self) -> Any: ...
+    def ranked_ops(self) -> Sequence[RankView]: ...
+    def to_json(self) -> str: ...
+
+
 def _fmt(value: float) -> str:
     return f"{value:.3g}" if math.isfinite(value) else str(value)
 
 
-def _leaf_modules(c: Comparison) -> list[ModuleError]:
+def _leaf_modules(c: ComparisonView) -> list[ModuleView]:
     names = {m.module for m in c.modules}
     parents = {n.rsplit(".", 1)[0] if "." in n else "" for n in names if n}
     return [m for m in c.modules if m.module not in parents]
@@ -65,7 +137,7 @@ def _clip(value: float, floor: float = _FLOOR) -> float:
     return max(value, floor)
 
 
-def _plot_layers(c: Comparison, path: Path) -> None:
+def _plot_layers(c: ComparisonView, path: Path) -> None:
     leaves = _leaf_modules(c)
     fig = new_figure(8.0, 4.2)
     ax = fig.add_subplot()
@@ -100,7 +172,7 @@ def _plot_layers(c: Comparison, path: Path) -> None:
     fig.savefig(path)
 
 
-def _plot_histogram(c: Comparison, path: Path) -> None:
+def _plot_histogram(c: ComparisonView, path: Path) -> None:
     ranked = [r.name for r in c.ranked_ops()[:_HISTOGRAM_OPS]]
     groups: dict[str, list[float]] = {name: [] for name in ranked}
     other: list[float] = []
@@ -125,7 +197,7 @@ def _plot_histogram(c: Comparison, path: Path) -> None:
     fig.savefig(path)
 
 
-def write_comparison_report(c: Comparison, out_dir: str | os.PathLike[str]) -> Path:
+def write_comparison_report(c: ComparisonView, out_dir: str | os.PathLike[str]) -> Path:
     """Write the plots, ``compare.html`` and ``compare.json`` into ``out_dir``
     (created if needed); return the HTML page's path. See the module docstring."""
     folder = check_output_dir(out_dir)

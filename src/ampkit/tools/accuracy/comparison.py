@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ampkit.tools._text import finite_or_none, text_table
+from ampkit.tools._text import TextTable, finite_or_none
 
 __all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "Fp8LayerError", "GradError",
            "ModuleError", "OpError", "OpRank", "fp8_layers_table"]
@@ -321,7 +321,8 @@ class Comparison:
     # -- output ----------------------------------------------------------------------------
     def table(self, limit: int = 20) -> str:
         """A plain-text summary: where divergence starts, the ``limit`` ops and
-        modules that added the most error, and the gradients.
+        modules that added the most error, and the gradients (:meth:`summary`'s
+        parts, its tables as aligned text).
 
         Example:
             >>> import torch
@@ -331,38 +332,55 @@ class Comparison:
             >>> c.table().splitlines()[0]
             'ampkit.compare: O3 (torch.bfloat16) against float32'
         """
-        lines = [f"ampkit.compare: {self.precision} ({self.dtype}) against float32"]
+        return "\n".join(part if isinstance(part, str) else part.text()
+                         for part in self.summary(limit))
+
+    def summary(self, limit: int = 20) -> list[str | TextTable]:
+        """What :meth:`table` shows, in order: lines of text and tables
+        (:class:`~ampkit.tools._text.TextTable`), for a front end that draws tables
+        itself (``ampkit compare`` draws them with rich).
+
+        Example:
+            >>> import torch
+            >>> import ampkit
+            >>> c = ampkit.compare(torch.nn.Linear(2, 2), torch.ones(1, 2), precision="O3",
+            ...                    dtype="bfloat16")
+            >>> [p.columns[0] for p in c.summary() if not isinstance(p, str)]
+            ['op', 'module']
+        """
+        parts: list[str | TextTable] = [
+            f"ampkit.compare: {self.precision} ({self.dtype}) against float32"]
         div = self.divergence
-        lines.append(
+        parts.append(
             f"divergence starts: module {div.module!r} ({div.kind}), input error "
             f"{_fmt(div.input_rel)} -> output error {_fmt(div.error.max_rel)}"
             if div else f"divergence starts: nowhere (every module within "
                         f"{_fmt(self.threshold)} relative error)")
-        lines.append(f"model output: max rel error {_fmt(self.output.max_rel)}, cosine "
+        parts.append(f"model output: max rel error {_fmt(self.output.max_rel)}, cosine "
                      f"{self.output.cosine:.6f}, NaN {self.output.num_nan}, "
                      f"Inf {self.output.num_inf}")
         if self.loss is not None:
-            lines.append(f"loss: float32 {self.loss[0]:.6g}, low precision {self.loss[1]:.6g}")
-        lines += ["", "ops ranked by error added", text_table(
+            parts.append(f"loss: float32 {self.loss[0]:.6g}, low precision {self.loss[1]:.6g}")
+        parts += ["", "ops ranked by error added", TextTable.of(
             ("op", "added rel error", "calls", "worst in module"),
             [(r.name, _fmt(r.added), r.calls, repr(r.worst_module))
              for r in self.ranked_ops()[:limit]], align="lrrl")]
-        lines += ["", "module calls in the order they ran", text_table(
+        parts += ["", "module calls in the order they ran", TextTable.of(
             ("module", "kind", "dtype", "in rel", "out rel", "max abs", "cosine", "nan", "inf"),
             [((m.module or "(model)") + (f"#{m.call}" if m.call else ""), m.kind, m.dtype,
               _fmt(m.input_rel), _fmt(m.error.max_rel), _fmt(m.error.max_abs),
               f"{m.error.cosine:.6f}", m.error.num_nan, m.error.num_inf)
              for m in self.modules[:limit]], align="lllrrrrrr")]
         if len(self.modules) > limit:
-            lines.append(f"... {len(self.modules) - limit} more")
+            parts.append(f"... {len(self.modules) - limit} more")
         if self.grads:
-            lines += ["", text_table(
+            parts += ["", TextTable.of(
                 ("gradient", "dtype", "max rel", "cosine"),
                 [(g.parameter, g.dtype, _fmt(g.error.max_rel), f"{g.error.cosine:.6f}")
                  for g in self.grads[:limit]], align="llrr")]
         if self.fp8_layers:
-            lines += ["", fp8_layers_table(self.fp8_layers)]
-        return "\n".join(lines)
+            parts += ["", *_fp8_layers_parts(self.fp8_layers)]
+        return parts
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain data (non-finite numbers as ``None``)."""
@@ -432,16 +450,22 @@ def fp8_layers_table(rows: tuple[Fp8LayerError, ...]) -> str:
         >>> fp8_layers_table(())
         'fp8 per layer: no Linear can run in fp8'
     """
+    return "\n".join(part if isinstance(part, str) else part.text()
+                     for part in _fp8_layers_parts(rows))
+
+
+def _fp8_layers_parts(rows: tuple[Fp8LayerError, ...]) -> list[str | TextTable]:
     if not rows:
-        return "fp8 per layer: no Linear can run in fp8"
+        return ["fp8 per layer: no Linear can run in fp8"]
+
     def f(e: ErrorStats) -> str:
         return f"{e.max_rel:.3g}"
 
     low = rows[0].low_dtype.removeprefix("torch.")
-    return (f"fp8 per layer ({rows[0].recipe}; relative error against fp32, local to "
-            f"each layer)\n") + text_table(
+    return [f"fp8 per layer ({rows[0].recipe}; relative error against fp32, local to "
+            f"each layer)", TextTable.of(
         ("layer", "out fp8", f"out {low}", f"fp8 vs {low}", "dx fp8", f"dx {low}",
          "dw fp8", f"dw {low}"),
         [(r.layer, f(r.output_fp8), f(r.output_low), f(r.output_fp8_vs_low),
           f(r.grad_input_fp8), f(r.grad_input_low), f(r.grad_weight_fp8),
-          f(r.grad_weight_low)) for r in rows], align="lrrrrrrr")
+          f(r.grad_weight_low)) for r in rows], align="lrrrrrrr")]

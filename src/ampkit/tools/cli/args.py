@@ -29,11 +29,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
+
+    from ampkit.tools._text import TextTable
 
 __all__ = ["BAD_INPUT", "DEVICE_CHOICES", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG",
            "Parser", "add_config_options", "add_device_option", "add_run_options",
            "choice_list", "config_file", "config_flag", "config_from_args", "console",
-           "device_name", "fail", "folder_undo", "fp8_recipe",
+           "device_name", "fail", "folder_undo", "fp8_recipe", "print_parts", "rich_table",
            "known_import_noise_silenced", "low_dtype",
            "missing_modules", "non_negative_int", "number", "output_path", "positive_int",
            "seed", "spelled"]
@@ -445,6 +448,48 @@ def console() -> Console:
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def rich_table(table: TextTable, title: str | None = None) -> Table:
+    """``table`` as a rich table, the way every command draws one (the demo's summary,
+    compare's tables): its columns aligned as the text table aligns them, cells never
+    wrapped.
+
+    Example:
+        >>> from ampkit.tools._text import TextTable
+        >>> from ampkit.tools.cli.args import rich_table
+        >>> drawn = rich_table(TextTable(("op", "calls"), (("mm", "12"),)), title="ops")
+        >>> [c.justify for c in drawn.columns], drawn.row_count
+        (['left', 'right'], 1)
+    """
+    from rich.table import Table
+
+    drawn = Table(title=title)
+    for column, side in zip(table.columns, table.alignment()):
+        drawn.add_column(column, justify="left" if side == "l" else "right", no_wrap=True)
+    for row in table.rows:
+        drawn.add_row(*row)
+    return drawn
+
+
+def print_parts(out: Console, parts: Iterable[str | TextTable]) -> None:
+    """Print a summary's parts (``Comparison.summary()``): lines as they are, tables
+    with :func:`rich_table`.
+
+    Example:
+        >>> from rich.console import Console
+        >>> from ampkit.tools._text import TextTable
+        >>> from ampkit.tools.cli.args import print_parts
+        >>> out = Console(width=40, record=True, file=open("/dev/null", "w"))
+        >>> print_parts(out, ["ops", TextTable(("op",), (("mm",),))])
+        >>> "mm" in out.export_text()
+        True
+    """
+    for part in parts:
+        if isinstance(part, str):
+            out.print(part, highlight=False, soft_wrap=True)
+        else:
+            out.print(rich_table(part))
 
 
 # -- AmpConfig's fields as flags --------------------------------------------------------

@@ -17,8 +17,9 @@ the config (or, with ``--config``, must agree with it). With
 ``--dtype`` against float32
 (:attr:`Comparison.fp8_layers <ampkit.tools.accuracy.compare.Comparison.fp8_layers>`): a table
 of its own, printed and in the HTML report, and a ``fp8_layers`` key in
-``compare.json``. It prints :meth:`Comparison.table
-<ampkit.tools.accuracy.compare.Comparison.table>` and writes the HTML report, its two plots and
+``compare.json``. It prints :meth:`Comparison.summary
+<ampkit.tools.accuracy.compare.Comparison.summary>` (what ``Comparison.table()`` holds, its
+tables drawn with rich) and writes the HTML report, its two plots and
 ``compare.json`` into ``--out`` (default ``compare-report``); report files already
 there are replaced only with ``--overwrite``, and no other file is touched.
 
@@ -59,6 +60,7 @@ from ampkit.tools.cli.args import (
     missing_modules,
     number,
     positive_int,
+    print_parts,
 )
 from ampkit.tools.cli.target import (
     TargetError,
@@ -286,7 +288,7 @@ def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: An
             raise
         return fail("compare", str(found))
     out = console()
-    out.print(report.table(limit=args.limit), highlight=False, soft_wrap=True)
+    print_parts(out, report.summary(limit=args.limit))
     page = report.write_report(args.out)
     out.print(f"\nReport: {page} (plots beside it; data: {page.with_suffix('.json').name})",
               highlight=False, soft_wrap=True)

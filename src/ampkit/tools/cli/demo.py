@@ -25,6 +25,7 @@ from ampkit.tools.cli.args import (
     missing_modules,
     non_negative_int,
     positive_int,
+    rich_table,
     spelled,
 )
 from ampkit.tools.demo.run import (
@@ -127,19 +128,16 @@ def _run(settings: DemoSettings, quiet: bool) -> DemoResult:
 
 def _print_summary(result: DemoResult, files: Any, quiet: bool, out: Console) -> None:
     from rich.syntax import Syntax
-    from rich.table import Table
 
+    from ampkit.tools._text import TextTable
     from ampkit.tools.demo.report import COLUMN_NOTES, identical_runs, summary_table
 
     summary = summary_table(result)
     epochs = result.settings.epochs
-    table = Table(title=f"ampkit demo: digits CNN, {epochs} epoch{'' if epochs == 1 else 's'} "
-                        f"per run on {result.device} ({result.device_name})")
-    for i, column in enumerate(summary.columns):
-        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=True)
-    for row in summary.rows:
-        table.add_row(*row)
-    out.print(table)
+    out.print(rich_table(
+        TextTable.of(summary.columns, summary.rows),
+        title=f"ampkit demo: digits CNN, {epochs} epoch{'' if epochs == 1 else 's'} per run "
+              f"on {result.device} ({result.device_name})"))
     for same in identical_runs(result):
         out.print(same.sentence(), highlight=False)
     if quiet:

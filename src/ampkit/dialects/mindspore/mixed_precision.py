@@ -1,0 +1,206 @@
+"""MindSpore's network conversion: ``auto_mixed_precision`` (its levels O0-O3),
+``custom_mixed_precision`` (your white or black list) and the built-in lists
+(``get_white_list``, ``get_black_list``), carried out by :func:`ampkit.convert_model`.
+
+Example:
+    >>> import torch
+    >>> from ampkit.dialects.mindspore.mixed_precision import auto_mixed_precision
+    >>> net = auto_mixed_precision(torch.nn.Linear(2, 2), "O2", torch.bfloat16)
+    >>> net(torch.ones(1, 2)).dtype
+    torch.float32
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ampkit import front_door
+from ampkit.arguments import LOW_PRECISION, parse_dtype
+from ampkit.conversion import ALL_LOW_PRECISION, ConversionConfig
+from ampkit.policy import Policy
+from ampkit.registry import OpEntry, resolve_ops
+
+__all__ = ["auto_mixed_precision", "custom_mixed_precision", "get_black_list",
+           "get_white_list"]
+
+
+_LEVELS = ("O0", "O1", "O2", "O3")
+
+# The seed's white list, in its order: cells first, then ops.
+_WHITE_LIST: tuple[Any, ...] = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+    nn.ConvTranspose3d, nn.Linear, nn.LSTMCell, nn.RNNCell, nn.GRUCell,
+    F.conv2d, F.conv3d, F.conv_transpose2d, F.conv_transpose3d, torch.matmul, torch.bmm,
+    F.prelu, F.relu, torch.outer,
+)
+_BLACK_LIST: tuple[Any, ...] = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm)
+
+# MindSpore cell names (strings in custom lists) -> torch module classes. Op names
+# (``MatMul``, ``Conv2D``, ``ReLU``, ...) go through the registry's alias table.
+_CELLS: dict[str, type[nn.Module]] = {
+    "Dense": nn.Linear, "Conv1d": nn.Conv1d, "Conv2d": nn.Conv2d, "Conv3d": nn.Conv3d,
+    "Conv1dTranspose": nn.ConvTranspose1d, "Conv2dTranspose": nn.ConvTranspose2d,
+    "Conv3dTranspose": nn.ConvTranspose3d, "LSTMCell": nn.LSTMCell, "RNNCell": nn.RNNCell,
+    "GRUCell": nn.GRUCell, "LSTM": nn.LSTM, "GRU": nn.GRU, "RNN": nn.RNN,
+    "BatchNorm1d": nn.BatchNorm1d, "BatchNorm2d": nn.BatchNorm2d,
+    "BatchNorm3d": nn.BatchNorm3d, "LayerNorm": nn.LayerNorm, "GroupNorm": nn.GroupNorm,
+    "InstanceNorm1d": nn.InstanceNorm1d, "InstanceNorm2d": nn.InstanceNorm2d,
+    "InstanceNorm3d": nn.InstanceNorm3d, "Embedding": nn.Embedding,
+}
+
+
+def get_white_list() -> list[Any]:
+    """A copy of the built-in white list: torch module classes and op callables, in
+    the seed's order.
+
+    Example:
+        >>> import torch
+        >>> import ampkit.mindspore as amp
+        >>> white = amp.get_white_list()
+        >>> len(white), torch.nn.Linear in white, torch.matmul in white
+        (19, True, True)
+    """
+    return list(_WHITE_LIST)
+
+
+def get_black_list() -> list[Any]:
+    """A copy of the built-in black list: BatchNorm1d/2d/3d and LayerNorm.
+
+    Example:
+        >>> import ampkit.mindspore as amp
+        >>> [c.__name__ for c in amp.get_black_list()]
+        ['BatchNorm1d', 'BatchNorm2d', 'BatchNorm3d', 'LayerNorm']
+    """
+    return list(_BLACK_LIST)
+
+
+def check_network(network: Any) -> nn.Module:
+    if not isinstance(network, nn.Module):
+        raise TypeError(f"network must be a torch.nn.Module (a Cell in MindSpore), got "
+                        f"{type(network).__name__}")
+    return network
+
+
+def _low_dtype(dtype: Any) -> torch.dtype:
+    # MindSpore's dtype rule and error are the core's (float16 or bfloat16).
+    return parse_dtype(dtype, "dtype", accept=LOW_PRECISION)
+
+
+def _split(entries: Any, argument: str) -> tuple[tuple[type, ...], frozenset[str]]:
+    """A custom list's modules (classes, MindSpore cell names) and ops (everything else:
+    torch or MindSpore op names, callables)."""
+    if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+        raise TypeError(f"{argument} must be a list of module classes and ops, got "
+                        f"{type(entries).__name__}")
+    modules: list[type] = []
+    ops: list[OpEntry] = []
+    for entry in entries:
+        if isinstance(entry, type) and issubclass(entry, nn.Module):
+            modules.append(entry)
+        elif isinstance(entry, str) and entry in _CELLS:
+            modules.append(_CELLS[entry])
+        else:
+            ops.append(entry)
+    return tuple(modules), resolve_ops(ops, framework="mindspore", argument=argument)
+
+
+def _white_list_config(white_list: Any, low: torch.dtype, argument: str) -> ConversionConfig:
+    modules, ops = _split(white_list, argument)
+    # Everything outside the white list runs in float32: so do the ops that consume the
+    # low-precision output of a white-listed op (MindSpore casts that output back).
+    policy = Policy(name="mindspore-white-list", lower_precision_ops=ops, unlisted="fp32",
+                    description="MindSpore O1: the white list in low precision, all else "
+                                "float32.")
+    return ConversionConfig(low_precision_modules=modules, white_list_output_dtype=torch.float32,
+                            compute_dtype=low, policy=policy, output_dtype=torch.float32)
+
+
+def _black_list_config(black_list: Any, low: torch.dtype, argument: str) -> ConversionConfig:
+    modules, ops = _split(black_list, argument)
+    policy = (ALL_LOW_PRECISION if not ops else Policy(
+        name="mindspore-black-list", fp32_ops=ops, unlisted="lower",
+        description="MindSpore O2: all in low precision except the black list."))
+    # The network's floating inputs, float64 included, in ``low`` (MindSpore's
+    # ``to_float`` of the whole network), not only those an op casts.
+    return ConversionConfig(keep_fp32_modules=modules, kept_output_dtype=low,
+                            compute_dtype=low, policy=policy, input_dtype=low,
+                            output_dtype=torch.float32)
+
+
+def _convert(network: nn.Module, config: ConversionConfig) -> nn.Module:
+    return front_door.convert_model(network, config)
+
+
+def auto_mixed_precision(network: nn.Module, amp_level: str = "O0",
+                         dtype: torch.dtype | str = torch.float16) -> nn.Module:
+    """MindSpore's ``auto_mixed_precision``: apply a level (see the module docstring)
+    to ``network``, in place, and return it.
+
+    Args:
+        network: an fp32 ``nn.Module``.
+        amp_level: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"``.
+        dtype: ``torch.float16`` or ``torch.bfloat16`` (or ``"float16"`` /
+            ``"bfloat16"``).
+
+    Raises:
+        TypeError: ``network`` is not an ``nn.Module``.
+        ValueError: ``amp_level`` not supported; ``dtype`` neither float16 nor bfloat16.
+
+    Example:
+        >>> import torch
+        >>> import ampkit.mindspore as amp
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
+        >>> net = amp.auto_mixed_precision(net, "O1")
+        >>> seen = []
+        >>> _ = net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        >>> net(torch.rand(2, 4)).dtype, seen
+        (torch.float32, [torch.float32])
+    """
+    check_network(network)
+    if amp_level not in _LEVELS:
+        raise ValueError(f"amp_level must be one of {list(_LEVELS)}, got {amp_level!r}")
+    low = _low_dtype(dtype)
+    if amp_level == "O0":
+        return network
+    if amp_level == "O1":
+        return _convert(network, _white_list_config(_WHITE_LIST, low, "white_list"))
+    if amp_level == "O2":
+        return _convert(network, _black_list_config(_BLACK_LIST, low, "black_list"))
+    return _convert(network, ConversionConfig(compute_dtype=low, policy=ALL_LOW_PRECISION,
+                                              input_dtype=low, output_dtype=torch.float32))
+
+
+def custom_mixed_precision(network: nn.Module, *, white_list: Sequence[Any] | None = None,
+                           black_list: Sequence[Any] | None = None,
+                           dtype: torch.dtype | str = torch.float16) -> nn.Module:
+    """MindSpore's ``custom_mixed_precision``: O1 with your white list, or O2 with
+    your black list (exactly one of them). Entries: ``nn.Module`` classes, MindSpore
+    cell names (``"Dense"``), ops (torch or MindSpore names, callables).
+
+    Raises:
+        TypeError: ``network`` is not an ``nn.Module``.
+        ValueError: both lists or neither; a bad ``dtype``; an unknown op name.
+
+    Example:
+        >>> import torch
+        >>> import ampkit.mindspore as amp
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        >>> net = amp.custom_mixed_precision(net, black_list=["Dense"])
+        >>> seen = []
+        >>> _ = net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        >>> net(torch.rand(2, 4)).dtype, seen
+        (torch.float32, [torch.float16])
+    """
+    check_network(network)
+    if (white_list is None) == (black_list is None):
+        raise ValueError("custom_mixed_precision takes exactly one of white_list and "
+                         "black_list")
+    low = _low_dtype(dtype)
+    if white_list is not None:
+        return _convert(network, _white_list_config(white_list, low, "white_list"))
+    return _convert(network, _black_list_config(black_list, low, "black_list"))
