@@ -39,8 +39,10 @@ def _class_file(cls: type) -> str | None:
     its ``__module__`` whose source defines or assigns the name."""
     for value in vars(cls).values():
         function = inspect.unwrap(value) if inspect.isfunction(value) else None
+        # (not a method a decorator generated: a dataclass's __init__ comes from
+        # "<string>")
         if function is not None and function.__qualname__.startswith(
-                f"{cls.__qualname__}."):
+                f"{cls.__qualname__}.") and not function.__code__.co_filename.startswith("<"):
             return function.__code__.co_filename
     # ``class Name`` in the body, or a module-level assignment that makes it
     # (``Name = type(...)``, ``A, Name = make()``)

@@ -17,7 +17,18 @@ import torch
 import torch.nn.functional as F
 
 import ampkit
+from ampkit.autocast_mode import release_kernels
 from ampkit.presets import available_policies
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_kernels_left_behind():
+    """These tests list view ops (``detach``, the twin of ``detach_``), whose kernels
+    stay registered; a kernel on ``aten::detach`` trips torch.compile's fake tensors
+    in a later test of the same process (a known limit, docs/limits.md). Removed here,
+    outside any region, when the module ends."""
+    yield
+    release_kernels()
 from ampkit.registry import all_op_names, entry_points, resolve_op
 
 VALUES = [[-0.7, -0.2, 0.3, 0.8]]
