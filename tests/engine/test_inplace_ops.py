@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import ampkit
 from ampkit.autocast_mode import release_kernels
 from ampkit.presets import available_policies
+from ampkit.registry import all_op_names, entry_points, resolve_op
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -29,7 +30,8 @@ def _no_kernels_left_behind():
     outside any region, when the module ends."""
     yield
     release_kernels()
-from ampkit.registry import all_op_names, entry_points, resolve_op
+
+
 
 VALUES = [[-0.7, -0.2, 0.3, 0.8]]
 
