@@ -52,7 +52,7 @@ Example:
     >>> amp.auto_mixed_precision(torch.nn.Linear(2, 2), "O4")
     Traceback (most recent call last):
     ...
-    ValueError: amp_level must be one of ['O0', 'O1', 'O2', 'O3'], got 'O4'
+    ValueError: amp_level must be one of ['O0', 'O1', 'O2', 'O3', 'auto'], got 'O4'
 """
 
 from __future__ import annotations
