@@ -70,7 +70,8 @@ def test_network_that_is_not_a_module_is_a_type_error() -> None:
 
 @pytest.mark.parametrize("level", ["O4", "o1", "Auto", None])
 def test_unsupported_level_is_a_value_error(level: object) -> None:
-    with pytest.raises(ValueError, match=r"amp_level must be one of \['O0', 'O1', 'O2', 'O3', 'auto'\]"):
+    with pytest.raises(ValueError,
+                       match=r"amp_level must be one of \['O0', 'O1', 'O2', 'O3', 'auto'\]"):
         amp.auto_mixed_precision(nn.Linear(2, 2), level)
 
 

@@ -179,8 +179,8 @@ def _torch_device(device: Any) -> str:
     ``'xpu:0'``) as a torch device string; anything else is Paddle's ``ValueError``."""
     if device is None:
         return torch.get_default_device().type
-    kind, _, index = device.partition(":") if isinstance(device, str) else ("", "", "")
-    if kind not in _DEVICES or (index and not index.isdigit()):
+    kind, colon, index = device.partition(":") if isinstance(device, str) else ("", "", "")
+    if kind not in _DEVICES or (colon and not index.isdigit()):
         raise ValueError(f"device must be None or one of 'cpu', 'gpu', 'gpu:x', 'xpu', "
                          f"'xpu:x' (x a device index; torch's 'cuda' too), got {device!r}")
     return _DEVICES[kind] + (f":{index}" if index else "")
