@@ -488,8 +488,8 @@ APEX_O1 = Policy(
 # BatchMatMul/BatchMatMulExt, PReLU, Einsum, Dense, Addmm, Addbmm, Addmv, Baddbmm, Mv.
 # Black: the transcendentals, Softplus, the norms, the losses, Pdist, Cdist, Renorm,
 # the reductions, Softmax and LogSoftmax, CumProd and CumSum, Norm. Promote: Addcdiv,
-# Addcmul, Cross, Dot, GridSampler2D/3D, Concat; BiasAdd and AddN have no torch op of
-# their own (torch's add promotes by itself).
+# Addcmul, Cross, Dot, GridSampler2D/3D, IndexPut; BiasAdd, also on it, has no torch op
+# of its own (torch's add promotes by itself).
 MINDSPORE_AUTO_WHITE_LIST: tuple[str, ...] = (
     "conv1d", "conv2d", "conv3d", "conv_transpose2d", "conv_transpose3d", "matmul", "mm",
     "bmm", "prelu", "einsum", "linear", "addmm", "addbmm", "addmv", "baddbmm", "mv",
@@ -503,7 +503,7 @@ MINDSPORE_AUTO_BLACK_LIST: tuple[str, ...] = (
     "sum", "norm", "l1_loss", "mse_loss", "nll_loss",
 )
 MINDSPORE_AUTO_PROMOTE_LIST: tuple[str, ...] = (
-    "addcdiv", "addcmul", "cross", "linalg_cross", "dot", "grid_sample", "cat",
+    "addcdiv", "addcmul", "cross", "linalg_cross", "dot", "grid_sample", "index_put",
 )
 
 MINDSPORE_AUTO = Policy(

@@ -17,8 +17,8 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 
 class _Probe(nn.Module):
-    """Matmul (white), then softmax (black), then cat with an fp32 tensor (promote),
-    then relu (on no list): records each result's dtype."""
+    """Matmul (white), then softmax (black), then relu (on no list), then addcmul with an
+    fp32 tensor (promote): records each result's dtype."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -32,8 +32,8 @@ class _Probe(nn.Module):
         self.seen["softmax"] = s.dtype
         r = F.relu(y)
         self.seen["relu"] = r.dtype
-        c = torch.cat([r, torch.zeros(1, 4)])
-        self.seen["cat"] = c.dtype
+        c = torch.addcmul(torch.zeros(4), r, r)
+        self.seen["addcmul"] = c.dtype
         return c
 
 
@@ -44,8 +44,8 @@ def test_auto_level_runs_mindsporess_lists(dtype: object) -> None:
     assert converted is net
     low = FP16 if dtype == "float16" else dtype
     out = net(torch.rand(2, 4))
-    assert net.seen == {"matmul": low, "softmax": FP32, "relu": low, "cat": FP32}
-    assert out.dtype == FP32  # the promoted cat: nothing casts the output at "auto"
+    assert net.seen == {"matmul": low, "softmax": FP32, "relu": low, "addcmul": FP32}
+    assert out.dtype == FP32  # the promoted addcmul: nothing casts the output at "auto"
     assert net.w.dtype == FP32
 
 
@@ -96,7 +96,7 @@ def test_auto_level_refuses_other_objects() -> None:
 def test_auto_preset_lists() -> None:
     assert {"matmul", "conv2d", "linear", "einsum", "addmm"} <= MINDSPORE_AUTO.lower_precision_ops
     assert {"softmax", "layer_norm", "exp", "nll_loss", "sum"} <= MINDSPORE_AUTO.fp32_ops
-    assert {"addcmul", "dot", "cat", "grid_sample"} <= MINDSPORE_AUTO.promote_ops
+    assert {"addcmul", "dot", "index_put", "grid_sample"} <= MINDSPORE_AUTO.promote_ops
     assert MINDSPORE_AUTO.unlisted == "keep"
 
 
@@ -109,21 +109,38 @@ def _first_layer_dtype(net: nn.Sequential) -> list[torch.dtype]:
     return seen
 
 
-@pytest.mark.parametrize("empty", [[], ()])
-def test_custom_lists_take_an_empty_other_list(empty: object) -> None:
+def test_custom_one_list_keeps_the_o1_and_o2_meanings() -> None:
     white = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
-    amp.custom_mixed_precision(white, white_list=[nn.Linear], black_list=empty)  # type: ignore[arg-type]
+    amp.custom_mixed_precision(white, white_list=[nn.Linear])
     black = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
-    amp.custom_mixed_precision(black, white_list=empty, black_list=[nn.ReLU])  # type: ignore[arg-type]
+    amp.custom_mixed_precision(black, black_list=[nn.ReLU])
     # O1: the white module computes low and hands float32 on; O2: the rest computes low.
     assert _first_layer_dtype(white) == [FP32]
     assert _first_layer_dtype(black) == [FP16]
+    everything = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    amp.custom_mixed_precision(everything, black_list=[])  # O2 with no exception
+    assert _first_layer_dtype(everything) == [FP16]
 
 
-@pytest.mark.parametrize(("white", "black"), [
-    (None, None), ([], []), ([], None), ([nn.Linear], [nn.ReLU])])
-def test_custom_lists_need_exactly_one_with_entries(white: object, black: object) -> None:
-    with pytest.raises(ValueError, match="exactly one of white_list and black_list"):
+@pytest.mark.parametrize(("white", "black", "expected"), [
+    (["MatMul"], [], FP16), ([], ["MatMul"], FP32), ((nn.Linear,), (), FP16),
+    ([torch.matmul, "Dense"], ["Softmax"], FP32)])
+def test_custom_two_lists_run_ops_by_the_auto_rule(
+        white: list[object], black: list[object], expected: torch.dtype) -> None:
+    net = nn.Sequential(nn.Linear(4, 4), nn.Softmax(-1) if black == ["Softmax"] else nn.ReLU())
+    amp.custom_mixed_precision(net, white_list=white, black_list=black)  # type: ignore[arg-type]
+    # Outputs are not cast back: the last op's dtype is what comes out.
+    assert net(torch.rand(2, 4)).dtype == expected
+    assert net[0].weight.dtype == FP32
+
+
+@pytest.mark.parametrize(("white", "black", "message"), [
+    (None, None, "needs white_list, black_list or both"),
+    ([], [], "both empty"), ([], None, "white_list is empty"),
+    (["MatMul"], ["MatMul"], "")])
+def test_custom_lists_that_would_do_nothing_or_contradict_are_refused(
+        white: object, black: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         amp.custom_mixed_precision(nn.Linear(2, 2), white_list=white,  # type: ignore[arg-type]
                                    black_list=black)  # type: ignore[arg-type]
 
@@ -161,9 +178,12 @@ def test_a_float16_parameter_is_converted_and_kept(level: str, out_dtype: torch.
 
 def test_a_float16_parameter_under_custom_lists() -> None:
     net = _HalfWeightMatmul()
-    amp.custom_mixed_precision(net, white_list=["MatMul"], black_list=[])
+    amp.custom_mixed_precision(net, white_list=["MatMul"])  # O1: the white op hands fp32 on
     assert net.w.dtype == FP16
     assert net(torch.ones(1, 4)).dtype == FP32
+    net = _HalfWeightMatmul()
+    amp.custom_mixed_precision(net, white_list=[], black_list=["MatMul"])
+    assert net(torch.ones(1, 4)).dtype == FP32  # the fp16 weight cast up for the matmul
 
 
 def test_a_float16_parameter_trains_with_build_train_network() -> None:

@@ -227,15 +227,22 @@ def auto_mixed_precision(network: Any, amp_level: str = "O0",
 def custom_mixed_precision(network: nn.Module, *, white_list: Sequence[Any] | None = None,
                            black_list: Sequence[Any] | None = None,
                            dtype: torch.dtype | str = torch.float16) -> nn.Module:
-    """MindSpore's ``custom_mixed_precision``: O1 with your white list, or O2 with
-    your black list (exactly one of them holds entries: the other is ``None`` or empty,
-    as MindSpore accepts). Entries: ``nn.Module`` classes, MindSpore cell names
-    (``"Dense"``), ops (torch or MindSpore names, callables).
+    """MindSpore's ``custom_mixed_precision``. Entries: ``nn.Module`` classes,
+    MindSpore cell names (``"Dense"``), ops (torch or MindSpore names, callables).
+
+    * ``white_list`` alone: O1 with your white list (those modules and ops compute in
+      ``dtype`` and hand float32 on);
+    * ``black_list`` alone: O2 with your black list (everything else in ``dtype``);
+    * both (MindSpore 2.3 and later; either may be empty): the ops of ``white_list``
+      run in ``dtype``, those of ``black_list`` in float32, every other op in its
+      inputs' dtype, and the outputs stay as computed (the rule of the ``"auto"``
+      level, with your lists).
 
     Raises:
         TypeError: ``network`` is not an ``nn.Module``; a list that is not a list.
-        ValueError: both lists hold entries, or neither does; a bad ``dtype``; an
-            unknown op name.
+        ValueError: neither list given, or a call that would change nothing (no
+            entries in the lists given, other than an empty ``black_list`` alone);
+            an entry in both lists; a bad ``dtype``; an unknown op name.
 
     Example:
         >>> import torch
@@ -246,15 +253,33 @@ def custom_mixed_precision(network: nn.Module, *, white_list: Sequence[Any] | No
         >>> _ = net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
         >>> net(torch.rand(2, 4)).dtype, seen
         (torch.float32, [torch.float16])
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
+        >>> net = amp.custom_mixed_precision(net, white_list=["MatMul"], black_list=[])
+        >>> net(torch.rand(2, 4)).dtype    # linear low; softmax keeps its input's dtype
+        torch.float16
     """
     check_network(network)
+    if white_list is None and black_list is None:
+        raise ValueError("custom_mixed_precision needs white_list, black_list or both")
     white = _entries(white_list, "white_list")
     black = _entries(black_list, "black_list")
-    if bool(white) == bool(black):
-        raise ValueError(f"custom_mixed_precision takes exactly one of white_list and "
-                         f"black_list with entries (the other None or empty), got "
-                         f"white_list={white_list!r}, black_list={black_list!r}")
     low = _low_dtype(dtype)
-    if white:
+    if white_list is not None and black_list is not None:
+        if not white and not black:
+            raise ValueError("custom_mixed_precision: white_list and black_list are both "
+                             "empty, so the call would change nothing")
+        policy = Policy(name="mindspore-custom-lists",
+                        lower_precision_ops=resolve_ops(white, framework="mindspore",
+                                                        argument="white_list"),
+                        fp32_ops=resolve_ops(black, framework="mindspore",
+                                             argument="black_list"),
+                        unlisted="keep",
+                        description="MindSpore custom_mixed_precision with both lists.")
+        return _convert(network, ConversionConfig(compute_dtype=low, policy=policy,
+                                                  params_as_given=True))
+    if white_list is not None:
+        if not white:
+            raise ValueError("custom_mixed_precision: white_list is empty, so the call "
+                             "would change nothing")
         return _convert(network, _white_list_config(white, low, "white_list"))
     return _convert(network, _black_list_config(black, low, "black_list"))
