@@ -93,6 +93,19 @@ def test_auto_level_refuses_other_objects() -> None:
         amp.auto_mixed_precision(lambda x: x, "auto", FP32)
 
 
+def test_auto_level_batch_norm_computes_in_fp32_and_returns_the_input_dtype() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        conv = F.conv2d(x.half(), net[0].weight.half(), net[0].bias.half())
+        expected = net[1](conv.float()).half()  # fp32 BatchNorm, rounded once
+    amp.auto_mixed_precision(net, "auto")
+    out = net(x)
+    assert out.dtype == FP16
+    assert torch.equal(out, expected)
+
+
 def test_auto_preset_lists() -> None:
     assert {"matmul", "conv2d", "linear", "einsum", "addmm"} <= MINDSPORE_AUTO.lower_precision_ops
     assert {"softmax", "layer_norm", "exp", "nll_loss", "sum"} <= MINDSPORE_AUTO.fp32_ops
