@@ -165,6 +165,30 @@ def innermost_policy() -> Policy | None:
     return frames[-1].policy if frames else None
 
 
+def innermost_region_dtype() -> torch.dtype | None:
+    """The low-precision dtype of the innermost region entered in this thread, on any
+    device, when that region is enabled; ``None`` outside every region or inside a
+    disabled one. (Frameworks with one autocast state for all devices, Paddle's
+    ``get_autocast_dtype``, ask this.)
+
+    Example:
+        >>> import torch
+        >>> from ampkit.autocast_mode import autocast, innermost_region_dtype
+        >>> with autocast("cpu", torch.float16):
+        ...     innermost_region_dtype()
+        torch.float16
+        >>> with autocast("cpu", torch.float16), autocast("cpu", enabled=False):
+        ...     innermost_region_dtype() is None
+        True
+    """
+    frames = _state.frames
+    if not frames or frames[-1].policy is None:
+        return None
+    # The region entered native autocast with its dtype (a checkpoint's recompute
+    # restores it), so torch's state holds the dtype of the innermost one.
+    return torch.get_autocast_dtype(frames[-1].device_type)
+
+
 def _push(frame: _Frame) -> None:
     """Enter ``frame``'s rules (its native autocast is already entered), all or nothing:
     an interrupt (Ctrl-C) half-way leaves the thread as it found it."""

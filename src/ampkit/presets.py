@@ -482,8 +482,44 @@ APEX_O1 = Policy(
                 "losses in float32; multi-input ops promoted to the widest type; all else "
                 "in its inputs' dtype.")
 
+# MindSpore's amp_level="auto" lists (mindspore.amp.auto_mixed_precision, 2.3 and
+# later), in torch's op names. White: Conv2D/Conv2DExt/Convolution, Conv3D/Conv3DExt,
+# Conv2DTranspose/ConvTranspose2D, Conv3DTranspose, MatMul/MatMulExt,
+# BatchMatMul/BatchMatMulExt, PReLU, Einsum, Dense, Addmm, Addbmm, Addmv, Baddbmm, Mv.
+# Black: the transcendentals, Softplus, the norms, the losses, Pdist, Cdist, Renorm,
+# the reductions, Softmax and LogSoftmax, CumProd and CumSum, Norm. Promote: Addcdiv,
+# Addcmul, Cross, Dot, GridSampler2D/3D, IndexPut; BiasAdd, also on it, has no torch op
+# of its own (torch's add promotes by itself). BatchNorm, on MindSpore's black list, casts
+# only its parameters: it computes in float32 and returns its input's dtype (MindSpore's
+# auto tests compare with a network that rounds BatchNorm's output to float16), which is
+# what batch_norm does in its inputs' dtype with float32 parameters: it is left unlisted.
+MINDSPORE_AUTO_WHITE_LIST: tuple[str, ...] = (
+    "conv1d", "conv2d", "conv3d", "conv_transpose2d", "conv_transpose3d", "matmul", "mm",
+    "bmm", "prelu", "einsum", "linear", "addmm", "addbmm", "addmv", "baddbmm", "mv",
+)
+MINDSPORE_AUTO_BLACK_LIST: tuple[str, ...] = (
+    "pow", "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log1p",
+    "log2", "reciprocal", "rsqrt", "sinh", "tan", "softplus", "layer_norm", "group_norm",
+    "kl_div", "smooth_l1_loss", "multilabel_margin_loss", "soft_margin_loss",
+    "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits",
+    "pdist", "cdist", "renorm", "prod", "softmax", "log_softmax", "cumprod", "cumsum",
+    "sum", "norm", "l1_loss", "mse_loss", "nll_loss",
+)
+MINDSPORE_AUTO_PROMOTE_LIST: tuple[str, ...] = (
+    "addcdiv", "addcmul", "cross", "linalg_cross", "dot", "grid_sample", "index_put",
+)
+
+MINDSPORE_AUTO = Policy(
+    name="mindspore-auto", lower_precision_ops=resolve_ops(MINDSPORE_AUTO_WHITE_LIST),
+    fp32_ops=resolve_ops(MINDSPORE_AUTO_BLACK_LIST),
+    promote_ops=resolve_ops(MINDSPORE_AUTO_PROMOTE_LIST), unlisted="keep",
+    description="MindSpore amp_level='auto': its white list in low precision, its black "
+                "list in float32, its promote list in the widest input type, every other "
+                "op in its inputs' dtype.")
+
 for _preset in (TORCH_CPU_LEGACY, PADDLE_O1, PADDLE_OD, PADDLE_O2, PADDLE_O2_NO_PROMOTE,
-                MXNET_FLOAT16, MXNET_BFLOAT16, APEX_O1):
+                MXNET_FLOAT16, MXNET_BFLOAT16, APEX_O1,
+                MINDSPORE_AUTO):
     _PRESETS[_preset.name] = _preset
 del _preset
 
@@ -492,7 +528,9 @@ __all__ += [
     "APEX_REFUSED_IN_PLACE", "MXNET_BF16_FP32_FUNCS", "MXNET_BF16_FUNCS", "MXNET_BFLOAT16",
     "MXNET_BF16_BF16_FP32_FUNCS", "MXNET_CONDITIONAL_FP32_FUNCS",
     "MXNET_CONDITIONAL_FP32_OPS", "MXNET_FLOAT16", "MXNET_FP16_FP32_FUNCS", "MXNET_FP16_FUNCS",
-    "MXNET_LOSS_OUTPUT_FUNCTIONS", "MXNET_FP32_FUNCS", "MXNET_WIDEST_TYPE_CASTS",
+    "MINDSPORE_AUTO", "MINDSPORE_AUTO_BLACK_LIST", "MINDSPORE_AUTO_PROMOTE_LIST",
+    "MINDSPORE_AUTO_WHITE_LIST", "MXNET_LOSS_OUTPUT_FUNCTIONS", "MXNET_FP32_FUNCS",
+    "MXNET_WIDEST_TYPE_CASTS",
     "PADDLE_BLACK_LIST",
     "PADDLE_EXTRA_BLACK_LIST", "PADDLE_O1", "PADDLE_O2", "PADDLE_O2_NO_PROMOTE",
     "PADDLE_OD", "PADDLE_WHITE_LIST", "TORCH_CPU_LEGACY", "TORCH_CPU_LEGACY_FP32",

@@ -710,14 +710,15 @@ def test_an_out_under_a_file_is_a_one_line_error(
     (["tune", "--start", "fast"],
      "argument --start: invalid choice: 'fast' (choose from torch, conservative, "
      "torch-cpu-legacy, paddle-O1, paddle-OD, paddle-O2, paddle-O2-no-promote, "
-     "mxnet-float16, mxnet-bfloat16, apex-O1)"),
+     "mxnet-float16, mxnet-bfloat16, apex-O1, mindspore-auto)"),
     (["compare", "m:f", "--inputs", "m:g", "--custom-black-list", "softmx"],
      "argument --custom-black-list: unknown op name 'softmx': not a canonical PyTorch op "
      "name; did you mean 'softmax', 'softmin', 'log_softmax'?"),
     (["compare", "m:f", "--inputs", "m:g", "--precision", "O5"],
      "argument --precision: invalid choice: 'O5' (choose from a level, O1, O2, O3; a preset, "
      "torch, conservative, torch-cpu-legacy, paddle-O1, paddle-OD, paddle-O2, "
-     "paddle-O2-no-promote, mxnet-float16, mxnet-bfloat16, apex-O1; or a policy file such as "
+     "paddle-O2-no-promote, mxnet-float16, mxnet-bfloat16, apex-O1, mindspore-auto; or a "
+     "policy file such as "
      "ampkit tune writes)"),
     (["compare", "m:f"], "the following arguments are required: --inputs"),
     (["compare", "m:f", "--inputs", "m:g", "--device", "tpu"],

@@ -26,6 +26,9 @@ O1    white-list modules and ops compute in ``dtype`` from inputs and parameters
 O2    everything in ``dtype`` except the black-list modules, which compute in float32 and
       hand their outputs back in ``dtype``; the network's output is float32
 O3    everything in ``dtype``, norms included; the network's output is float32
+auto  ops by MindSpore 2.3's auto lists (preset ``"mindspore-auto"``): white ops in
+      ``dtype``, black ops in float32, promote ops in the widest input type, the rest
+      in their inputs' dtype; outputs as computed (a plain function works too)
 ====  =====================================================================================
 
 ============================================  ==============================================
@@ -34,7 +37,8 @@ MindSpore                                     ampkit core
 ``auto_mixed_precision`` /                    :func:`ampkit.convert_model` with a
 ``custom_mixed_precision``                    :class:`~ampkit.conversion.ConversionConfig`:
                                               module white list (O1), kept-fp32 modules (O2),
-                                              an all-low-precision policy (O2, O3)
+                                              an all-low-precision policy (O2, O3), the
+                                              auto lists or both custom lists as a policy
 ``build_train_network``                       the above, then a training step driven by
                                               :class:`ampkit.GradScaler`
 ``DynamicLossScaler`` / ``StaticLossScaler``  :class:`ampkit.DynamicLossScale` /
@@ -52,7 +56,7 @@ Example:
     >>> amp.auto_mixed_precision(torch.nn.Linear(2, 2), "O4")
     Traceback (most recent call last):
     ...
-    ValueError: amp_level must be one of ['O0', 'O1', 'O2', 'O3'], got 'O4'
+    ValueError: amp_level must be one of ['O0', 'O1', 'O2', 'O3', 'auto'], got 'O4'
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+import types
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -21,15 +23,17 @@ import torch.nn.functional as F
 
 from ampkit import front_door
 from ampkit.arguments import LOW_PRECISION, parse_dtype
+from ampkit.autocast_mode import autocast
 from ampkit.conversion import ALL_LOW_PRECISION, ConversionConfig
 from ampkit.policy import Policy
+from ampkit.presets import MINDSPORE_AUTO
 from ampkit.registry import OpEntry, resolve_ops
 
 __all__ = ["auto_mixed_precision", "custom_mixed_precision", "get_black_list",
            "get_white_list"]
 
 
-_LEVELS = ("O0", "O1", "O2", "O3")
+_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 
 # The seed's white list, in its order: cells first, then ops.
 _WHITE_LIST: tuple[Any, ...] = (
@@ -79,10 +83,11 @@ def get_black_list() -> list[Any]:
     return list(_BLACK_LIST)
 
 
-def check_network(network: Any) -> nn.Module:
+def check_network(network: Any, *, functions_too: bool = False) -> nn.Module:
     if not isinstance(network, nn.Module):
-        raise TypeError(f"network must be a torch.nn.Module (a Cell in MindSpore), got "
-                        f"{type(network).__name__}")
+        kinds = ("a torch.nn.Module (a Cell in MindSpore) or, at amp_level 'auto', a "
+                 "function") if functions_too else "a torch.nn.Module (a Cell in MindSpore)"
+        raise TypeError(f"network must be {kinds}, got {type(network).__name__}")
     return network
 
 
@@ -109,6 +114,15 @@ def _split(entries: Any, argument: str) -> tuple[tuple[type, ...], frozenset[str
     return tuple(modules), resolve_ops(ops, framework="mindspore", argument=argument)
 
 
+def _entries(entries: Any, argument: str) -> list[Any]:
+    if entries is None:
+        return []
+    if isinstance(entries, str | bytes) or not isinstance(entries, Iterable):
+        raise TypeError(f"{argument} must be a list of module classes and ops, got "
+                        f"{type(entries).__name__}")
+    return list(entries)
+
+
 def _white_list_config(white_list: Any, low: torch.dtype, argument: str) -> ConversionConfig:
     modules, ops = _split(white_list, argument)
     # Everything outside the white list runs in float32: so do the ops that consume the
@@ -117,7 +131,8 @@ def _white_list_config(white_list: Any, low: torch.dtype, argument: str) -> Conv
                     description="MindSpore O1: the white list in low precision, all else "
                                 "float32.")
     return ConversionConfig(low_precision_modules=modules, white_list_output_dtype=torch.float32,
-                            compute_dtype=low, policy=policy, output_dtype=torch.float32)
+                            compute_dtype=low, policy=policy, output_dtype=torch.float32,
+                            params_as_given=True)
 
 
 def _black_list_config(black_list: Any, low: torch.dtype, argument: str) -> ConversionConfig:
@@ -129,26 +144,50 @@ def _black_list_config(black_list: Any, low: torch.dtype, argument: str) -> Conv
     # ``to_float`` of the whole network), not only those an op casts.
     return ConversionConfig(keep_fp32_modules=modules, kept_output_dtype=low,
                             compute_dtype=low, policy=policy, input_dtype=low,
-                            output_dtype=torch.float32)
+                            output_dtype=torch.float32, params_as_given=True)
 
 
 def _convert(network: nn.Module, config: ConversionConfig) -> nn.Module:
+    # MindSpore converts a network whatever dtype its parameters hold (its own tests
+    # build a float16 weight) and leaves each as the user set it: the core's
+    # params_as_given; the casts on use make every op see the level's dtypes.
     return front_door.convert_model(network, config)
 
 
-def auto_mixed_precision(network: nn.Module, amp_level: str = "O0",
-                         dtype: torch.dtype | str = torch.float16) -> nn.Module:
+def _auto_function(function: Callable[..., Any], low: torch.dtype) -> Callable[..., Any]:
+    """A plain function run by MindSpore's "auto" lists: each call inside an
+    ``ampkit.autocast`` region on torch's default device (where the function's tensors
+    are created, as MindSpore's are on its one device)."""
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with autocast(torch.get_default_device().type, low, policy=MINDSPORE_AUTO):
+            return function(*args, **kwargs)
+    return run
+
+
+def auto_mixed_precision(network: Any, amp_level: str = "O0",
+                         dtype: torch.dtype | str = torch.float16) -> Any:
     """MindSpore's ``auto_mixed_precision``: apply a level (see the module docstring)
     to ``network``, in place, and return it.
 
+    ``"auto"`` (MindSpore 2.3 and later) runs ops by MindSpore's built-in lists
+    (``ampkit.presets.MINDSPORE_AUTO``): its white list in ``dtype``, its black list
+    in float32, its promote list in the widest input type, every other op in its
+    inputs' dtype, and the outputs as computed. At ``"auto"`` ``network`` may also be
+    a plain function, returned wrapped so that each call runs by those lists on
+    torch's default device.
+
+    A network whose parameters are not all float32 (a float16 weight the user set) is
+    converted as well; every parameter keeps the dtype it has.
+
     Args:
-        network: an fp32 ``nn.Module``.
-        amp_level: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"``.
+        network: an ``nn.Module`` (at ``"auto"`` also a function).
+        amp_level: ``"O0"``, ``"O1"``, ``"O2"``, ``"O3"`` or ``"auto"``.
         dtype: ``torch.float16`` or ``torch.bfloat16`` (or ``"float16"`` /
             ``"bfloat16"``).
 
     Raises:
-        TypeError: ``network`` is not an ``nn.Module``.
+        TypeError: ``network`` is not an ``nn.Module`` (or, at ``"auto"``, a function).
         ValueError: ``amp_level`` not supported; ``dtype`` neither float16 nor bfloat16.
 
     Example:
@@ -160,10 +199,16 @@ def auto_mixed_precision(network: nn.Module, amp_level: str = "O0",
         >>> _ = net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
         >>> net(torch.rand(2, 4)).dtype, seen
         (torch.float32, [torch.float32])
+        >>> matmul = amp.auto_mixed_precision(lambda a, b: a @ b, "auto")
+        >>> matmul(torch.rand(2, 2), torch.rand(2, 2)).dtype
+        torch.float16
     """
-    check_network(network)
     if amp_level not in _LEVELS:
         raise ValueError(f"amp_level must be one of {list(_LEVELS)}, got {amp_level!r}")
+    if amp_level == "auto" and isinstance(network, types.FunctionType | types.MethodType
+                                          | functools.partial):
+        return _auto_function(network, _low_dtype(dtype))
+    check_network(network, functions_too=amp_level == "auto")
     low = _low_dtype(dtype)
     if amp_level == "O0":
         return network
@@ -171,20 +216,33 @@ def auto_mixed_precision(network: nn.Module, amp_level: str = "O0",
         return _convert(network, _white_list_config(_WHITE_LIST, low, "white_list"))
     if amp_level == "O2":
         return _convert(network, _black_list_config(_BLACK_LIST, low, "black_list"))
+    if amp_level == "auto":
+        return _convert(network, ConversionConfig(compute_dtype=low, policy=MINDSPORE_AUTO,
+                                                  params_as_given=True))
     return _convert(network, ConversionConfig(compute_dtype=low, policy=ALL_LOW_PRECISION,
-                                              input_dtype=low, output_dtype=torch.float32))
+                                              input_dtype=low, output_dtype=torch.float32,
+                                              params_as_given=True))
 
 
 def custom_mixed_precision(network: nn.Module, *, white_list: Sequence[Any] | None = None,
                            black_list: Sequence[Any] | None = None,
                            dtype: torch.dtype | str = torch.float16) -> nn.Module:
-    """MindSpore's ``custom_mixed_precision``: O1 with your white list, or O2 with
-    your black list (exactly one of them). Entries: ``nn.Module`` classes, MindSpore
-    cell names (``"Dense"``), ops (torch or MindSpore names, callables).
+    """MindSpore's ``custom_mixed_precision``. Entries: ``nn.Module`` classes,
+    MindSpore cell names (``"Dense"``), ops (torch or MindSpore names, callables).
+
+    * ``white_list`` alone: O1 with your white list (those modules and ops compute in
+      ``dtype`` and hand float32 on);
+    * ``black_list`` alone: O2 with your black list (everything else in ``dtype``);
+    * both (MindSpore 2.3 and later; either may be empty): the ops of ``white_list``
+      run in ``dtype``, those of ``black_list`` in float32, every other op in its
+      inputs' dtype, and the outputs stay as computed (the rule of the ``"auto"``
+      level, with your lists).
 
     Raises:
-        TypeError: ``network`` is not an ``nn.Module``.
-        ValueError: both lists or neither; a bad ``dtype``; an unknown op name.
+        TypeError: ``network`` is not an ``nn.Module``; a list that is not a list.
+        ValueError: neither list given, or a call that would change nothing (no
+            entries in the lists given, other than an empty ``black_list`` alone);
+            an entry in both lists; a bad ``dtype``; an unknown op name.
 
     Example:
         >>> import torch
@@ -195,12 +253,33 @@ def custom_mixed_precision(network: nn.Module, *, white_list: Sequence[Any] | No
         >>> _ = net[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
         >>> net(torch.rand(2, 4)).dtype, seen
         (torch.float32, [torch.float16])
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Softmax(-1))
+        >>> net = amp.custom_mixed_precision(net, white_list=["MatMul"], black_list=[])
+        >>> net(torch.rand(2, 4)).dtype    # linear low; softmax keeps its input's dtype
+        torch.float16
     """
     check_network(network)
-    if (white_list is None) == (black_list is None):
-        raise ValueError("custom_mixed_precision takes exactly one of white_list and "
-                         "black_list")
+    if white_list is None and black_list is None:
+        raise ValueError("custom_mixed_precision needs white_list, black_list or both")
+    white = _entries(white_list, "white_list")
+    black = _entries(black_list, "black_list")
     low = _low_dtype(dtype)
+    if white_list is not None and black_list is not None:
+        if not white and not black:
+            raise ValueError("custom_mixed_precision: white_list and black_list are both "
+                             "empty, so the call would change nothing")
+        policy = Policy(name="mindspore-custom-lists",
+                        lower_precision_ops=resolve_ops(white, framework="mindspore",
+                                                        argument="white_list"),
+                        fp32_ops=resolve_ops(black, framework="mindspore",
+                                             argument="black_list"),
+                        unlisted="keep",
+                        description="MindSpore custom_mixed_precision with both lists.")
+        return _convert(network, ConversionConfig(compute_dtype=low, policy=policy,
+                                                  params_as_given=True))
     if white_list is not None:
-        return _convert(network, _white_list_config(white_list, low, "white_list"))
-    return _convert(network, _black_list_config(black_list, low, "black_list"))
+        if not white:
+            raise ValueError("custom_mixed_precision: white_list is empty, so the call "
+                             "would change nothing")
+        return _convert(network, _white_list_config(white, low, "white_list"))
+    return _convert(network, _black_list_config(black, low, "black_list"))

@@ -181,7 +181,8 @@ def build_train_network(network: nn.Module, optimizer: torch.optim.Optimizer,
 
     Raises:
         TypeError: bad network, optimizer, loss function or keyword types.
-        ValueError: a bad level, boost_level, keyword name or value.
+        ValueError: a bad level, boost_level, keyword name or value; an optimizer
+            that holds none of the network's parameters.
 
     Example:
         >>> import torch
@@ -204,6 +205,16 @@ def build_train_network(network: nn.Module, optimizer: torch.optim.Optimizer,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    own = list(network.parameters())
+    if own and not any(id(p) in held for p in own):
+        # Every step would leave the network as it is (a call that does nothing). A
+        # network without parameters of its own may reach the optimizer's through its
+        # forward, so it is not refused.
+        raise ValueError(f"optimizer: the {type(optimizer).__name__} holds none of the "
+                         f"network's {len(own)} parameters, so "
+                         f"no step would change the network; build it from "
+                         f"network.parameters()")
     if loss_fn is not None and not callable(loss_fn):
         raise TypeError(f"loss_fn must be None or callable, got {type(loss_fn).__name__}")
     if level not in _TRAIN_LEVELS:

@@ -19,8 +19,13 @@ Paddle                         ampkit core
 ``decorate(level='O2')``       :func:`ampkit.convert_model`: fp32 parameters (the
                                truth), layers compute with low-precision copies
                                made on use; BatchNorm and, for float16, LayerNorm fp32
-``GradScaler``                 :class:`ampkit.GradScaler` with Paddle's names, a scale
-                               floor of 1 and ``decr_every_n_nan_or_inf`` as hysteresis
+``GradScaler``                 :class:`ampkit.GradScaler` with Paddle's names (and, as
+                               in Paddle 3, torch's), a scale floor of 1 and
+                               ``decr_every_n_nan_or_inf`` as hysteresis
+``get_autocast_dtype``,        the innermost region of the thread
+``is_autocast_enabled``        (:func:`ampkit.autocast_mode.innermost_region_dtype`)
+``is_float16_supported``,      the machine's device
+``is_bfloat16_supported``      (:func:`ampkit.device_support.device_supports_dtype`)
 =============================  ===========================================================
 
 Custom lists follow Paddle's rule: an op put in the white list leaves the black list
@@ -64,6 +69,10 @@ from ampkit.dialects.paddle.model_decoration import decorate
 from ampkit.dialects.paddle.region import (
     auto_cast,
     black_list,
+    get_autocast_cpu_dtype,
+    get_autocast_dtype,
+    get_autocast_gpu_dtype,
+    is_autocast_enabled,
     is_bfloat16_supported,
     is_float16_supported,
     white_list,
@@ -74,6 +83,10 @@ __all__ = [
     "auto_cast",
     "black_list",
     "decorate",
+    "get_autocast_cpu_dtype",
+    "get_autocast_dtype",
+    "get_autocast_gpu_dtype",
+    "is_autocast_enabled",
     "is_bfloat16_supported",
     "is_float16_supported",
     "white_list",

@@ -50,6 +50,60 @@ def _as_float(value: Any, argument: str) -> float:
     return float(value)
 
 
+
+# Paddle's positional order, its defaults, and torch's spellings of the same settings.
+_PADDLE_ORDER: dict[str, Any] = {
+    "enable": True, "init_loss_scaling": 2.0**16, "incr_ratio": 2.0, "decr_ratio": 0.5,
+    "incr_every_n_steps": 2000, "decr_every_n_nan_or_inf": 1,
+    "use_dynamic_loss_scaling": True}
+_TORCH_NAMES = {"enabled": "enable", "init_scale": "init_loss_scaling",
+                "growth_factor": "incr_ratio", "backoff_factor": "decr_ratio",
+                "growth_interval": "incr_every_n_steps"}
+# torch.amp.GradScaler's positional order after ``device``.
+_TORCH_ORDER = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled")
+
+
+def _paddle_settings(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The constructor's arguments, in any of the forms Paddle accepts, as Paddle's
+    settings: Paddle's positional order and names; torch's names as keywords; torch's
+    positional order, told apart by its first argument (a device name, or a number
+    where Paddle's ``enable`` is a bool); ``device`` taken and ignored, as in Paddle."""
+    given = dict(kwargs)
+    if args and (isinstance(args[0], str) or (isinstance(args[0], numbers.Real)
+                                               and not isinstance(args[0], bool))):
+        if isinstance(args[0], str):
+            given.setdefault("device", args[0])  # a second device is caught below
+            if given["device"] is not args[0]:
+                raise TypeError("GradScaler got multiple values for argument 'device'")
+            args = args[1:]
+        order: tuple[str, ...] = _TORCH_ORDER
+    else:
+        order = tuple(_PADDLE_ORDER)
+    if len(args) > len(order):
+        raise TypeError(f"GradScaler takes at most {len(order)} positional arguments in "
+                        f"this form ({', '.join(order)}), got {len(args)}")
+    for name, value in zip(order, args, strict=False):
+        if name in given:
+            raise TypeError(f"GradScaler got multiple values for argument {name!r}")
+        given[name] = value
+    given.pop("device", None)  # torch's device: Paddle ignores it (one global place)
+    unknown = sorted(set(given) - set(_PADDLE_ORDER) - set(_TORCH_NAMES))
+    if unknown:
+        raise TypeError(f"GradScaler got unexpected keyword argument(s) {unknown}; "
+                        f"accepted: {[*_PADDLE_ORDER, *_TORCH_NAMES, 'device']}")
+    settings = dict(_PADDLE_ORDER)
+    for name, value in given.items():
+        paddle = _TORCH_NAMES.get(name, name)
+        torch_name = next((t for t, p in _TORCH_NAMES.items() if p == paddle), None)
+        if (torch_name is not None and torch_name in given and paddle in given
+                and given[paddle] != given[torch_name]):
+            raise ValueError(f"{paddle}={given[paddle]!r} and {torch_name}="
+                             f"{given[torch_name]!r} name the same setting with different "
+                             f"values; pass one of them")
+        settings[paddle] = value
+    return settings
+
+
 class GradScaler:
     """Paddle's ``GradScaler``: scales the loss, unscales and checks the gradients,
     skips the step on inf/NaN and adjusts the scale.
@@ -67,8 +121,17 @@ class GradScaler:
 
     The scale never goes below 1, as in Paddle.
 
+    torch's spellings work too, as in Paddle 3: the keywords ``enabled``,
+    ``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``, torch's
+    positional order (``GradScaler(1024.0)``, ``GradScaler("cuda", 1024.0)``) and a
+    ``device`` that is ignored; a Paddle name and a torch name for one setting with
+    different values are a ``ValueError``. ``is_enabled``, ``get_scale`` and the
+    ``get_``/``set_growth_factor``, ``backoff_factor``, ``growth_interval`` methods are
+    the Paddle ones under torch's names.
+
     Raises:
-        ValueError, TypeError: a bad value, named with Paddle's argument names.
+        ValueError, TypeError: a bad value, named with Paddle's argument names; a
+            Paddle and a torch name for one setting that disagree (``ValueError``).
 
     Example:
         >>> import torch
@@ -86,19 +149,19 @@ class GradScaler:
         1024.0
     """
 
-    def __init__(self, enable: bool = True, init_loss_scaling: float = 65536.0,
-                 incr_ratio: float = 2.0, decr_ratio: float = 0.5,
-                 incr_every_n_steps: int = 2000, decr_every_n_nan_or_inf: int = 1,
-                 use_dynamic_loss_scaling: bool = True) -> None:
-        check_bool(enable, "enable")
-        check_bool(use_dynamic_loss_scaling, "use_dynamic_loss_scaling")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        settings = _paddle_settings(args, kwargs)
+        enable = check_bool(settings["enable"], "enable")
+        check_bool(settings["use_dynamic_loss_scaling"], "use_dynamic_loss_scaling")
         with framework_errors(names=_RENAMES):
             self._scaler = _CoreGradScaler(
-                None, init_scale=init_loss_scaling, growth_factor=incr_ratio,
-                backoff_factor=decr_ratio, growth_interval=incr_every_n_steps,
-                enabled=enable, hysteresis=decr_every_n_nan_or_inf, min_scale=1.0,
-                dynamic=use_dynamic_loss_scaling)
-        self._init_loss_scaling = float(init_loss_scaling)
+                None, init_scale=settings["init_loss_scaling"],
+                growth_factor=settings["incr_ratio"], backoff_factor=settings["decr_ratio"],
+                growth_interval=settings["incr_every_n_steps"], enabled=enable,
+                hysteresis=settings["decr_every_n_nan_or_inf"], min_scale=1.0,
+                dynamic=settings["use_dynamic_loss_scaling"])
+        # Paddle's disabled scaler reports an initial scale of 1.
+        self._init_loss_scaling = float(settings["init_loss_scaling"]) if enable else 1.0
 
     # -- the training step ---------------------------------------------------------------
 
@@ -346,6 +409,96 @@ class GradScaler:
             3
         """
         self._replace(hysteresis=new_decr_every_n_nan_or_inf)
+
+    # -- torch's names for the same settings (Paddle 3) ----------------------------------
+
+    def is_enabled(self) -> bool:
+        """:meth:`is_enable` under torch's name.
+
+        Example:
+            >>> import ampkit.paddle as amp
+            >>> amp.GradScaler(enabled=False).is_enabled()
+            False
+        """
+        return self.is_enable()
+
+    def get_scale(self) -> float:
+        """The current scale; ``0.0`` for a disabled scaler, as Paddle reports it.
+
+        Example:
+            >>> import ampkit.paddle as amp
+            >>> amp.GradScaler(init_scale=2048.0).get_scale(), amp.GradScaler(False).get_scale()
+            (2048.0, 0.0)
+        """
+        if not self._scaler.is_enabled():
+            return 0.0
+        return float(self._scaler.get_scale())
+
+    def get_growth_factor(self) -> float:
+        """:meth:`get_incr_ratio` under torch's name.
+
+        Example:
+            >>> import ampkit.paddle as amp
+            >>> amp.GradScaler(growth_factor=3.0).get_growth_factor()
+            3.0
+        """
+        return self.get_incr_ratio()
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        """:meth:`set_incr_ratio` under torch's name.
+
+        Example:
+            >>> import ampkit.paddle as amp
+            >>> scaler = amp.GradScaler()
+            >>> scaler.set_growth_factor(4.0)
+            >>> scaler.get_incr_ratio()
+            4.0
+        """
+        self.set_incr_ratio(new_factor)
+
+    def get_backoff_factor(self) -> float:
+        """:meth:`get_decr_ratio` under torch's name.
+
+        Example:
+            >>> import ampkit.paddle as amp
+            >>> amp.GradScaler(backoff_factor=0.25).get_backoff_factor()
+            0.25
+        """
+        return self.get_decr_ratio()
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        """:meth:`set_decr_ratio` under torch's name.
+
+        Example:
+            >>> import ampkit.paddle as amp
+            >>> scaler = amp.GradScaler()
+            >>> scaler.set_backoff_factor(0.1)
+            >>> scaler.get_decr_ratio()
+            0.1
+        """
+        self.set_decr_ratio(new_factor)
+
+    def get_growth_interval(self) -> int:
+        """:meth:`get_incr_every_n_steps` under torch's name.
+
+        Example:
+            >>> import ampkit.paddle as amp
+            >>> amp.GradScaler(growth_interval=500).get_growth_interval()
+            500
+        """
+        return self.get_incr_every_n_steps()
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """:meth:`set_incr_every_n_steps` under torch's name.
+
+        Example:
+            >>> import ampkit.paddle as amp
+            >>> scaler = amp.GradScaler()
+            >>> scaler.set_growth_interval(100)
+            >>> scaler.get_incr_every_n_steps()
+            100
+        """
+        self.set_incr_every_n_steps(new_interval)
 
     def _replace(self, **changes: Any) -> None:
         if not self._scaler.is_enabled():

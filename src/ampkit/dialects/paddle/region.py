@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from ampkit.arguments import parse_dtype
-from ampkit.autocast_mode import autocast
+from ampkit.autocast_mode import autocast, innermost_region_dtype
+from ampkit.device_support import device_supports_dtype
 from ampkit.policy import Policy
 from ampkit.presets import (
     PADDLE_BLACK_LIST,
@@ -32,8 +33,9 @@ from ampkit.presets import (
 )
 from ampkit.registry import OpEntry
 
-__all__ = ["auto_cast", "black_list", "is_bfloat16_supported", "is_float16_supported",
-           "white_list"]
+__all__ = ["auto_cast", "black_list", "get_autocast_cpu_dtype", "get_autocast_dtype",
+           "get_autocast_gpu_dtype", "is_autocast_enabled", "is_bfloat16_supported",
+           "is_float16_supported", "white_list"]
 
 
 _DTYPES: dict[str, torch.dtype] = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -168,39 +170,118 @@ def black_list() -> dict[str, dict[str, set[str]]]:
             for dtype in ("float16", "bfloat16")}
 
 
-def _supported(dtype: torch.dtype, device: str | None) -> bool:
-    device_type = device or torch.get_default_device().type
-    if not isinstance(device_type, str):
-        raise TypeError(f"device must be None or a device name such as 'cpu' or 'gpu', "
-                        f"got {device!r}")
-    device_type = {"gpu": "cuda"}.get(device_type.split(":")[0], device_type.split(":")[0])
-    try:
-        return bool(torch.amp.is_autocast_available(device_type)) and (
-            device_type != "cuda" or dtype is torch.float16
-            or torch.cuda.is_bf16_supported())
-    except RuntimeError:  # not a device type torch knows
-        return False
+# Paddle's device names -> torch's device types ("cuda" is accepted as torch spells it).
+_DEVICES = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda", "xpu": "xpu"}
+
+
+def _torch_device(device: Any) -> str:
+    """Paddle's ``device`` argument (``None``, ``'cpu'``, ``'gpu'``, ``'gpu:1'``,
+    ``'xpu:0'``) as a torch device string; anything else is Paddle's ``ValueError``."""
+    if device is None:
+        return torch.get_default_device().type
+    kind, colon, index = device.partition(":") if isinstance(device, str) else ("", "", "")
+    if kind not in _DEVICES or (colon and not index.isdigit()):
+        raise ValueError(f"device must be None or one of 'cpu', 'gpu', 'gpu:x', 'xpu', "
+                         f"'xpu:x' (x a device index; torch's 'cuda' too), got {device!r}")
+    return _DEVICES[kind] + (f":{index}" if index else "")
 
 
 def is_float16_supported(device: str | None = None) -> bool:
-    """Whether ``auto_cast`` can run float16 on ``device`` (``None``: torch's default
-    device; Paddle's ``'gpu'`` is torch's ``'cuda'``).
+    """Whether ``device`` on this machine computes in float16 under ``auto_cast``
+    (``None``: torch's default device; Paddle's ``'gpu'`` is torch's ``'cuda'``). Asked
+    of the hardware: a GPU needs compute capability 5.3 (a machine without one answers
+    ``False``); the CPU always can, in ampkit (Paddle's own CPU kernels answer
+    ``False``).
+
+    Raises:
+        ValueError: a device name other than those above, or not a string.
 
     Example:
+        >>> import torch
         >>> import ampkit.paddle as amp
         >>> amp.is_float16_supported("cpu")
         True
+        >>> amp.is_float16_supported("gpu") == torch.cuda.is_available()
+        True
     """
-    return _supported(torch.float16, device)
+    return device_supports_dtype(_torch_device(device), torch.float16)
 
 
 def is_bfloat16_supported(device: str | None = None) -> bool:
-    """Whether ``auto_cast`` can run bfloat16 on ``device`` (see
-    :func:`is_float16_supported`).
+    """Whether ``device`` on this machine computes in bfloat16 under ``auto_cast``: a
+    GPU with compute capability 8.0, or the CPU (see :func:`is_float16_supported`).
 
     Example:
         >>> import ampkit.paddle as amp
         >>> amp.is_bfloat16_supported("cpu")
         True
     """
-    return _supported(torch.bfloat16, device)
+    return device_supports_dtype(_torch_device(device), torch.bfloat16)
+
+
+def _check_device_type(device_type: Any) -> None:
+    # Paddle takes the argument and ignores it (one AMP state for every device); a
+    # value that names no device is still an error.
+    if device_type is not None:
+        _torch_device(device_type)
+
+
+def is_autocast_enabled(device_type: str | None = None) -> bool:
+    """Whether the innermost region entered in this thread (``auto_cast``, or any
+    ampkit region) casts ops. As in Paddle, one state answers for every device: a
+    valid ``device_type`` is accepted and does not change the answer.
+
+    Example:
+        >>> import ampkit.paddle as amp
+        >>> amp.is_autocast_enabled()
+        False
+        >>> with amp.auto_cast():
+        ...     amp.is_autocast_enabled(), amp.is_autocast_enabled("gpu")
+        (True, True)
+        >>> with amp.auto_cast(enable=False):
+        ...     amp.is_autocast_enabled()
+        False
+    """
+    _check_device_type(device_type)
+    return innermost_region_dtype() is not None
+
+
+def get_autocast_dtype(device_type: str | None = None) -> str:
+    """The dtype name (``'float16'`` or ``'bfloat16'``) the innermost enabled region
+    casts to, or Paddle's default AMP dtype ``'float16'`` outside one (see
+    :func:`is_autocast_enabled` for ``device_type``).
+
+    Example:
+        >>> import ampkit.paddle as amp
+        >>> amp.get_autocast_dtype()
+        'float16'
+        >>> with amp.auto_cast(dtype="bfloat16"):
+        ...     amp.get_autocast_dtype()
+        'bfloat16'
+    """
+    _check_device_type(device_type)
+    dtype = innermost_region_dtype()
+    return "float16" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def get_autocast_gpu_dtype() -> str:
+    """:func:`get_autocast_dtype` (Paddle's name kept from torch's API).
+
+    Example:
+        >>> import ampkit.paddle as amp
+        >>> with amp.auto_cast(dtype="bfloat16"):
+        ...     amp.get_autocast_gpu_dtype()
+        'bfloat16'
+    """
+    return get_autocast_dtype()
+
+
+def get_autocast_cpu_dtype(device_type: str | None = None) -> str:
+    """:func:`get_autocast_dtype` (Paddle's name kept from torch's API).
+
+    Example:
+        >>> import ampkit.paddle as amp
+        >>> amp.get_autocast_cpu_dtype("cpu")
+        'float16'
+    """
+    return get_autocast_dtype(device_type)
