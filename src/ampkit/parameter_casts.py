@@ -94,6 +94,9 @@ class _Pass(threading.local):
 
 
 _pass = _Pass()
+#: What a module's swap records, one entry per parameter swapped out: its name, the fp32
+#: parameter, and the version of the copy put in its place (``-1``: not checked).
+Swapped = list[tuple[str, torch.Tensor, int]]
 # parameter -> (weakref to the module that holds it, its name there), for every
 # parameter cast on use: to tell an optimizer built over parameters that FSDP2 has since
 # replaced (see _check_not_replaced)
@@ -339,7 +342,7 @@ class CastParametersOnUse:
         self.dtype = state["dtype"]
         self.keep = state.get("keep", frozenset())
 
-    def swap_in(self, module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
+    def swap_in(self, module: nn.Module, swapped: Swapped) -> None:
         """Put low-precision copies of ``module``'s floating fp32 parameters in its
         ``_parameters``, appending ``(name, fp32 parameter)`` to ``swapped`` as each one
         goes in (so that a failure half-way leaves ``swapped`` naming what to put back:
@@ -359,10 +362,36 @@ class CastParametersOnUse:
         swap_params(module, swapped, self.dtype, torch.compiler.is_compiling(), self.keep)
 
     def before(self, module: nn.Module, args: Any) -> None:
-        swapped: list[tuple[str, torch.Tensor]] = []
+        swapped: Swapped = []
         # On the stack first: whatever got swapped before a failure is put back.
         _swaps.stack.append((module, swapped))
         self.swap_in(module, swapped)
+
+    def before_renorming(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """:meth:`before` for an ``nn.Embedding``/``nn.EmbeddingBag``: with ``max_norm``
+        set, its forward renormalises the rows it looks up, in place. That edit is
+        made here, on the fp32 weight, before the cast (as fp32 training makes it, with
+        the same kernel), so the truth the optimizer steps is renormalised and the copy
+        is made from it; the forward's own renormalisation then meets rows already
+        within ``max_norm`` (up to the copy's rounding, which it may trim: the only
+        edit of a copy that is not checked)."""
+        max_norm = module.__dict__.get("max_norm")
+        weight = module._parameters.get("weight")
+        if (max_norm is not None and weight is not None and weight.dtype is torch.float32
+                and "weight" not in self.keep):
+            indices = args[0] if args else kwargs.get("input")
+            if isinstance(indices, torch.Tensor):
+                with torch.no_grad():
+                    torch.embedding_renorm_(weight.detach(), indices.contiguous(),
+                                            max_norm, module.__dict__.get("norm_type", 2.0))
+                forget_casts((weight,))  # a use earlier in this forward saw the old rows
+        swapped: Swapped = []
+        _swaps.stack.append((module, swapped))
+        self.swap_in(module, swapped)
+        if max_norm is not None:
+            for i, (name, p, _) in enumerate(swapped):
+                if name == "weight":
+                    swapped[i] = (name, p, -1)
 
     def after(self, module: nn.Module, args: Any, output: Any) -> None:
         # always_call: runs when the forward raised too, so parameters always come back.
@@ -373,11 +402,17 @@ class CastParametersOnUse:
         for name, p in module._parameters.items():
             if p is not None and p.is_floating_point():
                 _OWNERS.setdefault(p, (weakref.ref(module), name))
-        before = module.register_forward_pre_hook(self.before, prepend=True)
+        # The cast is the last of the module's forward pre-hooks (and stays last: see
+        # keep_cast_last), as late as it can be: a user's pre-hook sees the fp32
+        # parameters, as in fp32 training, and what it edits is the truth.
+        renorms = isinstance(module, nn.Embedding | nn.EmbeddingBag)
+        before = (module.register_forward_pre_hook(self.before_renorming, with_kwargs=True)
+                  if renorms else module.register_forward_pre_hook(self.before))
         after = module.register_forward_hook(self.after, always_call=True)
         # What a module's own __call__ may do instead of the hooks while they are the
-        # only ones it has (own_cast_hooks; ampkit.conversion.classes.cast_call).
-        object.__setattr__(module, _CAST_HOOKS, (self, before.id, after.id))
+        # only ones it has (own_cast_hooks; ampkit.conversion.classes.cast_call); not an
+        # embedding's, whose hook does more.
+        object.__setattr__(module, _CAST_HOOKS, (self, before.id, after.id, not renorms))
 
 
 def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
@@ -400,7 +435,7 @@ def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
         True
     """
     own = module.__dict__.get(_CAST_HOOKS)
-    if (own is None or len(module._forward_pre_hooks) != 1
+    if (own is None or own[3:4] != (True,) or len(module._forward_pre_hooks) != 1
             or len(module._forward_hooks) != 1 or own[1] not in module._forward_pre_hooks
             or own[2] not in module._forward_hooks):
         return None
@@ -408,7 +443,7 @@ def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
     return cast
 
 
-def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
+def swap_params(module: nn.Module, swapped: Swapped,
                 dtype: torch.dtype, compiling: bool, keep: frozenset[str] = frozenset()
                 ) -> None:
     """:meth:`CastParametersOnUse.swap_in` with its settings given (``compiling``:
@@ -443,15 +478,18 @@ def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
             # Straight into the dict: the copy is not an nn.Parameter, and
             # Module.__setattr__ would refuse it. (cast_parameter, with the per-call
             # checks made once per module.)
-            params[name] = (p.to(dtype) if copies is None
-                            else _cached_cast(p, dtype, grad_mode, copies))
-            append((name, p))
+            low = (p.to(dtype) if copies is None
+                   else _cached_cast(p, dtype, grad_mode, copies))
+            params[name] = low
+            # (its version now: restore_swapped tells an in-place edit made during the
+            # forward, which would otherwise land on the copy and never reach p)
+            append((name, p, low._version))
 
 
 class _Swaps(threading.local):
     def __init__(self) -> None:
         # (module, [(name, fp32 parameter)]) for every module whose forward is running
-        self.stack: list[tuple[nn.Module, list[tuple[str, torch.Tensor]]]] = []
+        self.stack: list[tuple[nn.Module, Swapped]] = []
 
 
 _swaps = _Swaps()
@@ -470,9 +508,12 @@ def _eager_when_a_frame() -> None:
 _eager_when_a_frame()
 
 
-def restore_swapped(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
+def restore_swapped(module: nn.Module, swapped: Swapped) -> None:
     """Put back the fp32 parameters :meth:`CastParametersOnUse.swap_in` swapped out of
-    ``module``.
+    ``module``; then raise ``RuntimeError`` if the forward edited a copy in place (its
+    version moved and its values are no longer the cast of the parameter): the edit
+    would have reached the copy only, never the truth the optimizer steps and
+    ``state_dict`` saves (see :mod:`ampkit.parameter_truth`).
 
     Example:
         >>> import torch
@@ -480,14 +521,23 @@ def restore_swapped(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) 
         >>> restore_swapped(torch.nn.Linear(1, 1), [])
     """
     params: dict[str, Any] = module._parameters
-    for name, p in swapped:
+    edited = None
+    for name, p, version in swapped:
+        low = params[name]
         params[name] = p
+        if version >= 0 and low is not p and low._version != version:
+            edited = edited or []
+            edited.append((name, p, low))
     if swapped and isinstance(module, nn.RNNBase):
         # An RNN's forward refreshes its ``_flat_weights`` from ``_parameters`` when
         # they changed (it then held the copies): refresh them back to the parameters,
         # or the module would keep the low-precision copies (non-leaf tensors, which
         # neither pickle nor deepcopy) past its forward.
         module._init_flat_weights()
+    if edited:
+        from ampkit.parameter_truth import check_copies_unedited
+
+        check_copies_unedited(module, edited)
 
 
 def restore_until(module: nn.Module | None) -> None:
@@ -504,11 +554,25 @@ def restore_until(module: nn.Module | None) -> None:
         return
     if module is not None and not any(m is module for m, _ in stack):
         return
-    while stack:
+    _restore_while(lambda owner: owner is module)
+
+
+def _restore_while(last: Any, depth: int = 0) -> None:
+    """Pop and restore the stack down to ``depth`` or through the module ``last`` says,
+    every module's parameters put back even when one raises (the first error is raised
+    at the end)."""
+    stack = _swaps.stack
+    error: BaseException | None = None
+    while len(stack) > depth:
         owner, swapped = stack.pop()
-        restore_swapped(owner, swapped)
-        if owner is module:
-            return
+        try:
+            restore_swapped(owner, swapped)
+        except BaseException as e:  # (after every module is restored)
+            error = error or e
+        if last(owner):
+            break
+    if error is not None:
+        raise error
 
 
 def restore_to(depth: int) -> None:
@@ -521,10 +585,7 @@ def restore_to(depth: int) -> None:
         >>> from ampkit.parameter_casts import restore_to, swap_depth
         >>> restore_to(swap_depth())
     """
-    stack = _swaps.stack
-    while len(stack) > depth:
-        owner, swapped = stack.pop()
-        restore_swapped(owner, swapped)
+    _restore_while(lambda owner: False, depth)
 
 
 def swap_depth() -> int:
