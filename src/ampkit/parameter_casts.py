@@ -468,9 +468,13 @@ def swap_params(module: nn.Module, swapped: Swapped,
     # lookup, not Module.__getattr__'s miss path.) No copies outside a converted
     # model's forward either: a fresh one each call.
     copies = _pass.copies
+    inference = torch.is_inference_mode_enabled()
     if copies is not None and (compiling or module.__dict__.get(
-            "_is_fsdp_managed_module", False) or torch.is_inference_mode_enabled()):
+            "_is_fsdp_managed_module", False) or inference):
         copies = None
+    # Versions are checked in eager autograd-tracking mode only: an inference tensor
+    # has no version counter, and a graph being traced has no eager copy to check.
+    unchecked = inference or compiling
     grad_mode = torch.is_grad_enabled()
     append = swapped.append
     for name, p in params.items():
@@ -483,7 +487,7 @@ def swap_params(module: nn.Module, swapped: Swapped,
             params[name] = low
             # (its version now: restore_swapped tells an in-place edit made during the
             # forward, which would otherwise land on the copy and never reach p)
-            append((name, p, low._version))
+            append((name, p, -1 if unchecked else low._version))
 
 
 class _Swaps(threading.local):
