@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers_models import on_forward
 
 import ampkit
 import ampkit.apex as amp
@@ -17,7 +18,6 @@ from ampkit.dialects.apex import handle as apex_handle
 from ampkit.dialects.apex import state as apex_state
 from ampkit.function_patching import CastRule, register_function, unregister_function
 from ampkit.scaling.multi_loss import configure_loss_scaling
-from helpers_models import on_forward
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 

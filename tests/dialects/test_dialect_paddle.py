@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers_models import on_forward
 
 import ampkit.paddle as amp
 from ampkit.apex import master_params
 from ampkit.dialects.paddle import region as paddle_region
-from helpers_models import on_forward
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 

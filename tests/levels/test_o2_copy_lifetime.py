@@ -16,11 +16,11 @@ import copy
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers_models import on_forward
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import ampkit
 from ampkit.parameter_casts import cached_casts, reuse_casts
-from helpers_models import on_forward
 
 BF16 = torch.bfloat16
 RTOL = 2e-2

@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers_models import on_forward
 from torch.utils.checkpoint import checkpoint
 
 import ampkit
 from ampkit.parameter_casts import is_cached
-from helpers_models import on_forward
 
 BF16, FP32 = torch.bfloat16, torch.float32
 

@@ -243,8 +243,8 @@ def test_apex_o1_loss_outside_the_model_is_fp32() -> None:
     x, y = _classifier_batch()
     native = _mlp()
     model = _mlp()
-    model, opt = amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                                opt_level="O1")
+    model, _ = amp.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                              opt_level="O1")
     out = model(x)
     loss = F.cross_entropy(out, y)  # apex patches cross_entropy to fp32 (FP32_FUNCS)
     with torch.autocast("cpu", FP16):

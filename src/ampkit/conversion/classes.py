@@ -259,7 +259,7 @@ def _register_forward_pre_hook(self: nn.Module, hook: Any, *, prepend: bool = Fa
     """``register_forward_pre_hook`` of a converted module: the hook, wherever it asks
     to go, runs before ampkit's cast, which stays the last
     (:func:`ampkit.parameter_truth.keep_cast_last`)."""
-    handle = super(_converted_in(type(self)), self).register_forward_pre_hook(
+    handle = super(_converted_in(type(self)), self).register_forward_pre_hook(  # type: ignore[arg-type]
         hook, prepend=prepend, with_kwargs=with_kwargs)
     keep_cast_last(self)
     return handle
@@ -270,7 +270,7 @@ def _named_parameters(self: nn.Module, prefix: str = "", recurse: bool = True,
     """``named_parameters`` of a converted module: inside a converted forward, the fp32
     parameters where a module's ``_parameters`` hold low-precision copies
     (:func:`ampkit.parameter_truth.truths`); ``parameters()`` goes through it."""
-    named = super(_converted_in(type(self)), self).named_parameters(
+    named = super(_converted_in(type(self)), self).named_parameters(  # type: ignore[arg-type]
         prefix, recurse, remove_duplicate)
     if torch.compiler.is_compiling() or not casting_on_use():
         return named
