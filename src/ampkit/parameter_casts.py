@@ -75,7 +75,8 @@ from ampkit.compile_frames import skip_recursively
 from ampkit.step_hooks import check_at_first_step
 
 __all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter",
-           "casting_on_use", "own_cast_hooks", "reuse_casts",
+           "casting_on_use", "check_copies_unedited", "keep_cast_last",
+           "own_cast_hooks", "reuse_casts", "truth_of",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
            "restore_swapped", "restore_to", "restore_until", "swap_depth",
            "swap_params"]
@@ -353,7 +354,7 @@ class CastParametersOnUse:
             >>> from ampkit.parameter_casts import CastParametersOnUse, restore_swapped
             >>> lin, swapped = torch.nn.Linear(2, 2), []
             >>> CastParametersOnUse(torch.float16).swap_in(lin, swapped)
-            >>> lin.weight.dtype, [name for name, _ in swapped]
+            >>> lin.weight.dtype, [name for name, _, _ in swapped]
             (torch.float16, ['weight', 'bias'])
             >>> restore_swapped(lin, swapped)
             >>> lin.weight.dtype
@@ -539,8 +540,6 @@ def restore_swapped(module: nn.Module, swapped: Swapped) -> None:
         # neither pickle nor deepcopy) past its forward.
         module._init_flat_weights()
     if edited:
-        from ampkit.parameter_truth import check_copies_unedited
-
         check_copies_unedited(module, edited)
 
 
@@ -601,3 +600,87 @@ def swap_depth() -> int:
         0
     """
     return len(_swaps.stack)
+
+
+def check_copies_unedited(module: nn.Module,
+                          edited: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
+    """Raise ``RuntimeError`` for the copies in ``edited`` (``(name, fp32 parameter,
+    copy)`` whose version counter moved during ``module``'s forward) whose values are
+    no longer the cast of the parameter: the edit reached the copy only
+    (:mod:`ampkit.parameter_truth`). A version moved with the values unchanged (a
+    kernel that rewrites a weight's storage as it was) is no edit.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import check_copies_unedited
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> copy = lin.weight.detach().to(torch.bfloat16)
+        >>> check_copies_unedited(lin, [("weight", lin.weight, copy)])
+        >>> _ = copy.mul_(2)
+        >>> check_copies_unedited(lin, [("weight", lin.weight, copy)])
+        Traceback (most recent call last):
+        ...
+        RuntimeError: module 'Linear' edited its parameter 'weight' in place ...
+    """
+    with torch.no_grad():
+        names = [name for name, param, low in edited
+                 if not torch.equal(low, param.detach().to(low.dtype))]
+    if not names:
+        return
+    from ampkit.conversion.config import record_of
+
+    record = record_of(module)
+    where = f"{record.name!r} " if record is not None and record.name else ""
+    raise RuntimeError(
+        f"module {where}{type(module).__name__!r} edited its parameter"
+        f"{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))} in place during "
+        f"its forward, but there the module holds low-precision copies made for the "
+        f"compute: the edit reached the copy, not the fp32 parameter the optimizer "
+        f"steps and state_dict saves. Make the edit in a forward pre-hook "
+        f"(module.register_forward_pre_hook), which runs before the cast and edits the "
+        f"fp32 parameter, or between steps")
+
+
+def truth_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The fp32 parameter whose low-precision copy ``tensor`` is in this thread's
+    running forward, else ``tensor`` itself.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import truth_of
+        >>> w = torch.nn.Parameter(torch.ones(1))
+        >>> truth_of(w) is w
+        True
+    """
+    if isinstance(tensor, nn.Parameter):
+        return tensor
+    for module, swapped in reversed(_swaps.stack):
+        params = module._parameters
+        for name, param, _ in swapped:
+            if params.get(name) is tensor:
+                return param
+    copies = _pass.copies
+    if copies:
+        for param, low in copies.values():
+            if low is tensor:
+                return param
+    return tensor
+
+
+def keep_cast_last(module: nn.Module) -> None:
+    """Move ampkit's cast back to the end of ``module``'s forward pre-hooks (after a
+    hook was registered), so that every user's pre-hook runs before it, on the fp32
+    parameters. A converted module's ``register_forward_pre_hook`` calls it.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> lin = ampkit.initialize(torch.nn.Linear(2, 2), level="O2", dtype="bfloat16")
+        >>> _ = lin.register_forward_pre_hook(lambda m, a: print(m.weight.dtype))
+        >>> _ = lin(torch.ones(1, 2))
+        torch.float32
+    """
+    own = module.__dict__.get(_CAST_HOOKS)
+    hooks = module._forward_pre_hooks
+    if own is not None and own[1] in hooks:
+        hooks.move_to_end(own[1])  # type: ignore[attr-defined]

@@ -40,11 +40,12 @@ from ampkit.compile_frames import skip_frame_only
 from ampkit.parameter_casts import (
     Swapped,
     casting_on_use,
+    keep_cast_last,
     own_cast_hooks,
     restore_swapped,
     swap_params,
 )
-from ampkit.parameter_truth import keep_cast_last, truths
+from ampkit.parameter_truth import truths
 
 __all__ = ["ENTRY_METHODS", "BoundaryCall", "cast_call", "cast_inputs_hook", "cast_inputs_to",
            "converted_call", "give_boundary", "give_cast_call", "input_cast_call",
@@ -258,7 +259,7 @@ def _register_forward_pre_hook(self: nn.Module, hook: Any, *, prepend: bool = Fa
                                with_kwargs: bool = False) -> Any:
     """``register_forward_pre_hook`` of a converted module: the hook, wherever it asks
     to go, runs before ampkit's cast, which stays the last
-    (:func:`ampkit.parameter_truth.keep_cast_last`)."""
+    (:func:`ampkit.parameter_casts.keep_cast_last`)."""
     handle = super(_converted_in(type(self)), self).register_forward_pre_hook(  # type: ignore[arg-type]
         hook, prepend=prepend, with_kwargs=with_kwargs)
     keep_cast_last(self)
