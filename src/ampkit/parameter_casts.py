@@ -469,13 +469,13 @@ def swap_params(module: nn.Module, swapped: Swapped,
     # lookup, not Module.__getattr__'s miss path.) No copies outside a converted
     # model's forward either: a fresh one each call.
     copies = _pass.copies
-    inference = torch.is_inference_mode_enabled()
-    if copies is not None and (compiling or module.__dict__.get(
-            "_is_fsdp_managed_module", False) or inference):
-        copies = None
     # Versions are checked in eager autograd-tracking mode only: an inference tensor
     # has no version counter, and a graph being traced has no eager copy to check.
-    unchecked = inference or compiling
+    # (compiling first: dynamo cannot trace is_inference_mode_enabled)
+    unchecked = compiling or torch.is_inference_mode_enabled()
+    if copies is not None and (unchecked or module.__dict__.get(
+            "_is_fsdp_managed_module", False)):
+        copies = None
     grad_mode = torch.is_grad_enabled()
     append = swapped.append
     for name, p in params.items():
@@ -527,10 +527,12 @@ def restore_swapped(module: nn.Module, swapped: Swapped) -> None:
     """
     params: dict[str, Any] = module._parameters
     edited = None
+    # (traced, a copy swapped in eagerly has a symbolic version: not checked there)
+    checked = not torch.compiler.is_compiling()
     for name, p, version in swapped:
         low = params[name]
         params[name] = p
-        if version >= 0 and low is not p and low._version != version:
+        if checked and version >= 0 and low is not p and low._version != version:
             edited = edited or []
             edited.append((name, p, low))
     if swapped and isinstance(module, nn.RNNBase):
