@@ -505,7 +505,8 @@ def _eager_when_a_frame() -> None:
     # torch.compile(model) (torch runs the model's hooks, then compiles its forward):
     # plain Python there, rather than graphs of their own; traced where compiled code
     # calls the module.
-    for hook in (CastParametersOnUse.before, CastParametersOnUse.after,
+    for hook in (CastParametersOnUse.before, CastParametersOnUse.before_renorming,
+                 CastParametersOnUse.after,
                  CastParametersOnUse.swap_in, swap_params, own_cast_hooks):
         skip_recursively(hook.__code__)
 
