@@ -375,7 +375,17 @@ class CastParametersOnUse:
         the same kernel), so the truth the optimizer steps is renormalised and the copy
         is made from it; the forward's own renormalisation then meets rows already
         within ``max_norm`` (up to the copy's rounding, which it may trim: the only
-        edit of a copy that is not checked)."""
+        edit of a copy that is not checked).
+
+        Example:
+            >>> import torch
+            >>> from ampkit.parameter_casts import CastParametersOnUse
+            >>> emb = torch.nn.Embedding(4, 2, max_norm=1.0)
+            >>> CastParametersOnUse(torch.bfloat16).install(emb)
+            >>> _ = emb(torch.tensor([1]))
+            >>> emb.weight.dtype, emb.weight[1].norm().item() <= 1.0
+            (torch.float32, True)
+        """
         max_norm = module.__dict__.get("max_norm")
         weight = module._parameters.get("weight")
         if (max_norm is not None and weight is not None and weight.dtype is torch.float32
