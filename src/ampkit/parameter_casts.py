@@ -446,7 +446,8 @@ def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
         True
     """
     own = module.__dict__.get(_CAST_HOOKS)
-    if (own is None or own[3:4] != (True,) or len(module._forward_pre_hooks) != 1
+    # (own[-1]: True where the fast call may stand in; an older pickle has no flag)
+    if (own is None or own[-1] is not True or len(module._forward_pre_hooks) != 1
             or len(module._forward_hooks) != 1 or own[1] not in module._forward_pre_hooks
             or own[2] not in module._forward_hooks):
         return None
@@ -574,9 +575,8 @@ def restore_until(module: nn.Module | None) -> None:
 
 
 def _restore_while(last: Any, depth: int = 0) -> None:
-    """Pop and restore the stack down to ``depth`` or through the module ``last`` says,
-    every module's parameters put back even when one raises (the first error is raised
-    at the end)."""
+    """Pop and restore the stack down to ``depth`` or through the module ``last`` says;
+    every module is restored even when one raises (the first error is raised last)."""
     stack = _swaps.stack
     error: BaseException | None = None
     while len(stack) > depth:
