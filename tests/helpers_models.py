@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -102,3 +103,16 @@ def console_script(name: str = "ampkit") -> str | None:
 
     search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     return shutil.which(name, path=search)
+
+
+def on_forward(module: nn.Module, fn: Any) -> None:
+    """Call ``fn(module, args)`` as ``module.forward`` starts: where it computes, after
+    every forward pre-hook and inside O2's cast on use. For tests that look at what a
+    forward computes with; a forward pre-hook sees the fp32 parameters (issue 46)."""
+    forward = module.forward
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        fn(module, args)
+        return forward(*args, **kwargs)
+
+    module.forward = spy  # type: ignore[method-assign]

@@ -54,7 +54,8 @@ _LAZY = {
 _SUBMODULES = (
     "tools", "config", "levels", "integrations", "dialects", "scaling", "conversion", "front_door",
     "pure", "master_weights_pure", "policy", "presets", "registry", "casting",
-    "autocast_mode", "function_patching", "fsdp", "parameter_casts", "fp8",
+    "autocast_mode", "function_patching", "fsdp", "parameter_casts", "parameter_truth",
+    "fp8",
     # the dialects' import names
     "apex", "paddle", "mindspore", "mxnet", "torch",
 )

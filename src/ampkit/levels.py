@@ -46,14 +46,16 @@ point:
 * ``patch_ops``: the model's forward runs inside :class:`ampkit.autocast`, so each op
   is cast by the policy's lists;
 * ``cast_model_outputs``: the dtype the model's floating outputs are cast to
-  (``None``: as computed).
+  (``None``: as computed). float32 at O1, O2 and O3: a loss computed outside the model
+  is then never computed in lower precision than native autocast computes it inside
+  its region.
 
 =====  ==========  ==========  =======  ============  =========  ==========
 level  cast_model  keep_norms  master   loss_scale    patch_ops  cast_model
        _type       _fp32       weights                           _outputs
 =====  ==========  ==========  =======  ============  =========  ==========
 O0     float32     None        False    None          False      None
-O1     None        None        False    dynamic [1]_  True       None
+O1     None        None        False    dynamic [1]_  True       float32
 O2     low dtype   True        True     dynamic [1]_  True       float32
 O3     low dtype   False       False    None          False      float32
 =====  ==========  ==========  =======  ============  =========  ==========
@@ -290,7 +292,7 @@ class LevelProperties:
           master_weights      False
           loss_scale          None
           patch_ops           True
-          cast_model_outputs  None
+          cast_model_outputs  float32
     """
 
     level: Level
@@ -350,8 +352,11 @@ def _defaults(level: Level, dtype: torch.dtype) -> dict[str, Any]:
         Level.O0: dict(cast_model_type=torch.float32, keep_norms_fp32=None,
                        master_weights=False, loss_scale=None, patch_ops=False,
                        cast_model_outputs=None),
+        # O1 hands its floating outputs back in fp32 (one cast of the output): a loss
+        # the user computes outside the model is then never computed in lower
+        # precision than native autocast computes it inside its region (issue 46).
         Level.O1: dict(cast_model_type=None, keep_norms_fp32=None, master_weights=False,
-                       loss_scale=scaled, patch_ops=True, cast_model_outputs=None),
+                       loss_scale=scaled, patch_ops=True, cast_model_outputs=torch.float32),
         Level.O2: dict(cast_model_type=dtype, keep_norms_fp32=True, master_weights=True,
                        loss_scale=scaled, patch_ops=True, cast_model_outputs=torch.float32),
         Level.O3: dict(cast_model_type=dtype, keep_norms_fp32=False, master_weights=False,

@@ -75,7 +75,8 @@ from ampkit.compile_frames import skip_recursively
 from ampkit.step_hooks import check_at_first_step
 
 __all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter",
-           "casting_on_use", "own_cast_hooks", "reuse_casts",
+           "casting_on_use", "check_copies_unedited", "keep_cast_last",
+           "own_cast_hooks", "reuse_casts", "truth_of",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
            "restore_swapped", "restore_to", "restore_until", "swap_depth",
            "swap_params"]
@@ -94,6 +95,9 @@ class _Pass(threading.local):
 
 
 _pass = _Pass()
+#: What a module's swap records, one entry per parameter swapped out: its name, the fp32
+#: parameter, and the version of the copy put in its place (``-1``: not checked).
+Swapped = list[tuple[str, torch.Tensor, int]]
 # parameter -> (weakref to the module that holds it, its name there), for every
 # parameter cast on use: to tell an optimizer built over parameters that FSDP2 has since
 # replaced (see _check_not_replaced)
@@ -339,7 +343,7 @@ class CastParametersOnUse:
         self.dtype = state["dtype"]
         self.keep = state.get("keep", frozenset())
 
-    def swap_in(self, module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
+    def swap_in(self, module: nn.Module, swapped: Swapped) -> None:
         """Put low-precision copies of ``module``'s floating fp32 parameters in its
         ``_parameters``, appending ``(name, fp32 parameter)`` to ``swapped`` as each one
         goes in (so that a failure half-way leaves ``swapped`` naming what to put back:
@@ -350,7 +354,7 @@ class CastParametersOnUse:
             >>> from ampkit.parameter_casts import CastParametersOnUse, restore_swapped
             >>> lin, swapped = torch.nn.Linear(2, 2), []
             >>> CastParametersOnUse(torch.float16).swap_in(lin, swapped)
-            >>> lin.weight.dtype, [name for name, _ in swapped]
+            >>> lin.weight.dtype, [name for name, _, _ in swapped]
             (torch.float16, ['weight', 'bias'])
             >>> restore_swapped(lin, swapped)
             >>> lin.weight.dtype
@@ -359,10 +363,46 @@ class CastParametersOnUse:
         swap_params(module, swapped, self.dtype, torch.compiler.is_compiling(), self.keep)
 
     def before(self, module: nn.Module, args: Any) -> None:
-        swapped: list[tuple[str, torch.Tensor]] = []
+        swapped: Swapped = []
         # On the stack first: whatever got swapped before a failure is put back.
         _swaps.stack.append((module, swapped))
         self.swap_in(module, swapped)
+
+    def before_renorming(self, module: nn.Module, args: Any, kwargs: Any) -> None:
+        """:meth:`before` for an ``nn.Embedding``/``nn.EmbeddingBag``: with ``max_norm``
+        set, its forward renormalises the rows it looks up, in place. That edit is
+        made here, on the fp32 weight, before the cast (as fp32 training makes it, with
+        the same kernel), so the truth the optimizer steps is renormalised and the copy
+        is made from it; the forward's own renormalisation then meets rows already
+        within ``max_norm`` (up to the copy's rounding, which it may trim: the only
+        edit of a copy that is not checked).
+
+        Example:
+            >>> import torch
+            >>> from ampkit.parameter_casts import CastParametersOnUse
+            >>> emb = torch.nn.Embedding(4, 2, max_norm=1.0)
+            >>> CastParametersOnUse(torch.bfloat16).install(emb)
+            >>> _ = emb(torch.tensor([1]))
+            >>> emb.weight.dtype, emb.weight[1].norm().item() <= 1.0
+            (torch.float32, True)
+        """
+        max_norm = module.__dict__.get("max_norm")
+        weight = module._parameters.get("weight")
+        if (max_norm is not None and weight is not None and weight.dtype is torch.float32
+                and "weight" not in self.keep):
+            indices = args[0] if args else kwargs.get("input")
+            if isinstance(indices, torch.Tensor):
+                with torch.no_grad():
+                    torch.embedding_renorm_(weight.detach(), indices.contiguous(),
+                                            max_norm, module.__dict__.get("norm_type", 2.0))
+                forget_casts((weight,))  # a use earlier in this forward saw the old rows
+        swapped: Swapped = []
+        _swaps.stack.append((module, swapped))
+        self.swap_in(module, swapped)
+        if max_norm is not None:
+            for i, (name, p, _) in enumerate(swapped):
+                if name == "weight":
+                    swapped[i] = (name, p, -1)
 
     def after(self, module: nn.Module, args: Any, output: Any) -> None:
         # always_call: runs when the forward raised too, so parameters always come back.
@@ -373,11 +413,17 @@ class CastParametersOnUse:
         for name, p in module._parameters.items():
             if p is not None and p.is_floating_point():
                 _OWNERS.setdefault(p, (weakref.ref(module), name))
-        before = module.register_forward_pre_hook(self.before, prepend=True)
+        # The cast is the last of the module's forward pre-hooks (and stays last: see
+        # keep_cast_last), as late as it can be: a user's pre-hook sees the fp32
+        # parameters, as in fp32 training, and what it edits is the truth.
+        renorms = isinstance(module, nn.Embedding | nn.EmbeddingBag)
+        before = (module.register_forward_pre_hook(self.before_renorming, with_kwargs=True)
+                  if renorms else module.register_forward_pre_hook(self.before))
         after = module.register_forward_hook(self.after, always_call=True)
         # What a module's own __call__ may do instead of the hooks while they are the
-        # only ones it has (own_cast_hooks; ampkit.conversion.classes.cast_call).
-        object.__setattr__(module, _CAST_HOOKS, (self, before.id, after.id))
+        # only ones it has (own_cast_hooks; ampkit.conversion.classes.cast_call); not an
+        # embedding's, whose hook does more.
+        object.__setattr__(module, _CAST_HOOKS, (self, before.id, after.id, not renorms))
 
 
 def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
@@ -400,7 +446,8 @@ def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
         True
     """
     own = module.__dict__.get(_CAST_HOOKS)
-    if (own is None or len(module._forward_pre_hooks) != 1
+    # (own[-1]: True where the fast call may stand in; an older pickle has no flag)
+    if (own is None or own[-1] is not True or len(module._forward_pre_hooks) != 1
             or len(module._forward_hooks) != 1 or own[1] not in module._forward_pre_hooks
             or own[2] not in module._forward_hooks):
         return None
@@ -408,7 +455,7 @@ def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
     return cast
 
 
-def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
+def swap_params(module: nn.Module, swapped: Swapped,
                 dtype: torch.dtype, compiling: bool, keep: frozenset[str] = frozenset()
                 ) -> None:
     """:meth:`CastParametersOnUse.swap_in` with its settings given (``compiling``:
@@ -433,8 +480,12 @@ def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
     # lookup, not Module.__getattr__'s miss path.) No copies outside a converted
     # model's forward either: a fresh one each call.
     copies = _pass.copies
-    if copies is not None and (compiling or module.__dict__.get(
-            "_is_fsdp_managed_module", False) or torch.is_inference_mode_enabled()):
+    # Versions are checked in eager autograd-tracking mode only: an inference tensor
+    # has no version counter, and a graph being traced has no eager copy to check.
+    # (compiling first: dynamo cannot trace is_inference_mode_enabled)
+    unchecked = compiling or torch.is_inference_mode_enabled()
+    if copies is not None and (unchecked or module.__dict__.get(
+            "_is_fsdp_managed_module", False)):
         copies = None
     grad_mode = torch.is_grad_enabled()
     append = swapped.append
@@ -443,15 +494,18 @@ def swap_params(module: nn.Module, swapped: list[tuple[str, torch.Tensor]],
             # Straight into the dict: the copy is not an nn.Parameter, and
             # Module.__setattr__ would refuse it. (cast_parameter, with the per-call
             # checks made once per module.)
-            params[name] = (p.to(dtype) if copies is None
-                            else _cached_cast(p, dtype, grad_mode, copies))
-            append((name, p))
+            low = (p.to(dtype) if copies is None
+                   else _cached_cast(p, dtype, grad_mode, copies))
+            params[name] = low
+            # (its version now: restore_swapped tells an in-place edit made during the
+            # forward, which would otherwise land on the copy and never reach p)
+            append((name, p, -1 if unchecked else low._version))
 
 
 class _Swaps(threading.local):
     def __init__(self) -> None:
         # (module, [(name, fp32 parameter)]) for every module whose forward is running
-        self.stack: list[tuple[nn.Module, list[tuple[str, torch.Tensor]]]] = []
+        self.stack: list[tuple[nn.Module, Swapped]] = []
 
 
 _swaps = _Swaps()
@@ -462,7 +516,8 @@ def _eager_when_a_frame() -> None:
     # torch.compile(model) (torch runs the model's hooks, then compiles its forward):
     # plain Python there, rather than graphs of their own; traced where compiled code
     # calls the module.
-    for hook in (CastParametersOnUse.before, CastParametersOnUse.after,
+    for hook in (CastParametersOnUse.before, CastParametersOnUse.before_renorming,
+                 CastParametersOnUse.after,
                  CastParametersOnUse.swap_in, swap_params, own_cast_hooks):
         skip_recursively(hook.__code__)
 
@@ -470,9 +525,12 @@ def _eager_when_a_frame() -> None:
 _eager_when_a_frame()
 
 
-def restore_swapped(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) -> None:
+def restore_swapped(module: nn.Module, swapped: Swapped) -> None:
     """Put back the fp32 parameters :meth:`CastParametersOnUse.swap_in` swapped out of
-    ``module``.
+    ``module``; then raise ``RuntimeError`` if the forward edited a copy in place (its
+    version moved and its values are no longer the cast of the parameter): the edit
+    would have reached the copy only, never the truth the optimizer steps and
+    ``state_dict`` saves (see :mod:`ampkit.parameter_truth`).
 
     Example:
         >>> import torch
@@ -480,14 +538,23 @@ def restore_swapped(module: nn.Module, swapped: list[tuple[str, torch.Tensor]]) 
         >>> restore_swapped(torch.nn.Linear(1, 1), [])
     """
     params: dict[str, Any] = module._parameters
-    for name, p in swapped:
+    edited = None
+    # (traced, a copy swapped in eagerly has a symbolic version: not checked there)
+    checked = not torch.compiler.is_compiling()
+    for name, p, version in swapped:
+        low = params[name]
         params[name] = p
+        if checked and version >= 0 and low is not p and low._version != version:
+            edited = edited or []
+            edited.append((name, p, low))
     if swapped and isinstance(module, nn.RNNBase):
         # An RNN's forward refreshes its ``_flat_weights`` from ``_parameters`` when
         # they changed (it then held the copies): refresh them back to the parameters,
         # or the module would keep the low-precision copies (non-leaf tensors, which
         # neither pickle nor deepcopy) past its forward.
         module._init_flat_weights()
+    if edited:
+        check_copies_unedited(module, edited)
 
 
 def restore_until(module: nn.Module | None) -> None:
@@ -504,11 +571,24 @@ def restore_until(module: nn.Module | None) -> None:
         return
     if module is not None and not any(m is module for m, _ in stack):
         return
-    while stack:
+    _restore_while(lambda owner: owner is module)
+
+
+def _restore_while(last: Any, depth: int = 0) -> None:
+    """Pop and restore the stack down to ``depth`` or through the module ``last`` says;
+    every module is restored even when one raises (the first error is raised last)."""
+    stack = _swaps.stack
+    error: BaseException | None = None
+    while len(stack) > depth:
         owner, swapped = stack.pop()
-        restore_swapped(owner, swapped)
-        if owner is module:
-            return
+        try:
+            restore_swapped(owner, swapped)
+        except BaseException as e:  # (after every module is restored)
+            error = error or e
+        if last(owner):
+            break
+    if error is not None:
+        raise error
 
 
 def restore_to(depth: int) -> None:
@@ -521,10 +601,7 @@ def restore_to(depth: int) -> None:
         >>> from ampkit.parameter_casts import restore_to, swap_depth
         >>> restore_to(swap_depth())
     """
-    stack = _swaps.stack
-    while len(stack) > depth:
-        owner, swapped = stack.pop()
-        restore_swapped(owner, swapped)
+    _restore_while(lambda owner: False, depth)
 
 
 def swap_depth() -> int:
@@ -536,3 +613,87 @@ def swap_depth() -> int:
         0
     """
     return len(_swaps.stack)
+
+
+def check_copies_unedited(module: nn.Module,
+                          edited: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
+    """Raise ``RuntimeError`` for the copies in ``edited`` (``(name, fp32 parameter,
+    copy)`` whose version counter moved during ``module``'s forward) whose values are
+    no longer the cast of the parameter: the edit reached the copy only
+    (:mod:`ampkit.parameter_truth`). A version moved with the values unchanged (a
+    kernel that rewrites a weight's storage as it was) is no edit.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import check_copies_unedited
+        >>> lin = torch.nn.Linear(2, 2)
+        >>> copy = lin.weight.detach().to(torch.bfloat16)
+        >>> check_copies_unedited(lin, [("weight", lin.weight, copy)])
+        >>> _ = copy.mul_(2)
+        >>> check_copies_unedited(lin, [("weight", lin.weight, copy)])
+        Traceback (most recent call last):
+        ...
+        RuntimeError: module 'Linear' edited its parameter 'weight' in place ...
+    """
+    with torch.no_grad():
+        names = [name for name, param, low in edited
+                 if not torch.equal(low, param.detach().to(low.dtype))]
+    if not names:
+        return
+    from ampkit.conversion.config import record_of
+
+    record = record_of(module)
+    where = f"{record.name!r} " if record is not None and record.name else ""
+    raise RuntimeError(
+        f"module {where}{type(module).__name__!r} edited its parameter"
+        f"{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))} in place during "
+        f"its forward, but there the module holds low-precision copies made for the "
+        f"compute: the edit reached the copy, not the fp32 parameter the optimizer "
+        f"steps and state_dict saves. Make the edit in a forward pre-hook "
+        f"(module.register_forward_pre_hook), which runs before the cast and edits the "
+        f"fp32 parameter, or between steps")
+
+
+def truth_of(tensor: torch.Tensor) -> torch.Tensor:
+    """The fp32 parameter whose low-precision copy ``tensor`` is in this thread's
+    running forward, else ``tensor`` itself.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import truth_of
+        >>> w = torch.nn.Parameter(torch.ones(1))
+        >>> truth_of(w) is w
+        True
+    """
+    if isinstance(tensor, nn.Parameter):
+        return tensor
+    for module, swapped in reversed(_swaps.stack):
+        params = module._parameters
+        for name, param, _ in swapped:
+            if params.get(name) is tensor:
+                return param
+    copies = _pass.copies
+    if copies:
+        for param, low in copies.values():
+            if low is tensor:
+                return param
+    return tensor
+
+
+def keep_cast_last(module: nn.Module) -> None:
+    """Move ampkit's cast back to the end of ``module``'s forward pre-hooks (after a
+    hook was registered), so that every user's pre-hook runs before it, on the fp32
+    parameters. A converted module's ``register_forward_pre_hook`` calls it.
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> lin = ampkit.initialize(torch.nn.Linear(2, 2), level="O2", dtype="bfloat16")
+        >>> _ = lin.register_forward_pre_hook(lambda m, a: print(m.weight.dtype))
+        >>> _ = lin(torch.ones(1, 2))
+        torch.float32
+    """
+    own = module.__dict__.get(_CAST_HOOKS)
+    hooks = module._forward_pre_hooks
+    if own is not None and own[1] in hooks:
+        hooks.move_to_end(own[1])  # type: ignore[attr-defined]

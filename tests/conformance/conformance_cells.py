@@ -266,6 +266,8 @@ class Arch:
     fullgraph: bool = True
     #: the machinery it is crossed with (None: all)
     machinery: tuple[str, ...] | None = None
+    #: its training loss, where :func:`loss_of` has no rule for it (model, batch)
+    loss: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor] | None = None
 
 
 def _ids(g: torch.Generator, n: int = BATCH, seq: int = SEQ) -> torch.Tensor:
@@ -321,6 +323,9 @@ def batch(arch: str, step: int) -> dict[str, torch.Tensor]:
 
 def loss_of(arch: str, model: nn.Module, data: dict[str, torch.Tensor]) -> torch.Tensor:
     """The training loss, always in fp32 (HF computes it from ``logits.float()``)."""
+    own = ARCHS[arch].loss
+    if own is not None:
+        return own(model, data)
     if ARCHS[arch].hf:
         return model(**data).loss.float()
     out = model(data["x"]).float()

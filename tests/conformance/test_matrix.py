@@ -17,6 +17,7 @@ import warnings
 from typing import Any
 
 import conformance_cells as C
+import conformance_truth
 import pytest
 import torch
 
@@ -53,6 +54,11 @@ SUBSET = {
     ("llama", "O2_bf16", "generate"),
     ("gpt2", "fp8_tensorwise", "plain_steps"),
     ("lstm", "O2_bf16", "wrong_order_errors"),
+    # issue 46: the truth during the forward, at every level and in pure mode (a tiny
+    # model: about 0.2 s a cell)
+    *(("truth_probe", m, mach) for m in ("O0", "O1_bf16", "O1_fp16_scaler", "O2_bf16",
+                                         "O2_fp16_scaler", "O3_bf16", "pure_bf16_kahan")
+      for mach in conformance_truth.MACHINERY),
 }
 
 
@@ -86,6 +92,8 @@ def _cells(everything: bool) -> list[Any]:
             for mach in machinery:
                 if mach == "torch_compile" and mode.name not in COMPILED_MODES:
                     continue  # not crossed (see COMPILED_MODES)
+                if mach in conformance_truth.MACHINERY and crossed is None:
+                    continue  # truth_probe's own (an architecture that lists it)
                 if crossed is not None and mach not in crossed:
                     continue  # not crossed (the architecture's own list)
                 if not everything and (arch, mode.name, mach) not in SUBSET:
@@ -237,6 +245,10 @@ def test_cell(arch: str, mode: str, machinery: str) -> None:
             f"{mode}: a forward after a .data edit must compute what a model newly set "
             f"up from the edited weights computes (no stale low-precision copy): "
             f"{got[2:]} != {got.twin}")
+    if machinery == "loss_outside_model":  # never lower than native's, inside its region
+        assert all(d == torch.float32 for d in got.dtypes), (
+            f"{mode}: a loss computed outside the model ran in {got.dtypes}; native "
+            f"autocast computes it in float32 inside its region")
     if machinery in C.RESUMES:  # bit for bit like the same mode, uninterrupted
         assert got == C.reference(arch, mode, machinery), (
             f"resumed run {got} != uninterrupted {C.reference(arch, mode, machinery)}")

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers_models import on_forward
 
 import ampkit
 import ampkit.apex as amp
@@ -65,7 +66,9 @@ def _net() -> nn.Module:
 # the model's parameters; docs/migration.md), see test_o2_computes_with_fp16_weights.
 OPT_LEVEL_TABLE = {
     "O0": (FP32, FP32, FP32, {FP32}, FP32, 1.0),
-    "O1": (FP32, FP32, FP32, {FP32}, FP16, 65536.0),
+    # O1's output: fp32 (issue 46: a loss outside the model, apex's patched fp32 loss
+    # functions, is then fp32; apex itself hands back the fp16 the last op computed)
+    "O1": (FP32, FP32, FP32, {FP32}, FP32, 65536.0),
     "O2": (FP32, FP32, FP32, {FP32}, FP32, 65536.0),
     "O3": (FP16, FP16, FP16, {FP16}, FP32, 1.0),
 }
@@ -89,7 +92,7 @@ def test_o2_computes_with_fp16_weights() -> None:
     net, opt = amp.initialize(net, opt, opt_level="O2", verbosity=0)
     seen = {}
     for i in range(4):
-        net[i].register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(i, m.weight.dtype))
+        on_forward(net[i], lambda m, a, i=i: seen.__setitem__(i, m.weight.dtype))
     net(torch.rand(4, 6))
     # apex O2: fp16 weights, BatchNorm fp32 (keep_batchnorm_fp32); LayerNorm is not a
     # batch norm, so apex casts it to fp16 too
@@ -129,8 +132,11 @@ def test_bfloat16_on_cpu() -> None:
         scaled.backward()
     opt.step()
     assert {p.dtype for p in amp.master_params(opt)} == {FP32}
-    lin = amp.initialize(nn.Linear(3, 3), opt_level="O1", dtype=BF16, verbosity=0)
-    assert lin(torch.rand(2, 3)).dtype == BF16
+    lin = amp.initialize(nn.Sequential(nn.Linear(3, 3)), opt_level="O1", dtype=BF16,
+                         verbosity=0)
+    seen = []
+    lin[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    assert lin(torch.rand(2, 3)).dtype == FP32 and seen == [BF16]  # handed back fp32
 
 
 def test_overrides_and_verbosity(capsys: pytest.CaptureFixture[str]) -> None:
@@ -345,19 +351,38 @@ def test_o1_follows_the_models_device_when_cuda_is_visible(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # No "CUDA when available" default: a CPU model is cast on a CUDA machine too.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    model = amp.initialize(torch.nn.Linear(4, 4), opt_level="O1", verbosity=0)
+    model = amp.initialize(nn.Sequential(nn.Linear(4, 4)), opt_level="O1", verbosity=0)
     seen = []
-    model.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     model(torch.rand(2, 4))
     assert seen == [torch.float16]
 
 
 # -- apex's own O1 lists, on every device ----------------------------------------------------
 
+class _Computed(nn.Module):
+    """Runs ``fn`` and records the dtype it computed (the O1 model hands its floating
+    outputs back in fp32: the dtype inside is the one the lists chose)."""
+
+    def __init__(self, fn: object) -> None:
+        super().__init__()
+        self.fn = fn
+        self.seen: list[torch.dtype] = []
+
+    def forward(self, *args: object) -> object:
+        out = self.fn(*args)  # type: ignore[operator]
+        self.seen += [t.dtype for t in (out if isinstance(out, tuple) else (out,))]
+        return out
+
+
 def _o1_probe(fn: object) -> nn.Module:
     class Probe(nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return fn(x)  # type: ignore[operator]
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = _Computed(fn)
+
+        def forward(self, *args: object) -> object:
+            return self.inner(*args)
     return amp.initialize(Probe(), opt_level="O1", verbosity=0)
 
 
@@ -372,16 +397,18 @@ def _o1_probe(fn: object) -> nn.Module:
 def test_o1_casts_by_apexs_lists(fn: object, expected: torch.dtype) -> None:
     # apex's lists hold on the CPU too: softmax, norms, pow and reductions in float32,
     # where torch's own CPU autocast list leaves a float16 input as it is.
-    assert _o1_probe(fn)(torch.rand(4, 4, dtype=FP16)).dtype == expected
+    probe = _o1_probe(fn)
+    probe(torch.rand(4, 4, dtype=FP16))
+    assert probe.inner.seen == [expected]
 
 
 def test_o1_casts_rnn_cells_to_half() -> None:
-    cell = nn.LSTMCell(4, 4)
-    model = amp.initialize(cell, opt_level="O1", verbosity=0)
-    h, c = model(torch.rand(3, 4), (torch.zeros(3, 4), torch.zeros(3, 4)))
-    assert (h.dtype, c.dtype) == (FP16, FP16)
-    gru = amp.initialize(nn.GRUCell(4, 4), opt_level="O1", verbosity=0)
-    assert gru(torch.rand(3, 4, dtype=FP16), torch.zeros(3, 4)).dtype == FP16
+    lstm = _o1_probe(nn.LSTMCell(4, 4))
+    lstm(torch.rand(3, 4), (torch.zeros(3, 4), torch.zeros(3, 4)))
+    assert lstm.inner.seen == [FP16, FP16]
+    gru = _o1_probe(nn.GRUCell(4, 4))
+    gru(torch.rand(3, 4, dtype=FP16), torch.zeros(3, 4))
+    assert gru.inner.seen == [FP16]
 
 
 def test_binary_cross_entropy_is_banned_on_half_inputs() -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers_models import on_forward
 
 import ampkit.paddle as amp
 from ampkit.apex import master_params
@@ -199,7 +200,7 @@ def test_decorate_o2_parameter_dtypes(dtype: str, layer_norm: torch.dtype) -> No
     assert {p.dtype for p in master_params(opt)} == {FP32}
     seen = {}
     for i in (0, 1, 2, 3):
-        net[i].register_forward_pre_hook(lambda m, a, i=i: seen.__setitem__(i, m.weight.dtype))
+        on_forward(net[i], lambda m, a, i=i: seen.__setitem__(i, m.weight.dtype))
     with amp.auto_cast(level="O2", dtype=dtype):
         out = net(torch.rand(4, 8))
     assert seen == {0: low, 1: FP32, 2: layer_norm, 3: low}

@@ -77,8 +77,9 @@ def test_cast_hooks_are_not_called_when_they_are_a_modules_only_hooks() -> None:
 
 
 def test_other_hooks_see_what_they_saw_with_the_hook_pair() -> None:
-    """A user's pre-hook runs after the swap, a user's forward hook after the
-    parameters are back; a global pre-hook runs before the module's own hooks."""
+    """A user's pre-hook runs before the swap (issue 46: it sees the fp32 truth, as in
+    fp32 training), a user's forward hook after the parameters are back; a global
+    pre-hook runs before the module's own hooks."""
     model = _model()
     lin = model[0]
     seen: list[tuple[str, torch.dtype, bool]] = []
@@ -97,7 +98,7 @@ def test_other_hooks_see_what_they_saw_with_the_hook_pair() -> None:
     finally:
         for handle in handles:
             handle.remove()
-    assert seen == [("global", torch.float32, True), ("pre", BF16, False),
+    assert seen == [("global", torch.float32, True), ("pre", torch.float32, True),
                     ("post", torch.float32, True)]
     seen.clear()
     lin(torch.randn(2, 4, dtype=BF16, device="cpu"))  # hooks gone: its own call again

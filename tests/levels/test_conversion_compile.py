@@ -134,8 +134,11 @@ def test_keyboard_interrupt_in_forward_leaves_no_region_and_no_swapped_parameter
     assert (a @ a).dtype == torch.float32
     # And the model itself runs again, at its level.
     model[2].armed = False
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     out = model(torch.randn(2, 4, device="cpu"))
-    assert out.dtype == (torch.float32 if level == "O2" else torch.bfloat16)
+    # (the Linear computes in bf16 at both levels; both hand back fp32: issue 46)
+    assert out.dtype == torch.float32 and seen == [torch.bfloat16]
 
 
 # -- torch.nn containers, with and without lists (issue 41 item 2) --------------------------
@@ -210,8 +213,8 @@ def test_compiling_a_converted_sequential_gives_one_graph_equal_to_eager(level, 
     else:  # native autocast's own result for O1 (O2: fp32 at the model's boundary)
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
             native = model[2](model[1](model[0](x)))
-        if level == "O1":
-            torch.testing.assert_close(out, native, rtol=0, atol=0)
+        if level == "O1":  # (handed back in fp32: issue 46)
+            torch.testing.assert_close(out, native.float(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("level", ["O1", "O2"])

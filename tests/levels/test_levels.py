@@ -19,11 +19,11 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 # (cast_model_type, keep_norms_fp32, master_weights, loss_scale, patch_ops, outputs)
 TABLE = {
     (Level.O0, FP16): (FP32, None, False, None, False, None),
-    (Level.O1, FP16): (None, None, False, "dynamic", True, None),
+    (Level.O1, FP16): (None, None, False, "dynamic", True, FP32),
     (Level.O2, FP16): (FP16, True, True, "dynamic", True, FP32),
     (Level.O3, FP16): (FP16, False, False, None, False, FP32),
     (Level.O0, BF16): (FP32, None, False, None, False, None),
-    (Level.O1, BF16): (None, None, False, None, True, None),  # bf16: no loss scaling
+    (Level.O1, BF16): (None, None, False, None, True, FP32),  # bf16: no loss scaling
     (Level.O2, BF16): (BF16, True, True, None, True, FP32),
     (Level.O3, BF16): (BF16, False, False, None, False, FP32),
 }
@@ -156,7 +156,7 @@ def test_describe_levels_is_the_whole_table():
                         "loss_scale | patch_ops | cast_model_outputs |")
     assert lines[2:] == [
         "| O0 | float32 | None | False | None | False | None |",
-        "| O1 | None | None | False | None | True | None |",
+        "| O1 | None | None | False | None | True | float32 |",
         "| O2 | bfloat16 | True | True | None | True | float32 |",
         "| O3 | bfloat16 | False | False | None | False | float32 |",
         "| O2 | bfloat16 | True | stochastic | None | True | float32 |",

@@ -16,6 +16,7 @@ import copy
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers_models import on_forward
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import ampkit
@@ -188,8 +189,7 @@ def test_reuse_casts_shares_copies_across_its_forwards_and_drops_them_after() ->
     for reuse in (False, True):
         _, o2 = _pair()
         casts: list[torch.Tensor] = []
-        o2[0].register_forward_pre_hook(
-            lambda m, a, casts=casts: casts.append(m._parameters["weight"]))
+        on_forward(o2[0], lambda m, a, casts=casts: casts.append(m._parameters["weight"]))
         with reuse_casts() if reuse else contextlib.nullcontext():
             for half in (slice(0, 16), slice(16, 32)):
                 F.cross_entropy(o2(x[half]), y[half]).backward()

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers_models import on_forward
 from torch.utils.checkpoint import checkpoint
 
 import ampkit
@@ -77,7 +78,7 @@ def test_weight_edit_after_the_step_is_seen_by_the_next_forward():
     for p in model.parameters():
         p.data.clamp_(-0.01, 0.01)  # WGAN-style clipping through .data
     seen = []
-    model[0].register_forward_pre_hook(lambda m, a: seen.append(m.weight.float()))
+    on_forward(model[0], lambda m, a: seen.append(m.weight.float()))
     model(torch.randn(2, 8))
     assert seen[0].abs().max().item() <= torch.tensor(0.01).to(BF16).item()
 
@@ -131,7 +132,7 @@ def test_a_copy_lives_for_one_forward_and_is_shared_within_it():
     torch.manual_seed(0)
     lin = nn.Linear(8, 8)
     model = ampkit.initialize(nn.Sequential(lin, nn.ReLU(), lin), level="O2", dtype=BF16)
-    model[0].register_forward_pre_hook(lambda m, a: casts.append(m._parameters["weight"]))
+    on_forward(model[0], lambda m, a: casts.append(m._parameters["weight"]))
     casts, held = [], []
     model[1].register_forward_hook(lambda m, a, o: held.append(is_cached(lin.weight)))
     model(torch.randn(2, 8)).sum().backward()
@@ -147,7 +148,7 @@ def test_in_place_change_between_micro_batches_makes_a_new_copy():
     _loss(model).backward()
     opt.step()
     casts = []
-    model[0].register_forward_pre_hook(lambda m, a: casts.append(m._parameters["weight"]))
+    on_forward(model[0], lambda m, a: casts.append(m._parameters["weight"]))
     _loss(model, 2).backward()
     with torch.no_grad():
         model[0].weight.mul_(0.5)

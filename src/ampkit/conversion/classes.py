@@ -37,7 +37,15 @@ from torch.nn.modules.module import (
 
 from ampkit.casting import cast_tree
 from ampkit.compile_frames import skip_frame_only
-from ampkit.parameter_casts import own_cast_hooks, restore_swapped, swap_params
+from ampkit.parameter_casts import (
+    Swapped,
+    casting_on_use,
+    keep_cast_last,
+    own_cast_hooks,
+    restore_swapped,
+    swap_params,
+)
+from ampkit.parameter_truth import truths
 
 __all__ = ["ENTRY_METHODS", "BoundaryCall", "cast_call", "cast_inputs_hook", "cast_inputs_to",
            "converted_call", "give_boundary", "give_cast_call", "input_cast_call",
@@ -162,7 +170,7 @@ def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             or _global_backward_pre_hooks or _global_backward_hooks):
         return super(_converted_in(type(self)), self).__call__(  # type: ignore[arg-type]
             *args, **kwargs)
-    swapped: list[tuple[str, torch.Tensor]] = []
+    swapped: Swapped = []
     try:
         # (CastParametersOnUse.swap_in, not asking is_compiling again)
         swap_params(self, swapped, own.dtype, False, own.keep)
@@ -247,6 +255,29 @@ def _own_forward_frame(forward: Any) -> Any:
     return forward_frame
 
 
+def _register_forward_pre_hook(self: nn.Module, hook: Any, *, prepend: bool = False,
+                               with_kwargs: bool = False) -> Any:
+    """``register_forward_pre_hook`` of a converted module: the hook, wherever it asks
+    to go, runs before ampkit's cast, which stays the last
+    (:func:`ampkit.parameter_casts.keep_cast_last`)."""
+    handle = super(_converted_in(type(self)), self).register_forward_pre_hook(  # type: ignore[arg-type]
+        hook, prepend=prepend, with_kwargs=with_kwargs)
+    keep_cast_last(self)
+    return handle
+
+
+def _named_parameters(self: nn.Module, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True) -> Any:
+    """``named_parameters`` of a converted module: inside a converted forward, the fp32
+    parameters where a module's ``_parameters`` hold low-precision copies
+    (:func:`ampkit.parameter_truth.truths`); ``parameters()`` goes through it."""
+    named = super(_converted_in(type(self)), self).named_parameters(  # type: ignore[arg-type]
+        prefix, recurse, remove_duplicate)
+    if torch.compiler.is_compiling() or not casting_on_use():
+        return named
+    return truths(named, remove_duplicate)
+
+
 def _converted_class(base: type, call: Any = converted_call) -> type:
     """The subclass of ``base`` a converted model gets: the same name, with ``call``
     (:func:`converted_call` for a boundary, :func:`cast_call` for a module cast on
@@ -256,7 +287,9 @@ def _converted_class(base: type, call: Any = converted_call) -> type:
         if cls is None:
             namespace = {"__call__": call, "__reduce_ex__": _reduce_converted,
                          "__module__": base.__module__, "__qualname__": base.__qualname__,
-                         "__doc__": base.__doc__}
+                         "__doc__": base.__doc__,
+                         "register_forward_pre_hook": _register_forward_pre_hook,
+                         "named_parameters": _named_parameters}
             forward = getattr(base, "forward", None)
             if call is converted_call and getattr(forward, "__module__", "").startswith(
                     "torch."):

@@ -54,7 +54,9 @@ float32).
 What differs from apex, on purpose:
 
 * O1 casts inside the models' forward passes (apex patched torch globally); ``init``'s
-  region is the calling thread's.
+  region is the calling thread's. An O1 model hands its floating outputs back in fp32
+  (the core O1's rule), so a loss computed outside it, which apex's patched loss
+  functions (``FP32_FUNCS``) computed in fp32, is fp32 here too.
 * A static loss scale (``loss_scale=1.0`` at O0/O3, or any number) skips a step whose
   gradients hold inf/NaN, where apex wrote them into the weights.
 * ``register_*_function`` work whenever they are called, before or after

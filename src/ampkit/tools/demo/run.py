@@ -287,7 +287,7 @@ model, optimizer = ampkit.initialize(model, optimizer, level="{level}", dtype=to
 scaler = ampkit.GradScaler("{device_type}"{scaler_options})
 for x, y in batches:
     optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x).float(), y)
+    loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
@@ -320,7 +320,9 @@ def training_code(config: RunConfig, device_type: str = "cpu") -> str:
 def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: Any,
                 x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x).float(), y)
+    # every level hands the logits back in fp32 (O1 too): the loss is fp32, as native
+    # autocast computes it inside its region
+    loss = F.cross_entropy(model(x), y)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
