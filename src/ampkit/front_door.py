@@ -338,8 +338,8 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         from ampkit.pure import mark_pure_models, pure_low_precision
 
         mark_pure_models(model_list, mode.value, rounding_seed)
-        opt_list = [pure_low_precision(model_list, opt, mode.value,
-                                       seed=rounding_seed) for opt in opt_list]
+        opt_list = [pure_low_precision(opt, mode.value, seed=rounding_seed)
+                    for opt in opt_list]
     _configure_loss_scaling(props, scaling, [o for o in opt_list  # scale_loss takes these
                                              if isinstance(o, torch.optim.Optimizer)])
     skipped = fp8_skip_message(named_fp8)

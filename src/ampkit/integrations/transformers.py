@@ -311,9 +311,10 @@ class AmpkitTrainer(Trainer):
         out = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save and out is not None:
             self._ampkit.config.to_file(os.path.join(out, CONFIG_FILE))
-        # save_pretrained records the parameters' dtype, but with master weights the
-        # values written are the fp32 parameters: say float32, so that from_pretrained
-        # (dtype="auto") loads them back without rounding.
+        # save_pretrained records the dtype the model computes in, but where the fp32
+        # parameters are the truth (master_weights=True) the values written are fp32:
+        # say float32, so that from_pretrained (dtype="auto") loads them back without
+        # rounding.
         model = self.accelerator.unwrap_model(self.model)
         config = getattr(model, "config", None)
         if config is None or not self._ampkit.properties(None).master_weights:

@@ -15,12 +15,12 @@ What happens to each optimizer given:
 
 * on entry, gradients already there (unscaled, from an earlier loss) are put aside, so
   the backward pass leaves only this loss's scaled gradients;
-* on exit they are unscaled with this loss's scale (master gradients first synced,
-  overflow agreed across ranks) and the loss's scale is updated; the gradients put
-  aside are added back, after a check of their own (an inf among them, say left over
-  from a skipped iteration that was never zeroed, skips the step too, without lowering
-  this loss's scale); on overflow the optimizer's next ``step()`` returns ``None``
-  without doing anything (parameters, master weights and optimizer state untouched);
+* on exit they are unscaled with this loss's scale (overflow agreed across ranks)
+  and the loss's scale is updated; the gradients put aside are added back, after a
+  check of their own (an inf among them, say left over from a skipped iteration that
+  was never zeroed, skips the step too, without lowering this loss's scale); on
+  overflow the optimizer's next ``step()`` returns ``None``
+  without doing anything (parameters and optimizer state untouched);
 * ``delay_unscale=True`` (gradient accumulation over micro-batches) leaves the scaled
   gradients in place for the next ``scale_loss`` with the same ``loss_id``; until an
   undelayed one unscales them, ``optimizer.step()`` raises instead of applying scaled
