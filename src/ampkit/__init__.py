@@ -37,8 +37,8 @@ _LAZY = {
     "GradScaler": "ampkit.scaling.grad_scaler",
     "StaticLossScale": "ampkit.scaling.loss_scale",
     "DynamicLossScale": "ampkit.scaling.loss_scale",
-    "scale_loss": "ampkit.scaling.multi_loss",
-    "configure_loss_scaling": "ampkit.scaling.multi_loss",
+    "scale_loss": "ampkit.scaling.loss_scaling",
+    "configure_loss_scaling": "ampkit.scaling.loss_scaling",
     # tools
     "collect_op_stats": "ampkit.tools.ops.op_stats",
     "NumericsChecker": "ampkit.tools.ops.numerics_checker",

@@ -200,7 +200,7 @@ def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any],
                             optimizers: list[torch.optim.Optimizer]) -> None:
     """This run's loss scalers, bound to its optimizers: a later ``initialize`` for
     other optimizers leaves them alone (``scale_loss`` finds them by optimizer)."""
-    from ampkit.scaling.multi_loss import configure_loss_scaling, release_optimizers
+    from ampkit.scaling.loss_scaling import configure_loss_scaling, release_optimizers
 
     log_skipped = scaling.pop("log_skipped_steps", False)
     if props.loss_scale is None and not scaling:

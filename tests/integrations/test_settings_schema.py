@@ -29,7 +29,7 @@ from ampkit.front_door import initialize_keywords
 from ampkit.integrations.accelerate import AmpkitAccelerator
 from ampkit.integrations.lightning import AmpkitPrecision, precision_signature
 from ampkit.integrations.transformers import AmpkitArguments, arguments_class
-from ampkit.scaling import multi_loss
+from ampkit.scaling import loss_scaling
 from ampkit.tools.cli import build_parser
 from ampkit.tools.cli.args import config_from_args
 
@@ -138,11 +138,11 @@ def test_the_deprecated_names_warn_and_mean_the_one_name() -> None:
                                            "pass min_scale"):
         ampkit.initialize(nn.Linear(2, 2), level="O2", dtype=torch.float16,
                           min_loss_scale=4.0)
-    assert multi_loss._current_state().config.min_scale == 4.0
+    assert loss_scaling._current_state().config.min_scale == 4.0
     with pytest.warns(FutureWarning, match="configure_loss_scaling: max_loss_scale is "
                                            "deprecated; pass max_scale"):
-        multi_loss.configure_loss_scaling("dynamic", max_loss_scale=2.0 ** 20)
-    assert multi_loss.loss_scaler(0).schedule.max_scale == 2.0 ** 20
+        loss_scaling.configure_loss_scaling("dynamic", max_loss_scale=2.0 ** 20)
+    assert loss_scaling.loss_scaler(0).schedule.max_scale == 2.0 ** 20
     with pytest.raises(ValueError, match="max_loss_scale and max_scale are the same "
                                          "setting; pass max_scale"):
         ampkit.initialize(nn.Linear(2, 2), level="O2", dtype=torch.float16,
