@@ -71,8 +71,8 @@ from ampkit.tools.accuracy.comparison import (
     OpError,
     OpRank,
 )
-from ampkit.tools.fp8.errors import fp8_layer_errors
-from ampkit.tools.ops._tracing import ModuleScope, OpWatch
+from ampkit.tools.accuracy.fp8_errors import fp8_layer_errors
+from ampkit.tools.ops.tracing import ModuleScope, OpWatch
 
 # The results are defined in ampkit.tools.accuracy.comparison and re-exported here (their home
 # before the split); the rest are the runs that produce them, which tune reuses.
@@ -471,7 +471,7 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
             epsilons of ``dtype``: 0.0625 for bfloat16, 0.0078 for float16).
         fp8: an fp8 recipe (as ``initialize``'s ``fp8=``); given, every Linear that can
             run in fp8 is also measured alone in fp8 and in ``dtype`` against fp32
-            (:attr:`Comparison.fp8_layers`, see :mod:`ampkit.tools.fp8.errors`).
+            (:attr:`Comparison.fp8_layers`, see :mod:`ampkit.tools.accuracy.fp8_errors`).
 
     Returns:
         a :class:`Comparison`.

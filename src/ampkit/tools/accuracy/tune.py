@@ -66,9 +66,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ampkit._text import finite_or_none, text_table
 from ampkit.arguments import non_negative_number
 from ampkit.policy import Policy, as_dtype
-from ampkit.tools._text import finite_or_none, text_table
 from ampkit.tools.accuracy.compare import (
     check_model,
     compare_runs,
