@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from ampkit.fp8.recipe import FP8_RECIPES
+from ampkit.levels import MasterWeights
 
 __all__ = ["SCALER_FIELDS", "AmpConfig", "config_fields", "field_help", "text_kind"]
 
@@ -85,9 +86,9 @@ def _policies() -> str:
 
 
 def _master_weights() -> str:
-    from ampkit.levels import PURE_MASTER_WEIGHTS
+    from ampkit.levels import MasterWeights
 
-    return ", ".join(("true", "false", *PURE_MASTER_WEIGHTS))
+    return ", ".join(("true", "false", *(m.value for m in MasterWeights))) + " (any case)"
 
 
 def _fp8_recipes() -> str:
@@ -216,8 +217,10 @@ class AmpConfig:
         keep_fp32_modules: qualified module names (as in ``model.named_modules()``)
             kept in fp32.
         keep_norms_fp32: ``None`` keeps the level's default.
-        master_weights: ``True``, ``False``, ``"stochastic"`` or ``"kahan"`` (pure
-            bfloat16); ``None`` keeps the level's default.
+        master_weights: a :class:`ampkit.levels.MasterWeights` (stored as one): given
+            as a member, ``True``/``False``, or its value in any case (``"fp32"``,
+            ``"none"``, ``"stochastic"``/``"kahan"``: pure bfloat16, ``"true"``,
+            ``"false"``); ``None`` keeps the level's default.
         rounding_seed: seeds the rounding of ``"stochastic"``/``"kahan"``.
         loss_scale: ``"dynamic"``, a positive number (static scaling), or ``None``
             (the level's default: dynamic for float16, none for bfloat16).
@@ -264,7 +267,7 @@ class AmpConfig:
         "qualified module names (as in model.named_modules()) kept in float32"))
     keep_norms_fp32: bool | None = dataclasses.field(default=None, metadata=_about(
         "keep norm layers in float32; unset: the level's"))
-    master_weights: bool | str | None = dataclasses.field(default=None, metadata=_about(
+    master_weights: MasterWeights | None = dataclasses.field(default=None, metadata=_about(
         "where the parameters' truth lives; unset: the level's", _master_weights))
     rounding_seed: int | None = dataclasses.field(
         default=None, metadata=_about("seed of the stochastic/kahan rounding"))
@@ -334,8 +337,8 @@ class AmpConfig:
         for name in ("growth_factor", "backoff_factor", "min_scale", "max_scale"):
             if getattr(self, name) is not None:
                 put(self, name, float(getattr(schedule, name)))
-        if self.master_weights is not None:  # one spelling: "true" is True
-            put(self, "master_weights", master_weights_value(self.master_weights))
+        # one form from here inward: True, "true", "fp32" are MasterWeights.FP32
+        put(self, "master_weights", master_weights_value(self.master_weights))
         if isinstance(self.loss_scale, str) and self.loss_scale != "dynamic":
             # text (a flag, a command line): a number's text is the number
             with contextlib.suppress(ValueError):
@@ -348,10 +351,10 @@ class AmpConfig:
             put(self, "loss_scale", float(self.loss_scale))
         fp8 = check_fp8_options(self.fp8, self.fp8_exclude_modules, self.fp8_first_last)
         put(self, "fp8", check_fp8_level(fp8, conversion))
-        if self.rounding_seed is not None and not props.master_weights_mode.pure:
+        if self.rounding_seed is not None and not props.master_weights.pure:
             raise ValueError(f"rounding_seed seeds the rounding of master_weights="
                              f"'stochastic' or 'kahan'; this config keeps master_weights="
-                             f"{props.master_weights!r}")
+                             f"{props.master_weights.spelled()!r}")
         if scaler and self.dtype is not None and props.loss_scale is None:
             raise ValueError(f"{sorted(scaler)} set up loss scaling, but level "
                              f"{self.level} with {self.dtype} scales no loss; set "
@@ -406,8 +409,8 @@ class AmpConfig:
     # -- dicts and files ---------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field (dtype by name, lists as lists);
-        :meth:`from_dict` reads it back.
+        """A JSON-ready dict of every field (dtype by name, lists as lists,
+        ``master_weights`` by its value); :meth:`from_dict` reads it back.
 
         Example:
             >>> from ampkit.config import AmpConfig
@@ -420,6 +423,8 @@ class AmpConfig:
             value = getattr(self, f.name)
             if isinstance(value, torch.dtype):
                 value = str(value).removeprefix("torch.")
+            elif isinstance(value, MasterWeights):
+                value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
@@ -493,11 +498,11 @@ class AmpConfig:
             >>> from ampkit.config import AmpConfig
             >>> path = os.path.join(tempfile.mkdtemp(), "amp.json")
             >>> with open(path, "w") as f:
-            ...     _ = f.write('{"level": "O2", "master_weights": "fp32"}')
+            ...     _ = f.write('{"level": "O2", "master_weights": "fp16"}')
             >>> AmpConfig.from_file(path)
             Traceback (most recent call last):
             ...
-            ValueError: .../amp.json: master_weights must be True (fp32 master copies), ...
+            ValueError: .../amp.json: master_weights must be True (the fp32 parameters ...
         """
         kind = _format(path)  # an unknown suffix is refused before the file is read
         with open(path, encoding="utf-8") as f:

@@ -306,13 +306,13 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     for i, model in enumerate(model_list):
         check_not_wrapped(model, "model" if one_model else f"models[{i}]")
     props, converting = conversion_of(settings, device_type)
-    if rounding_seed is not None and not props.master_weights_mode.pure:
+    if rounding_seed is not None and not props.master_weights.pure:
         raise ValueError("rounding_seed seeds the stochastic rounding of "
                          "master_weights='stochastic' or 'kahan'; this call keeps "
-                         f"master_weights={props.master_weights!r}")
+                         f"master_weights={props.master_weights.spelled()!r}")
     # Check everything before changing anything: a refused call leaves all as it was.
     _check_optimizers(opt_list, model_list)
-    mode = props.master_weights_mode
+    mode = props.master_weights
     if mode.pure:
         from ampkit.pure import check_pure_optimizer
 

@@ -89,8 +89,9 @@ def test_a_keyword_that_contradicts_the_config_is_an_error_naming_both() -> None
 @pytest.mark.parametrize("text,message", [
     ('{"level": "O4"}', r"amp.json: level must be one of \['O0', 'O1', 'O2', 'O3'\], "
                         r"got 'O4'"),
-    ('{"level": "O2", "master_weights": "fp32"}',
-     r"amp.json: master_weights must be True .* or one of \['stochastic', 'kahan'\]"),
+    ('{"level": "O2", "master_weights": "fp16"}',
+     r"amp.json: master_weights must be True .* its value \['none', 'fp32', 'stochastic', "
+     r"'kahan', 'true', 'false'\] .*got 'fp16'"),
     ('{"levle": "O2"}', r"amp.json: unknown AmpConfig fields \['levle'\] \(did you mean "
                         r"'level'\?\); accepted: \['level', 'dtype'"),
     ('{"dtype": "float64"}', r"amp.json: dtype must be torch.float16 or torch.bfloat16"),

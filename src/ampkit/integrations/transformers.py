@@ -68,6 +68,7 @@ from ampkit.integrations._settings import (
     missing_framework,
 )
 from ampkit.integrations._versions import require_hooks
+from ampkit.levels import MasterWeights
 
 try:
     from transformers import Trainer, TrainerCallback
@@ -157,7 +158,7 @@ class AmpkitArguments:
             >>> from ampkit.integrations.transformers import AmpkitArguments
             >>> AmpkitArguments(ampkit_master_weights="kahan", ampkit_dtype="bfloat16"
             ...                 ).to_config().master_weights
-            'kahan'
+            <MasterWeights.KAHAN: 'kahan'>
         """
         fields = {f.name.removeprefix("ampkit_"): getattr(self, f.name)
                   for f in dataclasses.fields(cast(Any, self)) if f.name != "ampkit_config"}
@@ -317,7 +318,8 @@ class AmpkitTrainer(Trainer):
         # rounding.
         model = self.accelerator.unwrap_model(self.model)
         config = getattr(model, "config", None)
-        if config is None or not self._ampkit.properties(None).master_weights:
+        truth = self._ampkit.properties(None).master_weights
+        if config is None or truth is not MasterWeights.FP32:
             return
         if not self.args.should_save:
             return
