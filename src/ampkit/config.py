@@ -39,15 +39,20 @@ import numbers
 import os
 import types
 import typing
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampkit.fp8.recipe import FP8_RECIPES
 from ampkit.levels import MasterWeights
 
-__all__ = ["SCALER_FIELDS", "AmpConfig", "config_fields", "field_help", "text_kind"]
+if TYPE_CHECKING:
+    from ampkit.conversion import ConversionConfig
+    from ampkit.levels import LevelProperties
+
+__all__ = ["SCALER_FIELDS", "AmpConfig", "config_fields", "contradiction", "field_help",
+           "merged_config", "text_kind"]
 
 # file suffix -> format
 _FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
@@ -345,6 +350,8 @@ class AmpConfig:
                 put(self, "loss_scale", float(self.loss_scale))
         props, conversion = conversion_of(
             {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        # kept (not a field): initialize reuses it rather than building it again
+        put(self, "_conversion", (props, conversion))
         if self.cast_model_outputs is not None:  # the dtype the level table parsed
             put(self, "cast_model_outputs", props.cast_model_outputs)
         if isinstance(self.loss_scale, numbers.Real):
@@ -361,6 +368,35 @@ class AmpConfig:
                              f"loss_scale='dynamic' to scale it anyway")
 
     # -- what each consumer is given ---------------------------------------------------
+
+    def level_conversion(self) -> tuple[LevelProperties, ConversionConfig]:
+        """The level's properties and conversion this config stands for, built once
+        when it was made (``dtype=None``: the default device's dtype, CUDA when
+        available; ``ampkit.initialize`` builds its own for the models' device then).
+
+        Example:
+            >>> from ampkit.config import AmpConfig
+            >>> props, conversion = AmpConfig("O2", "float16").level_conversion()
+            >>> props.loss_scale, conversion.param_compute_dtype
+            ('dynamic', torch.float16)
+        """
+        built: tuple[LevelProperties, ConversionConfig] | None = self.__dict__.get(
+            "_conversion")
+        if built is None:  # unpickled: the cache is not part of the state
+            from ampkit.levels import conversion_of
+
+            built = conversion_of({f.name: getattr(self, f.name)
+                                   for f in dataclasses.fields(self)})
+            object.__setattr__(self, "_conversion", built)
+        return built
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the fields only: the conversion kept for level_conversion is rebuilt on use
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
     def scaler_options(self) -> dict[str, Any]:
         """The ``ampkit.GradScaler`` options that are set (the others keep its defaults).
@@ -525,6 +561,99 @@ class AmpConfig:
 #: metadata says so.
 SCALER_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AmpConfig)
                                        if f.metadata.get("scaler"))
+
+
+def _shown(value: Any) -> str:
+    # a dtype by its name (as a config file writes it), anything else as Python shows it
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return repr(value.value if isinstance(value, MasterWeights) else value)
+
+
+def contradiction(given: str, name: str, held: Any) -> str:
+    """The one wording of a setting given twice with two meanings: ``given`` is how
+    the caller's surface names its value (``dtype='float16'``, ``--level O3``),
+    ``held`` the config's value of field ``name``.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.config import contradiction
+        >>> contradiction("--dtype float16", "dtype", torch.bfloat16)
+        "--dtype float16 contradicts the config's dtype=bfloat16; give it once"
+    """
+    return f"{given} contradicts the config's {name}={_shown(held)}; give it once"
+
+
+def _as_config(config: Any) -> AmpConfig:
+    if isinstance(config, AmpConfig):
+        return config
+    if isinstance(config, str | os.PathLike):
+        return AmpConfig.from_file(config)
+    if isinstance(config, Mapping):
+        return AmpConfig.from_dict(config)
+    raise TypeError(f"config must be an ampkit.AmpConfig, the path of a config file or a "
+                    f"mapping of AmpConfig fields, got {type(config).__name__}")
+
+
+def merged_config(given: Mapping[str, Any], config: Any = None, *,
+                  source: str | None = None, defaults: Mapping[str, Any] | None = None,
+                  spell: Callable[[str, Any], str] | None = None) -> AmpConfig:
+    """The one merge of settings every surface makes (``ampkit.initialize``, the
+    integrations, the command line, ``ampkit.compare``): the :class:`AmpConfig` that
+    the fields ``given`` (``None``: not given) and ``config`` (an ``AmpConfig``, the
+    path of a config file, or a mapping of its fields) say together.
+
+    Without a config the fields given make one (``defaults`` filling the fields not
+    given); with one, each field given must say what the config says, else a
+    ``ValueError`` in :func:`contradiction`'s words. ``spell(name, value)`` is how the
+    caller's surface names a field it was given (default ``name=value``; a command
+    line says its flag): the contradictions and the field checks' errors use it.
+    ``source`` (who asks: ``"AmpkitPrecision"``) starts every error's message.
+
+    Raises:
+        TypeError, ValueError: a bad value or type (the field's own check), a config of
+            the wrong type, or a field that contradicts the config.
+
+    Example:
+        >>> from ampkit.config import AmpConfig, merged_config
+        >>> merged_config({"level": "O2"}, defaults={"dtype": "bfloat16"}).dtype
+        torch.bfloat16
+        >>> merged_config({"level": "O2"}, {"level": "O2", "dtype": "float16"}).dtype
+        torch.float16
+        >>> merged_config({"level": "O3"}, AmpConfig("O2"), source="P")
+        Traceback (most recent call last):
+        ...
+        ValueError: P: level='O3' contradicts the config's level='O2'; give it once
+    """
+    fields = {f.name for f in config_fields()}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise TypeError(f"{source + ': ' if source else ''}AmpConfig has no fields "
+                        f"{unknown}; accepted: {sorted(fields)}")
+    given = {k: v for k, v in given.items() if v is not None}
+
+    def say(name: str, value: Any) -> str:
+        return spell(name, value) if spell is not None else f"{name}={_shown(value)}"
+
+    try:
+        if config is None:
+            return AmpConfig(**{**(defaults or {}), **given})
+        cfg = _as_config(config)
+        for name, value in given.items():
+            if cfg.replace(**{name: value}) != cfg:
+                raise ValueError(contradiction(say(name, value), name, getattr(cfg, name)))
+        return cfg
+    except (TypeError, ValueError) as error:
+        text = str(error)
+        if spell is not None:
+            for name, value in given.items():  # a field's check names the field: as given
+                if text.startswith(f"{name} "):
+                    text = say(name, value).partition(" ")[0] + text[len(name):]
+        if source:
+            text = f"{source}: {text}"
+        if text == str(error):
+            raise
+        raise type(error)(text) from None
 
 
 def _format(path: str | os.PathLike[str]) -> str:
