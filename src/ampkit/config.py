@@ -123,7 +123,8 @@ bfloat16|bf16 (any case)"
     """
     meta = _field(name).metadata
     values = meta.get("values")
-    return meta.get("help", name) + (f"; {values()}" if values is not None else "")
+    text: str = meta.get("help", name)
+    return text + (f"; {values()}" if values is not None else "")
 
 
 def config_fields() -> tuple[dataclasses.Field[Any], ...]:
@@ -161,8 +162,9 @@ def text_kind(name: str) -> type:
     kinds = set(typing.get_args(hint)) - {type(None)} if union else {hint}
     if any(typing.get_origin(k) is tuple for k in kinds):
         return list
-    if len(kinds) == 1 and next(iter(kinds)) in (bool, int, float):
-        return next(iter(kinds))
+    only = next(iter(kinds))
+    if len(kinds) == 1 and only in (bool, int, float):
+        return typing.cast(type, only)
     return str
 
 

@@ -264,7 +264,7 @@ def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any],
 def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
                optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None
                = None, *, level: Any = None, dtype: torch.dtype | str | None = None,
-               config: AmpConfig | str | os.PathLike[str] | None = None,
+               config: AmpConfig | str | os.PathLike[str] | Mapping[str, Any] | None = None,
                **overrides: Any) -> Any:
     """Apply a precision level to models and their optimizers (apex's ``initialize``).
 
@@ -278,8 +278,9 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             (``ampkit.levels.describe_levels()`` prints it).
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None`` is the autocast default
             of the models' device: bfloat16 on CPU, float16 on CUDA.
-        config: an :class:`ampkit.AmpConfig` (or the path of a config file) holding
-            every choice below; a keyword given as well must agree with it.
+        config: an :class:`ampkit.AmpConfig` (or the path of a config file, or a
+            mapping of its fields) holding every choice below; a keyword given as well
+            must agree with it (:func:`ampkit.config.merged_config`).
         **overrides: :class:`ampkit.AmpConfig`'s fields, by the same names and
             with the same values (:func:`initialize_keywords` lists them; they make
             the config, checked as every config is): ``policy``,

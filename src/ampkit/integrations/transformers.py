@@ -307,7 +307,8 @@ class AmpkitTrainer(Trainer):
         AmpkitAccelerator.adopt(self.accelerator, config=self._ampkit.config,
                                 **self._ampkit.extra)
 
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None
+              ) -> None:
         super()._save(output_dir, state_dict)
         out = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save and out is not None:

@@ -408,7 +408,8 @@ class Comparison:
                       for g in self.grads],
             "fp8_layers": [dataclasses.asdict(r) for r in self.fp8_layers],
         }
-        return finite_or_none(data)
+        out: dict[str, Any] = finite_or_none(data)
+        return out
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text.

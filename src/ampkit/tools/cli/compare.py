@@ -117,7 +117,7 @@ def _op_list(text: str) -> list[str]:
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``compare`` subcommand to an argparse subparsers object; return it."""
-    compare = commands.add_parser(
+    compare: argparse.ArgumentParser = commands.add_parser(
         "compare", help="run your model in fp32 and in low precision, op by op, and "
                         "report where they diverge",
         description="Run TARGET (package.module:attribute of an nn.Module or a callable "

@@ -50,7 +50,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``demo`` subcommand to an argparse subparsers object; return it."""
-    demo = commands.add_parser(
+    demo: argparse.ArgumentParser = commands.add_parser(
         "demo", help="train a small CNN on scikit-learn's digits in fp32 and at each AMP "
                      "level, and write a report",
         description="Train the same small CNN on scikit-learn's digits (no download) once "

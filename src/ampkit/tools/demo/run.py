@@ -192,7 +192,8 @@ def _check_device_name(device: Any) -> str:
     """Check the name of a device (not whether this machine has it)."""
     index = device.removeprefix("cuda:") if isinstance(device, str) else ""
     if device in ("auto", "cpu", "cuda") or (device != index and index.isdigit()):
-        return device
+        name: str = device
+        return name
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:<index>', "
                      f"got {device!r}")
 

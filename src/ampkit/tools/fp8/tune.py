@@ -139,13 +139,14 @@ class Fp8TuneResult:
             >>> Fp8TuneResult("rowwise", (), (), 1.0, 1.0, 0.1, True, ()).to_dict()["fp8"]
             'rowwise'
         """
-        return finite_or_none({
+        out: dict[str, Any] = finite_or_none({
             "fp8": recipe_name(self.fp8), "layers": list(self.layers),
             "candidates": list(self.candidates), "metric": self.metric,
             "reference_metric": self.reference_metric, "tolerance": self.tolerance,
             "within_tolerance": self.within_tolerance,
             "trials": [dataclasses.asdict(t) | {"layers": list(t.layers)}
                        for t in self.trials]})
+        return out
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text.
