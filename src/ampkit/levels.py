@@ -335,18 +335,6 @@ class LevelProperties:
     cast_model_outputs: torch.dtype | None
 
     @property
-    def master_weights_mode(self) -> MasterWeights:
-        """:attr:`master_weights` itself (a :class:`MasterWeights` since it became one;
-        this name stays for code written before).
-
-        Example:
-            >>> from ampkit.levels import level_properties
-            >>> level_properties("O2").master_weights_mode
-            <MasterWeights.FP32: 'fp32'>
-        """
-        return self.master_weights
-
-    @property
     def casts_parameters(self) -> bool:
         """True when parameters are stored in a low-precision dtype.
 
