@@ -2,7 +2,7 @@
 
 One small model for everything the AMP systems of PyTorch, apex, PaddlePaddle,
 MindSpore and MXNet do: op-level autocast with custom lists, whole-model levels
-O0-O3 with fp32 master weights, loss scaling, and drop-in dialects
+O0-O3 (the fp32 parameters stay the truth), loss scaling, and drop-in dialects
 (``ampkit.apex``, ``ampkit.paddle``, ``ampkit.mindspore``, ``ampkit.mxnet``,
 ``ampkit.torch``).
 
@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 
 # Layers below the engine are imported on first use, so ``import ampkit`` stays light.
 _LAZY = {
-    # precision levels, model conversion, master weights, front door
+    # precision levels, model conversion, pure bf16, front door
     "Level": "ampkit.levels",
     "LevelProperties": "ampkit.levels",
     "level_properties": "ampkit.levels",
@@ -37,8 +37,8 @@ _LAZY = {
     "GradScaler": "ampkit.scaling.grad_scaler",
     "StaticLossScale": "ampkit.scaling.loss_scale",
     "DynamicLossScale": "ampkit.scaling.loss_scale",
-    "scale_loss": "ampkit.scaling.multi_loss",
-    "configure_loss_scaling": "ampkit.scaling.multi_loss",
+    "scale_loss": "ampkit.scaling.loss_scaling",
+    "configure_loss_scaling": "ampkit.scaling.loss_scaling",
     # tools
     "collect_op_stats": "ampkit.tools.ops.op_stats",
     "NumericsChecker": "ampkit.tools.ops.numerics_checker",

@@ -540,10 +540,6 @@ def same_as_native(name: str, device: str, rule: str) -> dict[str, bool]:
 _hooks_installed = False
 
 
-def _token() -> Any:
-    return _active.token
-
-
 def _patch_guards(module: Any) -> None:
     builder = module.GuardBuilder
     original = builder.GLOBAL_STATE

@@ -39,14 +39,20 @@ import numbers
 import os
 import types
 import typing
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampkit.fp8.recipe import FP8_RECIPES
+from ampkit.levels import MasterWeights
 
-__all__ = ["SCALER_FIELDS", "AmpConfig", "config_fields", "field_help", "text_kind"]
+if TYPE_CHECKING:
+    from ampkit.conversion import ConversionConfig
+    from ampkit.levels import LevelProperties
+
+__all__ = ["SCALER_FIELDS", "AmpConfig", "config_fields", "contradiction", "field_help",
+           "merged_config", "text_kind"]
 
 # file suffix -> format
 _FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
@@ -85,9 +91,9 @@ def _policies() -> str:
 
 
 def _master_weights() -> str:
-    from ampkit.levels import PURE_MASTER_WEIGHTS
+    from ampkit.levels import MasterWeights
 
-    return ", ".join(("true", "false", *PURE_MASTER_WEIGHTS))
+    return ", ".join(("true", "false", *(m.value for m in MasterWeights))) + " (any case)"
 
 
 def _fp8_recipes() -> str:
@@ -117,7 +123,8 @@ bfloat16|bf16 (any case)"
     """
     meta = _field(name).metadata
     values = meta.get("values")
-    return meta.get("help", name) + (f"; {values()}" if values is not None else "")
+    text: str = meta.get("help", name)
+    return text + (f"; {values()}" if values is not None else "")
 
 
 def config_fields() -> tuple[dataclasses.Field[Any], ...]:
@@ -155,8 +162,9 @@ def text_kind(name: str) -> type:
     kinds = set(typing.get_args(hint)) - {type(None)} if union else {hint}
     if any(typing.get_origin(k) is tuple for k in kinds):
         return list
-    if len(kinds) == 1 and next(iter(kinds)) in (bool, int, float):
-        return next(iter(kinds))
+    only = next(iter(kinds))
+    if len(kinds) == 1 and only in (bool, int, float):
+        return typing.cast(type, only)
     return str
 
 
@@ -216,8 +224,10 @@ class AmpConfig:
         keep_fp32_modules: qualified module names (as in ``model.named_modules()``)
             kept in fp32.
         keep_norms_fp32: ``None`` keeps the level's default.
-        master_weights: ``True``, ``False``, ``"stochastic"`` or ``"kahan"`` (pure
-            bfloat16); ``None`` keeps the level's default.
+        master_weights: a :class:`ampkit.levels.MasterWeights` (stored as one): given
+            as a member, ``True``/``False``, or its value in any case (``"fp32"``,
+            ``"none"``, ``"stochastic"``/``"kahan"``: pure bfloat16, ``"true"``,
+            ``"false"``); ``None`` keeps the level's default.
         rounding_seed: seeds the rounding of ``"stochastic"``/``"kahan"``.
         loss_scale: ``"dynamic"``, a positive number (static scaling), or ``None``
             (the level's default: dynamic for float16, none for bfloat16).
@@ -264,7 +274,7 @@ class AmpConfig:
         "qualified module names (as in model.named_modules()) kept in float32"))
     keep_norms_fp32: bool | None = dataclasses.field(default=None, metadata=_about(
         "keep norm layers in float32; unset: the level's"))
-    master_weights: bool | str | None = dataclasses.field(default=None, metadata=_about(
+    master_weights: MasterWeights | None = dataclasses.field(default=None, metadata=_about(
         "where the parameters' truth lives; unset: the level's", _master_weights))
     rounding_seed: int | None = dataclasses.field(
         default=None, metadata=_about("seed of the stochastic/kahan rounding"))
@@ -334,30 +344,61 @@ class AmpConfig:
         for name in ("growth_factor", "backoff_factor", "min_scale", "max_scale"):
             if getattr(self, name) is not None:
                 put(self, name, float(getattr(schedule, name)))
-        if self.master_weights is not None:  # one spelling: "true" is True
-            put(self, "master_weights", master_weights_value(self.master_weights))
+        # one form from here inward: True, "true", "fp32" are MasterWeights.FP32
+        put(self, "master_weights", master_weights_value(self.master_weights))
         if isinstance(self.loss_scale, str) and self.loss_scale != "dynamic":
             # text (a flag, a command line): a number's text is the number
             with contextlib.suppress(ValueError):
                 put(self, "loss_scale", float(self.loss_scale))
         props, conversion = conversion_of(
             {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        # kept (not a field): initialize reuses it rather than building it again
+        put(self, "_conversion", (props, conversion))
         if self.cast_model_outputs is not None:  # the dtype the level table parsed
             put(self, "cast_model_outputs", props.cast_model_outputs)
         if isinstance(self.loss_scale, numbers.Real):
             put(self, "loss_scale", float(self.loss_scale))
         fp8 = check_fp8_options(self.fp8, self.fp8_exclude_modules, self.fp8_first_last)
         put(self, "fp8", check_fp8_level(fp8, conversion))
-        if self.rounding_seed is not None and not props.master_weights_mode.pure:
+        if self.rounding_seed is not None and not props.master_weights.pure:
             raise ValueError(f"rounding_seed seeds the rounding of master_weights="
                              f"'stochastic' or 'kahan'; this config keeps master_weights="
-                             f"{props.master_weights!r}")
+                             f"{props.master_weights.spelled()!r}")
         if scaler and self.dtype is not None and props.loss_scale is None:
             raise ValueError(f"{sorted(scaler)} set up loss scaling, but level "
                              f"{self.level} with {self.dtype} scales no loss; set "
                              f"loss_scale='dynamic' to scale it anyway")
 
     # -- what each consumer is given ---------------------------------------------------
+
+    def level_conversion(self) -> tuple[LevelProperties, ConversionConfig]:
+        """The level's properties and conversion this config stands for, built once
+        when it was made (``dtype=None``: the default device's dtype, CUDA when
+        available; ``ampkit.initialize`` builds its own for the models' device then).
+
+        Example:
+            >>> from ampkit.config import AmpConfig
+            >>> props, conversion = AmpConfig("O2", "float16").level_conversion()
+            >>> props.loss_scale, conversion.param_compute_dtype
+            ('dynamic', torch.float16)
+        """
+        built: tuple[LevelProperties, ConversionConfig] | None = self.__dict__.get(
+            "_conversion")
+        if built is None:  # unpickled: the cache is not part of the state
+            from ampkit.levels import conversion_of
+
+            built = conversion_of({f.name: getattr(self, f.name)
+                                   for f in dataclasses.fields(self)})
+            object.__setattr__(self, "_conversion", built)
+        return built
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the fields only: the conversion kept for level_conversion is rebuilt on use
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
     def scaler_options(self) -> dict[str, Any]:
         """The ``ampkit.GradScaler`` options that are set (the others keep its defaults).
@@ -406,8 +447,8 @@ class AmpConfig:
     # -- dicts and files ---------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field (dtype by name, lists as lists);
-        :meth:`from_dict` reads it back.
+        """A JSON-ready dict of every field (dtype by name, lists as lists,
+        ``master_weights`` by its value); :meth:`from_dict` reads it back.
 
         Example:
             >>> from ampkit.config import AmpConfig
@@ -420,6 +461,8 @@ class AmpConfig:
             value = getattr(self, f.name)
             if isinstance(value, torch.dtype):
                 value = str(value).removeprefix("torch.")
+            elif isinstance(value, MasterWeights):
+                value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
@@ -493,11 +536,11 @@ class AmpConfig:
             >>> from ampkit.config import AmpConfig
             >>> path = os.path.join(tempfile.mkdtemp(), "amp.json")
             >>> with open(path, "w") as f:
-            ...     _ = f.write('{"level": "O2", "master_weights": "fp32"}')
+            ...     _ = f.write('{"level": "O2", "master_weights": "fp16"}')
             >>> AmpConfig.from_file(path)
             Traceback (most recent call last):
             ...
-            ValueError: .../amp.json: master_weights must be True (fp32 master copies), ...
+            ValueError: .../amp.json: master_weights must be True (the fp32 parameters ...
         """
         kind = _format(path)  # an unknown suffix is refused before the file is read
         with open(path, encoding="utf-8") as f:
@@ -520,6 +563,99 @@ class AmpConfig:
 #: metadata says so.
 SCALER_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AmpConfig)
                                        if f.metadata.get("scaler"))
+
+
+def _shown(value: Any) -> str:
+    # a dtype by its name (as a config file writes it), anything else as Python shows it
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    return repr(value.value if isinstance(value, MasterWeights) else value)
+
+
+def contradiction(given: str, name: str, held: Any) -> str:
+    """The one wording of a setting given twice with two meanings: ``given`` is how
+    the caller's surface names its value (``dtype='float16'``, ``--level O3``),
+    ``held`` the config's value of field ``name``.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.config import contradiction
+        >>> contradiction("--dtype float16", "dtype", torch.bfloat16)
+        "--dtype float16 contradicts the config's dtype=bfloat16; give it once"
+    """
+    return f"{given} contradicts the config's {name}={_shown(held)}; give it once"
+
+
+def _as_config(config: Any) -> AmpConfig:
+    if isinstance(config, AmpConfig):
+        return config
+    if isinstance(config, str | os.PathLike):
+        return AmpConfig.from_file(config)
+    if isinstance(config, Mapping):
+        return AmpConfig.from_dict(config)
+    raise TypeError(f"config must be an ampkit.AmpConfig, the path of a config file or a "
+                    f"mapping of AmpConfig fields, got {type(config).__name__}")
+
+
+def merged_config(given: Mapping[str, Any], config: Any = None, *,
+                  source: str | None = None, defaults: Mapping[str, Any] | None = None,
+                  spell: Callable[[str, Any], str] | None = None) -> AmpConfig:
+    """The one merge of settings every surface makes (``ampkit.initialize``, the
+    integrations, the command line, ``ampkit.compare``): the :class:`AmpConfig` that
+    the fields ``given`` (``None``: not given) and ``config`` (an ``AmpConfig``, the
+    path of a config file, or a mapping of its fields) say together.
+
+    Without a config the fields given make one (``defaults`` filling the fields not
+    given); with one, each field given must say what the config says, else a
+    ``ValueError`` in :func:`contradiction`'s words. ``spell(name, value)`` is how the
+    caller's surface names a field it was given (default ``name=value``; a command
+    line says its flag): the contradictions and the field checks' errors use it.
+    ``source`` (who asks: ``"AmpkitPrecision"``) starts every error's message.
+
+    Raises:
+        TypeError, ValueError: a bad value or type (the field's own check), a config of
+            the wrong type, or a field that contradicts the config.
+
+    Example:
+        >>> from ampkit.config import AmpConfig, merged_config
+        >>> merged_config({"level": "O2"}, defaults={"dtype": "bfloat16"}).dtype
+        torch.bfloat16
+        >>> merged_config({"level": "O2"}, {"level": "O2", "dtype": "float16"}).dtype
+        torch.float16
+        >>> merged_config({"level": "O3"}, AmpConfig("O2"), source="P")
+        Traceback (most recent call last):
+        ...
+        ValueError: P: level='O3' contradicts the config's level='O2'; give it once
+    """
+    fields = {f.name for f in config_fields()}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise TypeError(f"{source + ': ' if source else ''}AmpConfig has no fields "
+                        f"{unknown}; accepted: {sorted(fields)}")
+    given = {k: v for k, v in given.items() if v is not None}
+
+    def say(name: str, value: Any) -> str:
+        return spell(name, value) if spell is not None else f"{name}={_shown(value)}"
+
+    try:
+        if config is None:
+            return AmpConfig(**{**(defaults or {}), **given})
+        cfg = _as_config(config)
+        for name, value in given.items():
+            if cfg.replace(**{name: value}) != cfg:
+                raise ValueError(contradiction(say(name, value), name, getattr(cfg, name)))
+        return cfg
+    except (TypeError, ValueError) as error:
+        text = str(error)
+        if spell is not None:
+            for name, value in given.items():  # a field's check names the field: as given
+                if text.startswith(f"{name} "):
+                    text = say(name, value).partition(" ")[0] + text[len(name):]
+        if source:
+            text = f"{source}: {text}"
+        if text == str(error):
+            raise
+        raise type(error)(text) from None
 
 
 def _format(path: str | os.PathLike[str]) -> str:

@@ -37,17 +37,19 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import typing
 import warnings
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 from ampkit.arguments import DEPRECATED_NAMES, canonical_names
-from ampkit.config import SCALER_FIELDS, config_fields
+from ampkit.config import SCALER_FIELDS, AmpConfig, config_fields, merged_config
 from ampkit.conversion import (
     ConversionConfig,
     apply_conversion,
@@ -69,10 +71,8 @@ from ampkit.levels import (
     default_dtype,
 )
 
-if TYPE_CHECKING:
-    from ampkit.config import AmpConfig
-
-__all__ = ["INITIALIZE_OVERRIDES", "convert_model", "initialize", "initialize_keywords"]
+__all__ = ["INITIALIZE_OVERRIDES", "Prepared", "Settings", "convert_model", "initialize",
+           "initialize_keywords", "prepare_models", "resolve_settings"]
 
 
 def initialize_keywords() -> tuple[str, ...]:
@@ -118,49 +118,97 @@ def _is_data(value: Any, hint: Any) -> bool:
     return any(isinstance(value, k) for k in kinds if isinstance(k, type))
 
 
-def _settings(config: Any, level: Any, dtype: Any, overrides: dict[str, Any],
-              device_type: str | None) -> dict[str, Any]:
-    """``initialize``'s settings, by AmpConfig field name (and apex override): the
-    keywords make an :class:`ampkit.AmpConfig` (checked as every config is), or are
-    checked against ``config``: one that says the same is fine, one that says otherwise
-    is an error naming both. A field's in-memory value (module classes, a ``Policy``,
-    a torchao config) takes its place beside the config."""
-    from ampkit import config as schema
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What one ``initialize`` call asks for, merged once (:func:`resolve_settings`):
+    the :class:`ampkit.AmpConfig`, the in-memory values a config cannot hold (module
+    classes among ``keep_fp32_modules``, a ``Policy``, a torchao config) and the apex
+    overrides (:data:`ampkit.levels.APEX_OVERRIDES`).
 
+    Example:
+        >>> from ampkit.front_door import resolve_settings
+        >>> s = resolve_settings(None, "O2", "float16", {"num_losses": 2}, "cpu")
+        >>> s.config.level, s.by_name()["num_losses"], s.by_name()["dtype"]
+        ('O2', 2, torch.float16)
+    """
+
+    config: AmpConfig
+    live: MappingProxyType[str, Any]
+    apex: MappingProxyType[str, Any]
+
+    def by_name(self) -> dict[str, Any]:
+        """Every setting by AmpConfig field name (an in-memory value in its field's
+        place) and apex override name: what :func:`ampkit.levels.conversion_of` reads.
+
+        Example:
+            >>> from ampkit.front_door import resolve_settings
+            >>> resolve_settings(None, "O3", "bfloat16", {}, "cpu").by_name()["level"]
+            'O3'
+        """
+        cfg = self.config
+        return {**{f.name: getattr(cfg, f.name) for f in config_fields()}, **self.live,
+                **self.apex}
+
+    def level_conversion(self, device_type: str | None) -> tuple[LevelProperties,
+                                                                 ConversionConfig]:
+        """The level's properties and conversion on ``device_type``: the config's own
+        (built when it was made) where nothing else decides them, else built here.
+
+        Example:
+            >>> from ampkit.front_door import resolve_settings
+            >>> s = resolve_settings(None, "O2", "bfloat16", {}, "cpu")
+            >>> s.level_conversion("cpu") == s.config.level_conversion()
+            True
+        """
+        if not self.live and not self.apex and self.config.dtype is not None:
+            return self.config.level_conversion()
+        return conversion_of(self.by_name(), device_type)
+
+
+def resolve_settings(config: Any, level: Any, dtype: Any, overrides: Mapping[str, Any],
+                     device_type: str | None) -> Settings:
+    """``initialize``'s settings (also what ``ampkit.compare`` converts its copy with):
+    the keywords and ``config`` merged by :func:`ampkit.config.merged_config` (a keyword
+    given with a config must agree with it); without a config, ``dtype=None`` is
+    ``device_type``'s default and an in-memory value (see :class:`Settings`) is kept
+    beside the config its data makes.
+
+    Raises:
+        TypeError: an unknown keyword (the accepted ones listed), a bad type.
+        ValueError: a bad value, or a keyword that contradicts ``config``.
+
+    Example:
+        >>> from ampkit.front_door import resolve_settings
+        >>> resolve_settings(None, "O2", None, {"keep_norms_fp32": False}, "cpu").config.dtype
+        torch.bfloat16
+    """
     accepted = initialize_keywords()
     unknown = sorted(set(overrides) - set(accepted))
     if unknown:
         raise TypeError(f"initialize got unknown overrides {unknown}; accepted: "
                         f"{list(accepted)}")
-    overrides = canonical_names(overrides, "initialize", stacklevel=3)
+    overrides = canonical_names(dict(overrides), "initialize", stacklevel=4)
     names = [f.name for f in config_fields()]
     given = {k: v for k, v in overrides.items() if k in names}
-    if level is not None:
-        given["level"] = level
-    if dtype is not None:
-        given["dtype"] = dtype
+    given.update({k: v for k, v in (("level", level), ("dtype", dtype)) if v is not None})
+    live: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
     if config is None:
         # dtype=None is the models' device's default: the config is checked with it
-        given.setdefault("dtype", default_dtype(device_type))
+        defaults["dtype"] = default_dtype(device_type)
+        # read when called (a schema extended at run time is the one checked)
+        from ampkit import config as schema
+
         hints = typing.get_type_hints(schema.AmpConfig)
-        live = {k: v for k, v in given.items() if not _is_data(v, hints[k])}
-        cfg = schema.AmpConfig(**{k: v for k, v in given.items() if k not in live})
-    else:
-        if isinstance(config, str | os.PathLike):
-            config = schema.AmpConfig.from_file(config)
-        if not isinstance(config, schema.AmpConfig):
-            raise TypeError(f"config must be an ampkit.AmpConfig or the path of a config "
-                            f"file, got {type(config).__name__}")
-        for name, value in given.items():
-            if config.replace(**{name: value}) != config:
-                raise ValueError(f"initialize: {name}={value!r} contradicts config.{name}="
-                                 f"{getattr(config, name)!r}; set it in the config only")
-        cfg, live = config, {}
+        live = {k: v for k, v in given.items()
+                if v is not None and not _is_data(v, hints[k])}
+    cfg = merged_config({k: v for k, v in given.items() if k not in live}, config,
+                        defaults=defaults)
     apex = {k: v for k, v in overrides.items() if k in APEX_OVERRIDES}
-    return {**{n: getattr(cfg, n) for n in names}, **live, **apex}
+    return Settings(cfg, MappingProxyType(live), MappingProxyType(apex))
 
 
-def _scale_loss_options(settings: dict[str, Any]) -> dict[str, Any]:
+def _scale_loss_options(settings: Mapping[str, Any]) -> dict[str, Any]:
     """``configure_loss_scaling``'s keywords for ``settings``."""
     scaling: dict[str, Any] = {}
     for name in SCALER_FIELDS:
@@ -200,7 +248,7 @@ def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any],
                             optimizers: list[torch.optim.Optimizer]) -> None:
     """This run's loss scalers, bound to its optimizers: a later ``initialize`` for
     other optimizers leaves them alone (``scale_loss`` finds them by optimizer)."""
-    from ampkit.scaling.multi_loss import configure_loss_scaling, release_optimizers
+    from ampkit.scaling.loss_scaling import configure_loss_scaling, release_optimizers
 
     log_skipped = scaling.pop("log_skipped_steps", False)
     if props.loss_scale is None and not scaling:
@@ -216,7 +264,7 @@ def _configure_loss_scaling(props: LevelProperties, scaling: dict[str, Any],
 def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
                optimizers: torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None
                = None, *, level: Any = None, dtype: torch.dtype | str | None = None,
-               config: AmpConfig | str | os.PathLike[str] | None = None,
+               config: AmpConfig | str | os.PathLike[str] | Mapping[str, Any] | None = None,
                **overrides: Any) -> Any:
     """Apply a precision level to models and their optimizers (apex's ``initialize``).
 
@@ -230,8 +278,9 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             (``ampkit.levels.describe_levels()`` prints it).
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None`` is the autocast default
             of the models' device: bfloat16 on CPU, float16 on CUDA.
-        config: an :class:`ampkit.AmpConfig` (or the path of a config file) holding
-            every choice below; a keyword given as well must agree with it.
+        config: an :class:`ampkit.AmpConfig` (or the path of a config file, or a
+            mapping of its fields) holding every choice below; a keyword given as well
+            must agree with it (:func:`ampkit.config.merged_config`).
         **overrides: :class:`ampkit.AmpConfig`'s fields, by the same names and
             with the same values (:func:`initialize_keywords` lists them; they make
             the config, checked as every config is): ``policy``,
@@ -291,42 +340,110 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         >>> ampkit.initialize(torch.nn.Linear(2, 2), config=cfg, dtype="float16")
         Traceback (most recent call last):
         ...
-        ValueError: initialize: dtype='float16' contradicts config.dtype=torch.bfloat16; ...
+        ValueError: dtype='float16' contradicts the config's dtype=bfloat16; give it once
     """
     model_list, one_model = _as_list(models, nn.Module, "models")
     opt_list, one_opt = ([], True) if optimizers is None else _as_list(
         optimizers, torch.optim.Optimizer, "optimizers")
     device_type = next((p.device.type for m in model_list for p in m.parameters()), None)
-    settings = _settings(config, level, dtype, overrides, device_type)
-    scaling = _scale_loss_options(settings)
-    rounding_seed = settings["rounding_seed"]
-    fp8_args = {"fp8": settings["fp8"],
-                "fp8_exclude_modules": settings["fp8_exclude_modules"] or None,
-                "fp8_first_last": settings["fp8_first_last"]}
-    for i, model in enumerate(model_list):
-        check_not_wrapped(model, "model" if one_model else f"models[{i}]")
-    props, converting = conversion_of(settings, device_type)
-    if rounding_seed is not None and not props.master_weights_mode.pure:
-        raise ValueError("rounding_seed seeds the stochastic rounding of "
-                         "master_weights='stochastic' or 'kahan'; this call keeps "
-                         f"master_weights={props.master_weights!r}")
+    settings = resolve_settings(config, level, dtype, overrides, device_type)
+    scaling = _scale_loss_options(settings.by_name())
+    names = ["model"] if one_model else [f"models[{i}]" for i in range(len(model_list))]
+    prepared = prepare_models(model_list, settings, opt_list, names=names,
+                              device_type=device_type)
+    _configure_loss_scaling(prepared.properties, scaling,
+                            [o for o in prepared.optimizers  # scale_loss takes these
+                             if isinstance(o, torch.optim.Optimizer)])
+    if prepared.fp8_skipped is not None:  # what fp8 left out, said once
+        warnings.warn(prepared.fp8_skipped, Fp8SkipWarning, stacklevel=2)
+    out_models = model_list[0] if one_model else type(models)(model_list)
+    if optimizers is None:
+        return out_models
+    opt_out = prepared.optimizers
+    out_opts = opt_out[0] if one_opt else type(optimizers)(opt_out)  # type: ignore[call-arg]
+    return out_models, out_opts
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare_models` did: the level's properties, the conversion applied,
+    the optimizers to use (pure ones where the level trains purely) and what fp8 left
+    out (``None``: nothing, or no fp8).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.front_door import prepare_models, resolve_settings
+        >>> net = torch.nn.Linear(2, 2)
+        >>> done = prepare_models([net], resolve_settings(None, "O3", "bfloat16", {}, "cpu"))
+        >>> done.properties.level.value, net.weight.dtype
+        ('O3', torch.bfloat16)
+    """
+
+    properties: LevelProperties
+    conversion: ConversionConfig
+    optimizers: list[Any]
+    fp8_skipped: str | None
+
+
+def prepare_models(models: Sequence[nn.Module], settings: Settings,
+                   optimizers: Sequence[torch.optim.Optimizer] = (), *,
+                   names: Sequence[str] | None = None,
+                   device_type: str | None = None) -> Prepared:
+    """Turn ``models`` into what ``settings`` train (in place), the one route from
+    settings to a converted model: ``ampkit.initialize`` calls it, and so does
+    ``ampkit.compare`` on its low-precision copy, so that what compare measures is what
+    training runs. Everything is checked before anything changes: the models (not
+    wrapped, given once), the optimizers' parameters, a pure optimizer's rounding, the
+    fp8 request; then the fp8 layers are swapped in, the conversion is planned once (on
+    the result) and applied, and pure low precision marks the models and wraps the
+    optimizers. Loss scaling is left to the caller.
+
+    Args:
+        models: fp32 ``nn.Module`` s on their device.
+        settings: from :func:`resolve_settings`.
+        optimizers: optimizers over the models' parameters.
+        names: how errors name each model (default ``models[i]``).
+        device_type: the models' device type (``dtype=None`` means its default).
+
+    Raises:
+        the errors of :func:`initialize` about models, optimizers and settings.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.front_door import prepare_models, resolve_settings
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+        >>> s = resolve_settings(None, "O2", "bfloat16", {}, "cpu")
+        >>> prepare_models([net], s).conversion.param_compute_dtype
+        torch.bfloat16
+    """
+    model_list, opt_list = list(models), list(optimizers)
+    labels = list(names) if names is not None else [f"models[{i}]"
+                                                    for i in range(len(model_list))]
+    for label, model in zip(labels, model_list):
+        check_not_wrapped(model, label)
+    props, converting = settings.level_conversion(device_type)
     # Check everything before changing anything: a refused call leaves all as it was.
     _check_optimizers(opt_list, model_list)
-    mode = props.master_weights_mode
+    if len({id(m) for m in model_list}) != len(model_list):
+        raise ValueError("models: the same model is given twice")
+    cfg = settings.config
+    mode, rounding_seed = props.master_weights, cfg.rounding_seed
     if mode.pure:
         from ampkit.pure import check_pure_optimizer
 
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, mode.value, seed=rounding_seed,
                                  seed_name="rounding_seed")
-    fp8_plans = [prepare_fp8(model, converting, **fp8_args) for model in model_list]
-    named_fp8 = [("model" if one_model else f"models[{i}]", plan)
-                 for i, plan in enumerate(fp8_plans) if plan is not None]
+    chosen = settings.by_name()  # an in-memory value (a module class, a torchao config)
+    fp8_plans = [prepare_fp8(model, converting, fp8=chosen["fp8"],
+                             fp8_exclude_modules=chosen["fp8_exclude_modules"] or None,
+                             fp8_first_last=chosen["fp8_first_last"]) for model in model_list]
+    named_fp8 = [(label, plan) for label, plan in zip(labels, fp8_plans) if plan is not None]
     check_fp8_converts(named_fp8)  # an fp8 request that converts nothing is refused
     plans = [prepare_conversion(model, converting) for model in model_list]
-    if len({id(m) for m in model_list}) != len(model_list):
-        raise ValueError("models: the same model is given twice")
-    if any(fp8_plans):  # swap the fp8 Linears, then plan the conversion of the result
+    if any(fp8_plans):
+        # Swap the fp8 Linears, then plan the conversion of the result: the plan above
+        # checked it before anything changed (a refused call leaves all as it was).
         for model, fp8_plan in zip(model_list, fp8_plans):
             if fp8_plan is not None:
                 apply_fp8(model, fp8_plan, opt_list)
@@ -338,18 +455,9 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         from ampkit.pure import mark_pure_models, pure_low_precision
 
         mark_pure_models(model_list, mode.value, rounding_seed)
-        opt_list = [pure_low_precision(model_list, opt, mode.value,
-                                       seed=rounding_seed) for opt in opt_list]
-    _configure_loss_scaling(props, scaling, [o for o in opt_list  # scale_loss takes these
-                                             if isinstance(o, torch.optim.Optimizer)])
-    skipped = fp8_skip_message(named_fp8)
-    if skipped is not None:  # what fp8 left out, said once
-        warnings.warn(skipped, Fp8SkipWarning, stacklevel=2)
-    out_models = model_list[0] if one_model else type(models)(model_list)
-    if optimizers is None:
-        return out_models
-    out_opts = opt_list[0] if one_opt else type(optimizers)(opt_list)  # type: ignore[call-arg]
-    return out_models, out_opts
+        opt_list = [pure_low_precision(opt, mode.value, seed=rounding_seed)
+                    for opt in opt_list]
+    return Prepared(props, converting, opt_list, fp8_skip_message(named_fp8))
 
 
 def convert_model(model: nn.Module, level: Any = "O2", dtype: torch.dtype | str | None = None,

@@ -368,4 +368,4 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
     if pure is None:
         return optimizer
     rounding, seed = pure
-    return pure_low_precision(model, optimizer, rounding, seed=seed)
+    return pure_low_precision(optimizer, rounding, seed=seed)

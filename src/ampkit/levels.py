@@ -81,7 +81,7 @@ Example:
     >>> from ampkit.levels import level_properties
     >>> props = level_properties("O2", dtype=torch.float16)
     >>> props.cast_model_type, props.master_weights, props.loss_scale
-    (torch.float16, True, 'dynamic')
+    (torch.float16, <MasterWeights.FP32: 'fp32'>, 'dynamic')
     >>> level_properties("O2", dtype="bfloat16").loss_scale is None
     True
 """
@@ -175,13 +175,19 @@ APEX_OVERRIDES: Mapping[str, str] = MappingProxyType({
 
 
 class MasterWeights(enum.Enum):
-    """What a ``master_weights`` value (apex's ``True``/``False``, or a pure mode's
-    name) means for where the truth lives: the one place that value is read.
+    """Where the truth lives: the one form ``master_weights`` takes inside ampkit. A
+    user's value (apex's ``True``/``False``, a mode's name, text from a flag or a file)
+    is turned into one by :func:`master_weights_value` where it enters (an
+    :class:`ampkit.AmpConfig`, :func:`level_properties`), and every spelling ampkit
+    shows back (``True``/``False`` in the level tables, a member's value in a config
+    file) is accepted there again.
 
     Example:
-        >>> from ampkit.levels import MasterWeights
-        >>> MasterWeights.of(True), MasterWeights.of("kahan").pure
+        >>> from ampkit.levels import MasterWeights, master_weights_value
+        >>> master_weights_value(True), master_weights_value("kahan").pure
         (<MasterWeights.FP32: 'fp32'>, True)
+        >>> master_weights_value(MasterWeights.FP32.value) is MasterWeights.FP32
+        True
     """
 
     #: ``False``: no second copy; parameters are stored in the level's dtype.
@@ -193,20 +199,32 @@ class MasterWeights(enum.Enum):
     #: ``"kahan"``: bf16 parameters and state, Kahan-compensated updates.
     KAHAN = "kahan"
 
-    @classmethod
-    def of(cls, value: bool | str) -> MasterWeights:
-        """The mode of a checked ``master_weights`` value (``True``, ``False`` or one of
-        :data:`PURE_MASTER_WEIGHTS`)."""
-        if value is True:
-            return cls.FP32
-        if value is False:
-            return cls.NONE
-        return cls(value)
-
     @property
     def pure(self) -> bool:
-        """Parameters and optimizer state in bfloat16 with no fp32 copy."""
+        """Parameters and optimizer state in bfloat16 with no fp32 copy.
+
+        Example:
+            >>> from ampkit.levels import MasterWeights
+            >>> MasterWeights.KAHAN.pure, MasterWeights.FP32.pure
+            (True, False)
+        """
         return self in (MasterWeights.STOCHASTIC, MasterWeights.KAHAN)
+
+    def spelled(self) -> bool | str:
+        """The value as the level tables and messages show it: apex's ``True``
+        (:attr:`FP32`) and ``False`` (:attr:`NONE`), a pure mode by its name.
+
+        Example:
+            >>> from ampkit.levels import MasterWeights
+            >>> MasterWeights.FP32.spelled(), MasterWeights.KAHAN.spelled()
+            (True, 'kahan')
+        """
+        if self is MasterWeights.FP32:
+            return True
+        if self is MasterWeights.NONE:
+            return False
+        name: str = self.value
+        return name
 
 
 #: The pure low-precision values ``master_weights`` takes besides True/False/None: the
@@ -247,26 +265,40 @@ def _cast_model_type(value: Any) -> torch.dtype | bool | None:
     return parse_dtype(value, "cast_model_type", accept=FLOAT_DTYPES, allow_none=True)
 
 
-def master_weights_value(value: Any) -> bool | str | None:
-    """A checked ``master_weights`` value: ``True``, ``False``, ``None`` or one of
-    :data:`PURE_MASTER_WEIGHTS`; as text (a flag, a command line, a YAML string)
-    ``"true"`` and ``"false"``, in any case, are the booleans.
+#: Text that names a :class:`MasterWeights` (any case, spaces around ignored): each
+#: member's value, and apex's booleans as a flag or a file writes them.
+_MASTER_WEIGHTS_TEXT: Mapping[str, MasterWeights] = MappingProxyType({
+    **{m.value: m for m in MasterWeights}, "true": MasterWeights.FP32,
+    "false": MasterWeights.NONE})
+
+
+def master_weights_value(value: Any) -> MasterWeights | None:
+    """The :class:`MasterWeights` a user's ``master_weights`` stands for (``None``: the
+    level's default): a member; ``True`` (the fp32 parameters are the truth) or
+    ``False`` (the parameters are stored in the low dtype); or text, in any case: a
+    member's value (``"fp32"``, ``"none"``, ``"stochastic"``, ``"kahan"``) or
+    ``"true"``/``"false"``. The one parser of the value, wherever it comes from.
 
     Example:
         >>> from ampkit.levels import master_weights_value
         >>> master_weights_value("True"), master_weights_value("kahan")
-        (True, 'kahan')
+        (<MasterWeights.FP32: 'fp32'>, <MasterWeights.KAHAN: 'kahan'>)
+        >>> master_weights_value("fp16")
+        Traceback (most recent call last):
+        ...
+        ValueError: master_weights must be True (the fp32 parameters are the truth), ...
     """
-    if value is None or isinstance(value, bool):
+    if value is None or isinstance(value, MasterWeights):
         return value
-    if isinstance(value, str):
-        if value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
-        if value in PURE_MASTER_WEIGHTS:
-            return value
-    raise ValueError(f"master_weights must be True (fp32 master copies), False (none), "
-                     f"None (the level's default) or one of {list(PURE_MASTER_WEIGHTS)} "
-                     f"(pure bfloat16 training), got {value!r}")
+    if isinstance(value, bool):
+        return MasterWeights.FP32 if value else MasterWeights.NONE
+    if isinstance(value, str) and value.strip().lower() in _MASTER_WEIGHTS_TEXT:
+        return _MASTER_WEIGHTS_TEXT[value.strip().lower()]
+    raise ValueError(f"master_weights must be True (the fp32 parameters are the truth), "
+                     f"False (parameters stored in the low dtype), None (the level's "
+                     f"default), a MasterWeights or its value {list(_MASTER_WEIGHTS_TEXT)} "
+                     f"(any case; {list(PURE_MASTER_WEIGHTS)}: pure bfloat16 training), "
+                     f"got {value!r}")
 
 
 def _optional_bool(value: Any, argument: str) -> bool | None:
@@ -299,21 +331,10 @@ class LevelProperties:
     dtype: torch.dtype
     cast_model_type: torch.dtype | bool | None
     keep_norms_fp32: bool | None
-    master_weights: bool | str
+    master_weights: MasterWeights
     loss_scale: str | float | None
     patch_ops: bool
     cast_model_outputs: torch.dtype | None
-
-    @property
-    def master_weights_mode(self) -> MasterWeights:
-        """:attr:`master_weights` as a :class:`MasterWeights`.
-
-        Example:
-            >>> from ampkit.levels import level_properties
-            >>> level_properties("O2").master_weights_mode
-            <MasterWeights.FP32: 'fp32'>
-        """
-        return MasterWeights.of(self.master_weights)
 
     @property
     def casts_parameters(self) -> bool:
@@ -341,6 +362,8 @@ class LevelProperties:
 
 
 def _name(value: Any) -> str:
+    if isinstance(value, MasterWeights):
+        return str(value.spelled())
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
     return str(value)
@@ -348,18 +371,19 @@ def _name(value: Any) -> str:
 
 def _defaults(level: Level, dtype: torch.dtype) -> dict[str, Any]:
     scaled = "dynamic" if dtype is torch.float16 else None
+    fp32, none = MasterWeights.FP32, MasterWeights.NONE
     table: dict[Level, dict[str, Any]] = {
         Level.O0: dict(cast_model_type=torch.float32, keep_norms_fp32=None,
-                       master_weights=False, loss_scale=None, patch_ops=False,
+                       master_weights=none, loss_scale=None, patch_ops=False,
                        cast_model_outputs=None),
         # O1 hands its floating outputs back in fp32 (one cast of the output): a loss
         # the user computes outside the model is then never computed in lower
         # precision than native autocast computes it inside its region (issue 46).
-        Level.O1: dict(cast_model_type=None, keep_norms_fp32=None, master_weights=False,
+        Level.O1: dict(cast_model_type=None, keep_norms_fp32=None, master_weights=none,
                        loss_scale=scaled, patch_ops=True, cast_model_outputs=torch.float32),
-        Level.O2: dict(cast_model_type=dtype, keep_norms_fp32=True, master_weights=True,
+        Level.O2: dict(cast_model_type=dtype, keep_norms_fp32=True, master_weights=fp32,
                        loss_scale=scaled, patch_ops=True, cast_model_outputs=torch.float32),
-        Level.O3: dict(cast_model_type=dtype, keep_norms_fp32=False, master_weights=False,
+        Level.O3: dict(cast_model_type=dtype, keep_norms_fp32=False, master_weights=none,
                        loss_scale=None, patch_ops=False, cast_model_outputs=torch.float32),
     }
     return table[level]
@@ -378,7 +402,7 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
             raise ValueError("level O1 casts norms by the policy lists (its parameters "
                              "stay fp32), so keep_norms_fp32 must be None; use "
                              "keep_fp32_modules to run modules in fp32, or level O2")
-        if given.get("master_weights"):
+        if "master_weights" in given and props["master_weights"] is not MasterWeights.NONE:
             raise ValueError("level O1 keeps fp32 parameters, so there is nothing for "
                              "master_weights to copy; it must be False or None")
     if level is Level.O0 and low:
@@ -390,22 +414,22 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
         raise ValueError(f"patch_ops=True casts each op by the policy lists, which level "
                          f"{level.value} does not do (O0: all fp32, O3: all low precision); "
                          f"use level {hint}")
-    pure = MasterWeights.of(props["master_weights"]).pure
-    if pure and not low:
-        raise ValueError(f"master_weights={props['master_weights']!r} trains bfloat16 "
+    mode: MasterWeights = props["master_weights"]
+    if mode.pure and not low:
+        raise ValueError(f"master_weights={mode.value!r} trains bfloat16 "
                          f"parameters without fp32 copies, so it needs level O2 or O3 "
                          f"with dtype torch.bfloat16; level {level.value} stores them as "
                          f"{_name(props['cast_model_type'])}")
-    if pure and props["cast_model_type"] is not torch.bfloat16:
-        raise ValueError(f"master_weights={props['master_weights']!r} trains bfloat16 "
+    if mode.pure and props["cast_model_type"] is not torch.bfloat16:
+        raise ValueError(f"master_weights={mode.value!r} trains bfloat16 "
                          f"parameters and optimizer state without fp32 copies, so the "
                          f"parameters must be torch.bfloat16, got "
                          f"{_name(props['cast_model_type'])}; float16 has too little range "
                          f"for pure low-precision training: use master_weights=True")
-    if props["master_weights"] is True and level in (Level.O2, Level.O3) and \
+    if mode is MasterWeights.FP32 and level in (Level.O2, Level.O3) and \
             props["cast_model_type"] in (torch.float32, False):
         return  # fp32 (or as given) parameters are their own truth: nothing to copy
-    if props["master_weights"] and not low:
+    if mode is MasterWeights.FP32 and not low:
         raise ValueError(f"master_weights=True needs low-precision parameters (level O2 or "
                          f"O3 with cast_model_type float16/bfloat16); level {level.value} "
                          f"stores them as {_name(props['cast_model_type'])}")
@@ -569,7 +593,7 @@ def conversion_config(props: LevelProperties, *,
     low = props.casts_parameters
     # master_weights=True: the fp32 parameters are the truth and modules compute
     # with low-precision copies made on use (no second copy of anything).
-    fp32_truth = low and props.master_weights_mode is MasterWeights.FP32
+    fp32_truth = low and props.master_weights is MasterWeights.FP32
     as_given = props.cast_model_type is False
     # False (as given) is no dtype: the fields below take a dtype or None.
     model_dtype = (props.cast_model_type

@@ -18,11 +18,8 @@ from typing import Any
 
 from ampkit._moved import moved_module
 from ampkit.pure import *  # noqa: F403
-from ampkit.pure import (
-    PureState,
-    __all__,  # noqa: F401
-    rebuild_pure,
-)
+from ampkit.pure import __all__  # noqa: F401
+from ampkit.pure.optimizer import PureState, rebuild_pure
 
 # The names pickles of pure optimizers made before the rename refer to.
 _Pure, _rebuild_pure = PureState, rebuild_pure

@@ -18,7 +18,7 @@ from ampkit.arguments import (
 from ampkit.conversion import ConversionConfig
 from ampkit.levels import level_properties
 from ampkit.policy import Policy, as_dtype
-from ampkit.scaling.multi_loss import configure_loss_scaling
+from ampkit.scaling.loss_scaling import configure_loss_scaling
 
 FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
 

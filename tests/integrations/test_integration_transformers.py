@@ -137,3 +137,20 @@ def test_without_transformers_the_import_error_names_the_extra(monkeypatch) -> N
     monkeypatch.delitem(sys.modules, "ampkit.integrations.transformers")
     with pytest.raises(ImportError, match=r"pip install 'ampkit\[transformers\]'"):
         importlib.import_module("ampkit.integrations.transformers")
+
+
+def test_pure_bf16_save_records_the_bf16_parameters_it_writes(tmp_path) -> None:
+    # Only where the fp32 parameters are the truth does the trainer record float32 for
+    # save_pretrained; pure bf16 writes bf16 parameters and must say so (it recorded
+    # float32 while master_weights was compared by truthiness: "kahan" is truthy).
+    model = _gpt2()
+    trainer = AmpkitTrainer(model=model, args=_args(tmp_path, max_steps=2),
+                            train_dataset=DATA, level="O2", dtype=torch.bfloat16,
+                            master_weights="kahan", rounding_seed=0)
+    trainer.train()
+    trainer.save_model(tmp_path / "saved")
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "saved", dtype="auto")
+    attn = "transformer.h.0.attn.c_attn.weight"
+    assert model.state_dict()[attn].dtype == torch.bfloat16
+    assert loaded.state_dict()[attn].dtype == torch.bfloat16
+    assert torch.equal(loaded.state_dict()[attn], model.state_dict()[attn])

@@ -29,7 +29,8 @@ from ampkit.front_door import initialize_keywords
 from ampkit.integrations.accelerate import AmpkitAccelerator
 from ampkit.integrations.lightning import AmpkitPrecision, precision_signature
 from ampkit.integrations.transformers import AmpkitArguments, arguments_class
-from ampkit.scaling import multi_loss
+from ampkit.levels import MasterWeights, level_properties
+from ampkit.scaling import loss_scaling
 from ampkit.tools.cli import build_parser
 from ampkit.tools.cli.args import config_from_args
 
@@ -115,22 +116,50 @@ def test_each_surface_names_exactly_ampconfigs_fields() -> None:
                   ) == sorted(n for n in fields if n not in own)
 
 
-def test_one_spelling_of_master_weights_everywhere() -> None:
-    # True is True in a config, a dict, an HF flag, a Lightning parameter, the command
-    # line; text says "true"/"false" in any case
-    assert AmpConfig("O2", "float16", master_weights="TRUE").master_weights is True
+def test_one_form_of_master_weights_everywhere() -> None:
+    # True is MasterWeights.FP32 in a config, a dict, an HF flag, a Lightning parameter,
+    # the command line; text says "true"/"false" or a member's value, in any case
+    fp32, kahan = MasterWeights.FP32, MasterWeights.KAHAN
+    assert AmpConfig("O2", "float16", master_weights="TRUE").master_weights is fp32
     assert AmpConfig.from_dict({"level": "O2", "master_weights": "false"}
-                               ).master_weights is False
+                               ).master_weights is MasterWeights.NONE
     (amp,) = transformers.HfArgumentParser(AmpkitArguments).parse_args_into_dataclasses(
         ["--ampkit_master_weights", "true", "--ampkit_dtype", "fp16"])
-    assert amp.to_config().master_weights is True
+    assert amp.to_config().master_weights is fp32
     assert AmpkitPrecision("O2", "float16", master_weights="true").config.master_weights \
-        is True
+        is fp32
     args = build_parser().parse_args([*_COMPARE, "--master-weights", "kahan", "--level",
                                       "O2"])
-    assert config_from_args(args).master_weights == "kahan"
+    assert config_from_args(args).master_weights is kahan
     with pytest.raises(ValueError, match=r"--master-weights must be True .*got 'yes'"):
         config_from_args(build_parser().parse_args([*_COMPARE, "--master-weights", "yes"]))
+
+
+@pytest.mark.parametrize("mode", list(MasterWeights))
+def test_every_master_weights_spelling_read_back_is_accepted_back(mode) -> None:
+    # what a user reads back (the member, its value, a config file's entry, the level
+    # tables' True/False) makes the same config again (issue 49: "fp32" was refused)
+    level, dtype = ("O2", "bfloat16") if mode is not MasterWeights.NONE else ("O3", "float16")
+    cfg = AmpConfig(level, dtype, master_weights=mode)
+    assert cfg.master_weights is mode
+    spellings = [mode, mode.value, mode.value.upper(), cfg.to_dict()["master_weights"],
+                 mode.spelled(), str(mode.spelled())]
+    for spelling in spellings:
+        assert AmpConfig(level, dtype, master_weights=spelling) == cfg, spelling
+    assert AmpConfig.from_dict(cfg.to_dict()) == cfg
+    props = level_properties(level, dtype, master_weights=mode)
+    assert props.master_weights is mode
+    shown = props.describe().splitlines()[3].split()[-1]  # the table's spelling
+    assert level_properties(level, dtype, master_weights=shown).master_weights is mode
+
+
+def test_master_weights_text_false_at_o1_is_no_request() -> None:
+    # "false" (a flag's text) at O1 asks for nothing, as False does; it was refused as
+    # a request for master weights because the text was read as truthy
+    assert level_properties("O1", "float16", master_weights="false"
+                            ).master_weights is MasterWeights.NONE
+    with pytest.raises(ValueError, match="nothing for master_weights to copy"):
+        level_properties("O1", "float16", master_weights="fp32")
 
 
 def test_the_deprecated_names_warn_and_mean_the_one_name() -> None:
@@ -138,11 +167,11 @@ def test_the_deprecated_names_warn_and_mean_the_one_name() -> None:
                                            "pass min_scale"):
         ampkit.initialize(nn.Linear(2, 2), level="O2", dtype=torch.float16,
                           min_loss_scale=4.0)
-    assert multi_loss._current_state().config.min_scale == 4.0
+    assert loss_scaling._current_state().config.min_scale == 4.0
     with pytest.warns(FutureWarning, match="configure_loss_scaling: max_loss_scale is "
                                            "deprecated; pass max_scale"):
-        multi_loss.configure_loss_scaling("dynamic", max_loss_scale=2.0 ** 20)
-    assert multi_loss.loss_scaler(0).schedule.max_scale == 2.0 ** 20
+        loss_scaling.configure_loss_scaling("dynamic", max_loss_scale=2.0 ** 20)
+    assert loss_scaling.loss_scaler(0).schedule.max_scale == 2.0 ** 20
     with pytest.raises(ValueError, match="max_loss_scale and max_scale are the same "
                                          "setting; pass max_scale"):
         ampkit.initialize(nn.Linear(2, 2), level="O2", dtype=torch.float16,

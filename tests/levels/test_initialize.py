@@ -13,16 +13,16 @@ from helpers_models import DigitsCNN, TinyTransformer
 import ampkit
 from ampkit.conversion import NORM_MODULES, get_conversion
 from ampkit.front_door import INITIALIZE_OVERRIDES, initialize
-from ampkit.scaling import multi_loss
+from ampkit.scaling import loss_scaling
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 
 @pytest.fixture(autouse=True)
 def _fresh_loss_scaling():
-    multi_loss.configure_loss_scaling("dynamic")  # undo what a test configured
+    loss_scaling.configure_loss_scaling("dynamic")  # undo what a test configured
     yield
-    multi_loss.configure_loss_scaling("dynamic")
+    loss_scaling.configure_loss_scaling("dynamic")
 
 
 def test_public_name():
@@ -229,24 +229,24 @@ def test_calling_again_with_the_same_settings_changes_nothing():
 def test_fp16_levels_configure_dynamic_loss_scaling():
     initialize(nn.Linear(2, 2), level="O2", dtype=FP16, num_losses=2, min_scale=4.0,
                max_scale=2.0 ** 20)
-    config = multi_loss._current_state().config
+    config = loss_scaling._current_state().config
     assert config.loss_scale == "dynamic" and config.num_losses == 2
     assert config.min_scale == 4.0 and config.max_scale == 2.0 ** 20
-    assert multi_loss.loss_scaler(1).get_scale() == 2.0 ** 16
+    assert loss_scaling.loss_scaler(1).get_scale() == 2.0 ** 16
 
 
 def test_static_loss_scale_override():
     initialize(nn.Linear(2, 2), level="O1", dtype=FP16, loss_scale=128.0)
-    assert multi_loss.loss_scaler(0).get_scale() == 128.0
-    assert multi_loss._current_state().config.loss_scale == 128.0
+    assert loss_scaling.loss_scaler(0).get_scale() == 128.0
+    assert loss_scaling._current_state().config.loss_scale == 128.0
 
 
 def test_bf16_levels_do_not_configure_loss_scaling():
-    multi_loss.configure_loss_scaling(64.0)
+    loss_scaling.configure_loss_scaling(64.0)
     initialize(nn.Linear(2, 2), level="O2", dtype=BF16)
-    assert multi_loss._current_state().config.loss_scale == 64.0  # left as it was
+    assert loss_scaling._current_state().config.loss_scale == 64.0  # left as it was
     initialize(nn.Linear(2, 2), level="O2", dtype=BF16, num_losses=3)
-    config = multi_loss._current_state().config
+    config = loss_scaling._current_state().config
     assert config.loss_scale is None and config.num_losses == 3
 
 
@@ -301,7 +301,7 @@ def _save(model, opt, sched):
     buffer = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
                 "sched": sched.state_dict(),
-                "scaling": multi_loss.loss_scaling_state_dict()}, buffer)
+                "scaling": loss_scaling.loss_scaling_state_dict()}, buffer)
     buffer.seek(0)
     return buffer
 
@@ -328,7 +328,7 @@ def test_save_at_step_k_reload_and_continue_bit_for_bit(dtype):
     model.load_state_dict(checkpoint["model"])
     opt.load_state_dict(checkpoint["opt"])
     sched.load_state_dict(checkpoint["sched"])
-    multi_loss.load_loss_scaling_state_dict(checkpoint["scaling"])
+    loss_scaling.load_loss_scaling_state_dict(checkpoint["scaling"])
     for ids in batches[k:]:
         resumed.append(_step(model, opt, ids, dtype))
         sched.step()
@@ -412,9 +412,10 @@ def test_a_second_initialize_leaves_the_first_runs_scalers_alone():
     initialize(nets[1], opts[1], level="O1", dtype=FP16)  # a second run: its own scalers
     _overflowing_step(nets[0], opts[0])
     # The first run's scale went on from where it was (two back-offs, as torch's).
-    assert multi_loss.loss_scaler(0, optimizer=opts[0]).get_scale() == ref.get_scale() == 2.0 ** 14
-    assert multi_loss.loss_scaler(0, optimizer=opts[1]).get_scale() == 2.0 ** 16
-    assert multi_loss.loss_scaler(0).get_scale() == 2.0 ** 16  # the latest set-up
+    first = loss_scaling.loss_scaler(0, optimizer=opts[0]).get_scale()
+    assert first == ref.get_scale() == 2.0 ** 14
+    assert loss_scaling.loss_scaler(0, optimizer=opts[1]).get_scale() == 2.0 ** 16
+    assert loss_scaling.loss_scaler(0).get_scale() == 2.0 ** 16  # the latest set-up
     loss = nets[0](torch.ones(2, 4)).float().sum() + nets[1](torch.ones(2, 4)).float().sum()
     with pytest.raises(ValueError, match=r"different ampkit\.initialize"), \
             ampkit.scale_loss(loss, opts):

@@ -8,24 +8,26 @@ from ampkit.levels import (
     LEVEL_PROPERTY_NAMES,
     Level,
     LevelProperties,
+    MasterWeights,
     default_dtype,
     describe_levels,
     level_properties,
 )
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+MW32, NO = MasterWeights.FP32, MasterWeights.NONE  # apex's master_weights True / False
 
 # The README / DESIGN.md level table, written out by hand:
 # (cast_model_type, keep_norms_fp32, master_weights, loss_scale, patch_ops, outputs)
 TABLE = {
-    (Level.O0, FP16): (FP32, None, False, None, False, None),
-    (Level.O1, FP16): (None, None, False, "dynamic", True, FP32),
-    (Level.O2, FP16): (FP16, True, True, "dynamic", True, FP32),
-    (Level.O3, FP16): (FP16, False, False, None, False, FP32),
-    (Level.O0, BF16): (FP32, None, False, None, False, None),
-    (Level.O1, BF16): (None, None, False, None, True, FP32),  # bf16: no loss scaling
-    (Level.O2, BF16): (BF16, True, True, None, True, FP32),
-    (Level.O3, BF16): (BF16, False, False, None, False, FP32),
+    (Level.O0, FP16): (FP32, None, NO, None, False, None),
+    (Level.O1, FP16): (None, None, NO, "dynamic", True, FP32),
+    (Level.O2, FP16): (FP16, True, MW32, "dynamic", True, FP32),
+    (Level.O3, FP16): (FP16, False, NO, None, False, FP32),
+    (Level.O0, BF16): (FP32, None, NO, None, False, None),
+    (Level.O1, BF16): (None, None, NO, None, True, FP32),  # bf16: no loss scaling
+    (Level.O2, BF16): (BF16, True, MW32, None, True, FP32),
+    (Level.O3, BF16): (BF16, False, NO, None, False, FP32),
 }
 
 
@@ -73,9 +75,9 @@ def test_overrides_replace_defaults_and_none_keeps_them():
     assert props.loss_scale == 128.0 and isinstance(props.loss_scale, float)
     assert props.keep_norms_fp32 is False
     assert props.cast_model_outputs is BF16
-    assert props.master_weights is True  # None keeps the level default, as in apex
+    assert props.master_weights is MW32  # None keeps the level default, as in apex
     assert level_properties("O2", BF16, patch_ops=False).patch_ops is False
-    assert level_properties("O3", BF16, master_weights=True).master_weights is True
+    assert level_properties("O3", BF16, master_weights=True).master_weights is MW32
     assert level_properties("O1", FP16, cast_model_type=torch.float32).cast_model_type is FP32
 
 

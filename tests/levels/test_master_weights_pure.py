@@ -380,8 +380,9 @@ def test_bad_names_and_float16_are_refused_clearly():
     with pytest.raises(TypeError, match=r"rounding_seed must be an int or None, got 'x'"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2, dtype=BF16))],
                              "rounding_seed": "x"})
-    with pytest.raises(TypeError, match=r"models must be an nn.Module or a list/tuple"):
-        pure_low_precision("model", torch.optim.SGD([w], lr=0.1), "kahan")
+    with pytest.raises(TypeError, match=r"optimizer must be a torch.optim.Optimizer"):
+        pure_low_precision(torch.nn.Linear(2, 2), "kahan")  # type: ignore[arg-type]
+    assert pure_low_precision(opt, "kahan") is opt  # again: unchanged
 
 
 # -- memory ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from reference import defining_module, public_modules  # noqa: E402 (the path fi
 
 GUIDES = ["install", "levels", "policies", "pure-bf16", "fp8", "loss-scaling",
           "distributed", "integrations", "tools", "accuracy", "migration", "limits",
-          "benchmarks", "layout", "changelog"]
+          "benchmarks", "layout", "state", "changelog"]
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,11 @@ make an import order, but a circle through them is still two modules that need e
 other: a second check counts them too. Packages' own modules (``ampkit.conversion.plan``,
 ...) are modules of the graph like any other: a name private to one file of a package
 is private to it. Dunder names (a one-line dialect shim's
-``from ampkit.dialects.torch import __all__``) count as public."""
+``from ampkit.dialects.torch import __all__``) count as public.
+
+The layering (issue 49) is proved here too: no core module imports ``ampkit.tools``;
+a private module (``_name.py``) is imported only from inside its own package; and the
+folders (packages) import one another without a loop."""
 
 from __future__ import annotations
 
@@ -170,6 +174,105 @@ def test_no_import_circles_type_only_included():
 def test_no_private_names_imported_across_modules(graph):
     _, private = graph
     assert private == []
+
+
+# -- layering (issue 49): the core never reaches into the tools, a private module stays
+# in its package, and folders (packages) import one another in one direction only -----
+
+#: The one module outside ``ampkit.tools`` that may import it: ``python -m ampkit`` is
+#: the command line's entry point.
+_CLI_ENTRY = "ampkit.__main__"
+
+
+def _in_tools(module: str) -> bool:
+    return module == "ampkit.tools" or module.startswith("ampkit.tools.")
+
+
+def _private_owner(module: str) -> str | None:
+    """The package a private module belongs to (``ampkit.tools.ops`` for
+    ``ampkit.tools.ops._x``), or ``None`` for a public one."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if _is_private(part):
+            return ".".join(parts[:i])
+    return None
+
+
+def _private_module_imports(edges: dict[str, set[str]]) -> list[str]:
+    # a private module is for its own package (and the packages inside it)
+    out = []
+    for module, targets in edges.items():
+        for target in targets:
+            owner = _private_owner(target)
+            if owner is not None and not (module == owner or module.startswith(owner + ".")):
+                out.append(f"{module} imports {target}, private to {owner}")
+    return sorted(out)
+
+
+def _folder(module: str, modules: dict[str, Path]) -> str:
+    """The folder a module sits in, as a package name; a file directly in ``ampkit/``
+    is a node of its own (the flat core modules are layers, not one folder)."""
+    if modules[module].name == "__init__.py":
+        return module
+    parent = module.rpartition(".")[0]
+    return module if parent == "ampkit" else parent
+
+
+def _folder_graph(edges: dict[str, set[str]], modules: dict[str, Path]
+                  ) -> dict[str, set[str]]:
+    folders: dict[str, set[str]] = {_folder(m, modules): set() for m in modules}
+    for module, targets in edges.items():
+        here = _folder(module, modules)
+        folders[here].update(_folder(t, modules) for t in targets
+                             if t in modules and _folder(t, modules) != here)
+    return folders
+
+
+def test_no_core_module_imports_the_tools(graph):
+    edges, _ = graph
+    upward = sorted(f"{m} imports {t}" for m, targets in edges.items() for t in targets
+                    if not _in_tools(m) and m != _CLI_ENTRY and _in_tools(t))
+    assert upward == []
+
+
+def test_no_private_module_imported_across_packages(graph):
+    edges, _ = graph
+    assert _private_module_imports(edges) == []
+
+
+def test_no_folder_level_import_loop(graph):
+    edges, _ = graph
+    folders = _folder_graph(edges, _modules())
+    # the reader sees the folders the rooms are (a sanity check that it is not empty)
+    assert "ampkit.tools.accuracy" in folders["ampkit.tools.fp8"]
+    assert _cycles(folders) == []
+
+
+def test_no_folder_level_import_loop_type_only_included():
+    edges, _ = _graph(type_only=True)
+    assert _cycles(_folder_graph(edges, _modules())) == []
+
+
+def test_the_layering_checks_catch_what_they_look_for():
+    assert _private_owner("ampkit.tools.ops._tracing") == "ampkit.tools.ops"
+    assert _private_owner("ampkit._text") == "ampkit"
+    assert _private_owner("ampkit.tools.ops.tracing") is None
+    edges = {"ampkit.fp8.convert": {"ampkit.tools._text"},
+             "ampkit.tools.accuracy.compare": {"ampkit.tools.ops._tracing"},
+             "ampkit.tools.ops.op_stats": {"ampkit.tools.ops._tracing"},
+             "ampkit.levels": {"ampkit._text"}}
+    assert _private_module_imports(edges) == [
+        "ampkit.fp8.convert imports ampkit.tools._text, private to ampkit.tools",
+        "ampkit.tools.accuracy.compare imports ampkit.tools.ops._tracing, private to "
+        "ampkit.tools.ops"]
+    fake = {m: Path(m.replace(".", "/") + ".py") for m in (
+        "ampkit.levels", "ampkit.tools.accuracy.compare", "ampkit.tools.fp8.errors")}
+    loop = {"ampkit.tools.accuracy.compare": {"ampkit.tools.fp8.errors"},
+            "ampkit.tools.fp8.errors": {"ampkit.levels"}, "ampkit.levels": set()}
+    assert _cycles(_folder_graph(loop, fake)) == []
+    loop["ampkit.tools.fp8.errors"].add("ampkit.tools.accuracy.compare")
+    assert _cycles(_folder_graph(loop, fake)) == [["ampkit.tools.accuracy",
+                                                   "ampkit.tools.fp8"]]
 
 
 def test_the_checks_catch_what_they_look_for():

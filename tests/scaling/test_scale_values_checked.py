@@ -79,7 +79,7 @@ def test_mindspore_scalers_go_through_the_core_check(value: float) -> None:
 
 def test_apex_loss_scale_setter_names_its_argument() -> None:
     import ampkit.apex as amp
-    from ampkit.scaling.multi_loss import configure_loss_scaling
+    from ampkit.scaling.loss_scaling import configure_loss_scaling
 
     amp.initialize(torch.nn.Linear(2, 2), opt_level="O2", verbosity=0)  # patches nothing
     try:

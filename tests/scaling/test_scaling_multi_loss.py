@@ -1,4 +1,4 @@
-"""apex-style scale_loss with one scaler per loss id (ampkit.scaling.multi_loss)."""
+"""apex-style scale_loss with one scaler per loss id (ampkit.scaling.loss_scaling)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ampkit
-from ampkit.scaling import multi_loss
-from ampkit.scaling.multi_loss import (
+from ampkit.scaling import loss_scaling
+from ampkit.scaling.loss_scaling import (
     configure_loss_scaling,
     load_loss_scaling_state_dict,
     loss_scaler,
@@ -255,7 +255,7 @@ def test_static_and_disabled_scaling() -> None:
 
 def test_scale_loss_before_configuration_uses_dynamic_defaults(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(multi_loss, "_state", None)
+    monkeypatch.setattr(loss_scaling, "_state", None)
     model, opt = _model_and_opt()
     with scale_loss(model(X).sum(), opt) as scaled:
         scaled.backward()
@@ -330,7 +330,7 @@ def test_skip_guard_restores_a_schedulers_step_wrapper() -> None:
 
 def test_scale_loss_with_a_scaler_of_its_own_leaves_the_configured_ones_alone() -> None:
     configure_loss_scaling("dynamic", init_scale=1024.0)
-    own = multi_loss.build_loss_scaler("dynamic", init_scale=8.0)
+    own = loss_scaling.build_loss_scaler("dynamic", init_scale=8.0)
     model, opt = _model_and_opt()
     loss = model(X).sum()
     with scale_loss(loss, opt, scaler=own) as scaled:
@@ -346,3 +346,70 @@ def test_scale_loss_with_a_scaler_of_its_own_leaves_the_configured_ones_alone() 
     with (pytest.raises(TypeError, match="scaler must be None or an ampkit GradScaler"),
           scale_loss(model(X).sum(), opt, scaler=torch.amp.GradScaler("cpu"))):
         pass
+
+
+# -- the module's name, and what it reads of GradScaler (issue 49) ---------------------------
+
+def test_old_module_path_multi_loss_warns_once_and_serves_loss_scalings_names(monkeypatch):
+    import importlib
+    import sys
+    import warnings
+
+    monkeypatch.delitem(sys.modules, "ampkit.scaling.multi_loss", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = importlib.import_module("ampkit.scaling.multi_loss")
+        again = importlib.import_module("ampkit.scaling.multi_loss")
+    assert again is old
+    assert all(getattr(old, n) is getattr(loss_scaling, n) for n in loss_scaling.__all__)
+    assert old._current_state is loss_scaling._current_state  # private names too
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert len(deprecations) == 1
+    assert "ampkit.scaling.loss_scaling" in str(deprecations[0].message)
+
+
+def test_loss_scaling_reads_only_public_members_of_grad_scaler():
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(loss_scaling))
+    private = sorted({node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                      and isinstance(node.value, ast.Name)
+                      and node.value.id in ("scaler", "GradScaler")
+                      and node.attr.startswith("_")})
+    assert private == []
+
+
+def test_grad_scaler_found_inf_and_process_group_accessors():
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    scaler = ampkit.GradScaler("cpu", init_scale=4.0)
+    assert scaler.found_inf() is None and scaler.process_group is None
+    scaler.scale(w.sum()).backward()
+    scaler.unscale_(opt)
+    found = scaler.found_inf()
+    assert found is not None and found.item() == 0.0
+    assert w.grad is not None and torch.equal(w.grad, torch.ones(2))
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.found_inf() is None  # the next iteration starts clean
+    opt.zero_grad()
+    scaler.scale(w.sum() * math.inf).backward()
+    scaler.unscale_(opt)
+    found = scaler.found_inf()
+    assert found is not None and found.item() != 0.0
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.get_scale() == 2.0  # backed off: the overflow found_inf reported
+
+
+def test_grad_scaler_skips_on_device_once_a_fused_optimizer_has_state():
+    w = torch.nn.Parameter(torch.ones(2))
+    plain = torch.optim.SGD([w], lr=0.1)
+    fused = torch.optim.Adam([w], lr=0.1, fused=True)
+    w.grad = torch.ones(2)
+    assert not ampkit.GradScaler.skips_on_device(plain)
+    assert not ampkit.GradScaler.skips_on_device(fused)  # no state yet: decided on host
+    fused.step()
+    assert ampkit.GradScaler.skips_on_device(fused)
+    assert not ampkit.GradScaler.skips_on_device(plain)

@@ -14,7 +14,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampkit
-from ampkit.scaling.multi_loss import configure_loss_scaling
+from ampkit.scaling.loss_scaling import configure_loss_scaling
 
 
 class _CountSyncs(TorchDispatchMode):
@@ -107,7 +107,7 @@ def test_fused_scale_loss_matches_torch_grad_scaler_and_skips_on_the_device():
             for key, state in opt_mine.state_dict()["state"].items():
                 for name, value in state.items():
                     assert torch.equal(value, before[0]["state"][key][name]), name
-    assert ampkit.scaling.multi_loss.loss_scaler(0).get_scale() == scaler.get_scale()
+    assert ampkit.scaling.loss_scaling.loss_scaler(0).get_scale() == scaler.get_scale()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

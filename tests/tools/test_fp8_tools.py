@@ -196,3 +196,21 @@ def test_the_fp8_tools_see_transformers_conv1d_layers():
     linear_rows = ampkit.tools.fp8_layer_errors(_with_conv1d(False), x, fp8="tensorwise")
     assert [r.layer for r in conv_rows] == ["0", "2", "4"]
     assert conv_rows == linear_rows
+
+
+def test_tune_fp8_trials_configure_nothing_process_wide():
+    # issue 49: each trial is prepared as initialize prepares a model, without its
+    # loss-scaling set-up (initialize at O2 float16 replaced the process's scalers)
+    from ampkit.scaling import configure_loss_scaling, loss_scaler
+
+    configure_loss_scaling("dynamic", init_scale=8.0)
+    try:
+        torch.manual_seed(0)
+        net = nn.Sequential(*[nn.Linear(32, 32) for _ in range(3)])
+        x = torch.randn(16, 32)
+        result = tune_fp8(net, lambda m: m(x).float().pow(2).mean(), "tensorwise",
+                          tolerance=0.5, relative=True, dtype=torch.float16)
+        assert result.trials  # the trials ran, at O2 float16
+        assert loss_scaler(0).get_scale() == 8.0
+    finally:
+        configure_loss_scaling("dynamic")

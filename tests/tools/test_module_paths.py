@@ -46,7 +46,7 @@ def test_old_module_paths_warn_once_and_serve_the_moved_modules_names(monkeypatc
 
 def test_the_tools_room_holds_subpackages_not_prefixed_files():
     flat = sorted(p.name for p in TOOLS.glob("*.py"))
-    assert flat == ["__init__.py", "_text.py", "compare.py", "tune.py"]
+    assert flat == ["__init__.py", "compare.py", "tune.py"]
     packages = sorted(p.parent.name for p in TOOLS.glob("*/__init__.py"))
     assert packages == ["accuracy", "cli", "demo", "fp8", "ops", "pages"]
 
@@ -63,3 +63,22 @@ def test_console_script_and_templates_are_packaged_from_the_new_place():
     templates = set((TOOLS / "pages" / "templates").glob("*.j2"))
     assert {"base.html.j2", "compare.html.j2", "demo.html.j2"} <= {p.name for p in templates}
     assert templates <= packaged
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("ampkit.tools.fp8.errors", "ampkit.tools.accuracy.fp8_errors"),
+    ("ampkit.tools.fp8.casts", "ampkit.tools.ops.fp8_casts"),
+])
+def test_fp8_tools_moved_down_to_the_rooms_they_measure_with(monkeypatch, old, new):
+    # issue 49: tools/fp8 builds on accuracy/ and ops/, so the modules those rooms used
+    # moved into them; the old paths warn once and serve the same objects.
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module, again = importlib.import_module(old), importlib.import_module(old)
+    moved = importlib.import_module(new)
+    assert again is module
+    assert moved.__all__ and all(getattr(module, n) is getattr(moved, n)
+                                 for n in moved.__all__)
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert len(deprecations) == 1 and new in str(deprecations[0].message)

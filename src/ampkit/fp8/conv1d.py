@@ -113,7 +113,8 @@ def conv1d_features(module: nn.Module) -> tuple[int, int]:
 
 def _forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     # Under torch.inference_mode() too, as under torch.no_grad(): see ampkit.fp8.linear.
-    return fp8_call(_fp8_forward, self, x)
+    out: torch.Tensor = fp8_call(_fp8_forward, self, x)
+    return out
 
 
 def _fp8_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
@@ -123,8 +124,8 @@ def _fp8_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     if torch.is_autocast_enabled():
         x = x.to(torch.get_autocast_dtype("cuda"))
     # The Conv1D weight is (in, out): the operand Float8Linear builds as weight.t().
-    out = matmul_with_hp_or_float8_args.apply(x, self.weight, self.linear_mm_config,
-                                              self.config)
+    out: torch.Tensor = matmul_with_hp_or_float8_args.apply(
+        x, self.weight, self.linear_mm_config, self.config)
     if self.bias is not None:
         out = out + self.bias.to(out.dtype)
     return out

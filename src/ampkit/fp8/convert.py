@@ -106,7 +106,7 @@ class Fp8Plan:
             layer  type    shape    fp8  why not
             a      Linear  16 x 16  yes
         """
-        from ampkit.tools._text import text_table
+        from ampkit._text import text_table
 
         rows = [(x.name, x.kind, f"{x.in_features} x {x.out_features}",
                  "yes" if x.fp8 else "no", "" if x.fp8 else x.reason) for x in self.layers]

@@ -75,7 +75,8 @@ def _forward(self: Any, input: torch.Tensor) -> torch.Tensor:
     from torchao.float8.float8_linear import Float8Linear
 
     # torchao's forward, as it is (named directly: torch.compile traces this frame)
-    return fp8_call(Float8Linear.forward, self, input)
+    out: torch.Tensor = fp8_call(Float8Linear.forward, self, input)
+    return out
 
 
 @functools.cache

@@ -78,17 +78,6 @@ def missing_framework(module: str, extra: str) -> str:
             f"pip install 'ampkit[{extra}]'")
 
 
-def _as_config(config: Any) -> AmpConfig:
-    if isinstance(config, schema.AmpConfig):
-        return config
-    if isinstance(config, str | os.PathLike):
-        return schema.AmpConfig.from_file(config)
-    if isinstance(config, Mapping):
-        return schema.AmpConfig.from_dict(config)
-    raise TypeError(f"config must be an ampkit.AmpConfig, the path of a config file or a "
-                    f"mapping of AmpConfig fields, got {type(config).__name__}")
-
-
 @dataclasses.dataclass(frozen=True)
 class AmpkitSettings:
     """An :class:`ampkit.AmpConfig` plus the rare ``initialize`` overrides it does not
@@ -154,17 +143,8 @@ class AmpkitSettings:
             if f.default is False and fields.get(f.name) is False:
                 del fields[f.name]  # the default: not a choice to check
         extra = {k: v for k, v in options.items() if k in _extra_names() and v is not None}
-        try:
-            if config is None:
-                cfg = schema.AmpConfig(**{"level": default_level, **fields})
-            else:
-                cfg = _as_config(config)
-                for name, value in fields.items():
-                    if cfg.replace(**{name: value}) != cfg:
-                        raise ValueError(f"{name}={value!r} contradicts the config's "
-                                         f"{name}={getattr(cfg, name)!r}; give it once")
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"{owner}: {error}") from None
+        cfg = schema.merged_config(fields, config, source=owner,
+                                   defaults={"level": default_level})
         settings = cls(cfg, MappingProxyType(extra), owner)
         settings.properties(None)  # a bad extra property fails here
         return settings

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import typing
 from collections.abc import Iterator
 from typing import Any
 
@@ -167,7 +168,7 @@ class AmpkitAccelerator(Accelerator):
         except BaseException:
             accelerator.__class__ = Accelerator
             raise
-        return accelerator
+        return typing.cast(AmpkitAccelerator, accelerator)
 
     def _ampkit_attach(self, settings: AmpkitSettings) -> None:
         if self.mixed_precision != "no":
@@ -199,15 +200,15 @@ class AmpkitAccelerator(Accelerator):
 
     # -- records and logs -------------------------------------------------------------
 
-    def init_trackers(self, project_name: str, config: dict | None = None,
-                      init_kwargs: dict | None = None) -> None:
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, Any] | None = None) -> None:
         """``Accelerator.init_trackers`` with the ampkit config added to ``config`` (the
         trackers' hyperparameters) as ``ampkit/<field>`` entries."""
         merged = {**self._ampkit.config.hyperparameters(), **(config or {})}
         super().init_trackers(project_name, merged, init_kwargs or {})
 
-    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None
-            ) -> None:
+    def log(self, values: dict[str, Any], step: int | None = None,
+            log_kwargs: dict[str, Any] | None = None) -> None:
         """``Accelerator.log``, with ``amp/loss_scale`` and ``amp/skipped_steps`` added
         when the level scales the loss (at your logging cadence)."""
         if self.scaler is not None:
@@ -219,8 +220,8 @@ class AmpkitAccelerator(Accelerator):
                    **save_model_func_kwargs: Any) -> str:
         """``Accelerator.save_state``, plus the config as ``ampkit_config.json`` in the
         state's folder."""
-        location = super().save_state(output_dir, safe_serialization,
-                                      **save_model_func_kwargs)
+        location: str = super().save_state(output_dir, safe_serialization,
+                                           **save_model_func_kwargs)
         if self.is_main_process:
             self._ampkit.config.to_file(os.path.join(location, "ampkit_config.json"))
         return location
@@ -316,7 +317,8 @@ class AmpkitAccelerator(Accelerator):
             while isinstance(opt, AcceleratedOptimizer):
                 opt = opt.optimizer
             if wanted == {id(p) for g in opt.param_groups for p in g["params"] if p.requires_grad}:
-                return opt
+                found: torch.optim.Optimizer = opt
+                return found
         return None
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:

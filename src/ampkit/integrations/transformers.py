@@ -68,6 +68,7 @@ from ampkit.integrations._settings import (
     missing_framework,
 )
 from ampkit.integrations._versions import require_hooks
+from ampkit.levels import MasterWeights
 
 try:
     from transformers import Trainer, TrainerCallback
@@ -157,7 +158,7 @@ class AmpkitArguments:
             >>> from ampkit.integrations.transformers import AmpkitArguments
             >>> AmpkitArguments(ampkit_master_weights="kahan", ampkit_dtype="bfloat16"
             ...                 ).to_config().master_weights
-            'kahan'
+            <MasterWeights.KAHAN: 'kahan'>
         """
         fields = {f.name.removeprefix("ampkit_"): getattr(self, f.name)
                   for f in dataclasses.fields(cast(Any, self)) if f.name != "ampkit_config"}
@@ -306,17 +307,20 @@ class AmpkitTrainer(Trainer):
         AmpkitAccelerator.adopt(self.accelerator, config=self._ampkit.config,
                                 **self._ampkit.extra)
 
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None
+              ) -> None:
         super()._save(output_dir, state_dict)
         out = output_dir if output_dir is not None else self.args.output_dir
         if self.args.should_save and out is not None:
             self._ampkit.config.to_file(os.path.join(out, CONFIG_FILE))
-        # save_pretrained records the parameters' dtype, but with master weights the
-        # values written are the fp32 parameters: say float32, so that from_pretrained
-        # (dtype="auto") loads them back without rounding.
+        # save_pretrained records the dtype the model computes in, but where the fp32
+        # parameters are the truth (master_weights=True) the values written are fp32:
+        # say float32, so that from_pretrained (dtype="auto") loads them back without
+        # rounding.
         model = self.accelerator.unwrap_model(self.model)
         config = getattr(model, "config", None)
-        if config is None or not self._ampkit.properties(None).master_weights:
+        truth = self._ampkit.properties(None).master_weights
+        if config is None or truth is not MasterWeights.FP32:
             return
         if not self.args.should_save:
             return

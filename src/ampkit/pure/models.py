@@ -170,8 +170,7 @@ def pure_settings(model: nn.Module) -> tuple[str, int] | None:
     return settings
 
 
-def pure_low_precision(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
-                       optimizer: torch.optim.Optimizer, rounding: str, *,
+def pure_low_precision(optimizer: torch.optim.Optimizer, rounding: str, *,
                        seed: int | None = None) -> Any:
     """Make ``optimizer`` pure (:class:`PureLowPrecisionOptimizer`); what
     ``ampkit.initialize(..., master_weights="stochastic" | "kahan")`` does. The models
@@ -180,8 +179,8 @@ def pure_low_precision(models: nn.Module | list[nn.Module] | tuple[nn.Module, ..
     nothing.
 
     Raises:
-        TypeError: ``models`` is not a module or a list/tuple of modules (and the
-            errors of :class:`PureLowPrecisionOptimizer`).
+        TypeError: ``optimizer`` is not an optimizer (and the other errors of
+            :class:`PureLowPrecisionOptimizer`).
 
     Example:
         >>> import torch
@@ -196,11 +195,6 @@ def pure_low_precision(models: nn.Module | list[nn.Module] | tuple[nn.Module, ..
         >>> opt.state[model[0].weight]["exp_avg"].dtype
         torch.bfloat16
     """
-    listed = [models] if isinstance(models, nn.Module) else models
-    if not isinstance(listed, list | tuple) or not all(
-            isinstance(m, nn.Module) for m in listed):
-        raise TypeError(f"models must be an nn.Module or a list/tuple of them, got "
-                        f"{type(models).__name__}")
     rounding = check_rounding(rounding)
     if pure_rounding(optimizer) == rounding:
         return optimizer

@@ -2,12 +2,13 @@
 several losses, and agreement across ranks.
 
 * :class:`GradScaler` (:mod:`~ampkit.scaling.grad_scaler`): ``torch.amp.GradScaler``,
-  drop-in, plus hysteresis, min/max scale, static mode, bfloat16/float16/master
+  drop-in, plus hysteresis, min/max scale, static mode, bfloat16/float16/float32
   gradients and distributed agreement.
 * :class:`DynamicLossScale` / :class:`StaticLossScale`
   (:mod:`~ampkit.scaling.loss_scale`): immutable scale values (jmp, MindSpore, MXNet).
-* :func:`configure_loss_scaling` / :func:`scale_loss` (:mod:`~ampkit.scaling.multi_loss`):
-  apex-style contexts with one scaler per loss id.
+* :func:`configure_loss_scaling` / :func:`scale_loss` / :func:`loss_scaler`
+  (:mod:`~ampkit.scaling.loss_scaling`): apex-style contexts with one scaler per loss
+  id.
 * :class:`ScaleSchedule` (:mod:`~ampkit.scaling.schedule`): the one rule all of them
   follow; :func:`all_finite` (:mod:`~ampkit.scaling.overflow`).
 
@@ -22,7 +23,8 @@ Example:
 from ampkit.scaling.distributed import agree_on_overflow_
 from ampkit.scaling.grad_scaler import GradScaler, OptState
 from ampkit.scaling.loss_scale import DynamicLossScale, StaticLossScale
-from ampkit.scaling.multi_loss import (
+from ampkit.scaling.loss_scaling import (
+    build_loss_scaler,
     configure_loss_scaling,
     load_loss_scaling_state_dict,
     loss_scaler,
@@ -40,6 +42,7 @@ __all__ = [
     "StaticLossScale",
     "agree_on_overflow_",
     "all_finite",
+    "build_loss_scaler",
     "configure_loss_scaling",
     "load_loss_scaling_state_dict",
     "loss_scaler",

@@ -117,7 +117,7 @@ def scheduler_warning_suppressed() -> Iterator[None]:
 class GradScaler(ScalerState):
     """Scales the loss, unscales and checks gradients, skips steps that overflowed and
     adjusts the scale: ``torch.amp.GradScaler``'s contract, plus hysteresis, bounds, a
-    static mode, bfloat16/float16/master gradients and distributed agreement.
+    static mode, bfloat16/float16/float32 gradients and distributed agreement.
 
     Use it exactly like torch's::
 
@@ -429,6 +429,24 @@ class GradScaler(ScalerState):
         return all(p in state for group in optimizer.param_groups for p in group["params"]
                    if p.grad is not None)
 
+    @staticmethod
+    def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+        """Whether :meth:`step` decides a skip of ``optimizer`` on the device, with no
+        host sync: an optimizer that takes ``grad_scale``/``found_inf`` (torch's fused
+        Adam, AdamW, SGD, and Adagrad from torch 2.13) once it has state (a first
+        step would create its zero moments even when skipped, so it is decided on the
+        host).
+
+        Example:
+            >>> import torch
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> w = torch.nn.Parameter(torch.ones(1))
+            >>> GradScaler.skips_on_device(torch.optim.SGD([w], lr=0.1))
+            False
+        """
+        return (getattr(optimizer, "_step_supports_amp_scaling", False)
+                and GradScaler._has_state(optimizer))
+
     def _step_on_device(self, optimizer: torch.optim.Optimizer, record: OptimizerRecord,
                         args: tuple[Any, ...], kwargs: dict[str, Any], *,
                         still_scaled: bool) -> Any:
@@ -479,7 +497,7 @@ class GradScaler(ScalerState):
         scale = self._require_scale("update")
         assert self._growth_tracker is not None and self._overflow_tracker is not None
         assert self._skipped is not None
-        found_inf = self._current_found_inf()
+        found_inf = self.found_inf()
         before = scale.item() if self.log_skipped_steps and found_inf is not None else None
         if new_scale is not None:
             if isinstance(new_scale, torch.Tensor):

@@ -109,7 +109,36 @@ class ScalerState:
         """The immutable rule the scale follows (factors, interval, bounds, ...)."""
         return self._schedule
 
-    def _current_found_inf(self) -> torch.Tensor | None:
+    @property
+    def process_group(self) -> Any:
+        """The process group whose ranks agree on an overflow (``None``: the default
+        group when torch.distributed is initialised, else this process alone).
+
+        Example:
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> GradScaler("cpu").process_group is None
+            True
+        """
+        return self._process_group
+
+    def found_inf(self) -> torch.Tensor | None:
+        """The overflow of the gradients unscaled since the last :meth:`update`, still
+        on the device (nonzero: an inf/NaN was found on some rank; no host sync), or
+        ``None`` when no optimizer was unscaled yet.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.scaling.grad_scaler import GradScaler
+            >>> w = torch.nn.Parameter(torch.ones(1))
+            >>> opt = torch.optim.SGD([w], lr=0.1)
+            >>> scaler = GradScaler("cpu")
+            >>> scaler.found_inf() is None
+            True
+            >>> scaler.scale(w.sum() * float("inf")).backward()
+            >>> scaler.unscale_(opt)
+            >>> bool(scaler.found_inf())
+            True
+        """
         found = [r.found_inf for r in self._records.values() if r.found_inf is not None]
         if not found:
             return None
@@ -240,7 +269,7 @@ class ScalerState:
         if not self._enabled:
             return 0
         committed = self._init_skipped if self._skipped is None else int(self._skipped.item())
-        current = self._current_found_inf()
+        current = self.found_inf()
         return committed + (1 if current is not None and current.item() != 0 else 0)
 
     @property
@@ -310,7 +339,7 @@ class ScalerState:
         """
         if not self._enabled:
             return False
-        current = self._current_found_inf()
+        current = self.found_inf()
         if current is None:
             current = self._last_found_inf
         return current is not None and bool(current.item() != 0)

@@ -53,10 +53,10 @@ _LAZY = {
     "aggressive_policy": "ampkit.tools.accuracy.tune",
     # fp8 (initialize(fp8=...), through torchao)
     "fp8_report": "ampkit.tools.fp8.decisions",
-    "Fp8CastRecord": "ampkit.tools.fp8.casts",
-    "Fp8CastWatch": "ampkit.tools.fp8.casts",
+    "Fp8CastRecord": "ampkit.tools.ops.fp8_casts",
+    "Fp8CastWatch": "ampkit.tools.ops.fp8_casts",
     "Fp8LayerError": "ampkit.tools.accuracy.comparison",
-    "fp8_layer_errors": "ampkit.tools.fp8.errors",
+    "fp8_layer_errors": "ampkit.tools.accuracy.fp8_errors",
     "Fp8TuneResult": "ampkit.tools.fp8.tune",
     "tune_fp8": "ampkit.tools.fp8.tune",
 }

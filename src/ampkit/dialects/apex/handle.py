@@ -31,8 +31,8 @@ from ampkit.dialects.apex.state import amp_state, require_state
 from ampkit.function_patching import CastRule, register_function, unregister_function
 from ampkit.presets import APEX_BANNED_FUNCS, APEX_O1, APEX_REFUSED_IN_PLACE
 from ampkit.scaling.grad_scaler import GradScaler
-from ampkit.scaling.multi_loss import build_loss_scaler, loss_scaler
-from ampkit.scaling.multi_loss import scale_loss as _scale_loss
+from ampkit.scaling.loss_scaling import build_loss_scaler, loss_scaler
+from ampkit.scaling.loss_scaling import scale_loss as _scale_loss
 
 __all__ = ["AmpHandle", "NoOpHandle", "init", "scale_loss"]
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from ampkit.dialects.apex.state import Handle
-from ampkit.scaling.multi_loss import build_loss_scaler
-from ampkit.scaling.multi_loss import scale_loss as _scale_loss
+from ampkit.scaling.loss_scaling import build_loss_scaler
+from ampkit.scaling.loss_scaling import scale_loss as _scale_loss
 
 __all__ = ["OptimWrapper", "inner_optimizer", "inner_optimizers", "master_params"]
 

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 from ampkit.dialects.apex.opt_levels import Properties
-from ampkit.scaling.multi_loss import (
+from ampkit.scaling.loss_scaling import (
     load_loss_scaling_state_dict,
     loss_scaler,
     loss_scaling_state_dict,

@@ -71,8 +71,8 @@ from ampkit.tools.accuracy.comparison import (
     OpError,
     OpRank,
 )
-from ampkit.tools.fp8.errors import fp8_layer_errors
-from ampkit.tools.ops._tracing import ModuleScope, OpWatch
+from ampkit.tools.accuracy.fp8_errors import fp8_layer_errors
+from ampkit.tools.ops.tracing import ModuleScope, OpWatch
 
 # The results are defined in ampkit.tools.accuracy.comparison and re-exported here (their home
 # before the split); the rest are the runs that produce them, which tune reuses.
@@ -222,29 +222,30 @@ def _setup(precision: Any, dtype: Any, device_type: str,
 
     chosen = as_dtype(dtype)
     if _is_level(precision) or isinstance(precision, AmpConfig):
-        from ampkit.front_door import convert_model
-        from ampkit.levels import conversion_of
+        from ampkit.front_door import prepare_models, resolve_settings
 
-        settings: dict[str, Any] = {"level": precision}
-        if isinstance(precision, AmpConfig):  # the conversion initialize(config=) makes
-            cfg = precision
-            if chosen is not None and cfg.dtype is not None and chosen != cfg.dtype:
-                raise ValueError(f"dtype={chosen} contradicts the config's dtype="
-                                 f"{cfg.dtype}; give it once")
-            chosen = chosen or cfg.dtype
-            white = [*cfg.custom_white_list, *(white or ())] or None
-            black = [*cfg.custom_black_list, *(black or ())] or None
-            settings = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-        settings.update(dtype=chosen, custom_white_list=white, custom_black_list=black)
-        props, config = conversion_of(settings, device_type)
-        low = config.compute_dtype or torch.get_autocast_dtype(device_type)
-        policy = config.policy
+        # The settings initialize merges, and the copy prepared by the function
+        # initialize prepares models with (fp8 included): compare measures what
+        # training runs. With a config, dtype and the lists given must agree with it.
+        config, level = (precision, None) if isinstance(precision, AmpConfig) else (
+            None, precision)
+        settings = resolve_settings(config, level, chosen, {"custom_white_list": white,
+                                                            "custom_black_list": black},
+                                    device_type)
+        props, conversion = settings.level_conversion(device_type)
+        low = conversion.compute_dtype or torch.get_autocast_dtype(device_type)
+        policy = conversion.policy
         # Entering the conversion's own region before the op watch keeps the engine
         # under the watch, so the watch sees each op's inputs before they are cast.
         region: Callable[[], Any] = (
             functools.partial(ampkit.autocast, device_type, low, policy=policy)
             if policy is not None else contextlib.nullcontext)
-        return _Setup(f"{props.level.value}", low, lambda m: convert_model(m, config), region)
+
+        def prepare(model: nn.Module) -> nn.Module:
+            prepare_models([model], settings, names=["model"], device_type=device_type)
+            return model
+
+        return _Setup(f"{props.level.value}", low, prepare, region)
     if not isinstance(precision, (str, Policy)):
         raise TypeError(f"precision must be a level ('O0'-'O3'), a policy name or a Policy, "
                         f"got {type(precision).__name__}")
@@ -401,15 +402,14 @@ def _prepare(model: nn.Module, precision: Any, dtype: Any, white: Iterable[OpEnt
              ) -> tuple[_Setup, float, Any, str]:
     """Every check :func:`compare` makes before it runs the model, and what they give:
     the low-precision setup, the threshold, the fp8 recipe and the device type."""
-    from ampkit.config import AmpConfig
+    from ampkit.config import AmpConfig, contradiction
 
     check_model(model)
     device_type = model_device_type(model)
     setup = _setup(precision, dtype, device_type, white, black)
     if isinstance(precision, AmpConfig) and precision.fp8 is not None:
         if fp8 is not None and fp8 != precision.fp8:
-            raise ValueError(f"fp8={fp8!r} contradicts the config's fp8={precision.fp8!r}; "
-                             f"give it once")
+            raise ValueError(contradiction(f"fp8={fp8!r}", "fp8", precision.fp8))
         fp8 = precision.fp8
     limit = resolve_threshold(threshold, setup.dtype)
     if fp8 is not None:  # a bad recipe, a missing torchao or this CPU's kernel: refused
@@ -457,21 +457,24 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
         inputs: the forward's positional arguments.
         precision: a level (``"O1"``, ``"O2"``, ``"O3"``), a preset name or a
             :class:`~ampkit.policy.Policy` (run with ``ampkit.autocast`` inside the
-            model's forward), or an :class:`ampkit.AmpConfig` (the model converted as
-            ``initialize(config=...)`` converts it: its level, policy, lists, kept
-            modules and master weights; its ``fp8`` as ``fp8=``; its loss-scale options
-            change nothing here).
+            model's forward), or an :class:`ampkit.AmpConfig`. A level or a config
+            prepares the low-precision copy by the function ``initialize`` prepares
+            models with (:func:`ampkit.front_door.prepare_models`, its settings merged
+            as ``initialize`` merges them): its level, policy, lists, kept modules,
+            master weights and fp8 layers (a config's ``fp8`` is measured per layer
+            too, as with ``fp8=``); loss-scale options change nothing here.
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None``: the policy's, else the
             device's autocast default.
         custom_white_list, custom_black_list: added to the policy (as in
-            ``ampkit.autocast``).
+            ``ampkit.autocast`` and ``initialize``); with a config, ``dtype`` and these
+            must agree with it (a contradiction is a ``ValueError``).
         loss_fn: ``loss_fn(output) -> scalar tensor``; given, both runs call
             ``.backward()`` on it and gradients are compared per parameter.
         threshold: the relative error that counts as diverged (default: 8 machine
             epsilons of ``dtype``: 0.0625 for bfloat16, 0.0078 for float16).
         fp8: an fp8 recipe (as ``initialize``'s ``fp8=``); given, every Linear that can
             run in fp8 is also measured alone in fp8 and in ``dtype`` against fp32
-            (:attr:`Comparison.fp8_layers`, see :mod:`ampkit.tools.fp8.errors`).
+            (:attr:`Comparison.fp8_layers`, see :mod:`ampkit.tools.accuracy.fp8_errors`).
 
     Returns:
         a :class:`Comparison`.

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ampkit.tools._text import TextTable, finite_or_none
+from ampkit._text import TextTable, finite_or_none
 
 __all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "Fp8LayerError", "GradError",
            "ModuleError", "OpError", "OpRank", "fp8_layers_table"]
@@ -259,7 +259,7 @@ class Comparison:
     loss: tuple[float, float] | None  # (float32, low precision) with loss_fn
     unmatched_ops: int  # low-precision op calls with no float32 counterpart
     # with fp8=: each fp8-capable Linear's local error in fp8 and in dtype, against fp32
-    # (ampkit.tools.fp8.errors.fp8_layer_errors)
+    # (ampkit.tools.accuracy.fp8_errors.fp8_layer_errors)
     fp8_layers: tuple[Fp8LayerError, ...] = ()
 
     @property
@@ -337,7 +337,7 @@ class Comparison:
 
     def summary(self, limit: int = 20) -> list[str | TextTable]:
         """What :meth:`table` shows, in order: lines of text and tables
-        (:class:`~ampkit.tools._text.TextTable`), for a front end that draws tables
+        (:class:`~ampkit._text.TextTable`), for a front end that draws tables
         itself (``ampkit compare`` draws them with rich).
 
         Example:
@@ -408,7 +408,8 @@ class Comparison:
                       for g in self.grads],
             "fp8_layers": [dataclasses.asdict(r) for r in self.fp8_layers],
         }
-        return finite_or_none(data)
+        out: dict[str, Any] = finite_or_none(data)
+        return out
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text.
@@ -442,7 +443,7 @@ class Comparison:
 
 
 def fp8_layers_table(rows: tuple[Fp8LayerError, ...]) -> str:
-    """Rows of :func:`ampkit.tools.fp8.errors.fp8_layer_errors` as a plain-text table
+    """Rows of :func:`ampkit.tools.accuracy.fp8_errors.fp8_layer_errors` as a plain-text table
     (relative errors).
 
     Example:

@@ -66,9 +66,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ampkit._text import finite_or_none, text_table
 from ampkit.arguments import non_negative_number
 from ampkit.policy import Policy, as_dtype
-from ampkit.tools._text import finite_or_none, text_table
 from ampkit.tools.accuracy.compare import (
     check_model,
     compare_runs,
@@ -192,7 +192,7 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (non-finite numbers as ``None``)."""
-        return finite_or_none({
+        out: dict[str, Any] = finite_or_none({
             "policy": self.policy.to_dict(),
             "within_tolerance": self.within_tolerance,
             "stop_reason": self.stop_reason,
@@ -204,6 +204,7 @@ class TuneResult:
                         "fp32_ops": list(t.fp32_ops), "moved": t.moved,
                         "worst_ops": [list(w) for w in t.worst_ops]} for t in self.trials],
         })
+        return out
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
@@ -342,10 +343,10 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
         if math.isnan(diff):
             return False
         if higher_is_better is True:
-            return diff >= -limit
+            return bool(diff >= -limit)
         if higher_is_better is False:
-            return diff <= limit
-        return abs(diff) <= limit
+            return bool(diff <= limit)
+        return bool(abs(diff) <= limit)
 
     policy = _start_policy(start, low)
     trials: list[Trial] = []

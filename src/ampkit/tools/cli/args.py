@@ -23,7 +23,7 @@ import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from ampkit.tools._text import TextTable
+    from ampkit._text import TextTable
 
 __all__ = ["BAD_INPUT", "DEVICE_CHOICES", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG",
            "Parser", "add_config_options", "add_device_option", "add_run_options",
@@ -456,7 +456,7 @@ def rich_table(table: TextTable, title: str | None = None) -> Table:
     wrapped.
 
     Example:
-        >>> from ampkit.tools._text import TextTable
+        >>> from ampkit._text import TextTable
         >>> from ampkit.tools.cli.args import rich_table
         >>> drawn = rich_table(TextTable(("op", "calls"), (("mm", "12"),)), title="ops")
         >>> [c.justify for c in drawn.columns], drawn.row_count
@@ -478,7 +478,7 @@ def print_parts(out: Console, parts: Iterable[str | TextTable]) -> None:
 
     Example:
         >>> from rich.console import Console
-        >>> from ampkit.tools._text import TextTable
+        >>> from ampkit._text import TextTable
         >>> from ampkit.tools.cli.args import print_parts
         >>> out = Console(width=40, record=True, file=open("/dev/null", "w"))
         >>> print_parts(out, ["ops", TextTable(("op",), (("mm",),))])
@@ -562,10 +562,14 @@ def add_config_options(parser: argparse.ArgumentParser, *, skip: Iterable[str] =
         group.add_argument(config_flag(f.name), **options)
 
 
-def config_from_args(args: argparse.Namespace, base: Any = None) -> Any:
+def config_from_args(args: argparse.Namespace, base: Any = None,
+                     own: Mapping[str, Any] | None = None) -> Any:
     """The :class:`ampkit.AmpConfig` the flags of :func:`add_config_options` say:
     ``base`` (a config read from ``--config``) with each flag given checked against it,
-    or a config of the flags given; ``base`` when none is.
+    or a config of the flags given; ``base`` when none is. ``own`` holds the fields a
+    command sets with flags of its own (``compare``'s ``--dtype``, its lists): where
+    there is a config, they are part of it (checked against ``base`` as the others);
+    alone they make none.
 
     Raises:
         ValueError: a bad value (the field's own check, naming its flag), or a flag that
@@ -586,20 +590,18 @@ def config_from_args(args: argparse.Namespace, base: Any = None) -> Any:
 
     given = {f.name: getattr(args, f"config_{f.name}") for f in schema.config_fields()
              if getattr(args, f"config_{f.name}", None) is not None}
+    if not given and base is None:
+        return None
+    given.update({k: v for k, v in (own or {}).items() if v is not None})
     if not given:
         return base
+
+    def spell(name: str, value: Any) -> str:  # as typed: the flag and its text
+        text = (",".join(value) if isinstance(value, list)
+                else str(value).removeprefix("torch."))
+        return f"{config_flag(name)} {text}"
+
     try:
-        if base is None:
-            return schema.AmpConfig(**given)
-        for name, value in given.items():
-            if base.replace(**{name: value}) != base:
-                shown = ",".join(value) if isinstance(value, list) else value
-                raise ValueError(f"{config_flag(name)} {shown} contradicts the config's "
-                                 f"{name}={getattr(base, name)!r}; give it once")
-    except (TypeError, ValueError) as error:  # a command line gives values: one type
-        text = str(error)
-        for name in given:  # a field's check names the field: name its flag
-            if text.startswith(f"{name} "):
-                text = config_flag(name) + text[len(name):]
-        raise ValueError(text) from None
-    return base
+        return schema.merged_config(given, base, spell=spell)
+    except TypeError as error:  # a command line gives values: one type
+        raise ValueError(str(error)) from None

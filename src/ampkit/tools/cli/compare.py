@@ -6,8 +6,9 @@ arguments), both as ``package.module:attribute`` (see :mod:`ampkit.tools.cli.tar
 runs it in float32 and under ``--precision`` (a level ``O1``-``O3``, a preset name, or
 a policy file written by ``ampkit tune`` / ``Policy.save``; default ``torch``, native
 autocast's lists) or as ``--config FILE`` says (an :class:`ampkit.AmpConfig` file: the
-model converted as ``initialize(config=...)`` converts it) in ``--dtype``, with
-``--custom-white-list`` / ``--custom-black-list`` added, and ``--loss-fn`` for
+model prepared as ``initialize(config=...)`` prepares it, fp8 layers included) in
+``--dtype``, with ``--custom-white-list`` / ``--custom-black-list`` added (with
+``--config`` these and ``--dtype`` must agree with it), and ``--loss-fn`` for
 gradients, on ``--device`` (default: where TARGET and ``--inputs`` put them). Every
 other :class:`ampkit.AmpConfig` field is a flag too (``--level``, ``--keep-fp32-modules``,
 ``--master-weights``, ...: made from the fields, with their help); given, they make
@@ -50,6 +51,7 @@ from ampkit.tools.cli.args import (
     add_device_option,
     add_run_options,
     config_file,
+    config_flag,
     config_from_args,
     console,
     fail,
@@ -115,7 +117,7 @@ def _op_list(text: str) -> list[str]:
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``compare`` subcommand to an argparse subparsers object; return it."""
-    compare = commands.add_parser(
+    compare: argparse.ArgumentParser = commands.add_parser(
         "compare", help="run your model in fp32 and in low precision, op by op, and "
                         "report where they diverge",
         description="Run TARGET (package.module:attribute of an nn.Module or a callable "
@@ -181,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as error:
             return fail("compare", str(error), MISSING)
     try:
-        config = config_from_args(args, args.config)
+        own = {name: getattr(args, name) for name in _OWN_CONFIG_FLAGS if name != "fp8"}
+        config = config_from_args(args, args.config, own)
     except ValueError as error:
         return fail("compare", " ".join(str(error).split()))
     if config is not args.config:  # the config's fields given as flags made one
@@ -228,14 +231,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _against_config(args: argparse.Namespace) -> str | None:
-    """What --dtype or --fp8 says against the --config file, if they disagree."""
-    cfg = args.config
-    for option, name in (("--dtype", "dtype"), ("--fp8", "fp8")):
-        given, held = getattr(args, name), getattr(cfg, name)
-        if given is not None and held is not None and given != held:
-            return (f"{option} {str(given).removeprefix('torch.')} contradicts the "
-                    f"config's {name}={str(held).removeprefix('torch.')}; give it once")
-    return None
+    """What --fp8 says against the --config file, if they disagree (a recipe to
+    measure: one the config holds, or any where it holds none), in the one wording of
+    a contradiction. --dtype and the lists are part of the config (config_from_args)."""
+    from ampkit.config import contradiction
+
+    held = args.config.fp8
+    if args.fp8 is None or held is None or str(args.fp8).lower() == held:
+        return None
+    return contradiction(f"{config_flag('fp8')} {args.fp8}", "fp8", held)
 
 
 def _is_loss(value: Any) -> bool:

@@ -50,7 +50,7 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``demo`` subcommand to an argparse subparsers object; return it."""
-    demo = commands.add_parser(
+    demo: argparse.ArgumentParser = commands.add_parser(
         "demo", help="train a small CNN on scikit-learn's digits in fp32 and at each AMP "
                      "level, and write a report",
         description="Train the same small CNN on scikit-learn's digits (no download) once "
@@ -129,7 +129,7 @@ def _run(settings: DemoSettings, quiet: bool) -> DemoResult:
 def _print_summary(result: DemoResult, files: Any, quiet: bool, out: Console) -> None:
     from rich.syntax import Syntax
 
-    from ampkit.tools._text import TextTable
+    from ampkit._text import TextTable
     from ampkit.tools.demo.report import COLUMN_NOTES, identical_runs, summary_table
 
     summary = summary_table(result)

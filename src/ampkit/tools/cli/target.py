@@ -236,7 +236,8 @@ def load_callable(reference: str, option: str) -> Callable[..., Any]:
     value = load_object(reference, option)
     if not callable(value):
         raise TargetError(f"{option} {reference!r} is {_kind(value)}, not a callable")
-    return value
+    function: Callable[..., Any] = value
+    return function
 
 
 def user_function(reference: str, option: str,

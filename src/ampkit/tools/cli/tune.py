@@ -79,7 +79,7 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``tune`` subcommand to an argparse subparsers object; return it."""
     import torch
 
-    tune = commands.add_parser(
+    tune: argparse.ArgumentParser = commands.add_parser(
         "tune", help="find the op lists that keep a model's metric in low precision",
         description="Search for the policy running the most ops in low precision whose "
                     "metric stays within --tolerance of float32's; print each trial and "

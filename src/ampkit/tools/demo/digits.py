@@ -44,7 +44,8 @@ class DigitsCNN(nn.Module):
         self.classifier = nn.Linear(16 * 4 * 4, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x).flatten(1))
+        out: torch.Tensor = self.classifier(self.features(x).flatten(1))
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,7 +82,8 @@ class _Block(nn.Module):
                    for z in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
 
 
 class CharGPT(nn.Module):
@@ -109,7 +110,8 @@ class CharGPT(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
-        return self.head(self.ln(self.blocks(self.tok(ids) + self.pos(pos))))
+        out: torch.Tensor = self.head(self.ln(self.blocks(self.tok(ids) + self.pos(pos))))
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +176,8 @@ def digits_accuracy(mode: str, *, seed: int = 0, epochs: int = 5, lr: float = 0.
     model.eval()
     with torch.no_grad():
         predictions = model(data.x_test).float().argmax(dim=1)
-    return (predictions == data.y_test).double().mean().item()
+    accuracy: float = (predictions == data.y_test).double().mean().item()
+    return accuracy
 
 
 def train_curves(modes: Iterable[str] = ("fp32", "nearest", "stochastic"), *,

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ampkit.tools._text import finite_or_none
+from ampkit._text import finite_or_none
 from ampkit.tools.pages.html import check_output_dir, render_page
 from ampkit.tools.pages.plotting import new_figure, png_data_uri, timestamp
 

@@ -7,7 +7,7 @@ seed, same initial weights, same data split, same batch order) and measures, per
 * time per step: the median wall time of the training steps after the first (the
   first step also warms up kernels, and is the one that is measured below);
 * peak memory: the most memory torch held for the run, from building the model to the
-  end of its first training step (model, master weights, optimizer state, activations,
+  end of its first training step (model parameters, optimizer state, activations,
   gradients; the data set is loaded before and is not counted). On CUDA that is
   ``torch.cuda.max_memory_allocated`` above the allocation before the run; on CPU, where
   torch keeps no such counter, torch's profiler with ``profile_memory=True`` reports
@@ -150,7 +150,7 @@ def demo_configurations(levels: Iterable[str] | None = None,
     """The runs for the given ``levels`` and ``dtypes``.
 
     Without ``levels`` the set is the default: fp32, O1/O2/O3 in bf16, and O1/O2 in
-    fp16 (pure fp16 with no master weights and no loss scaling, O3-fp16, is left out:
+    fp16 (fp16 parameters with no fp32 truth and no loss scaling, O3-fp16, is left out:
     its gradients underflow). Given ``levels``, every listed AMP level runs in every
     listed dtype (``dtypes`` defaults to bf16 and fp16), and fp32 (alias O0) runs once
     if listed. Order: fp32, then the bf16 runs, then the fp16 runs, each by level.
@@ -192,7 +192,8 @@ def _check_device_name(device: Any) -> str:
     """Check the name of a device (not whether this machine has it)."""
     index = device.removeprefix("cuda:") if isinstance(device, str) else ""
     if device in ("auto", "cpu", "cuda") or (device != index and index.isdigit()):
-        return device
+        name: str = device
+        return name
     raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:<index>', "
                      f"got {device!r}")
 

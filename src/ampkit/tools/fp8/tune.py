@@ -2,8 +2,9 @@
 
 The reference is the model at the level *without* fp8 (bf16 O2 by default): fp8's
 cost is measured against what the model would run otherwise. The search, each trial
-on a fresh deep copy of the model initialized with the trial's layers in fp8 and the
-same RNG state:
+on a fresh deep copy of the model prepared as ``ampkit.initialize`` prepares it
+(:func:`ampkit.front_door.prepare_models`; no loss scaling is set up) with the trial's
+layers in fp8, and the same RNG state:
 
 1. every Linear that can run in fp8 (shape and type; the first and last included,
    since here they are measured) at once: within the tolerance, that is the answer;
@@ -41,10 +42,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ampkit._text import finite_or_none, text_table
 from ampkit.arguments import non_negative_number
 from ampkit.fp8.recipe import float8_linear_config, parse_fp8, recipe_name
 from ampkit.fp8.selection import select_fp8_layers
-from ampkit.tools._text import finite_or_none, text_table
 from ampkit.tools.accuracy.tune import evaluate_metric
 
 __all__ = ["Fp8Trial", "Fp8TuneResult", "tune_fp8"]
@@ -139,13 +140,14 @@ class Fp8TuneResult:
             >>> Fp8TuneResult("rowwise", (), (), 1.0, 1.0, 0.1, True, ()).to_dict()["fp8"]
             'rowwise'
         """
-        return finite_or_none({
+        out: dict[str, Any] = finite_or_none({
             "fp8": recipe_name(self.fp8), "layers": list(self.layers),
             "candidates": list(self.candidates), "metric": self.metric,
             "reference_metric": self.reference_metric, "tolerance": self.tolerance,
             "within_tolerance": self.within_tolerance,
             "trials": [dataclasses.asdict(t) | {"layers": list(t.layers)}
                        for t in self.trials]})
+        return out
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text.
@@ -201,7 +203,7 @@ def tune_fp8(model: nn.Module, eval_fn: Callable[[nn.Module], Any], fp8: Any = "
         ...
         ValueError: fp8 must be None, a torchao Float8LinearConfig or one of [...], got 'e5m2'
     """
-    import ampkit
+    from ampkit.front_door import prepare_models, resolve_settings
 
     fp8 = parse_fp8(fp8)
     float8_linear_config(fp8)  # ImportError naming the extra; None refused
@@ -219,10 +221,15 @@ def tune_fp8(model: nn.Module, eval_fn: Callable[[nn.Module], Any], fp8: Any = "
                        if x.fp8 and x.name.startswith("0."))
     rng = torch.get_rng_state()
 
+    device_type = next((p.device.type for p in model.parameters()), None)
+
     def evaluate(layers: tuple[str, ...]) -> float:
+        # Each trial is prepared as initialize prepares a model (the one route), without
+        # initialize's loss-scaling set-up: a trial configures nothing process-wide.
         trial = copy.deepcopy(model)
         kwargs = _kwargs(fp8, layers, candidates) if layers else {}
-        trial = ampkit.initialize(trial, level=level, dtype=dtype, **kwargs)
+        settings = resolve_settings(None, level, dtype, kwargs, device_type)
+        prepare_models([trial], settings, names=["model"], device_type=device_type)
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(rng)
             where = f"the trial with {list(layers)} in fp8" if layers else "the reference"

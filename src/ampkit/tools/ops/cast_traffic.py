@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ampkit.tools.ops._tracing import DispatchRegion
+from ampkit.tools.ops.tracing import DispatchRegion
 
 __all__ = ["CastTraffic", "count_casts"]
 

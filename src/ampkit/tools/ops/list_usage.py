@@ -39,7 +39,7 @@ from typing import Any
 
 from ampkit.autocast_mode import innermost_policy, observe_regions
 from ampkit.policy import Policy
-from ampkit.tools.ops._tracing import OpWatch
+from ampkit.tools.ops.tracing import OpWatch
 
 __all__ = ["EntryUsage", "ListUsage", "list_usage"]
 

@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ampkit.fp8.selection import is_float8
-from ampkit.tools.ops._tracing import ModuleScope
+from ampkit.tools.ops.tracing import ModuleScope
 
 __all__ = ["CheckMode", "NonFiniteError", "NumericsChecker", "OpRecord"]
 
@@ -209,7 +209,7 @@ class NumericsChecker:
         # A model with fp8 layers: their casts to fp8 are watched too (fp8_casts).
         self._fp8 = None
         if model is not None and any(is_float8(m) for m in model.modules()):
-            from ampkit.tools.fp8.casts import Fp8CastWatch
+            from ampkit.tools.ops.fp8_casts import Fp8CastWatch
 
             self._fp8 = Fp8CastWatch(model)
 
@@ -316,7 +316,7 @@ class NumericsChecker:
     @property
     def fp8_casts(self) -> Any:
         """For a model with fp8 layers (``initialize(fp8=...)``), the
-        :class:`~ampkit.tools.fp8.casts.Fp8CastWatch` of their casts to fp8: its
+        :class:`~ampkit.tools.ops.fp8_casts.Fp8CastWatch` of their casts to fp8: its
         ``worst`` names the layer and tensor whose cast saturated or underflowed most;
         ``None`` for other models.
 

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ampkit.tools.ops._tracing import DispatchRegion
+from ampkit.tools.ops.tracing import DispatchRegion
 
 __all__ = ["OpCallCounts", "OpStats", "Precision", "collect_op_stats"]
 
@@ -202,7 +202,7 @@ class OpStats(DispatchRegion):
             >>> print(stats.table().splitlines()[0])
             Op Name | FP16 Calls | BF16 Calls | FP32 Calls | Other Calls
         """
-        from ampkit.tools._text import text_table
+        from ampkit._text import text_table
 
         rows = [(name, c.float16, c.bfloat16, c.float32, c.other)
                 for name, c in self.counts.items()]

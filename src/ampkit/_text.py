@@ -7,7 +7,7 @@ return plain strings with no optional dependency; the command line draws the sam
 tables with rich (:class:`TextTable` holds a table's content for both).
 
 Example:
-    >>> from ampkit.tools._text import text_table
+    >>> from ampkit._text import text_table
     >>> print(text_table(("op", "calls"), [("scaled_dot_product_attention", 1), ("mm", 12)]))
     op                            calls
     scaled_dot_product_attention      1
@@ -31,7 +31,7 @@ class TextTable:
     (:func:`ampkit.tools.cli.args.rich_table`): the two show the same cells.
 
     Example:
-        >>> from ampkit.tools._text import TextTable
+        >>> from ampkit._text import TextTable
         >>> print(TextTable(("op", "calls"), (("mm", "12"),)).text())
         op  calls
         mm     12
@@ -48,7 +48,7 @@ class TextTable:
         """A table of ``str()`` of each cell (checked as :func:`text_table` checks).
 
         Example:
-            >>> from ampkit.tools._text import TextTable
+            >>> from ampkit._text import TextTable
             >>> TextTable.of(("op", "calls"), [("mm", 12)]).rows
             (('mm', '12'),)
         """
@@ -61,7 +61,7 @@ class TextTable:
         """One letter per column, ``"l"`` or ``"r"``.
 
         Example:
-            >>> from ampkit.tools._text import TextTable
+            >>> from ampkit._text import TextTable
             >>> TextTable(("op", "calls", "where"), ()).alignment()
             'lrr'
         """
@@ -71,7 +71,7 @@ class TextTable:
         """The table as aligned plain text (:func:`text_table`).
 
         Example:
-            >>> from ampkit.tools._text import TextTable
+            >>> from ampkit._text import TextTable
             >>> TextTable(("op",), (("mm",),)).text().splitlines()
             ['op', 'mm']
         """
@@ -98,7 +98,7 @@ def text_table(columns: Sequence[str], rows: Iterable[Sequence[object]], *,
             an ``align`` letter other than ``l`` and ``r``.
 
     Example:
-        >>> from ampkit.tools._text import text_table
+        >>> from ampkit._text import text_table
         >>> print(text_table(("Op", "Calls"), [("mul", 1)], footer=("Total", 1),
         ...                  separator=" | ", rules=True))
         Op    | Calls
@@ -141,7 +141,7 @@ def finite_or_none(value: Any) -> Any:
     ``None``, so it can be written as strict JSON.
 
     Example:
-        >>> from ampkit.tools._text import finite_or_none
+        >>> from ampkit._text import finite_or_none
         >>> finite_or_none({"a": float("nan"), "b": [1.0, float("inf")]})
         {'a': None, 'b': [1.0, None]}
     """

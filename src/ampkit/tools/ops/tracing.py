@@ -13,7 +13,7 @@
 
 Example:
     >>> import torch
-    >>> from ampkit.tools.ops._tracing import ModuleScope, OpWatch
+    >>> from ampkit.tools.ops.tracing import ModuleScope, OpWatch
     >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     >>> x, seen = torch.ones(1, 2), []
     >>> scope = ModuleScope(net)
@@ -46,7 +46,7 @@ class ModuleScope:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.ops._tracing import ModuleScope
+        >>> from ampkit.tools.ops.tracing import ModuleScope
         >>> net = torch.nn.Sequential(torch.nn.Identity())
         >>> names = []
         >>> with ModuleScope(net, on_enter=lambda n, m, a: names.append(n)):
@@ -106,7 +106,7 @@ class OpWatch(TorchFunctionMode):
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.ops._tracing import OpWatch
+        >>> from ampkit.tools.ops.tracing import OpWatch
         >>> x, names = torch.ones(2), []
         >>> with OpWatch(lambda name, *_: names.append(name)):
         ...     _ = torch.exp(x) + 1
@@ -163,7 +163,7 @@ class DispatchRegion:
 
     Example:
         >>> import torch
-        >>> from ampkit.tools.ops._tracing import DispatchRegion
+        >>> from ampkit.tools.ops.tracing import DispatchRegion
         >>> class Names(DispatchRegion):
         ...     def __init__(self):
         ...         super().__init__("a Names region can be entered only once")
