@@ -525,12 +525,13 @@ def _eager_when_a_frame() -> None:
 _eager_when_a_frame()
 
 
-def restore_swapped(module: nn.Module, swapped: Swapped) -> None:
+def restore_swapped(module: nn.Module, swapped: Swapped, where: str = "") -> None:
     """Put back the fp32 parameters :meth:`CastParametersOnUse.swap_in` swapped out of
     ``module``; then raise ``RuntimeError`` if the forward edited a copy in place (its
     version moved and its values are no longer the cast of the parameter): the edit
     would have reached the copy only, never the truth the optimizer steps and
-    ``state_dict`` saves (see :mod:`ampkit.parameter_truth`).
+    ``state_dict`` saves (see :mod:`ampkit.parameter_truth`). ``where`` is the module's
+    name in its model, for that error.
 
     Example:
         >>> import torch
@@ -554,7 +555,7 @@ def restore_swapped(module: nn.Module, swapped: Swapped) -> None:
         # neither pickle nor deepcopy) past its forward.
         module._init_flat_weights()
     if edited:
-        check_copies_unedited(module, edited)
+        check_copies_unedited(module, edited, where)
 
 
 def restore_until(module: nn.Module | None) -> None:
@@ -616,12 +617,15 @@ def swap_depth() -> int:
 
 
 def check_copies_unedited(module: nn.Module,
-                          edited: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
+                          edited: list[tuple[str, torch.Tensor, torch.Tensor]],
+                          where: str = "") -> None:
     """Raise ``RuntimeError`` for the copies in ``edited`` (``(name, fp32 parameter,
     copy)`` whose version counter moved during ``module``'s forward) whose values are
     no longer the cast of the parameter: the edit reached the copy only
     (:mod:`ampkit.parameter_truth`). A version moved with the values unchanged (a
-    kernel that rewrites a weight's storage as it was) is no edit.
+    kernel that rewrites a weight's storage as it was) is no edit. ``where`` is the
+    module's name in its model (the conversion knows it; this layer does not), for the
+    error.
 
     Example:
         >>> import torch
@@ -640,12 +644,8 @@ def check_copies_unedited(module: nn.Module,
                  if not torch.equal(low, param.detach().to(low.dtype))]
     if not names:
         return
-    from ampkit.conversion.config import record_of
-
-    record = record_of(module)
-    where = f"{record.name!r} " if record is not None and record.name else ""
     raise RuntimeError(
-        f"module {where}{type(module).__name__!r} edited its parameter"
+        f"module {f'{where!r} ' if where else ''}{type(module).__name__!r} edited its parameter"
         f"{'s' if len(names) > 1 else ''} {', '.join(map(repr, names))} in place during "
         f"its forward, but there the module holds low-precision copies made for the "
         f"compute: the edit reached the copy, not the fp32 parameter the optimizer "

@@ -37,6 +37,7 @@ from torch.nn.modules.module import (
 
 from ampkit.casting import cast_tree
 from ampkit.compile_frames import skip_frame_only
+from ampkit.conversion.config import record_of
 from ampkit.parameter_casts import (
     Swapped,
     casting_on_use,
@@ -176,7 +177,8 @@ def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         swap_params(self, swapped, own.dtype, False, own.keep)
         return self.forward(*args, **kwargs)
     finally:
-        restore_swapped(self, swapped)
+        record = record_of(self)
+        restore_swapped(self, swapped, record.name if record is not None else "")
 
 
 # Run as plain Python when dynamo meets it as a frame of its own
