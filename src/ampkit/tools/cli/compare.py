@@ -282,7 +282,7 @@ def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: An
                                 custom_white_list=args.custom_white_list,
                                 custom_black_list=args.custom_black_list, loss_fn=loss_fn,
                                 threshold=args.threshold, fp8=args.fp8)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # SystemExit: sys.exit() in the forward
         found = forward_error(error, model, args.target)
         if found is None:  # ampkit's own: its traceback is the report to file
             raise
