@@ -140,6 +140,19 @@ def factory_unprintable():
     raise Unprintable()  # LINE unprintable
 
 
+def nan_batch():
+    return (X * float("nan"),)
+
+
+class ForwardYields(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        yield self.fc(x)
+
+
 class ForwardExits(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -518,6 +531,16 @@ _USER_CODE_ERRORS = [
     (["compare", "userpkg.models:ForwardExits", *_BATCH],
      "the forward of TARGET 'userpkg.models:ForwardExits' (ForwardExits.forward) raised "
      "SystemExit: 0 (at userpkg/models.py:{forward_exit})"),
+    (["compare", "userpkg.models:build", "--inputs", "userpkg.models:nan_batch"],
+     "TARGET 'userpkg.models:build' on --inputs 'userpkg.models:nan_batch': the float32 "
+     "run's output has 64 NaN (of 64 values): compare measures low precision against a "
+     "float32 reference that is a number; the inputs have 512 NaN: check them and the "
+     "model in float32"),
+    (["compare", "userpkg.models:ForwardYields", *_BATCH],
+     "TARGET 'userpkg.models:ForwardYields' on --inputs 'userpkg.models:batch': the "
+     "model's forward returned 'generator', which holds no floating-point tensor (tensors "
+     "are read from tuples, lists, dicts and the types torch's pytree knows): there is "
+     "nothing to compare; return the output tensors"),
     (["tune", "userpkg.models:factory_exits", *_SCORE, "--quiet"],
      "TARGET 'userpkg.models:factory_exits' raised SystemExit: 0 "
      "(at userpkg/models.py:{exit0})"),

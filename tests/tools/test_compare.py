@@ -247,3 +247,41 @@ def test_report_page_renders_in_headless_chromium(tmp_path, headless_chromium) -
             box["left"], box["top"], box["right"], box["bottom"])))
         pixels = np.asarray(crop)
         assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50, image["id"]
+
+
+# -- nothing to compare is an error, not a report of no error ------------------------------
+
+class _Yields(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor):  # type: ignore[override]
+        yield self.fc(x)
+
+
+def test_a_forward_that_returns_a_generator_is_refused_not_reported_as_exact() -> None:
+    from ampkit.tools.accuracy.compare import NothingToCompareError
+
+    with pytest.raises(NothingToCompareError, match="returned 'generator', which holds no "
+                                                    "floating-point tensor"):
+        ampkit.compare(_Yields(), torch.ones(3, 4), precision="O1", dtype=torch.bfloat16)
+
+
+def test_nan_inputs_are_refused_not_reported_as_cosine_one() -> None:
+    from ampkit.tools.accuracy.compare import NothingToCompareError
+
+    x = torch.ones(3, 4)
+    x[0, 0] = float("nan")
+    # one NaN input row gives 2 NaN outputs (of 6); the message counts both
+    with pytest.raises(NothingToCompareError,
+                       match=r"output has 2 NaN \(of 6 values\).*the inputs have 1 NaN"):
+        ampkit.compare(nn.Linear(4, 2), x, precision="O1", dtype=torch.bfloat16)
+    # an output with infinities (masked logits) is still compared: equal infinities agree
+    model = nn.Sequential(nn.Linear(1, 1), _Exp())
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+        model[0].bias.zero_()
+    c = ampkit.compare(model, torch.tensor([[1.0], [1000.0]]), precision="O1",
+                       dtype=torch.bfloat16)
+    assert c.output.num_inf == 1 and 0 <= c.output.max_abs < 1
