@@ -5,6 +5,7 @@ renders (in headless chromium when it is installed)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 
 import numpy as np
@@ -285,3 +286,29 @@ def test_nan_inputs_are_refused_not_reported_as_cosine_one() -> None:
     c = ampkit.compare(model, torch.tensor([[1.0], [1000.0]]), precision="O1",
                        dtype=torch.bfloat16)
     assert c.output.num_inf == 1 and 0 <= c.output.max_abs < 1
+
+
+@pytest.mark.parametrize("depth", [6, 36, 120])
+def test_the_error_plot_x_labels_do_not_overlap(depth: int) -> None:
+    """About 35 leaf modules (a ViT's) once drew their x labels on top of each other;
+    each drawn label's box stays apart from its neighbours' and inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from ampkit.tools.accuracy.compare_report import layers_figure
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(depth)])
+    c = ampkit.compare(model, torch.randn(2, 8), precision="O1", dtype=torch.bfloat16)
+    figure = layers_figure(c)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    labels = [t for t in figure.axes[0].get_xticklabels() if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    # up to 40 leaves each has its label; past that every k-th one, at least 20 of them
+    assert len(boxes) == depth if depth <= 40 else 20 <= len(boxes) < depth
+    boxes.sort(key=lambda b: b.x0)
+    for left, right in itertools.pairwise(boxes):
+        assert left.x1 <= right.x0, (left, right)
+    width, height = figure.bbox.width, figure.bbox.height
+    assert all(b.x0 >= 0 and b.x1 <= width and b.y0 >= 0 and b.y1 <= height for b in boxes)
