@@ -49,7 +49,7 @@ PRESETS = {"light": (256, 4, 512, 2, 64), **O2_PRESETS}
 CONFIGS = {  # name: (initialize kwargs or None for fp32, AdamW kwargs)
     "fp32": (None, {}),
     "fp32 foreach": (None, {"foreach": True}),
-    "O2 (fp32 masters)": ({"level": "O2"}, {}),
+    "O2 (fp32 parameters)": ({"level": "O2"}, {}),
     "O2 stochastic": ({"level": "O2", "master_weights": "stochastic"}, {}),
     "O2 kahan": ({"level": "O2", "master_weights": "kahan"}, {}),
 }

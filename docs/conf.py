@@ -2,8 +2,10 @@
 
 Build it with ``python -m sphinx -W --keep-going -b html docs docs/_build/html`` (the
 ``docs`` extra installs what it needs). The guides are the Markdown files beside this
-one, read by MyST; the API reference is generated from the docstrings at build time
-(autosummary, recursive over the package), so a renamed module needs no edit here.
+one, read by MyST. The API reference documents the public names by the paths users
+import them by (docs/api/*.md, the ``ampkit-names`` directive of ``_ext/public_api.py``,
+its list of modules in ``_ext/reference.py``); the internals are generated apart
+(autosummary, recursive over the package), so a renamed internal module needs no edit.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sphinx.application import Sphinx
 import ampkit
 
 sys.path.insert(0, str(Path(__file__).parent / "_ext"))
-from reference import defining_module, public_modules
+from reference import PUBLIC_MODULES, defining_module, deprecated_modules, public_modules
 
 project = "ampkit"
 author = "the ampkit authors"
@@ -33,6 +35,7 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
+    "public_api",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
@@ -72,7 +75,15 @@ def _module_data() -> dict[str, list[str]]:
     return data
 
 
-autosummary_context = {"module_data": _module_data()}
+# The public modules are documented by their public names (docs/api, public_api.py);
+# the internals' pages leave them out, and the deprecated aliases of moved modules.
+autosummary_context = {
+    "module_data": _module_data(),
+    "public_api": PUBLIC_MODULES,
+    "not_listed": [*deprecated_modules(),
+                   *(name for name in PUBLIC_MODULES
+                     if not hasattr(sys.modules[name], "__path__"))],
+}
 autodoc_typehints = "description"
 # fully qualified: a short name such as `autocast` would match several targets
 autodoc_typehints_format = "fully-qualified"
@@ -129,6 +140,21 @@ def _no_type_docstring(app: Sphinx, what: str, name: str, obj: Any, options: Any
             lines.clear()
 
 
+#: Where the README's links point (pyproject's [project.urls]: the guides on the
+#: repository's hosting site), so that they work on the package's index page too.
+README_DOCS_URL = "https://github.com/ampkit/ampkit/blob/main/docs/"
+
+
+def _readme_links_in_site(app: Sphinx, relative_path: Path, parent_docname: str,
+                          content: list[str]) -> None:
+    """The README, included as the site's front page, links to the guides on the
+    hosting site; on the site itself those links go to its own pages (``docs/X.md``,
+    which the include's ``relative-docs`` makes site-relative)."""
+    if relative_path.name == "README.md":
+        content[0] = content[0].replace(README_DOCS_URL, "docs/")
+
+
 def setup(app: Sphinx) -> None:
+    app.connect("include-read", _readme_links_in_site)
     app.connect("autodoc-skip-member", _skip_reexport)
     app.connect("autodoc-process-docstring", _no_type_docstring)

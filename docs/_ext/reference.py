@@ -10,6 +10,7 @@ keep the name of the function they wrap. So the file is read off the code itself
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import re
 import sys
@@ -19,6 +20,15 @@ from typing import Any
 import ampkit
 
 _ROOT = Path(ampkit.__file__).resolve().parent.parent
+
+#: The modules users import, each documented by its public names on a page of the API
+#: reference (``docs/api``, directive ``ampkit-names``): the package, its tools, the
+#: dialects under the names the guides import (``import ampkit.apex as amp``), FSDP2 and
+#: the framework integrations. Every other module is an internal, listed apart.
+PUBLIC_MODULES = ["ampkit", "ampkit.tools", "ampkit.fsdp", "ampkit.torch", "ampkit.apex",
+                  "ampkit.paddle", "ampkit.mindspore", "ampkit.mxnet",
+                  "ampkit.integrations.lightning", "ampkit.integrations.transformers",
+                  "ampkit.integrations.accelerate"]
 
 
 def _module_of_file(source: str | None) -> str | None:
@@ -73,13 +83,37 @@ def defining_module(obj: Any) -> str | None:
     return _module_of_file(source) or getattr(obj, "__module__", None)
 
 
+def deprecated_modules() -> list[str]:
+    """The old paths kept as deprecated aliases of a moved module (their source calls
+    ``ampkit._moved.moved_module``): importable, but not documented."""
+    import pkgutil
+    import warnings
+
+    names = []
+    for info in pkgutil.walk_packages(ampkit.__path__, "ampkit."):
+        if any(part.startswith("_") for part in info.name.split(".")):
+            continue
+        spec = importlib.util.find_spec(info.name)
+        origin = spec.origin if spec is not None else None
+        if origin and origin.endswith(".py") and "moved_module(" in Path(origin).read_text():
+            names.append(info.name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name in names:
+            importlib.import_module(name)
+    return names
+
+
 def public_modules() -> list[str]:
-    """``ampkit`` and every module under it whose dotted name has no ``_`` part."""
+    """``ampkit`` and every module under it whose dotted name has no ``_`` part, less
+    the deprecated aliases (:func:`deprecated_modules`)."""
     import pkgutil
 
+    deprecated = set(deprecated_modules())
     names = ["ampkit"]
     for info in pkgutil.walk_packages(ampkit.__path__, "ampkit."):
-        if not any(part.startswith("_") for part in info.name.split(".")):
+        if not any(part.startswith("_") for part in info.name.split(".")) and (
+                info.name not in deprecated):
             names.append(info.name)
     for name in names:
         importlib.import_module(name)

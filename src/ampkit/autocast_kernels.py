@@ -479,7 +479,12 @@ def _native_does(op: Any, schema: Any, device: str, rule: str) -> bool:
     fp32 under bf16 raises), where ampkit's promotes to the widest."""
     low, f32 = torch.bfloat16, torch.float32
     if rule == "lower":
-        return _native_casts(op, schema, device, f32, low)
+        # An op native runs in fp32 does not lower. Asked first, that probe stops at
+        # native's cast; the "lower" probe would run such an op's own body on fp32
+        # inputs, and its warnings (deprecated qr, lu_solve; stft without a window)
+        # would reach the user of a program that never called it.
+        return (not _native_casts(op, schema, device, low, f32)
+                and _native_casts(op, schema, device, f32, low))
     if rule == "fp32":
         return _native_casts(op, schema, device, low, f32)
     return False

@@ -528,7 +528,8 @@ class AmpConfig:
 
         Raises:
             ValueError: the file is not a mapping of known fields with valid values
-                (the message names the file, the field and the accepted values).
+                (the message names the file, the field and the accepted values), or
+                not UTF-8 text, or nested too deeply to parse.
             FileNotFoundError: no such file.
 
         Example:
@@ -544,9 +545,17 @@ class AmpConfig:
         """
         kind = _format(path)  # an unknown suffix is refused before the file is read
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            try:
+                text = f.read()
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{os.fspath(path)}: not UTF-8 text (byte "
+                                 f"{error.object[error.start]:#04x} at offset {error.start}):"
+                                 f" an ampkit config file is UTF-8 JSON or YAML") from None
         try:
             data = _yaml().safe_load(text) if kind == "yaml" else json.loads(text)
+        except RecursionError:  # the parsers recurse once per level of nesting
+            raise ValueError(f"{os.fspath(path)}: nested too deeply to read: an ampkit "
+                             f"config is a flat mapping of field names") from None
         except ValueError as error:  # json.JSONDecodeError is one
             raise ValueError(f"{os.fspath(path)}: not valid JSON: {error}") from None
         except Exception as error:  # yaml.YAMLError

@@ -65,3 +65,27 @@ def test_an_entry_that_differs_from_native_keeps_its_kernel() -> None:
     assert ("AutocastCPU", "aten::linear") in registered()
     assert same_as_native("linear", "cpu", "fp32") == {"aten::linear": False}
     assert same_as_native("linear", "cpu", "lower") == {"aten::linear": True}
+
+
+def test_probing_an_op_native_runs_in_fp32_prints_none_of_its_warnings() -> None:
+    """Asking whether native lowers qr, lu_solve or stft (``ampkit tune``'s aggressive
+    trial asks it of every op) once ran their bodies, and torch printed its deprecation
+    and no-window warnings for ops the program never called. In a fresh process: torch
+    prints each of them once per process."""
+    import subprocess
+    import sys
+
+    code = ("from ampkit.autocast_kernels import same_as_native\n"
+            "for name in ('qr', 'lu_solve', 'stft'):\n"
+            "    print(name, sorted(same_as_native(name, 'cpu', 'lower').values()))\n"
+            "    print(name, sorted(same_as_native(name, 'cpu', 'fp32').values()))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    # CPU autocast runs all three in fp32 (its own list): never lowered
+    assert done.stdout.split("\n")[:6] == [
+        "qr [False]", "qr [True]", "lu_solve [False]", "lu_solve [True]",
+        "stft [False, False]", "stft [True, True]"], done.stdout
+    noise = [line for line in done.stderr.splitlines()
+             if "Warning" in line or "deprecated" in line]
+    assert not noise, done.stderr

@@ -145,3 +145,26 @@ def test_without_accelerate_the_import_error_names_the_extra(monkeypatch) -> Non
     monkeypatch.delitem(sys.modules, "ampkit.integrations.accelerate")
     with pytest.raises(ImportError, match=r"pip install 'ampkit\[accelerate\]'"):
         importlib.import_module("ampkit.integrations.accelerate")
+
+
+@pytest.mark.parametrize("level,dtype,expected", [
+    ("O2", torch.bfloat16, "bf16"), ("O1", torch.float16, "fp16"), ("O3", torch.bfloat16, "bf16"),
+    ("O0", None, "no")])
+def test_mixed_precision_says_the_precision_ampkit_trains_in(level, dtype, expected,
+                                                            monkeypatch) -> None:
+    """A tracker logging ``accelerator.mixed_precision`` once recorded "no" (fp32) for a
+    bf16 run; accelerate's own mode still stays off."""
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    accelerator = AmpkitAccelerator(level=level, dtype=dtype, cpu=True)
+    assert accelerator.mixed_precision == expected
+    assert accelerator.state.mixed_precision == "no"
+    assert accelerator.scaler is None or expected == "fp16"
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = accelerator.prepare(model, opt)
+    seen = []  # the dtype the Linear computed in (O2/O3 cast the model's output back)
+    model[0].register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    with accelerator.autocast():
+        model(torch.ones(2, 4))
+    assert seen == [{"bf16": torch.bfloat16, "fp16": torch.float16,
+                     "no": torch.float32}[expected]]

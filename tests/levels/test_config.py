@@ -149,6 +149,28 @@ def test_a_bad_yaml_file_is_a_value_error_too(tmp_path) -> None:
         AmpConfig.from_file(path)
 
 
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_file_that_is_not_utf8_or_nested_too_deep_is_a_value_error_naming_it(
+        tmp_path, suffix) -> None:
+    # (both were a bare UnicodeDecodeError or RecursionError, without the file's name)
+    path = tmp_path / f"latin1{suffix}"
+    path.write_bytes('{"level": "O2", "note": "caf\u00e9"}'.encode("latin-1"))
+    with pytest.raises(ValueError) as caught:
+        AmpConfig.from_file(path)
+    assert type(caught.value) is ValueError
+    assert str(caught.value) == (f"{path}: not UTF-8 text (byte 0xe9 at offset 28): an "
+                                 f"ampkit config file is UTF-8 JSON or YAML")
+    if suffix == ".yaml":
+        pytest.importorskip("yaml")
+    path = tmp_path / f"deep{suffix}"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError) as caught:
+        AmpConfig.from_file(path)
+    assert type(caught.value) is ValueError
+    assert str(caught.value) == (f"{path}: nested too deeply to read: an ampkit config is a "
+                                 f"flat mapping of field names")
+
+
 def test_a_policy_file_loads_by_path(tmp_path) -> None:
     path = tmp_path / "tuned-policy.json"
     Policy("tuned", fp32_ops={"mm"}).save(path)  # the file `ampkit tune --out` writes

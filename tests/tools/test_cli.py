@@ -27,6 +27,8 @@ from ampkit.tools.cli import build_parser, main
 # A user's own package, as it would sit next to the command: a model factory, its
 # inputs, a metric and a loss; and references of every wrong kind.
 _MODELS = '''
+import sys
+
 import torch
 
 # raw features with a large offset: LayerNorm cancels it, and loses it in bf16
@@ -114,6 +116,50 @@ def eval_nan(model):
 
 def loss_raises(output):
     raise ValueError("no labels")  # LINE loss
+
+
+# what once ended the command silently, or with a traceback
+def factory_exits():
+    sys.exit(0)  # LINE exit0
+
+
+def factory_exits_3():
+    sys.exit(3)  # LINE exit3
+
+
+def inputs_empty():
+    return ()
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
+def factory_unprintable():
+    raise Unprintable()  # LINE unprintable
+
+
+def nan_batch():
+    return (X * float("nan"),)
+
+
+class ForwardYields(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        yield self.fc(x)
+
+
+class ForwardExits(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        sys.exit(0)  # LINE forward_exit
 '''
 
 
@@ -470,6 +516,34 @@ _USER_CODE_ERRORS = [
     (["compare", "userpkg.models:build", *_BATCH, "--loss-fn", "userpkg.models:eval_text"],
      "--loss-fn 'userpkg.models:eval_text' returned a str: it must return a one-element "
      "tensor"),
+    (["compare", "userpkg.models:factory_exits", *_BATCH],
+     "TARGET 'userpkg.models:factory_exits' raised SystemExit: 0 "
+     "(at userpkg/models.py:{exit0})"),
+    (["compare", "userpkg.models:factory_exits_3", *_BATCH],
+     "TARGET 'userpkg.models:factory_exits_3' raised SystemExit: 3 "
+     "(at userpkg/models.py:{exit3})"),
+    (["compare", "userpkg.models:build", "--inputs", "userpkg.models:inputs_empty"],
+     "--inputs 'userpkg.models:inputs_empty' returned an empty tuple: it must return the "
+     "forward's inputs (a tuple of its positional arguments, or the one argument)"),
+    (["compare", "userpkg.models:factory_unprintable", *_BATCH],
+     "TARGET 'userpkg.models:factory_unprintable' raised Unprintable: <message not "
+     "printable: str() raised RuntimeError> (at userpkg/models.py:{unprintable})"),
+    (["compare", "userpkg.models:ForwardExits", *_BATCH],
+     "the forward of TARGET 'userpkg.models:ForwardExits' (ForwardExits.forward) raised "
+     "SystemExit: 0 (at userpkg/models.py:{forward_exit})"),
+    (["compare", "userpkg.models:build", "--inputs", "userpkg.models:nan_batch"],
+     "TARGET 'userpkg.models:build' on --inputs 'userpkg.models:nan_batch': the float32 "
+     "run's output has 64 NaN (of 64 values): compare measures low precision against a "
+     "float32 reference that is a number; the inputs have 512 NaN: check them and the "
+     "model in float32"),
+    (["compare", "userpkg.models:ForwardYields", *_BATCH],
+     "TARGET 'userpkg.models:ForwardYields' on --inputs 'userpkg.models:batch': the "
+     "model's forward returned 'generator', which holds no floating-point tensor (tensors "
+     "are read from tuples, lists, dicts and the types torch's pytree knows): there is "
+     "nothing to compare; return the output tensors"),
+    (["tune", "userpkg.models:factory_exits", *_SCORE, "--quiet"],
+     "TARGET 'userpkg.models:factory_exits' raised SystemExit: 0 "
+     "(at userpkg/models.py:{exit0})"),
     (["tune", "userpkg.models:factory_raises", *_SCORE, "--quiet"],
      "TARGET 'userpkg.models:factory_raises' raised RuntimeError: no weights file "
      "(at userpkg/models.py:{factory})"),
@@ -496,7 +570,8 @@ def test_the_users_code_failing_is_one_line_and_leaves_no_folder(
     # writes its file only at the end
     out = tmp_path / ("policy.json" if argv[0] == "tune" else "new/report")
     line = _bad_input([*argv, "--out", str(out)], capsys)
-    lines = {tag: _line(tag) for tag in ("factory", "inputs", "forward", "eval", "loss")}
+    lines = {tag: _line(tag) for tag in ("factory", "inputs", "forward", "eval", "loss",
+                                         "exit0", "exit3", "unprintable", "forward_exit")}
     assert line == f"ampkit {argv[0]}: error: " + message.format(**lines)
     assert list(tmp_path.iterdir()) == []
 

@@ -5,6 +5,7 @@ renders (in headless chromium when it is installed)."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 
 import numpy as np
@@ -247,3 +248,67 @@ def test_report_page_renders_in_headless_chromium(tmp_path, headless_chromium) -
             box["left"], box["top"], box["right"], box["bottom"])))
         pixels = np.asarray(crop)
         assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 50, image["id"]
+
+
+# -- nothing to compare is an error, not a report of no error ------------------------------
+
+class _Yields(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor):  # type: ignore[override]
+        yield self.fc(x)
+
+
+def test_a_forward_that_returns_a_generator_is_refused_not_reported_as_exact() -> None:
+    from ampkit.tools.accuracy.compare import NothingToCompareError
+
+    with pytest.raises(NothingToCompareError, match="returned 'generator', which holds no "
+                                                    "floating-point tensor"):
+        ampkit.compare(_Yields(), torch.ones(3, 4), precision="O1", dtype=torch.bfloat16)
+
+
+def test_nan_inputs_are_refused_not_reported_as_cosine_one() -> None:
+    from ampkit.tools.accuracy.compare import NothingToCompareError
+
+    x = torch.ones(3, 4)
+    x[0, 0] = float("nan")
+    # one NaN input row gives 2 NaN outputs (of 6); the message counts both
+    with pytest.raises(NothingToCompareError,
+                       match=r"output has 2 NaN \(of 6 values\).*the inputs have 1 NaN"):
+        ampkit.compare(nn.Linear(4, 2), x, precision="O1", dtype=torch.bfloat16)
+    # an output with infinities (masked logits) is still compared: equal infinities agree
+    model = nn.Sequential(nn.Linear(1, 1), _Exp())
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+        model[0].bias.zero_()
+    c = ampkit.compare(model, torch.tensor([[1.0], [1000.0]]), precision="O1",
+                       dtype=torch.bfloat16)
+    assert c.output.num_inf == 1 and 0 <= c.output.max_abs < 1
+
+
+@pytest.mark.parametrize("depth", [6, 36, 120])
+def test_the_error_plot_x_labels_do_not_overlap(depth: int) -> None:
+    """About 35 leaf modules (a ViT's) once drew their x labels on top of each other;
+    each drawn label's box stays apart from its neighbours' and inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from ampkit.tools.accuracy.compare_report import layers_figure
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(depth)])
+    c = ampkit.compare(model, torch.randn(2, 8), precision="O1", dtype=torch.bfloat16)
+    figure = layers_figure(c)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    labels = [t for t in figure.axes[0].get_xticklabels() if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    # up to 40 leaves each has its label; past that every k-th one, at least 20 of them
+    assert len(boxes) == depth if depth <= 40 else 20 <= len(boxes) < depth
+    boxes.sort(key=lambda b: b.x0)
+    for left, right in itertools.pairwise(boxes):
+        assert left.x1 <= right.x0, (left, right)
+    width, height = figure.bbox.width, figure.bbox.height
+    assert all(b.x0 >= 0 and b.x1 <= width and b.y0 >= 0 and b.y1 <= height for b in boxes)

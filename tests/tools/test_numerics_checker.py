@@ -106,3 +106,27 @@ def test_bad_arguments() -> None:
         NumericsChecker(model="net")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_records"):
         NumericsChecker(max_records=0)
+
+
+def test_meta_tensors_are_a_clear_error_not_an_item_failure() -> None:
+    # (once: "Tensor.item() cannot be called on meta tensors", from the checker's own code);
+    # the first op of Linear's forward is the weight's transpose
+    net = nn.Linear(4, 4, device="meta")
+    x = torch.ones(2, 4, device="meta")
+    with pytest.raises(ValueError, match=r"^NumericsChecker: op 't' gave a meta tensor "
+                                         r"\(no data\): there are no values to check; run "
+                                         r"the model on a device with data"), \
+            NumericsChecker(net, mode="all"):
+        net(x)
+
+
+def test_a_nested_checker_records_the_programs_ops_not_the_inner_checkers() -> None:
+    x = torch.tensor([1.0, 2.0])
+    with NumericsChecker(mode="all") as outer:
+        with NumericsChecker(mode="all") as inner:
+            y = torch.exp(x)
+        z = y * 2
+    assert [r.op for r in inner.records] == ["exp"]
+    # the outer saw the program's two ops, and none of the inner's isnan/isinf/sum/...
+    assert [r.op for r in outer.records] == ["exp", "mul"]
+    assert torch.equal(z, torch.exp(x) * 2)

@@ -36,6 +36,10 @@ Without the subclass, bf16 needs nothing but order: ``Accelerator(mixed_precisio
 then ``accelerator.prepare``. fp16 needs the subclass (or a loop of your own) because
 accelerate only unscales before clipping for its own fp16 mode.
 
+``accelerator.mixed_precision`` says the precision ampkit trains in (``"bf16"``,
+``"fp16"``, ``"no"`` at O0), so a tracker or callback that logs it records the truth;
+accelerate's own mode, ``accelerator.state.mixed_precision``, stays ``"no"``.
+
 Requires ``accelerate`` (``pip install 'ampkit[accelerate]'``). Distributed types:
 none, multi-CPU and multi-GPU (DDP); FSDP, DeepSpeed, Megatron and XLA are refused.
 
@@ -47,7 +51,7 @@ Example:
     >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     >>> model, opt = accelerator.prepare(model, opt)
     >>> model[0].weight.dtype, accelerator.mixed_precision, accelerator.scaler is None
-    (torch.float32, 'no', True)
+    (torch.float32, 'bf16', True)
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from ampkit.integrations._settings import (
     accepted_options,
     missing_framework,
 )
+from ampkit.levels import Level
 
 try:
     from accelerate import Accelerator
@@ -77,6 +82,8 @@ except ImportError as error:  # pragma: no cover - exercised without the extra
 __all__ = ["AmpkitAccelerator"]
 
 _SUPPORTED = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+# the low dtype -> accelerate's name for its mixed_precision mode
+_ACCELERATE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 class AmpkitAccelerator(Accelerator):
@@ -171,10 +178,10 @@ class AmpkitAccelerator(Accelerator):
         return typing.cast(AmpkitAccelerator, accelerator)
 
     def _ampkit_attach(self, settings: AmpkitSettings) -> None:
-        if self.mixed_precision != "no":
+        if self.state.mixed_precision != "no":
             raise ValueError(f"{type(self).__name__}: the Accelerator runs its own "
-                             f"mixed_precision={self.mixed_precision!r}, beside the ampkit "
-                             f"config ({settings.describe()}); make the Accelerator with "
+                             f"mixed_precision={self.state.mixed_precision!r}, beside the "
+                             f"ampkit config ({settings.describe()}); make the Accelerator with "
                              f"mixed_precision='no' and set the precision in the config")
         if self.distributed_type not in _SUPPORTED:
             raise ValueError(f"{type(self).__name__} supports distributed types "
@@ -185,6 +192,25 @@ class AmpkitAccelerator(Accelerator):
 
     def __repr__(self) -> str:
         return f"AmpkitAccelerator({self._ampkit.describe()}, device={self.device})"
+
+    @property
+    def mixed_precision(self) -> str:
+        """accelerate's own field, which trackers, callbacks and logs read: the precision
+        ampkit trains in, in accelerate's words (``"bf16"``, ``"fp16"``; ``"no"`` at
+        level O0). accelerate's own mode stays off (``state.mixed_precision == "no"``:
+        ampkit, not accelerate, casts and scales), so accelerate's code paths for its
+        own autocast and scaler never run.
+
+        Example:
+            >>> from ampkit.integrations.accelerate import AmpkitAccelerator
+            >>> accelerator = AmpkitAccelerator(level="O2", dtype="bfloat16", cpu=True)
+            >>> accelerator.mixed_precision, accelerator.state.mixed_precision
+            ('bf16', 'no')
+        """
+        properties = self._ampkit.properties(self.device.type)
+        if properties.level is Level.O0:
+            return "no"
+        return _ACCELERATE_NAMES[properties.dtype]
 
     @property
     def ampkit_config(self) -> AmpConfig:

@@ -68,6 +68,7 @@ from ampkit.scaling.overflow import unscale_grads_
 __all__ = [
     "build_loss_scaler",
     "configure_loss_scaling",
+    "latest_loss_scaler",
     "load_loss_scaling_state_dict",
     "loss_scaler",
     "loss_scaling_state_dict",
@@ -274,17 +275,56 @@ def loss_scaler(loss_id: int = 0, *, optimizer: torch.optim.Optimizer | None = N
     configured): of the set-up ``optimizer`` belongs to (see
     :func:`configure_loss_scaling`), else of the current one.
 
+    Without ``optimizer`` the answer must be the scaler training uses: while another
+    set-up made for live optimizers (an earlier ``ampkit.initialize``) is still in use
+    beside the current one, which one is meant cannot be told, and it raises.
+
+    Raises:
+        ValueError: a bad ``loss_id``; or no ``optimizer`` while several set-ups are
+            live (name the optimizer whose scale you mean).
+
     Example:
         >>> import torch
         >>> from ampkit.scaling.loss_scaling import configure_loss_scaling, loss_scaler
         >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
         >>> _ = configure_loss_scaling("dynamic", init_scale=256.0, optimizers=[opt])
-        >>> _ = configure_loss_scaling("dynamic", init_scale=8.0)   # another run
-        >>> loss_scaler(0).get_scale(), loss_scaler(0, optimizer=opt).get_scale()
-        (8.0, 256.0)
+        >>> loss_scaler(0).get_scale()
+        256.0
+        >>> other = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
+        >>> _ = configure_loss_scaling("dynamic", init_scale=8.0, optimizers=[other])
+        >>> loss_scaler(0, optimizer=opt).get_scale(), loss_scaler(0, optimizer=other).get_scale()
+        (256.0, 8.0)
+        >>> loss_scaler(0)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: loss_scaler(0): 2 loss-scaling set-ups are live ...
     """
-    state = _current_state() if optimizer is None else _state_for(_as_optimizers(optimizer))
+    if optimizer is not None:
+        return _scaler_of(_state_for(_as_optimizers(optimizer)), loss_id)
+    state = _current_state()
+    with _lock:
+        live = {id(s) for s in _bound.values()} | {id(state)}
+    if len(live) > 1:
+        raise ValueError(
+            f"loss_scaler({loss_id!r}): {len(live)} loss-scaling set-ups are live (each "
+            f"ampkit.initialize() keeps its own scales for its optimizers), and the latest "
+            f"need not be the one training uses; name the optimizer whose scale you mean: "
+            f"loss_scaler({loss_id!r}, optimizer=opt)")
     return _scaler_of(state, loss_id)
+
+
+def latest_loss_scaler(loss_id: int = 0) -> GradScaler:
+    """The scaler behind ``loss_id`` of the latest set-up, whatever optimizers the
+    others belong to: apex's process-wide loss scalers, which each ``amp.initialize``
+    replaces (``ampkit.apex``). Elsewhere, :func:`loss_scaler`.
+
+    Example:
+        >>> from ampkit.scaling.loss_scaling import configure_loss_scaling, latest_loss_scaler
+        >>> _ = configure_loss_scaling(64.0)
+        >>> latest_loss_scaler(0).get_scale()
+        64.0
+    """
+    return _scaler_of(_current_state(), loss_id)
 
 
 def _scaler_of(state: _State, loss_id: int) -> GradScaler:

@@ -31,7 +31,7 @@ from ampkit.dialects.apex.state import amp_state, require_state
 from ampkit.function_patching import CastRule, register_function, unregister_function
 from ampkit.presets import APEX_BANNED_FUNCS, APEX_O1, APEX_REFUSED_IN_PLACE
 from ampkit.scaling.grad_scaler import GradScaler
-from ampkit.scaling.loss_scaling import build_loss_scaler, loss_scaler
+from ampkit.scaling.loss_scaling import build_loss_scaler, latest_loss_scaler
 from ampkit.scaling.loss_scaling import scale_loss as _scale_loss
 
 __all__ = ["AmpHandle", "NoOpHandle", "init", "scale_loss"]
@@ -77,7 +77,7 @@ def scale_loss(loss: torch.Tensor, optimizers: Any, loss_id: int = 0,
     # every scale_loss uses the latest ones, whatever optimizers it is given (the core
     # keeps each initialize's scalers with that call's optimizers instead).
     with _scale_loss(loss, inner_optimizers(optimizers), loss_id,
-                     delay_unscale=delay_unscale, scaler=loss_scaler(loss_id)) as scaled:
+                     delay_unscale=delay_unscale, scaler=latest_loss_scaler(loss_id)) as scaled:
         yield scaled
 
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from ampkit.dialects.apex.opt_levels import Properties
 from ampkit.scaling.loss_scaling import (
+    latest_loss_scaler,
     load_loss_scaling_state_dict,
-    loss_scaler,
     loss_scaling_state_dict,
 )
 from ampkit.scaling.schedule import check_scale_value
@@ -83,7 +83,7 @@ class _LossScalerView:
 
     def loss_scale(self) -> float:
         """The current scale."""
-        return loss_scaler(self._loss_id).get_scale()
+        return latest_loss_scaler(self._loss_id).get_scale()
 
     @property
     def _loss_scale(self) -> float:
@@ -92,19 +92,19 @@ class _LossScalerView:
     @_loss_scale.setter
     def _loss_scale(self, value: float) -> None:
         value = check_scale_value(value, "_loss_scale")  # before anything changes
-        scaler = loss_scaler(self._loss_id)
+        scaler = latest_loss_scaler(self._loss_id)
         if scaler.is_enabled():
             scaler.load_state_dict({**scaler.state_dict(), "scale": float(value)})
 
     @property
     def dynamic(self) -> bool:
         """Whether the scale is dynamic."""
-        scaler = loss_scaler(self._loss_id)
+        scaler = latest_loss_scaler(self._loss_id)
         return scaler.is_enabled() and scaler.schedule.dynamic
 
     @property
     def _unskipped(self) -> int:
-        scaler = loss_scaler(self._loss_id)
+        scaler = latest_loss_scaler(self._loss_id)
         return int(scaler.state_dict()["_growth_tracker"]) if scaler.is_enabled() else 0
 
 

@@ -77,10 +77,29 @@ from ampkit.tools.ops.tracing import ModuleScope, OpWatch
 # The results are defined in ampkit.tools.accuracy.comparison and re-exported here (their home
 # before the split); the rest are the runs that produce them, which tune reuses.
 __all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "GradError", "ModuleError",
-           "OpError", "OpRank", "Run", "check_model", "check_settings", "compare",
-           "compare_runs", "model_device_type", "resolve_threshold", "run_once"]
+           "NothingToCompareError", "OpError", "OpRank", "Run", "check_model",
+           "check_settings", "compare", "compare_runs", "model_device_type",
+           "resolve_threshold", "run_once"]
 
 _THRESHOLD_EPS = 8  # default threshold: this many machine epsilons of the low dtype
+
+
+class NothingToCompareError(ValueError):
+    """The float32 run gave nothing to measure the low-precision run against: the
+    forward's output holds no floating-point tensor (a generator, an int), or the
+    float32 output has NaN (where both runs are NaN they would count as agreeing, and
+    the report would say "no error" having compared nothing).
+
+    Example:
+        >>> import torch
+        >>> import ampkit
+        >>> ampkit.compare(torch.nn.Linear(2, 2), torch.full((1, 2), float("nan")))
+        Traceback (most recent call last):
+        ...
+        ampkit.tools.accuracy.compare.NothingToCompareError: the float32 run's output has \
+2 NaN (of 2 values): compare measures low precision against a float32 reference that is \
+a number; the inputs have 2 NaN: check them and the model in float32
+    """
 
 
 # -- recording ------------------------------------------------------------------------------
@@ -360,6 +379,24 @@ def compare_runs(ref: Run, low: Run, description: str, dtype: torch.dtype,
                       tuple(grads), ErrorStats.between(low.output, ref.output), loss, unmatched)
 
 
+def _nan_count(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(int(torch.isnan(t).sum()) for t in tensors)
+
+
+def _check_reference(output: list[torch.Tensor], inputs: tuple[Any, ...]) -> None:
+    """Refuse a float32 output with NaN (:class:`NothingToCompareError`), naming the NaN
+    in the inputs, their most likely source."""
+    bad = _nan_count(output)
+    if bad:
+        given = _nan_count(t for t in tree_leaves(inputs)
+                           if isinstance(t, torch.Tensor) and t.is_floating_point())
+        raise NothingToCompareError(
+            f"the float32 run's output has {bad} NaN (of {sum(t.numel() for t in output)} "
+            f"values): compare measures low precision against a float32 reference that "
+            f"is a number; the inputs have {given} NaN: check them and the model in "
+            f"float32")
+
+
 def check_model(model: Any) -> None:
     """Refuse what :func:`compare` cannot run: not an ``nn.Module``, or one without
     floating-point parameters.
@@ -479,6 +516,10 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
     Returns:
         a :class:`Comparison`.
 
+    Raises:
+        NothingToCompareError: the forward's output holds no floating-point tensor, or
+            its float32 output has NaN.
+
     Example:
         >>> import torch
         >>> import ampkit
@@ -492,11 +533,20 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
                                               custom_black_list, threshold, fp8)
 
     def run_fn(m: nn.Module) -> Any:
-        return m(*inputs)
+        out = m(*inputs)
+        if not any(isinstance(t, torch.Tensor) and t.is_floating_point()
+                   for t in tree_leaves(out)):  # (a generator's body has not even run)
+            raise NothingToCompareError(
+                f"the model's forward returned {type(out).__name__!r}, which holds no "
+                f"floating-point tensor (tensors are read from tuples, lists, dicts and "
+                f"the types torch's pytree knows): there is nothing to compare; return "
+                f"the output tensors")
+        return out
 
     reference = copy.deepcopy(model).float()
     ref, _ = run_once(reference, run_fn, contextlib.nullcontext, loss_fn, device_type,
                       recompute=False)
+    _check_reference(ref.output, inputs)
     low_model = setup.prepare(copy.deepcopy(model))
     low, _ = run_once(low_model, run_fn, setup.region, loss_fn, device_type, recompute=True)
     result = compare_runs(ref, low, setup.description, setup.dtype, limit)

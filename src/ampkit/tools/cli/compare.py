@@ -281,12 +281,17 @@ def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: An
         return fail("compare", " ".join(str(error).split()))
     except RuntimeError as error:  # the machine: this CPU or GPU lacks the fp8 kernel
         return fail("compare", " ".join(str(error).split()), MISSING)
+    from ampkit.tools.accuracy.compare import NothingToCompareError
+
     try:
         report = ampkit.compare(model, *inputs, precision=precision, dtype=args.dtype,
                                 custom_white_list=args.custom_white_list,
                                 custom_black_list=args.custom_black_list, loss_fn=loss_fn,
                                 threshold=args.threshold, fp8=args.fp8)
-    except Exception as error:
+    except NothingToCompareError as error:  # what TARGET and --inputs gave
+        return fail("compare", f"TARGET {args.target!r} on --inputs {args.inputs!r}: "
+                               f"{' '.join(str(error).split())}")
+    except (Exception, SystemExit) as error:  # SystemExit: sys.exit() in the forward
         found = forward_error(error, model, args.target)
         if found is None:  # ampkit's own: its traceback is the report to file
             raise

@@ -118,7 +118,9 @@ def call_user(what: str, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except UserCodeError:
         raise
-    except Exception as error:  # the user's code: any exception is theirs to read
+    # the user's code: any exception is theirs to read; sys.exit() in a factory or a
+    # metric would otherwise end the command with its status and no report or message
+    except (Exception, SystemExit) as error:
         raise UserCodeError(f"{what} raised {_one_line(error)}"
                             f"{_user_line(error.__traceback__)}") from error
 
@@ -170,7 +172,12 @@ def forward_error(error: BaseException, model: Any, target: str) -> UserCodeErro
 
 
 def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
+    """``Type: message`` on one line; a message that cannot be made into text (its
+    ``__str__`` raising) is said so, rather than raising in the middle of the report."""
+    try:
+        text = " ".join(str(error).split())
+    except Exception as unprintable:  # the user's __str__: any exception is possible
+        text = f"<message not printable: str() raised {type(unprintable).__name__}>"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
@@ -331,17 +338,29 @@ def inputs_factory(reference: str) -> Callable[[], tuple[Any, ...]]:
     ``reference`` returns (a tuple as it is, anything else as the one argument).
 
     Raises:
-        TargetError: as :func:`load_callable`.
+        TargetError: as :func:`load_callable`; when called, an empty tuple (no inputs:
+            the forward would be called with none).
 
     Example:
         >>> from ampkit.tools.cli.target import inputs_factory
+        >>> inputs_factory("builtins:list")()
+        ([],)
         >>> inputs_factory("builtins:tuple")()
-        ()
+        Traceback (most recent call last):
+        ...
+        ampkit.tools.cli.target.UserCodeError: --inputs 'builtins:tuple' returned an empty \
+tuple: it must return the forward's inputs (a tuple of its positional arguments, or the \
+one argument)
     """
     make = load_callable(reference, "--inputs")
 
     def inputs() -> tuple[Any, ...]:
         value = call_user(f"--inputs {reference!r}", make)
+        if isinstance(value, tuple) and not value:
+            raise UserCodeError(
+                f"--inputs {reference!r} returned an empty tuple: it must return the "
+                f"forward's inputs (a tuple of its positional arguments, or the one "
+                f"argument)")
         return value if isinstance(value, tuple) else (value,)
 
     return inputs

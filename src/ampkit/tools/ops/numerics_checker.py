@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves
 
 from ampkit.fp8.selection import is_float8
@@ -163,12 +163,19 @@ class _Watch(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        self.checker._inspect(func.overloadpacket.__name__, (args, kwargs), out)
+        # The checker's own ops (isnan, isinf, sum, ...) are not the program's: an outer
+        # checker, or any other mode below this one, must not see them.
+        with _disable_current_modes():
+            self.checker._inspect(func.overloadpacket.__name__, (args, kwargs), out)
         return out
 
 
 class NumericsChecker:
     """Context manager recording op outputs with NaN/Inf (or all, by ``mode``).
+
+    A checker inside another records the same program ops as the outer one, and the
+    outer records none of the inner checker's own. Meta tensors have no values to check:
+    an op giving one raises ``ValueError``.
 
     Args:
         model: module whose submodules name the ops' locations (optional).
@@ -243,6 +250,10 @@ class NumericsChecker:
                 continue
             if type(t) not in _PLAIN_TENSORS:
                 continue  # a wrapper subclass (torchao's fp8 tensors): its data is seen
+            if t.is_meta:
+                raise ValueError(f"NumericsChecker: op {op!r} gave a meta tensor (no data): "
+                                 f"there are no values to check; run the model on a device "
+                                 f"with data")
             if self.mode is CheckMode.CHECK_ALL:
                 introduced = not _all_finite(t) and all(
                     _all_finite(i) for i in tree_leaves(inputs)
