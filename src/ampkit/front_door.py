@@ -247,7 +247,9 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             ``Conv1D`` layers train in fp8 through torchao, needs ``ampkit[fp8]``; a
             request that converts no layer is a ``ValueError``, layers left out are
             said once in an ``ampkit.fp8.Fp8SkipWarning``), ``fp8_exclude_modules``,
-            ``fp8_first_last`` (see :mod:`ampkit.fp8`) and ``cast_model_outputs``.
+            ``fp8_first_last`` (see :mod:`ampkit.fp8`), ``cast_model_outputs`` and
+            ``step_in_backward`` (each parameter steps inside backward as its
+            gradient is ready, see :mod:`ampkit.step_in_backward`).
             Here a field may also hold what a config file cannot: module classes or
             instances among ``keep_fp32_modules``, a ``Policy``, a torchao
             ``Float8LinearConfig``. Then the apex overrides
@@ -319,6 +321,17 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, mode.value, seed=rounding_seed,
                                  seed_name="rounding_seed")
+    in_backward = settings["step_in_backward"]
+    if in_backward:  # before anything changes (ampkit.step_in_backward)
+        from ampkit.step_in_backward import check_step_in_backward, enable_step_in_backward
+
+        if not opt_list:
+            raise ValueError("initialize: step_in_backward=True steps the optimizers "
+                             "inside backward; pass them (initialize(model, optimizer, "
+                             "...))")
+        for i, opt in enumerate(opt_list):
+            check_step_in_backward(opt, loss_scale=props.loss_scale,
+                                   argument="optimizer" if one_opt else f"optimizers[{i}]")
     fp8_plans = [prepare_fp8(model, converting, **fp8_args) for model in model_list]
     named_fp8 = [("model" if one_model else f"models[{i}]", plan)
                  for i, plan in enumerate(fp8_plans) if plan is not None]
@@ -342,6 +355,8 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
                                        seed=rounding_seed) for opt in opt_list]
     _configure_loss_scaling(props, scaling, [o for o in opt_list  # scale_loss takes these
                                              if isinstance(o, torch.optim.Optimizer)])
+    if in_backward:
+        opt_list = [enable_step_in_backward(opt) for opt in opt_list]
     skipped = fp8_skip_message(named_fp8)
     if skipped is not None:  # what fp8 left out, said once
         warnings.warn(skipped, Fp8SkipWarning, stacklevel=2)

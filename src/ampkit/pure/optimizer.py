@@ -32,7 +32,7 @@ from ampkit.pure.step import stored_low as _stored_low
 
 __all__ = ["PURE_ROUNDINGS", "PureLowPrecisionOptimizer", "PureState", "check_pure_optimizer",
            "check_rounding", "check_seed", "optimizer_class_name", "pure_rounding",
-           "rebuild_pure"]
+           "rebuild_pure", "rounding_keys"]
 
 #: The rounding modes :class:`PureLowPrecisionOptimizer` accepts: the pure modes
 #: ``initialize``'s ``master_weights`` takes (:data:`ampkit.levels.PURE_MASTER_WEIGHTS`,
@@ -344,10 +344,10 @@ torch.bfloat16)
         # The lists themselves are refilled in place: optimizers may hold them (LBFGS).
         lists = [g["params"] for g in groups]
         saved = [list(ps) for ps in lists]
-        # each parameter's (index in the optimizer, its group's seed): the hash's key
-        default = self.defaults.get(_SEED, 0)  # type: ignore[attr-defined]
-        where = {id(p): (i, seed) for i, (p, seed) in enumerate(
-            (p, g.get(_SEED, default)) for g, ps in zip(groups, saved) for p in ps)}
+        # each parameter's (index in the optimizer, its group's seed): the hash's key.
+        # A step inside backward (ampkit.step_in_backward) narrows the groups to one
+        # parameter and hands the whole optimizer's indices here.
+        where = self.__dict__.get("_ampkit_indices") or rounding_keys(self)  # type: ignore[arg-type]
         pure = self._ampkit_pure
         budget = pure.chunk_bytes
         if budget is None:
@@ -510,6 +510,23 @@ PureLowPrecisionOptimizer.step = torch.optim.Optimizer.profile_hook_step(  # typ
     PureLowPrecisionOptimizer.step)
 PureLowPrecisionOptimizer.step.hooked = True  # type: ignore[attr-defined]
 PureLowPrecisionOptimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
+
+
+def rounding_keys(optimizer: torch.optim.Optimizer) -> dict[int, tuple[int, int]]:
+    """Each parameter's ``(index in the optimizer, its group's rounding seed)`` by
+    ``id``: what its stochastic rounding's bits are drawn from, with the step count.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure.optimizer import rounding_keys
+        >>> w, b = torch.ones(2), torch.ones(1)
+        >>> opt = torch.optim.SGD([{"params": [w]}, {"params": [b], "rounding_seed": 3}])
+        >>> sorted(rounding_keys(opt).values())
+        [(0, 0), (1, 3)]
+    """
+    default = optimizer.defaults.get(_SEED, 0)
+    return {id(p): (i, seed) for i, (p, seed) in enumerate(
+        (p, g.get(_SEED, default)) for g in optimizer.param_groups for p in g["params"])}
 
 
 def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:
