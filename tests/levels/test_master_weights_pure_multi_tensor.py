@@ -17,7 +17,7 @@ from ampkit.pure.rounding import (
     Positions,
     draw_noise,
     round_kahan_foreach,
-    round_stochastic_foreach,
+    round_stochastic,
 )
 
 BF16 = torch.bfloat16
@@ -34,8 +34,8 @@ def _neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _round(values: list[torch.Tensor], key: tuple[int, ...]) -> list[torch.Tensor]:
     outs = [torch.empty_like(v, dtype=BF16) for v in values]
-    noises = [draw_noise(Positions(v), key, 1, v.device)[0] for v in values]
-    round_stochastic_foreach(outs, [v.clone() for v in values], noises)
+    round_stochastic([(Positions(v), key, [out], [v.clone()])
+                      for v, out in zip(values, outs)])
     return outs
 
 

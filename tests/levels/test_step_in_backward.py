@@ -99,7 +99,7 @@ def test_stepping_in_backward_trains_bit_for_bit_like_the_ordinary_step(mode, fo
 
 
 def test_gradients_never_all_exist_at_once():
-    net, opt = _setup(MODES[0], True)
+    net, _ = _setup(MODES[0], True)
     params = list(net.parameters())
     seen = []
     for p in params:  # registered after ampkit's hooks: sees each step done
@@ -188,7 +188,7 @@ def test_a_grad_scaler_step_is_refused():
     scaler = torch.amp.GradScaler("cpu")
     x, y = _batches(1)[0]
     scaler.scale(_loss(net, x, y)).backward()
-    with pytest.raises(RuntimeError, match="scaler.step"):
+    with pytest.raises(RuntimeError, match=r"scaler\.step"):
         scaler.step(opt)
 
 
@@ -198,7 +198,7 @@ def test_a_grad_scaler_step_is_refused():
 def test_loss_scaling_is_refused_before_anything_changes(kwargs):
     net = _net()
     opt = torch.optim.AdamW(net.parameters())
-    with pytest.raises(ValueError, match="loss_scale=.*an overflow is known only once"):
+    with pytest.raises(ValueError, match=r"loss_scale=.*an overflow is known only once"):
         ampkit.initialize(net, opt, level="O2", step_in_backward=True, **kwargs)
     assert all(p.dtype is torch.float32 for p in net.parameters())
     assert not steps_in_backward(opt)

@@ -7,11 +7,10 @@ positions of a DTensor shard within its whole parameter.
 
 Example:
     >>> import torch
-    >>> from ampkit.pure.rounding import Positions, draw_noise, round_stochastic_foreach
+    >>> from ampkit.pure.rounding import Positions, round_stochastic
     >>> value = torch.full((4,), 1.0 + 2 ** -9)  # half-way between two bf16 numbers
     >>> out = torch.empty(4, dtype=torch.bfloat16)
-    >>> noise = draw_noise(Positions(value), (0, 0, 0), 1, value.device)
-    >>> round_stochastic_foreach([out], [value], [noise[0]])
+    >>> round_stochastic([(Positions(value), (0, 0, 0), [out], [value])])
     >>> sorted(set(out.tolist())) <= [1.0, 1.0078125]
     True
 """
@@ -23,12 +22,13 @@ import hashlib
 import math
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 __all__ = ["Positions", "draw_noise", "is_dtensor", "local_tensor", "round_kahan",
-           "round_kahan_foreach", "round_stochastic_foreach", "stochastic_round"]
+           "round_kahan_foreach", "round_stochastic", "stochastic_round"]
 
 _LOW_MANTISSA = 1 << 16  # the fp32 bits below bf16's mantissa
 _HIGH_MASK = -_LOW_MANTISSA  # 0xFFFF0000 as an int32
@@ -177,30 +177,31 @@ def _generator(device: torch.device) -> torch.Generator:
     return g
 
 
-def draw_noise(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
-               device: torch.device) -> torch.Tensor:
-    """Noise for stochastic rounding: int32 in ``[0, 2**16)``, shaped
-    ``(jobs, *local shape of positions)``.
+def _fields(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
+            device: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
+    """The noise of a local tensor, piece by piece: ``(first local flat element, int16
+    fields shaped (jobs, piece length))``; signed, so each needs 2**15 added.
 
     The whole parameter's elements are cut into blocks of ``_BLOCK`` positions; block
     ``b`` draws ``jobs`` x its length x 16 bits, as full-range int64s, from the device's
     generator seeded with a hash of ``(key_parts, shard tag, b)``: job ``j`` takes the
     ``j``-th run of 16-bit fields. Only the blocks holding local elements are drawn, and
     whole, so an element's bits depend on nothing but the key and its position: not on
-    the chunking, the other parameters, nor the sharding (a shard of
-    ``Shard``/``Replicate`` placements draws what the unsharded parameter draws). The
-    same on every run and replica on one device type; CPU and CUDA generators differ."""
+    the chunking, the other parameters, nor the sharding. Contiguous positions come one
+    block at a time; scattered ones (a shard of a dimension other than the first) are
+    gathered from the blocks they span, in one piece."""
     n = math.prod(positions.local_shape)
     total = math.prod(positions.global_shape) if not positions.tag else n
     if positions.block_start is not None:
         first, index = positions.block_start, None
         last = first + n
-    else:  # scattered positions: draw the blocks they span, then gather
+    else:
         index = positions.index(0, n, device)
         first = int(index.min()) if n else 0
         last = int(index.max()) + 1 if n else 0
     base = first // _BLOCK * _BLOCK
-    out = torch.empty((jobs, max(0, last - base)), dtype=torch.int32, device=device)
+    spanned = None if index is None else torch.empty(
+        (jobs, last - base), dtype=torch.int16, device=device)
     g = _generator(device)
     for lo in range(base, last, _BLOCK):
         length = min(lo + _BLOCK, total) - lo  # the block's, whatever this shard holds
@@ -209,12 +210,26 @@ def draw_noise(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
         raw = torch.empty(-(-jobs * length // 4), dtype=torch.int64, device=device)
         raw.random_(-(1 << 63), None, generator=g)  # all 64 bits
         fields = raw.view(torch.int16)[:jobs * length].view(jobs, length)
-        stop = min(lo + length, last)
-        out[:, lo - base:stop - base].copy_(fields[:, :stop - lo])
-    local = (out[:, first - base:] if index is None
-             else out.index_select(1, index - base))
-    # signed 16-bit fields, shifted to [0, 2**16)
-    return local.add_(1 << 15).view(jobs, *positions.local_shape)
+        start, stop = max(lo, first), min(lo + length, last)
+        if spanned is None:
+            yield start - first, fields[:, start - lo:stop - lo]
+        else:
+            spanned[:, lo - base:stop - base] = fields[:, :stop - lo]
+    if spanned is not None and index is not None:
+        yield 0, spanned.index_select(1, index - base)
+
+
+def draw_noise(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
+               device: torch.device) -> torch.Tensor:
+    """The noise :func:`round_stochastic` adds for ``jobs`` tensors of one parameter's
+    local elements: int32 in ``[0, 2**16)``, shaped ``(jobs, *local shape)`` (see
+    :func:`_fields` for how the bits are drawn). The same on every run and replica on
+    one device type; CPU and CUDA generators differ."""
+    n = math.prod(positions.local_shape)
+    out = torch.empty((jobs, n), dtype=torch.int32, device=device)
+    for start, fields in _fields(positions, key_parts, jobs, device):
+        out[:, start:start + fields.shape[1]] = fields
+    return out.add_(1 << 15).view(jobs, *positions.local_shape)
 
 
 def _truncate_pairs(outs: list[torch.Tensor], values: list[torch.Tensor]) -> None:
@@ -232,23 +247,67 @@ def _truncate_pairs(outs: list[torch.Tensor], values: list[torch.Tensor]) -> Non
         torch._foreach_copy_(fast_out, fast_in)
 
 
-def round_stochastic_foreach(outs: list[torch.Tensor], values: list[torch.Tensor],
-                             noises: list[torch.Tensor]) -> None:
-    """Round the fp32 ``values`` (overwritten) stochastically into the bf16 ``outs``
-    with ``noises`` (from :func:`draw_noise`), all on one device, with multi-tensor ops:
-    add the noise below bf16's mantissa, then truncate. The bit pattern is
-    sign-magnitude, so negative values round symmetrically. NaNs stay NaN (their
-    payload's carry could otherwise make them infinities or zeros)."""
-    live = [v for v in values if v.numel()]
-    if not live:
-        return
-    nan = bool(torch.stack(torch._foreach_max(live)).isnan().any())
-    kept = [(v.isnan(), v[v.isnan()]) for v in values] if nan else []
-    # no signed overflow: the largest finite pattern plus 2**16 - 1 stays below 2**31
-    torch._foreach_add_([v.view(torch.int32) for v in values], noises)
-    _truncate_pairs(outs, values)
-    for out, (mask, original) in zip(outs, kept):
-        out[mask] = original.to(torch.bfloat16)
+#: One parameter's stochastic roundings: its positions, its key, the bf16 outputs and
+#: the fp32 values (overwritten), each shaped like the parameter's local tensor.
+StochasticJob = tuple[Positions, tuple[Any, ...], list[torch.Tensor], list[torch.Tensor]]
+_GROUP = 1 << 18  # elements rounded per group of multi-tensor ops (about 1 MiB of fp32)
+
+
+def round_stochastic(params: list[StochasticJob]) -> None:
+    """Round the fp32 values of many parameters (all on one device) stochastically into
+    their bf16 outputs, with multi-tensor ops over bounded groups of pieces: add the
+    noise of :func:`_fields` below bf16's mantissa, then truncate. The bit pattern is
+    sign-magnitude, so negative values round symmetrically. Noise is drawn a block at a
+    time and used at once, so it never takes more than a group's worth of memory. NaNs
+    stay NaN (their payload's carry could otherwise make them infinities or zeros)."""
+    bits: list[torch.Tensor] = []
+    noises: list[torch.Tensor] = []
+    pieces: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # (outs, values)
+    later: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def flush() -> None:
+        # A group at a time, so that its values stay in cache through every pass.
+        if not bits:
+            return
+        live = [v for v in pieces[1] if v.numel()]
+        nan = bool(live) and bool(torch.stack(torch._foreach_max(live)).isnan().any())
+        kept = [(out, v.isnan(), v[v.isnan()]) for out, v in zip(*pieces)] if nan else []
+        # first 2**15, then the signed noise: no signed overflow for any non-NaN
+        torch._foreach_add_(bits, 1 << 15)
+        for b, noise in zip(bits, noises):  # per piece: mixed int dtypes are slow in
+            b.add_(noise)                   # torch's multi-tensor add on CPU (3.8x)
+        _truncate_pairs(*pieces)
+        for out, mask, original in kept:
+            out[mask] = original.to(torch.bfloat16)
+        for lst in (bits, noises, *pieces):
+            lst.clear()
+
+    pending = 0
+    for positions, key, outs, values in params:
+        flats = [v.contiguous().view(-1) for v in values]  # row-major: i is position i
+        targets = []
+        for out in outs:
+            if out.is_contiguous():
+                targets.append(out.view(-1))
+            else:
+                targets.append(torch.empty(out.numel(), dtype=torch.bfloat16,
+                                           device=out.device))
+                later.append((out, targets[-1]))
+        device = flats[0].device
+        for start, fields in _fields(positions, key, len(values), device):
+            stop = start + fields.shape[1]
+            for flat, target, noise in zip(flats, targets, fields):
+                bits.append(flat[start:stop].view(torch.int32))
+                noises.append(noise)
+                pieces[0].append(target[start:stop])
+                pieces[1].append(flat[start:stop])
+            pending += fields.numel()
+            if pending >= _GROUP:
+                flush()
+                pending = 0
+    flush()
+    for out, target in later:
+        out.copy_(target.view(out.shape))
 
 
 def round_kahan_foreach(outs: list[torch.Tensor], values: list[torch.Tensor],

@@ -23,10 +23,10 @@ import torch.nn as nn
 
 from ampkit.pure.rounding import (
     Positions,
-    draw_noise,
+    StochasticJob,
     local_tensor,
     round_kahan_foreach,
-    round_stochastic_foreach,
+    round_stochastic,
 )
 
 __all__ = ["COMP", "COUNT", "OWN_STATE", "RoundBatch", "chunks", "fingerprint",
@@ -158,7 +158,7 @@ class RoundBatch:
         self.rounding: str = opt._ampkit_pure.rounding
         # per device: (bf16 outs, fp32 values, Kahan compensations or noises)
         self.kahan: dict[torch.device, _Lists] = defaultdict(lambda: ([], [], []))
-        self.stochastic: dict[torch.device, _Lists] = defaultdict(lambda: ([], [], []))
+        self.stochastic: dict[torch.device, list[StochasticJob]] = defaultdict(list)
         self.nearest = _Copies()
         self.kahan_params: list[torch.Tensor] = []
 
@@ -208,19 +208,16 @@ class RoundBatch:
         # One draw for the weight and its state; the order of the names fixes whose
         # bits are whose.
         low.sort(key=lambda job: job[0])
-        noises = draw_noise(Positions(p), (seed, index, count), len(low), work.device)
-        for (_, out, value), noise in zip(low, noises.unbind(0)):
-            lists = self.stochastic[out.device]
-            lists[0].append(out)
-            lists[1].append(value)
-            lists[2].append(noise)
+        self.stochastic[work.device].append((Positions(p), (seed, index, count),
+                                             [out for _, out, _ in low],
+                                             [value for _, _, value in low]))
 
     def run(self) -> None:
         self.nearest.run()
         for outs, values, comps in self.kahan.values():
             round_kahan_foreach(outs, values, comps)
-        for outs, values, noises in self.stochastic.values():
-            round_stochastic_foreach(outs, values, noises)
+        for jobs in self.stochastic.values():
+            round_stochastic(jobs)
         versions = self.opt._ampkit_pure.versions
         for p in self.kahan_params:
             versions[p] = fingerprint(p)
