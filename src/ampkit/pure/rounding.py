@@ -223,7 +223,7 @@ def draw_noise(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
                device: torch.device) -> torch.Tensor:
     """The noise :func:`round_stochastic` adds for ``jobs`` tensors of one parameter's
     local elements: int32 in ``[0, 2**16)``, shaped ``(jobs, *local shape)`` (see
-    :func:`_fields` for how the bits are drawn). The same on every run and replica on
+    ``_fields`` for how the bits are drawn). The same on every run and replica on
     one device type; CPU and CUDA generators differ."""
     n = math.prod(positions.local_shape)
     out = torch.empty((jobs, n), dtype=torch.int32, device=device)
@@ -256,7 +256,7 @@ _GROUP = 1 << 18  # elements rounded per group of multi-tensor ops (about 1 MiB 
 def round_stochastic(params: list[StochasticJob]) -> None:
     """Round the fp32 values of many parameters (all on one device) stochastically into
     their bf16 outputs, with multi-tensor ops over bounded groups of pieces: add the
-    noise of :func:`_fields` below bf16's mantissa, then truncate. The bit pattern is
+    noise of ``_fields`` below bf16's mantissa, then truncate. The bit pattern is
     sign-magnitude, so negative values round symmetrically. Noise is drawn a block at a
     time and used at once, so it never takes more than a group's worth of memory. NaNs
     stay NaN (their payload's carry could otherwise make them infinities or zeros)."""
