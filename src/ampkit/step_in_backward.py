@@ -26,9 +26,11 @@ What it gives up (each refused loudly):
 * more than one process (DDP, FSDP2): each parameter would step on its local gradient
   before the ranks' gradients are reduced.
 
-LR schedulers work as usual, stepped after ``backward()`` (one parameter group per
-parameter and ``LambdaLR`` with a lambda per group gives each parameter its own
-schedule); the new learning rate applies from the next ``backward()``.
+The optimizer's step hooks (``register_step_pre_hook``/``post_hook``) run once per
+parameter stepped. LR schedulers work as usual, stepped after ``backward()`` (one
+parameter group per parameter and ``LambdaLR`` with a lambda per group gives each
+parameter its own schedule); the new learning rate applies from the next
+``backward()``.
 
 Example:
     >>> import torch

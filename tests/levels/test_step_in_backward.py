@@ -231,3 +231,18 @@ def test_clipping_an_optimizer_that_steps_after_backward_or_nothing_is_refused()
         clip_each_gradient(opt)
     with pytest.raises(ValueError, match="max_norm must be a positive finite number"):
         clip_each_gradient(opt, max_norm=-1.0)
+
+
+def test_a_process_group_made_after_enabling_is_refused_at_the_first_hook(monkeypatch):
+    # DDP would average the gradients only after each parameter stepped on its own:
+    # the hook refuses before stepping anything (the 2-rank case at initialize is in
+    # tests/distributed/test_distributed_pure.py).
+    net, opt = _setup(MODES[0], True)
+    before = [p.detach().clone() for p in net.parameters()]
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
+    x, y = _batches(1)[0]
+    with pytest.raises(RuntimeError, match="a process group of 2 ranks is initialized"):
+        _loss(net, x, y).backward()
+    assert _same([p.detach() for p in net.parameters()], before)
+    assert not opt.state
