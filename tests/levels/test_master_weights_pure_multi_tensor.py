@@ -19,6 +19,7 @@ from ampkit.pure.rounding import (
     round_kahan_foreach,
     round_stochastic,
 )
+from ampkit.pure.step import slice_size, slices
 
 BF16 = torch.bfloat16
 
@@ -109,9 +110,11 @@ def test_drawing_leaves_the_global_rng_alone():
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
+    # 300k elements: five blocks of the stream, and two slices when chunk_bytes is
+    # small (an element-wise optimizer then steps them one at a time)
     net = torch.nn.Sequential(torch.nn.Linear(16, 300), torch.nn.Tanh(),
-                              torch.nn.Linear(300, 240), torch.nn.Tanh(),  # 72k: 2 blocks
-                              torch.nn.Linear(240, 3))
+                              torch.nn.Linear(300, 1000), torch.nn.Tanh(),
+                              torch.nn.Linear(1000, 3))
     return net.to(BF16)
 
 
@@ -139,6 +142,12 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer,
         opt.zero_grad(set_to_none=True)
 
 
+def _grad(model: torch.nn.Module) -> torch.Tensor:
+    weight = model[2].weight
+    weight.grad = torch.ones_like(weight)
+    return weight
+
+
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     out = [p.detach().clone() for p in model.parameters()]
     for p in model.parameters():
@@ -152,7 +161,8 @@ def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[torch.
 def test_a_run_is_bit_for_bit_the_same_whatever_the_chunk_size(rounding, name):
     batches = _batches(4)
     runs = []
-    for chunk_bytes in (1, 16 * 300 * 16, None, 1 << 30):  # a chunk per parameter .. one
+    # a chunk per parameter (the large one in slices) .. one chunk, no slices
+    for chunk_bytes in (1, 16 * 300 * 16, None, 1 << 30):
         model = _model()
         opt = _optimizer(model, name, rounding, chunk_bytes)
         _train(model, opt, batches)
@@ -163,6 +173,10 @@ def test_a_run_is_bit_for_bit_the_same_whatever_the_chunk_size(rounding, name):
     start = [p.detach() for p in _model().parameters()]
     moved = sum(int((a != b).sum()) for a, b in zip(first, start))
     assert moved > 0.5 * sum(p.numel() for p in start)  # the steps did change the weights
+    # the first run did step the large weight in slices, the last one whole
+    assert slices(_optimizer(_model(), name, rounding, 1), _grad(_model()), slice_size(1))
+    assert slices(_optimizer(_model(), name, rounding, 1), _grad(_model()),
+                  slice_size(1 << 30)) is None
 
 
 @pytest.mark.parametrize("rounding", ["stochastic", "kahan"])

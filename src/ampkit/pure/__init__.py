@@ -97,10 +97,15 @@ are handed to the working parameters.
 **Memory (AdamW).** Between steps, 6 bytes per parameter with ``"stochastic"`` (bf16
 weight and two bf16 moments) and 8 with ``"kahan"``, against 12 for fp32. Gradients
 take 2 bytes. During the step, one chunk at a time holds fp32 working copies: 16 bytes
-per element, plus the inner step's temporaries. Stochastic rounding adds the chunk's
-noise: 4 bytes per element per tensor rounded (12 for AdamW's weight and two moments;
-8 with Kahan, whose weight takes none). A chunk is at least one whole
-parameter, so the largest parameter sets the floor.
+per element, plus the inner step's temporaries. Stochastic rounding adds its noise a
+group of about 2**18 elements at a time (a few MiB at most). A chunk is at least one
+whole parameter, except with the element-wise torch optimizers (SGD, Adam, AdamW,
+NAdam, RAdam, Adamax, Adagrad, RMSprop): they step a contiguous parameter larger than
+the budget in slices of the budget's size (at least 262,144 elements, whole blocks of
+the random stream), each with the step count and state the parameter had before the
+step, which gives the same result bit for bit and keeps the working copies small
+enough for the allocator to reuse. With other optimizers the largest parameter sets
+the floor.
 
 float16 is refused: pure fp16 would need loss scaling on every update and has little
 range.

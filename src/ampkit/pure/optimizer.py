@@ -27,7 +27,14 @@ from ampkit.levels import PURE_MASTER_WEIGHTS
 from ampkit.pure.rounding import local_tensor
 from ampkit.pure.step import COMP as _COMP
 from ampkit.pure.step import OWN_STATE as _OWN_STATE
-from ampkit.pure.step import RoundBatch, chunks, stand_ins
+from ampkit.pure.step import (
+    RoundBatch,
+    chunks,
+    slice_size,
+    slice_stand_in,
+    slices,
+    stand_ins,
+)
 from ampkit.pure.step import stored_low as _stored_low
 
 __all__ = ["PURE_ROUNDINGS", "PureLowPrecisionOptimizer", "PureState", "check_pure_optimizer",
@@ -191,8 +198,9 @@ class PureLowPrecisionOptimizer:
         chunk_bytes: the most fp32 working memory one chunk of a step may take.
             ``None``: a sixteenth of what the whole optimizer would take (about one
             byte per parameter on top of the 6-8 held). A parameter larger than the
-            budget is a chunk of its own: its working copies (16 bytes per element)
-            are the floor of the step's extra memory.
+            budget is a chunk of its own (its working copies take 16 bytes per
+            element), or, with an element-wise torch optimizer, is stepped in slices
+            of the budget's size (at least 262,144 elements).
 
     ``add_param_group`` refuses float16 parameters too.
 
@@ -355,8 +363,25 @@ torch.bfloat16)
         try:
             if closure is not None:  # LBFGS: one pass over everything, closure re-run
                 return self._step_all(inner, closure, lists, saved, where, kwargs)
+            size = slice_size(budget)
             for i in range(len(groups)):
                 active = [p for p in saved[i] if p.grad is not None]
+                parts = {id(p): slices(self, p, size) for p in active}
+                for p in active:  # large parameters of element-wise optimizers
+                    index, seed = where[id(p)]
+                    for part in parts[id(p)] or ():
+                        w = slice_stand_in(self, p, part)
+                        try:
+                            for j, ps in enumerate(lists):
+                                ps[:] = [w] if j == i else []
+                            inner(self, **kwargs)
+                            batch = RoundBatch(self)
+                            with torch.no_grad():
+                                batch.add(p, w, seed, index, part=part)
+                                batch.run()
+                        finally:
+                            self.state.pop(w, None)  # type: ignore[attr-defined]
+                active = [p for p in active if parts[id(p)] is None]
                 for chunk in chunks(active, budget):
                     pairs = self._stand_ins(chunk)
                     try:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Positions", "draw_noise", "is_dtensor", "local_tensor", "round_kahan",
+__all__ = ["BLOCK", "Positions", "draw_noise", "is_dtensor", "local_tensor", "round_kahan",
            "round_kahan_foreach", "round_stochastic", "stochastic_round"]
 
 _LOW_MANTISSA = 1 << 16  # the fp32 bits below bf16's mantissa
@@ -162,7 +162,7 @@ class Positions:
         return out
 
 
-_BLOCK = 1 << 16  # elements of a parameter drawn from one seeded block of the stream
+BLOCK = 1 << 16  # elements of a parameter drawn from one seeded block of the stream
 _LITTLE = sys.byteorder == "little"  # the high half of an fp32 is its second bf16 view
 _generators = threading.local()  # per thread (autograd's device threads run hooks)
 
@@ -182,7 +182,7 @@ def _fields(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
     """The noise of a local tensor, piece by piece: ``(first local flat element, int16
     fields shaped (jobs, piece length))``; signed, so each needs 2**15 added.
 
-    The whole parameter's elements are cut into blocks of ``_BLOCK`` positions; block
+    The whole parameter's elements are cut into blocks of ``BLOCK`` positions; block
     ``b`` draws ``jobs`` x its length x 16 bits, as full-range int64s, from the device's
     generator seeded with a hash of ``(key_parts, shard tag, b)``: job ``j`` takes the
     ``j``-th run of 16-bit fields. Only the blocks holding local elements are drawn, and
@@ -199,13 +199,13 @@ def _fields(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
         index = positions.index(0, n, device)
         first = int(index.min()) if n else 0
         last = int(index.max()) + 1 if n else 0
-    base = first // _BLOCK * _BLOCK
+    base = first // BLOCK * BLOCK
     spanned = None if index is None else torch.empty(
         (jobs, last - base), dtype=torch.int16, device=device)
     g = _generator(device)
-    for lo in range(base, last, _BLOCK):
-        length = min(lo + _BLOCK, total) - lo  # the block's, whatever this shard holds
-        words = _key(*key_parts, *positions.tag, lo // _BLOCK)
+    for lo in range(base, last, BLOCK):
+        length = min(lo + BLOCK, total) - lo  # the block's, whatever this shard holds
+        words = _key(*key_parts, *positions.tag, lo // BLOCK)
         g.manual_seed(words[0] | words[1] << 32)
         raw = torch.empty(-(-jobs * length // 4), dtype=torch.int64, device=device)
         raw.random_(-(1 << 63), None, generator=g)  # all 64 bits

@@ -22,25 +22,115 @@ import torch
 import torch.nn as nn
 
 from ampkit.pure.rounding import (
+    BLOCK,
     Positions,
     StochasticJob,
+    is_dtensor,
     local_tensor,
     round_kahan_foreach,
     round_stochastic,
 )
 
-__all__ = ["COMP", "COUNT", "OWN_STATE", "RoundBatch", "chunks", "fingerprint",
-           "stand_ins", "stored_low"]
+__all__ = ["COMP", "COUNT", "ELEMENTWISE", "OWN_STATE", "RoundBatch", "Slice", "chunks",
+           "fingerprint", "slice_stand_in", "slice_size", "slices", "stand_ins",
+           "stored_low"]
 
 COMP = "kahan_compensation"  # per-parameter optimizer state: the Kahan compensation
 COUNT = "rounding_step"  # per-parameter optimizer state: rounded updates so far
 OWN_STATE = (COMP, COUNT)  # state of this mode, which the inner optimizer never sees
 
 
+#: torch optimizers whose update of an element depends on nothing but that element's
+#: weight, gradient and state, the step count and the hyper-parameters: they may step a
+#: large parameter a slice at a time, with the same result.
+ELEMENTWISE: tuple[type, ...] = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW,
+                                 torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax,
+                                 torch.optim.Adagrad, torch.optim.RMSprop)
+_MIN_SLICE = 4 * BLOCK  # the fewest elements of a slice (the stream's blocks stay whole)
+
+
+def slice_size(budget: int) -> int:
+    """Elements per slice of a parameter for a chunk budget of ``budget`` bytes: the
+    budget's worth of fp32 working copies (16 bytes per element), in whole blocks of the
+    random stream, at least ``_MIN_SLICE``."""
+    return max(_MIN_SLICE, budget // 16 // BLOCK * BLOCK)
+
+
+class Slice:
+    """A run ``[start, stop)`` of a parameter's flat elements stepped on its own, with
+    the parameter's rounding count and state as they were before its first slice."""
+
+    __slots__ = ("count", "start", "state", "stop")
+
+    def __init__(self, start: int, stop: int, count: int, state: dict[str, Any]) -> None:
+        self.start, self.stop, self.count, self.state = start, stop, count, state
+
+
+def slices(opt: Any, p: torch.Tensor, size: int) -> list[Slice] | None:
+    """``p``'s slices of ``size`` elements when ``opt`` may step it a slice at a time
+    (an optimizer of :data:`ELEMENTWISE`, itself not a subclass; a contiguous plain bf16
+    parameter larger than ``size`` with a dense contiguous gradient and contiguous
+    state), else ``None``. Checks Kahan's compensation once, for all of them."""
+    base = type(opt).__bases__[1] if len(type(opt).__bases__) > 1 else type(opt)
+    grad = p.grad
+    if (base not in ELEMENTWISE or p.numel() <= size or p.dtype is not torch.bfloat16
+            or is_dtensor(p) or not p.is_contiguous() or grad is None
+            or grad.layout is not torch.strided or not grad.is_contiguous()):
+        return None
+    own = opt.state[p]
+    if not all(v.is_contiguous() for k, v in own.items()
+               if isinstance(v, torch.Tensor) and (k == COMP or stored_low(k, v, p))):
+        return None
+    _check_compensation(opt, p, own)
+    snapshot = dict(own)
+    count = own.get(COUNT, 0)
+    return [Slice(a, min(a + size, p.numel()), count, snapshot)
+            for a in range(0, p.numel(), size)]
+
+
+def _check_compensation(opt: Any, p: torch.Tensor, own: dict[str, Any]) -> bool:
+    """Drop ``p``'s Kahan compensation if the weight changed since the last step (a
+    load, an edit: the compensation belonged to the weight that step left); whether
+    one is kept."""
+    pure = opt._ampkit_pure
+    if own.get(COMP) is None:
+        return False
+    seen = pure.versions.get(p)
+    if pure.rounding != "kahan" or (seen is not None and seen != fingerprint(p)):
+        del own[COMP]
+        return False
+    return True
+
+
+def slice_stand_in(opt: Any, p: torch.Tensor, part: Slice) -> nn.Parameter:
+    """The fp32 working parameter of one slice of ``p`` (see :func:`stand_ins`), from
+    the state ``p`` had before its first slice."""
+    a, b = part.start, part.stop
+    with torch.no_grad():
+        w = nn.Parameter(p.detach().view(-1)[a:b].to(torch.float32))
+        comp = part.state.get(COMP)
+        if comp is not None:
+            w.detach().add_(comp.view(-1)[a:b])
+        assert p.grad is not None
+        w.grad = p.grad.view(-1)[a:b].to(torch.float32)
+        working: dict[str, Any] = {}
+        for k, v in part.state.items():
+            if k in OWN_STATE:
+                continue
+            if isinstance(v, torch.Tensor):
+                v = (v.view(-1)[a:b].to(torch.float32) if stored_low(k, v, p)
+                     else v.clone())
+            elif isinstance(v, list):
+                v = list(v)
+            working[k] = v
+        opt.state[w] = working
+    return w
+
+
 def chunks(params: list[torch.Tensor], budget: int) -> Iterator[list[torch.Tensor]]:
     """Consecutive runs of ``params`` whose fp32 working copies (weight, gradient and
     up to two moments: 16 bytes per element) stay within ``budget`` bytes (a parameter
-    larger than the budget is a chunk of its own)."""
+    larger than the budget is a chunk of its own, unless :func:`slices` cuts it)."""
     chunk: list[torch.Tensor] = []
     used = 0
     for p in params:
@@ -103,7 +193,6 @@ def stand_ins(opt: Any, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, 
     ``opt.state``); any other parameter stands for itself. Every copy of the chunk runs
     as one multi-tensor copy per device. Other state tensors are cloned and lists copied,
     so a step that fails changes nothing."""
-    pure = opt._ampkit_pure
     state = opt.state
     copies = _Copies()
     kahan: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = defaultdict(
@@ -116,17 +205,10 @@ def stand_ins(opt: Any, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, 
                 continue
             own = state.get(p, {})
             w = nn.Parameter(copies.fp32_of(p.detach()))
-            comp = own.get(COMP)
-            if comp is not None:
-                seen = pure.versions.get(p)
-                if pure.rounding != "kahan" or (seen is not None and seen != fingerprint(p)):
-                    # Changed since the last step (a load, an edit): the compensation
-                    # belonged to the weight that step left.
-                    del own[COMP]
-                else:
-                    local = local_tensor(w.detach())
-                    kahan[local.device][0].append(local)
-                    kahan[local.device][1].append(local_tensor(comp))
+            if _check_compensation(opt, p, own):
+                local = local_tensor(w.detach())
+                kahan[local.device][0].append(local)
+                kahan[local.device][1].append(local_tensor(own[COMP]))
             if p.grad is not None:
                 w.grad = copies.fp32_of(p.grad)
             working: dict[str, Any] = {}
@@ -162,25 +244,32 @@ class RoundBatch:
         self.nearest = _Copies()
         self.kahan_params: list[torch.Tensor] = []
 
-    def add(self, p: torch.Tensor, w: nn.Parameter, seed: int, index: int) -> None:
-        """Take the working parameter ``w``'s weight and state as ``p``'s: the state
-        entries move into ``p``'s (bf16 ones in place where they exist) and the
-        roundings are queued."""
+    def add(self, p: torch.Tensor, w: nn.Parameter, seed: int, index: int,
+            part: Slice | None = None) -> None:
+        """Take the working parameter ``w``'s weight and state as ``p``'s (or as its
+        slice ``part``'s): the state entries move into ``p``'s (bf16 ones in place where
+        they exist) and the roundings are queued."""
         state = self.opt.state
         results = state.pop(w, None)
         own = state[p]
-        count = own.get(COUNT, 0)
+        count = own.get(COUNT, 0) if part is None else part.count
+
+        def region(t: torch.Tensor) -> torch.Tensor:  # the part of a p-shaped tensor
+            t = local_tensor(t)
+            return t if part is None else t.view(-1)[part.start:part.stop]
+
         work = local_tensor(w.detach())
-        target = local_tensor(p.detach())
+        target = region(p.detach())
         low: list[tuple[str, torch.Tensor, torch.Tensor]] = [("", target, work)]
         if results is not None:
             for k, v in results.items():
-                if stored_low(k, v, p) and v.dtype is torch.float32:
+                if stored_low(k, v, w if part else p) and v.dtype is torch.float32:
                     old = own.get(k)
+                    like = v if part is None else p.detach()
                     if (not isinstance(old, torch.Tensor) or old.dtype is not torch.bfloat16
-                            or old.shape != v.shape or type(old) is not type(v)):
-                        old = torch.empty_like(v, dtype=torch.bfloat16)
-                    low.append((k, local_tensor(old), local_tensor(v)))
+                            or old.shape != like.shape or type(old) is not type(like)):
+                        old = torch.empty_like(like, dtype=torch.bfloat16)
+                    low.append((k, region(old), local_tensor(v)))
                     own[k] = old
                 else:
                     own[k] = v
@@ -194,7 +283,7 @@ class RoundBatch:
             lists = self.kahan[work.device]
             lists[0].append(target)
             lists[1].append(work)
-            lists[2].append(local_tensor(comp))
+            lists[2].append(region(comp))
             self.kahan_params.append(p)
             low = low[1:]  # the state is still rounded stochastically
         if self.rounding == "nearest":
@@ -208,7 +297,10 @@ class RoundBatch:
         # One draw for the weight and its state; the order of the names fixes whose
         # bits are whose.
         low.sort(key=lambda job: job[0])
-        self.stochastic[work.device].append((Positions(p), (seed, index, count),
+        positions = Positions(p)
+        if part is not None:  # a run of the whole parameter's positions
+            positions.local_shape, positions.block_start = (len(work),), part.start
+        self.stochastic[work.device].append((positions, (seed, index, count),
                                              [out for _, out, _ in low],
                                              [value for _, _, value in low]))
 
