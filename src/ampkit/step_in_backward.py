@@ -108,9 +108,9 @@ def check_step_in_backward(optimizer: Any, *, loss_scale: Any = None,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"{argument} must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    from ampkit.pure.optimizer import _needs_closure, optimizer_class_name
+    from ampkit.pure.optimizer import needs_closure, optimizer_class_name
 
-    if _needs_closure(optimizer):
+    if needs_closure(optimizer):
         raise ValueError(f"step_in_backward: {optimizer_class_name(optimizer)}'s step "
                          f"needs a closure, which re-evaluates the loss over all "
                          f"parameters; use step_in_backward=False")

@@ -38,7 +38,8 @@ from ampkit.pure.step import (
 from ampkit.pure.step import stored_low as _stored_low
 
 __all__ = ["PURE_ROUNDINGS", "PureLowPrecisionOptimizer", "PureState", "check_pure_optimizer",
-           "check_rounding", "check_seed", "optimizer_class_name", "pure_rounding",
+           "check_rounding", "check_seed", "needs_closure", "optimizer_class_name",
+           "pure_rounding",
            "rebuild_pure", "rounding_keys"]
 
 #: The rounding modes :class:`PureLowPrecisionOptimizer` accepts: the pure modes
@@ -65,9 +66,18 @@ def _check_no_float16(params: Any) -> None:
                              "(master_weights=True) for float16")
 
 
-def _needs_closure(optimizer: Any) -> bool:
+def needs_closure(optimizer: Any) -> bool:
     """Whether the optimizer's step requires a closure (LBFGS): such a step evaluates
-    the closure again at weights it tries."""
+    the closure again at weights it tries (a pure optimizer answers for the class it
+    was made from).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure.optimizer import needs_closure
+        >>> w = torch.nn.Parameter(torch.ones(1))
+        >>> needs_closure(torch.optim.LBFGS([w])), needs_closure(torch.optim.SGD([w]))
+        (True, False)
+    """
     try:
         closure = inspect.signature(_inner_step(type(optimizer))).parameters.get("closure")
     except (TypeError, ValueError):  # no signature to read: assume the common case
@@ -341,7 +351,7 @@ torch.bfloat16)
         """
         inner = _inner_step(type(self))
         loss = None
-        if closure is not None and not _needs_closure(self):
+        if closure is not None and not needs_closure(self):
             with torch.enable_grad():
                 loss = closure()
             closure = None
