@@ -9,6 +9,11 @@ measured the same way: two warm-up steps, then one measured step (forward, backw
   included, which is why fp32 shows a hair above 12);
 * the peak of one step (held + the highest point of the step's allocations, torch
   profiler on CPU, the allocator's peak counter on CUDA), and its ratio to fp32;
+* the peak of the model state (parameters, their gradients, the optimizer state and
+  buffers: no activations, no temporaries), sampled as each gradient is accumulated and
+  around ``optimizer.step()``, and its ratio to fp32's; the "step in backward" configs
+  (``initialize(..., step_in_backward=True)``) step each parameter as its gradient is
+  ready and free it, so the gradients never all exist at once;
 * with ``--time-steps N``: the median time of ``optimizer.step()`` over N more steps,
   measured outside the profiler (the pure modes' fp32 working copies and rounding are
   all inside it).
@@ -52,26 +57,47 @@ CONFIGS = {  # name: (initialize kwargs or None for fp32, AdamW kwargs)
     "O2 (fp32 parameters)": ({"level": "O2"}, {}),
     "O2 stochastic": ({"level": "O2", "master_weights": "stochastic"}, {}),
     "O2 kahan": ({"level": "O2", "master_weights": "kahan"}, {}),
+    "O2, step in backward": ({"level": "O2", "step_in_backward": True}, {}),
+    "O2 stochastic, step in backward": ({"level": "O2", "master_weights": "stochastic",
+                                         "step_in_backward": True}, {}),
+    "O2 kahan, step in backward": ({"level": "O2", "master_weights": "kahan",
+                                    "step_in_backward": True}, {}),
 }
 
 
 def measure(config: str, base: torch.nn.Module, ids: torch.Tensor,
-            device: torch.device, time_steps: int = 0) -> tuple[int, int, float | None]:
-    """``(bytes held between steps, peak bytes of one step, median seconds of
-    optimizer.step() over time_steps more steps or None)``."""
+            device: torch.device, time_steps: int = 0
+            ) -> tuple[int, int, int, float | None]:
+    """``(bytes held between steps, peak bytes of one step, peak bytes of the model
+    state, median seconds of the step over time_steps more steps or None)``; in the
+    step-in-backward configs the step is the backward pass, which holds it."""
     init, adamw = CONFIGS[config]
     model = copy.deepcopy(base).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **adamw)
+    state_peak = [0]
+
+    def sample(*_: object) -> None:
+        held = _storage_bytes(live_training_tensors(model, optimizer), device.type)
+        state_peak[0] = max(state_peak[0], held)
+
+    for p in model.parameters():  # before initialize's hooks: sees each gradient
+        p.register_post_accumulate_grad_hook(sample)
     if init is not None:
         model, optimizer = ampkit.initialize(model, optimizer, dtype=torch.bfloat16, **init)
+    in_backward = bool(init and init.get("step_in_backward"))
 
     def step() -> float:
         logits = model(ids[:, :-1])
-        F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
+        loss = F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        optimizer.step()
+        loss.backward()
+        if not in_backward:
+            start = time.perf_counter()
+            sample()
+            optimizer.step()
+            sample()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
@@ -81,10 +107,11 @@ def measure(config: str, base: torch.nn.Module, ids: torch.Tensor,
     for _ in range(2):
         step()
     held = _storage_bytes(live_training_tensors(model, optimizer), device.type)
+    state_peak[0] = 0
     with _peak_memory(device, held) as memory:
         step()
     timed = statistics.median(step() for _ in range(time_steps)) if time_steps else None
-    return held, memory["peak"], timed
+    return held, memory["peak"], state_peak[0], timed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,17 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         params = sum(p.numel() for p in base.parameters())
         print(f"\n{preset}: d={dim}, {layers} layers, vocab {vocab}, {params / 1e6:.2f}M "
               f"parameters, batch {batch} x {seq} tokens")
-        timing = " optimizer.step |" if args.time_steps else ""
+        timing = " optimizer.step (or backward) |" if args.time_steps else ""
         print(f"| config | held between steps | bytes/param | peak of one step | vs fp32 |"
-              f"{timing}")
-        print("|---|---|---|---|---|" + ("---|" if timing else ""))
-        baseline = None
+              f" model state peak | bytes/param | vs fp32 |{timing}")
+        print("|---|---|---|---|---|---|---|---|" + ("---|" if timing else ""))
+        baseline = state_base = None
         for config in CONFIGS:
-            held, peak, seconds = measure(config, base, ids, device, args.time_steps)
+            held, peak, state, seconds = measure(config, base, ids, device,
+                                                 args.time_steps)
             baseline = baseline or peak
+            state_base = state_base or state
             timed = f" {seconds * 1e3:.1f} ms |" if seconds is not None else ""
             print(f"| {config} | {held / 2 ** 20:.1f} MiB | {held / params:.2f} | "
-                  f"{peak / 2 ** 20:.1f} MiB | {peak / baseline:.2f}x |{timed}", flush=True)
+                  f"{peak / 2 ** 20:.1f} MiB | {peak / baseline:.2f}x | "
+                  f"{state / 2 ** 20:.1f} MiB | {state / params:.2f} | "
+                  f"{state / state_base:.2f}x |{timed}", flush=True)
     return 0
 
 

@@ -13,7 +13,17 @@ same batches (see :mod:`ampkit.tools.demo.pure_curves`):
 "nearest" is pure bf16 with each update computed in fp32 and rounded to nearest: the
 baseline that stalls when updates are below half a bf16 ulp.
 
-Run: ``python benchmarks/pure_bf16.py [--seeds 5] [--epochs 5] [--steps 300]``
+3. with ``--step-time``: the optimizer step side by side with torchao's
+   ``_AdamW(bf16_stochastic_round=True)`` and fp32 AdamW, on MLPs of ``--sizes``
+   parameters (42k to 10M), every configuration in this process, interleaved round by
+   round; the median *thread CPU time* of one ``optimizer.step()`` (1 thread: the
+   figure other jobs on a shared machine do not inflate), and of a whole training step
+   (forward, backward, step). torchao compiles each parameter shape at its first step:
+   that happens in the warm-up, outside the timings, and its time is reported apart.
+   ``--step-time-only`` skips the convergence runs.
+
+Run: ``python benchmarks/pure_bf16.py [--seeds 5] [--epochs 5] [--steps 300]
+[--step-time [--step-time-only] [--sizes 42k,600k,2.5M,10M] [--rounds 5]]``
 """
 
 from __future__ import annotations
@@ -23,12 +33,95 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
+import ampkit
 from ampkit.tools.demo.pure_curves import digits_accuracy, train_curves
 
 MODES = ("fp32", "nearest", "stochastic", "kahan")
+STEP_CONFIGS = ("ampkit stochastic", "ampkit kahan", "torchao SR AdamW", "fp32 AdamW")
+# hidden width of a 3-layer MLP (64 -> h -> h -> 10) for each named size
+SIZES = {"42k": 180, "600k": 740, "2.5M": 1550, "10M": 3140}
+
+
+def _mlp(hidden: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.GELU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.GELU(),
+                               torch.nn.Linear(hidden, 10))
+
+
+def _step_runs(config: str, hidden: int) -> tuple[Callable[[], None], Callable[[], None], float]:
+    """``(optimizer step, whole training step, seconds of the warm-up)`` for ``config``
+    on a fresh MLP; each call of the step first runs forward and backward (not timed
+    in the first, timed in the second)."""
+    model = _mlp(hidden)
+    x = torch.randn(32, 64)
+    y = torch.randint(0, 10, (32,))
+    if config == "fp32 AdamW":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif config == "torchao SR AdamW":
+        from torchao.optim import _AdamW
+
+        model = model.to(torch.bfloat16)
+        opt = _AdamW(model.parameters(), lr=1e-3, bf16_stochastic_round=True)
+    else:
+        rounding = config.split()[1]
+        model, opt = ampkit.initialize(
+            model, torch.optim.AdamW(model.parameters(), lr=1e-3), level="O2",
+            dtype=torch.bfloat16, master_weights=rounding, rounding_seed=0)
+    dtype = next(model.parameters()).dtype
+
+    def backward() -> None:
+        F.cross_entropy(model(x.to(dtype)).float(), y).backward()
+
+    def step() -> None:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def timed_step() -> float:
+        backward()
+        start = time.thread_time()
+        step()
+        return time.thread_time() - start
+
+    def timed_train() -> float:
+        start = time.thread_time()
+        backward()
+        step()
+        return time.thread_time() - start
+
+    started = time.perf_counter()
+    for _ in range(2):
+        timed_train()
+    return timed_step, timed_train, time.perf_counter() - started
+
+
+def step_times(sizes: list[str], rounds: int, steps: int) -> None:
+    """The step-time table: thread CPU time, medians over interleaved rounds."""
+    print(f"\noptimizer step and training step, thread CPU time (1 thread), median of "
+          f"{rounds} interleaved rounds x {steps} steps; MLP 64-h-h-10, batch 32")
+    print("| parameters | config | optimizer step | vs torchao | training step | "
+          "vs torchao | warm-up (2 steps) |")
+    print("|---|---|---|---|---|---|---|")
+    for size in sizes:
+        hidden = SIZES[size]
+        runs = {c: _step_runs(c, hidden) for c in STEP_CONFIGS}
+        params = sum(p.numel() for p in _mlp(hidden).parameters())
+        times: dict[str, tuple[list[float], list[float]]] = {c: ([], []) for c in runs}
+        for _ in range(rounds):
+            for config, (step, train, _) in runs.items():
+                times[config][0].append(statistics.fmean(step() for _ in range(steps)))
+                times[config][1].append(statistics.fmean(train() for _ in range(steps)))
+        ref = [statistics.median(t) for t in times["torchao SR AdamW"]]
+        for config, (step_s, train_s) in times.items():
+            opt_ms, train_ms = statistics.median(step_s), statistics.median(train_s)
+            print(f"| {params / 1e6:.3f}M | {config} | {opt_ms * 1e3:.2f} ms | "
+                  f"{opt_ms / ref[0]:.2f}x | {train_ms * 1e3:.2f} ms | "
+                  f"{train_ms / ref[1]:.2f}x | {runs[config][2]:.1f} s |", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,10 +132,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-digits", action="store_true")
+    parser.add_argument("--step-time", action="store_true")
+    parser.add_argument("--step-time-only", action="store_true")
+    parser.add_argument("--sizes", default="42k,600k,2.5M,10M",
+                        help=f"comma-separated, of {list(SIZES)}")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--round-steps", type=int, default=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"machine: {platform.machine()} CPU, {args.threads} thread(s); "
           f"torch {torch.__version__}")
+    if args.step_time or args.step_time_only:
+        sizes = args.sizes.split(",")
+        unknown = [s for s in sizes if s not in SIZES]
+        if unknown:
+            parser.error(f"--sizes: unknown {unknown}; accepted: {list(SIZES)}")
+        step_times(sizes, args.rounds, args.round_steps)
+        if args.step_time_only:
+            return 0
     if not args.skip_digits:
         print(f"\ndigits CNN, {args.epochs} epochs, test accuracy over seeds "
               f"0..{args.seeds - 1}")

@@ -243,6 +243,9 @@ class AmpConfig:
         cast_model_outputs: the dtype the model's floating outputs are cast to
             (``float16``, ``bfloat16`` or ``float32``, names accepted, stored as the
             dtype); ``None`` keeps the level's default.
+        step_in_backward: step each parameter inside backward as soon as its gradient
+            is accumulated, and free the gradient (:mod:`ampkit.step_in_backward`);
+            refused with loss scaling.
 
     Raises:
         ValueError: a bad value or a combination that means nothing (the message names
@@ -304,6 +307,8 @@ class AmpConfig:
         default=False, metadata=_about("train the first and last Linear in fp8 too"))
     cast_model_outputs: torch.dtype | None = dataclasses.field(default=None, metadata=_about(
         "dtype of the model's floating outputs; unset: the level's", _float_dtypes))
+    step_in_backward: bool = dataclasses.field(default=False, metadata=_about(
+        "step each parameter inside backward as its gradient is ready (frees gradients)"))
 
     def __post_init__(self) -> None:
         # Every check is one that initialize, the level table or GradScaler already
@@ -368,6 +373,13 @@ class AmpConfig:
             raise ValueError(f"{sorted(scaler)} set up loss scaling, but level "
                              f"{self.level} with {self.dtype} scales no loss; set "
                              f"loss_scale='dynamic' to scale it anyway")
+        if not isinstance(self.step_in_backward, bool):
+            raise TypeError(f"step_in_backward must be True or False, got "
+                            f"{self.step_in_backward!r}")
+        if self.step_in_backward and self.dtype is not None and props.loss_scale is not None:
+            from ampkit.step_in_backward import check_step_in_backward
+
+            check_step_in_backward(None, loss_scale=props.loss_scale)
 
     # -- what each consumer is given ---------------------------------------------------
 

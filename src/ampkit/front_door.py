@@ -296,7 +296,9 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             ``Conv1D`` layers train in fp8 through torchao, needs ``ampkit[fp8]``; a
             request that converts no layer is a ``ValueError``, layers left out are
             said once in an ``ampkit.fp8.Fp8SkipWarning``), ``fp8_exclude_modules``,
-            ``fp8_first_last`` (see :mod:`ampkit.fp8`) and ``cast_model_outputs``.
+            ``fp8_first_last`` (see :mod:`ampkit.fp8`), ``cast_model_outputs`` and
+            ``step_in_backward`` (each parameter steps inside backward as its
+            gradient is ready, see :mod:`ampkit.step_in_backward`).
             Here a field may also hold what a config file cannot: module classes or
             instances among ``keep_fp32_modules``, a ``Policy``, a torchao
             ``Float8LinearConfig``. Then the apex overrides
@@ -354,12 +356,16 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
     _configure_loss_scaling(prepared.properties, scaling,
                             [o for o in prepared.optimizers  # scale_loss takes these
                              if isinstance(o, torch.optim.Optimizer)])
+    opt_out = prepared.optimizers
+    if settings.config.step_in_backward:  # (checked by prepare_models)
+        from ampkit.step_in_backward import enable_step_in_backward
+
+        opt_out = [enable_step_in_backward(opt) for opt in opt_out]
     if prepared.fp8_skipped is not None:  # what fp8 left out, said once
         warnings.warn(prepared.fp8_skipped, Fp8SkipWarning, stacklevel=2)
     out_models = model_list[0] if one_model else type(models)(model_list)
     if optimizers is None:
         return out_models
-    opt_out = prepared.optimizers
     out_opts = opt_out[0] if one_opt else type(optimizers)(opt_out)  # type: ignore[call-arg]
     return out_models, out_opts
 
@@ -434,6 +440,17 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, mode.value, seed=rounding_seed,
                                  seed_name="rounding_seed")
+    if settings.config.step_in_backward:  # before anything changes
+        from ampkit.step_in_backward import check_step_in_backward
+
+        if not opt_list:
+            raise ValueError("initialize: step_in_backward=True steps the optimizers "
+                             "inside backward; pass them (initialize(model, optimizer, "
+                             "...))")
+        for i, opt in enumerate(opt_list):
+            check_step_in_backward(opt, loss_scale=props.loss_scale,
+                                   argument="optimizer" if len(opt_list) == 1
+                                   else f"optimizers[{i}]")
     chosen = settings.by_name()  # an in-memory value (a module class, a torchao config)
     fp8_plans = [prepare_fp8(model, converting, fp8=chosen["fp8"],
                              fp8_exclude_modules=chosen["fp8_exclude_modules"] or None,

@@ -28,7 +28,9 @@ momentum). These stand in for the bf16 parameter in ``param_groups`` and ``state
 while the optimizer's *own* step runs. Any ``torch.optim`` optimizer works this way,
 foreach and fused variants included, since they see ordinary fp32 tensors, DTensors
 included. The results are then rounded back into the bf16 parameter's own storage
-(``copy_``, in place). The weight is rounded by the chosen rounding. The optimizer state
+(``copy_``, in place). The copies in and the roundings back of a chunk run as
+multi-tensor ops (``torch._foreach_*``), one call per device for all its tensors.
+The weight is rounded by the chosen rounding. The optimizer state
 is rounded stochastically (``"stochastic"`` and ``"kahan"``) or to nearest
 (``"nearest"``). The state is rounded stochastically even with Kahan because rounding
 to nearest stalls moments too: AdamW's ``v = 0.999 v + 0.001 g**2`` rounds back to
@@ -39,24 +41,29 @@ hyper-parameters, so it stays fp32 and exact. Entries that are not tensors (LBFG
 history lists) stay as the optimizer made them. Step hooks run once per step and see
 whole parameter groups, as with any torch optimizer; the chunks are invisible to them.
 
-**Random bits.** Stochastic rounding uses no generator. The random bits of an element
-are a hash of ``(rounding_seed, the parameter's index in the optimizer, the number of
-rounded updates that parameter has had, the names of the tensors rounded with it: the
-weight and its state entries, the element's position)``; each tensor takes 16 of them.
-So:
+**Random bits.** Stochastic rounding never reads torch's global RNG. Each parameter's
+elements are cut into blocks of 65,536 positions; before a block is rounded, a
+generator of the parameter's device is seeded with a hash of ``(rounding_seed, the
+parameter's index in the optimizer, the number of rounded updates that parameter has
+had, the block)`` and draws 16 bits per element for the weight and for each
+per-element state entry (in the order of their names). So:
 
+* a run is bit for bit reproducible from the seed, and a resumed run continues bit for
+  bit (the seed and the counts are in the optimizer's ``state_dict``);
+* a parameter's bits do not depend on the other parameters (whether they stepped, how
+  the step was chunked: ``chunk_bytes`` changes no bit);
 * every replica of a parameter (DDP ranks; HSDP's replicate dimension) draws the same
   bits and the replicas stay equal, whatever each rank's global RNG does;
-* torch's global RNG is never read nor advanced;
-* a parameter's bits do not depend on the other parameters (whether they stepped, how
-  the step was chunked), nor on the device: a CPU and a CUDA run draw the same bits
-  (their fp32 updates may still differ in the last bit);
 * for a DTensor (FSDP2's ``fully_shard``) sharded with ``Shard``/``Replicate``
-  placements, the position is the element's position in the *whole* parameter. A
-  sharded run therefore rounds exactly like an unsharded one. For other placements
-  (``_StridedShard``: FSDP2 over tensor parallelism), the position is the local one and
-  the shard's mesh coordinates enter the hash: replicas still agree and shards draw
-  different bits, but a sharded run no longer rounds like an unsharded one.
+  placements, a shard draws the blocks holding its elements and takes their bits at
+  the elements' positions in the *whole* parameter, so a sharded run rounds exactly
+  like an unsharded one (a contiguous ``Shard(0)`` shard draws at most one block more
+  than it holds; other placements draw the span their elements cover). For other
+  placements (``_StridedShard``: FSDP2 over tensor parallelism), the positions are the
+  local ones and the shard's mesh coordinates enter the hash: replicas still agree and
+  shards draw different bits, but a sharded run no longer rounds like an unsharded one;
+* the bits come from the device's generator (CPU: Mersenne Twister; CUDA: Philox), so
+  a CPU and a CUDA run draw different bits; each is reproducible on its own.
 
 ``rounding_seed`` is a hyper-parameter of each parameter group (``None`` means 0), and
 the count is the per-parameter state entry ``"rounding_step"``. Both are part of
@@ -90,10 +97,15 @@ are handed to the working parameters.
 **Memory (AdamW).** Between steps, 6 bytes per parameter with ``"stochastic"`` (bf16
 weight and two bf16 moments) and 8 with ``"kahan"``, against 12 for fp32. Gradients
 take 2 bytes. During the step, one chunk at a time holds fp32 working copies: 16 bytes
-per element, plus the inner step's temporaries. Stochastic rounding adds about 30 bytes
-per element for a slice of the tensor being rounded: max(2**16, chunk budget / 64)
-elements, so at most about half the chunk budget. A chunk is at least one whole
-parameter, so the largest parameter sets the floor.
+per element, plus the inner step's temporaries. Stochastic rounding adds its noise a
+group of about 2**18 elements at a time (a few MiB at most). A chunk is at least one
+whole parameter, except with the element-wise torch optimizers (SGD, Adam, AdamW,
+NAdam, RAdam, Adamax, Adagrad, RMSprop): they step a contiguous parameter larger than
+the budget in slices of the budget's size (at least 262,144 elements, whole blocks of
+the random stream), each with the step count and state the parameter had before the
+step, which gives the same result bit for bit and keeps the working copies small
+enough for the allocator to reuse. With other optimizers the largest parameter sets
+the floor.
 
 float16 is refused: pure fp16 would need loss scaling on every update and has little
 range.

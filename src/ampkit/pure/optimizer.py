@@ -17,36 +17,38 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit.levels import PURE_MASTER_WEIGHTS
-from ampkit.pure.rounding import (
-    Positions,
-    local_tensor,
-    round_kahan,
-    round_stochastic_into,
+from ampkit.pure.rounding import local_tensor
+from ampkit.pure.step import COMP as _COMP
+from ampkit.pure.step import OWN_STATE as _OWN_STATE
+from ampkit.pure.step import (
+    RoundBatch,
+    chunks,
+    slice_size,
+    slice_stand_in,
+    slices,
+    stand_ins,
 )
+from ampkit.pure.step import stored_low as _stored_low
 
 __all__ = ["PURE_ROUNDINGS", "PureLowPrecisionOptimizer", "PureState", "check_pure_optimizer",
-           "check_rounding", "check_seed", "optimizer_class_name", "pure_rounding",
-           "rebuild_pure"]
+           "check_rounding", "check_seed", "needs_closure", "optimizer_class_name",
+           "pure_rounding",
+           "rebuild_pure", "rounding_keys"]
 
 #: The rounding modes :class:`PureLowPrecisionOptimizer` accepts: the pure modes
 #: ``initialize``'s ``master_weights`` takes (:data:`ampkit.levels.PURE_MASTER_WEIGHTS`,
 #: spelled once there), and ``"nearest"``, the stalling baseline.
 PURE_ROUNDINGS: tuple[str, ...] = (*PURE_MASTER_WEIGHTS, "nearest")
 
-_COMP = "kahan_compensation"  # per-parameter optimizer state: the Kahan compensation
-_COUNT = "rounding_step"  # per-parameter optimizer state: rounded updates so far
 _SEED = "rounding_seed"  # a hyper-parameter of every parameter group
-_OWN_STATE = (_COMP, _COUNT)  # state of this mode, which the inner optimizer never sees
 _SD_KEY = "ampkit_pure_low_precision"  # the optimizer state_dict entry of this mode
-_MIN_SLICE = 1 << 16  # the fewest elements rounded stochastically at once
 
 
 def check_rounding(rounding: Any) -> str:
@@ -64,9 +66,18 @@ def _check_no_float16(params: Any) -> None:
                              "(master_weights=True) for float16")
 
 
-def _needs_closure(optimizer: Any) -> bool:
+def needs_closure(optimizer: Any) -> bool:
     """Whether the optimizer's step requires a closure (LBFGS): such a step evaluates
-    the closure again at weights it tries."""
+    the closure again at weights it tries (a pure optimizer answers for the class it
+    was made from).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure.optimizer import needs_closure
+        >>> w = torch.nn.Parameter(torch.ones(1))
+        >>> needs_closure(torch.optim.LBFGS([w])), needs_closure(torch.optim.SGD([w]))
+        (True, False)
+    """
     try:
         closure = inspect.signature(_inner_step(type(optimizer))).parameters.get("closure")
     except (TypeError, ValueError):  # no signature to read: assume the common case
@@ -130,54 +141,22 @@ def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
 class PureState:
     """What a pure optimizer keeps besides torch's own ``param_groups`` and ``state``:
     its rounding and chunk budget (pickled with it), and, with Kahan, each parameter's
-    :func:`_fingerprint` as the last step left it (not pickled: a copy's parameters are
-    new tensors, and a compensation without a record is taken as it is)."""
+    :func:`~ampkit.pure.step.fingerprint` as the last step left it (not pickled: a
+    copy's parameters are new tensors, and a compensation without a record is taken as
+    it is)."""
 
-    __slots__ = ("chunk_bytes", "rounding", "slice_elements", "versions")
+    __slots__ = ("chunk_bytes", "rounding", "versions")
 
     def __init__(self, rounding: str, chunk_bytes: int | None) -> None:
         self.rounding = rounding
         self.chunk_bytes = chunk_bytes
         self.versions: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        # elements rounded stochastically at once in the current step: a share of the
-        # chunk budget, so the hash's temporaries stay within a fraction of a chunk
-        self.slice_elements = _MIN_SLICE
 
     def __getstate__(self) -> dict[str, Any]:
         return {"rounding": self.rounding, "chunk_bytes": self.chunk_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["rounding"], state["chunk_bytes"])  # type: ignore[misc]
-
-
-def _chunks(params: list[torch.Tensor], budget: int) -> Iterator[list[torch.Tensor]]:
-    """Consecutive runs of ``params`` whose fp32 working copies (weight, gradient and
-    up to two moments: 16 bytes per element) stay within ``budget`` bytes (a parameter
-    larger than the budget is a chunk of its own)."""
-    chunk: list[torch.Tensor] = []
-    used = 0
-    for p in params:
-        size = 16 * p.numel()
-        if chunk and used + size > budget:
-            yield chunk
-            chunk, used = [], 0
-        chunk.append(p)
-        used += size
-    if chunk:
-        yield chunk
-
-
-def _stored_low(key: str, value: Any, param: torch.Tensor) -> bool:
-    """Whether an optimizer state entry of a bf16 parameter is stored in bf16:
-    per-element state (moments, momentum: the parameter's shape). The step count and
-    scalar state that follows from it and the hyper-parameters (NAdam's ``mu_product``,
-    ASGD's ``eta``) stay fp32 and exact. State of other shapes (LBFGS's flat direction
-    and gradient over all parameters) stays as the optimizer made it: LBFGS's curvature
-    pairs are differences of such vectors, which bf16 would swamp. This mode's own
-    entries are kept their own way."""
-    return (key != "step" and key not in _OWN_STATE and isinstance(value, torch.Tensor)
-            and value.is_floating_point() and value.dim() > 0
-            and value.shape == param.shape)
 
 
 def _as_saved(value: Any, device: torch.device) -> Any:
@@ -189,97 +168,6 @@ def _as_saved(value: Any, device: torch.device) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(_as_saved(v, device) for v in value)
     return value
-
-
-def _working_copy(value: Any) -> Any:
-    """What the inner optimizer sees of a state entry: an fp32 copy of a bf16 tensor, a
-    copy of any other tensor or list (so a step that fails changes nothing), else the
-    value itself."""
-    if isinstance(value, torch.Tensor):
-        if value.dtype is torch.bfloat16:
-            return value.to(torch.float32, copy=True)
-        return value.clone()
-    if isinstance(value, list):
-        return list(value)
-    return value
-
-
-def _stand_in(opt: Any, p: torch.Tensor) -> nn.Parameter:
-    """An fp32 working parameter for the bf16 parameter ``p``: its weight (plus the Kahan
-    compensation), an fp32 copy of its gradient, and fp32 copies of its state under the
-    working parameter's key in ``opt.state``."""
-    pure: PureState = opt._ampkit_pure
-    state = opt.state
-    own = state.get(p, {})
-    work = p.detach().to(torch.float32, copy=True)
-    comp = own.get(_COMP)
-    if comp is not None:
-        seen = pure.versions.get(p)
-        if pure.rounding != "kahan" or (seen is not None and seen != _fingerprint(p)):
-            # Changed since the last step (a load, an edit): the compensation belonged
-            # to the weight that step left.
-            del own[_COMP]
-        else:
-            work.add_(comp)
-    w = nn.Parameter(work)
-    if p.grad is not None:
-        w.grad = p.grad.to(torch.float32, copy=True)
-    state[w] = {k: _working_copy(v) for k, v in own.items() if k not in _OWN_STATE}
-    return w
-
-
-def _round_back(opt: Any, p: torch.Tensor, w: nn.Parameter, seed: int, index: int) -> None:
-    """Round the working parameter ``w`` and its state back into ``p``'s own storage
-    and ``p``'s state (in place where the bf16 tensors exist)."""
-    pure: PureState = opt._ampkit_pure
-    state = opt.state
-    results = state.pop(w, None)
-    own = state[p]
-    count = own.get(_COUNT, 0)
-    work = local_tensor(w.detach())
-    target = local_tensor(p.detach())
-    jobs: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # stochastic roundings
-    if pure.rounding == "stochastic":
-        jobs.append(("", target, work))
-    elif pure.rounding == "nearest":
-        target.copy_(work)
-    else:
-        new, lost = round_kahan(work)  # lost: truncated, weight + lost rounds to weight
-        comp = own.get(_COMP)
-        if comp is None or comp.shape != p.shape or comp.dtype is not torch.bfloat16:
-            comp = own[_COMP] = torch.zeros_like(p.detach())
-        local_tensor(comp).copy_(lost)
-        target.copy_(new)
-    if results is not None:
-        for k, v in results.items():
-            if _stored_low(k, v, p) and v.dtype is torch.float32:
-                old = own.get(k)
-                if (not isinstance(old, torch.Tensor) or old.dtype is not torch.bfloat16
-                        or old.shape != v.shape or type(old) is not type(v)):
-                    old = torch.empty_like(v, dtype=torch.bfloat16)
-                if pure.rounding == "nearest":
-                    local_tensor(old).copy_(local_tensor(v))
-                else:
-                    jobs.append((k, local_tensor(old), local_tensor(v)))
-                own[k] = old
-            else:
-                own[k] = v
-        for k in [k for k in own if k not in results and k not in _OWN_STATE]:
-            del own[k]
-    if jobs:  # one hash for all (they have the parameter's shape, see _stored_low)
-        round_stochastic_into([(out, value) for _, out, value in jobs], Positions(p),
-                               (seed, index, count, *(name for name, _, _ in jobs)),
-                               pure.slice_elements)
-    own[_COUNT] = count + 1
-    if pure.rounding == "kahan":
-        pure.versions[p] = _fingerprint(p)
-
-
-def _fingerprint(p: torch.Tensor) -> tuple[int, int]:
-    """What changes when ``p`` is changed by anything but the step: its version counter
-    (bumped by in-place ops such as ``load_state_dict``'s ``copy_``) and its storage
-    (``p.data = ...``). In-place edits through ``p.data`` change neither."""
-    return p._version, local_tensor(p.detach()).data_ptr()
 
 
 @functools.cache
@@ -320,8 +208,9 @@ class PureLowPrecisionOptimizer:
         chunk_bytes: the most fp32 working memory one chunk of a step may take.
             ``None``: a sixteenth of what the whole optimizer would take (about one
             byte per parameter on top of the 6-8 held). A parameter larger than the
-            budget is a chunk of its own: its working copies (16 bytes per element)
-            are the floor of the step's extra memory.
+            budget is a chunk of its own (its working copies take 16 bytes per
+            element), or, with an element-wise torch optimizer, is stepped in slices
+            of the budget's size (at least 262,144 elements).
 
     ``add_param_group`` refuses float16 parameters too.
 
@@ -462,7 +351,7 @@ torch.bfloat16)
         """
         inner = _inner_step(type(self))
         loss = None
-        if closure is not None and not _needs_closure(self):
+        if closure is not None and not needs_closure(self):
             with torch.enable_grad():
                 loss = closure()
             closure = None
@@ -473,21 +362,37 @@ torch.bfloat16)
         # The lists themselves are refilled in place: optimizers may hold them (LBFGS).
         lists = [g["params"] for g in groups]
         saved = [list(ps) for ps in lists]
-        # each parameter's (index in the optimizer, its group's seed): the hash's key
-        default = self.defaults.get(_SEED, 0)  # type: ignore[attr-defined]
-        where = {id(p): (i, seed) for i, (p, seed) in enumerate(
-            (p, g.get(_SEED, default)) for g, ps in zip(groups, saved) for p in ps)}
+        # each parameter's (index in the optimizer, its group's seed): the hash's key.
+        # A step inside backward (ampkit.step_in_backward) narrows the groups to one
+        # parameter and hands the whole optimizer's indices here.
+        where = self.__dict__.get("_ampkit_indices") or rounding_keys(self)  # type: ignore[arg-type]
         pure = self._ampkit_pure
         budget = pure.chunk_bytes
         if budget is None:
             budget = sum(16 * p.numel() for ps in saved for p in ps) // 16
-        pure.slice_elements = max(_MIN_SLICE, budget // 64)
         try:
             if closure is not None:  # LBFGS: one pass over everything, closure re-run
                 return self._step_all(inner, closure, lists, saved, where, kwargs)
+            size = slice_size(budget)
             for i in range(len(groups)):
                 active = [p for p in saved[i] if p.grad is not None]
-                for chunk in _chunks(active, budget):
+                parts = {id(p): slices(self, p, size) for p in active}
+                for p in active:  # large parameters of element-wise optimizers
+                    index, seed = where[id(p)]
+                    for part in parts[id(p)] or ():
+                        w = slice_stand_in(self, p, part)
+                        try:
+                            for j, ps in enumerate(lists):
+                                ps[:] = [w] if j == i else []
+                            inner(self, **kwargs)
+                            batch = RoundBatch(self)
+                            with torch.no_grad():
+                                batch.add(p, w, seed, index, part=part)
+                                batch.run()
+                        finally:
+                            self.state.pop(w, None)  # type: ignore[attr-defined]
+                active = [p for p in active if parts[id(p)] is None]
+                for chunk in chunks(active, budget):
                     pairs = self._stand_ins(chunk)
                     try:
                         working = [w for _, w in pairs]
@@ -505,17 +410,17 @@ torch.bfloat16)
     def _stand_ins(self, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, Any]]:
         """``(parameter, what the inner step sees)``: a working fp32 parameter for each
         bf16 one, the parameter itself for any other."""
-        with torch.no_grad():
-            return [(p, _stand_in(self, p) if p.dtype is torch.bfloat16 else p)
-                    for p in params]
+        return stand_ins(self, params)
 
     def _round_all(self, pairs: list[tuple[torch.Tensor, Any]],
                    where: dict[int, tuple[int, int]]) -> None:
+        batch = RoundBatch(self)
         with torch.no_grad():
             for p, w in pairs:
                 if w is not p:
                     index, seed = where[id(p)]
-                    _round_back(self, p, w, seed, index)
+                    batch.add(p, w, seed, index)
+            batch.run()
 
     def _discard(self, pairs: list[tuple[torch.Tensor, Any]]) -> None:
         for p, w in pairs:
@@ -640,6 +545,23 @@ PureLowPrecisionOptimizer.step = torch.optim.Optimizer.profile_hook_step(  # typ
     PureLowPrecisionOptimizer.step)
 PureLowPrecisionOptimizer.step.hooked = True  # type: ignore[attr-defined]
 PureLowPrecisionOptimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
+
+
+def rounding_keys(optimizer: torch.optim.Optimizer) -> dict[int, tuple[int, int]]:
+    """Each parameter's ``(index in the optimizer, its group's rounding seed)`` by
+    ``id``: what its stochastic rounding's bits are drawn from, with the step count.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure.optimizer import rounding_keys
+        >>> w, b = torch.ones(2), torch.ones(1)
+        >>> opt = torch.optim.SGD([{"params": [w]}, {"params": [b], "rounding_seed": 3}])
+        >>> sorted(rounding_keys(opt).values())
+        [(0, 0), (1, 3)]
+    """
+    default = optimizer.defaults.get(_SEED, 0)
+    return {id(p): (i, seed) for i, (p, seed) in enumerate(
+        (p, g.get(_SEED, default)) for g in optimizer.param_groups for p in g["params"])}
 
 
 def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:

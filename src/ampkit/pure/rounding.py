@@ -1,15 +1,16 @@
 """The rounding primitives of pure low-precision training: stochastic rounding of fp32
-values to bf16, with random bits from a seeded hash of each element's position (no
-generator: replicas and resumed runs draw the same bits; see "Random bits" in
-:mod:`ampkit.pure`), Kahan-compensated rounding, and the element positions of a
-DTensor shard within its whole parameter.
+values to bf16 over many tensors at once, with random bits from generators reseeded per
+block of each parameter from a hash of the optimizer's seed, the parameter, its step
+and the block (replicas and resumed runs draw the same bits, whatever the chunking; see
+"Random bits" in :mod:`ampkit.pure`), Kahan-compensated rounding, and the element
+positions of a DTensor shard within its whole parameter.
 
 Example:
     >>> import torch
-    >>> from ampkit.pure.rounding import Positions, round_stochastic_into
+    >>> from ampkit.pure.rounding import Positions, round_stochastic
     >>> value = torch.full((4,), 1.0 + 2 ** -9)  # half-way between two bf16 numbers
     >>> out = torch.empty(4, dtype=torch.bfloat16)
-    >>> round_stochastic_into([(out, value)], Positions(value), (0, 0, 0), 1 << 16)
+    >>> round_stochastic([(Positions(value), (0, 0, 0), [out], [value])])
     >>> sorted(set(out.tolist())) <= [1.0, 1.0078125]
     True
 """
@@ -19,50 +20,18 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["Positions", "is_dtensor", "local_tensor", "round_kahan", "round_stochastic_into",
-           "stochastic_round"]
+__all__ = ["BLOCK", "Positions", "draw_noise", "is_dtensor", "local_tensor", "round_kahan",
+           "round_kahan_foreach", "round_stochastic", "stochastic_round"]
 
 _LOW_MANTISSA = 1 << 16  # the fp32 bits below bf16's mantissa
 _HIGH_MASK = -_LOW_MANTISSA  # 0xFFFF0000 as an int32
-
-# The element hash works on uint32 values held in int64 tensors. Its multipliers are
-# below 2**31, so no product of a 32-bit value overflows int64. Signed overflow has no
-# defined result in torch's kernels, so none may happen.
-_U32 = 0xFFFFFFFF
-_MIX1 = 0x7FEB352D
-_MIX2 = 0x31848BAB
-
-
-def _mix32(h: torch.Tensor, scratch: torch.Tensor) -> None:
-    """A 32-bit integer finalizer (xor-shift-multiply), in place on ``h`` (``scratch``:
-    a buffer like ``h``, so that no step allocates)."""
-    for shift, multiplier in ((16, _MIX1), (15, _MIX2)):
-        h.bitwise_xor_(torch.bitwise_right_shift(h, shift, out=scratch))
-        h.mul_(multiplier).bitwise_and_(_U32)
-    h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=scratch))
-
-
-def _hash32(index: torch.Tensor, key: tuple[int, ...], large: bool = False
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """32 pseudo-random bits per element (int64 in ``[0, 2**32)``), a function of the
-    element positions ``index`` (int64, non-negative; overwritten) and ``key[:2]`` only:
-    two rounds of mixing with a key word injected before each. ``large``: positions may
-    reach 2**32, so their high bits enter the second round. Returns the bits and a
-    scratch buffer like them."""
-    high = index >> 32 if large else None
-    h = index.bitwise_and_(_U32).bitwise_xor_(key[0])
-    scratch = torch.empty_like(h)
-    _mix32(h, scratch)
-    if high is not None:
-        h.bitwise_xor_(high)
-    h.bitwise_xor_(key[1])
-    _mix32(h, scratch)
-    return h, scratch
-
 
 def _key(*parts: Any, words: int = 2) -> tuple[int, ...]:
     """``words`` 32-bit keys derived from ``parts`` (ints and strings), identical on
@@ -144,7 +113,7 @@ class Positions:
     ``start:stop``; ``tag`` is what else enters the key (the mesh coordinates of a shard
     whose positions are local ones)."""
 
-    __slots__ = ("block_start", "global_shape", "large", "local_shape", "offset", "tag")
+    __slots__ = ("block_start", "global_shape", "local_shape", "offset", "tag")
 
     def __init__(self, t: torch.Tensor) -> None:
         local = local_tensor(t)
@@ -153,7 +122,6 @@ class Positions:
         self.offset: tuple[int, ...] | None = None
         self.block_start: int | None = 0  # the local elements are one run of positions
         self.tag: tuple[int, ...] = ()
-        self.large = math.prod(self.global_shape) > _U32
         if local is t:
             return
         from torch.distributed.tensor import Replicate, Shard
@@ -194,39 +162,165 @@ class Positions:
         return out
 
 
-def round_stochastic_into(jobs: list[tuple[torch.Tensor, torch.Tensor]],
-                           positions: Positions, key_parts: tuple[Any, ...],
-                           slice_elements: int) -> None:
-    """Round fp32 local tensors stochastically into bf16 local tensors of the same shape
-    (``jobs``: ``(out, value)`` pairs, all shaped like the parameter), with the bits of
-    ``key_parts`` and the elements' positions. Each element's hash gives 32 bits: the
-    first job takes the high 16, the second the low 16; every further pair gets 32 new
-    bits from one more mixing round of the last ones with another key word.
-    ``slice_elements`` at a time (the hash's temporaries take about 30 bytes each)."""
-    key = _key(*key_parts, *positions.tag, words=1 + (len(jobs) + 1) // 2)
-    work = []
-    for out, value in jobs:
-        flat = value.contiguous().view(-1)  # row-major: flat index i is position i
-        direct = out.is_contiguous()
-        target = out.view(-1) if direct else torch.empty(
-            flat.numel(), dtype=torch.bfloat16, device=flat.device)
-        work.append((out, flat, target, direct))
-    n = work[0][1].numel()
-    device = work[0][1].device
-    for start in range(0, n, slice_elements):
-        stop = min(n, start + slice_elements)
-        h, scratch = _hash32(positions.index(start, stop, device), key, positions.large)
-        for j, (_, flat, target, _) in enumerate(work):
-            if j % 2 == 0 and j:
-                _mix32(h.bitwise_xor_(key[1 + j // 2]), scratch)
-            if j % 2 == 0:
-                noise = torch.bitwise_right_shift(h, 16, out=scratch)
+BLOCK = 1 << 16  # elements of a parameter drawn from one seeded block of the stream
+_LITTLE = sys.byteorder == "little"  # the high half of an fp32 is its second bf16 view
+_generators = threading.local()  # per thread (autograd's device threads run hooks)
+
+
+def _generator(device: torch.device) -> torch.Generator:
+    """This thread's generator for ``device``: reseeded before every block, so sharing it
+    between optimizers and parameters changes no bits."""
+    cache = _generators.__dict__.setdefault("by_device", {})
+    g = cache.get(device)
+    if g is None:
+        g = cache[device] = torch.Generator(device=device)
+    return g
+
+
+def _fields(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
+            device: torch.device) -> Iterator[tuple[int, torch.Tensor]]:
+    """The noise of a local tensor, piece by piece: ``(first local flat element, int16
+    fields shaped (jobs, piece length))``; signed, so each needs 2**15 added.
+
+    The whole parameter's elements are cut into blocks of ``BLOCK`` positions; block
+    ``b`` draws ``jobs`` x its length x 16 bits, as full-range int64s, from the device's
+    generator seeded with a hash of ``(key_parts, shard tag, b)``: job ``j`` takes the
+    ``j``-th run of 16-bit fields. Only the blocks holding local elements are drawn, and
+    whole, so an element's bits depend on nothing but the key and its position: not on
+    the chunking, the other parameters, nor the sharding. Contiguous positions come one
+    block at a time; scattered ones (a shard of a dimension other than the first) are
+    gathered from the blocks they span, in one piece."""
+    n = math.prod(positions.local_shape)
+    total = math.prod(positions.global_shape) if not positions.tag else n
+    if positions.block_start is not None:
+        first, index = positions.block_start, None
+        last = first + n
+    else:
+        index = positions.index(0, n, device)
+        first = int(index.min()) if n else 0
+        last = int(index.max()) + 1 if n else 0
+    base = first // BLOCK * BLOCK
+    spanned = None if index is None else torch.empty(
+        (jobs, last - base), dtype=torch.int16, device=device)
+    g = _generator(device)
+    for lo in range(base, last, BLOCK):
+        length = min(lo + BLOCK, total) - lo  # the block's, whatever this shard holds
+        words = _key(*key_parts, *positions.tag, lo // BLOCK)
+        g.manual_seed(words[0] | words[1] << 32)
+        raw = torch.empty(-(-jobs * length // 4), dtype=torch.int64, device=device)
+        raw.random_(-(1 << 63), None, generator=g)  # all 64 bits
+        fields = raw.view(torch.int16)[:jobs * length].view(jobs, length)
+        start, stop = max(lo, first), min(lo + length, last)
+        if spanned is None:
+            yield start - first, fields[:, start - lo:stop - lo]
+        else:
+            spanned[:, lo - base:stop - base] = fields[:, :stop - lo]
+    if spanned is not None and index is not None:
+        yield 0, spanned.index_select(1, index - base)
+
+
+def draw_noise(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
+               device: torch.device) -> torch.Tensor:
+    """The noise :func:`round_stochastic` adds for ``jobs`` tensors of one parameter's
+    local elements: int32 in ``[0, 2**16)``, shaped ``(jobs, *local shape)`` (see
+    ``_fields`` for how the bits are drawn). The same on every run and replica on
+    one device type; CPU and CUDA generators differ."""
+    n = math.prod(positions.local_shape)
+    out = torch.empty((jobs, n), dtype=torch.int32, device=device)
+    for start, fields in _fields(positions, key_parts, jobs, device):
+        out[:, start:start + fields.shape[1]] = fields
+    return out.add_(1 << 15).view(jobs, *positions.local_shape)
+
+
+def _truncate_pairs(outs: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    """Copy each fp32 ``value`` truncated to bf16 (its high 16 bits) into ``out``: one
+    multi-tensor copy of the values' high halves where both are contiguous, a mask
+    otherwise."""
+    fast_out, fast_in = [], []
+    for out, value in zip(outs, values):
+        if _LITTLE and value.numel() and value.is_contiguous() and out.is_contiguous():
+            fast_out.append(out.view(-1))
+            fast_in.append(value.view(-1).view(torch.bfloat16)[1::2])
+        else:
+            out.copy_(value.view(torch.int32).bitwise_and(_HIGH_MASK).view(torch.float32))
+    if fast_out:
+        torch._foreach_copy_(fast_out, fast_in)
+
+
+#: One parameter's stochastic roundings: its positions, its key, the bf16 outputs and
+#: the fp32 values (overwritten), each shaped like the parameter's local tensor.
+StochasticJob = tuple[Positions, tuple[Any, ...], list[torch.Tensor], list[torch.Tensor]]
+_GROUP = 1 << 18  # elements rounded per group of multi-tensor ops (about 1 MiB of fp32)
+
+
+def round_stochastic(params: list[StochasticJob]) -> None:
+    """Round the fp32 values of many parameters (all on one device) stochastically into
+    their bf16 outputs, with multi-tensor ops over bounded groups of pieces: add the
+    noise of ``_fields`` below bf16's mantissa, then truncate. The bit pattern is
+    sign-magnitude, so negative values round symmetrically. Noise is drawn a block at a
+    time and used at once, so it never takes more than a group's worth of memory. NaNs
+    stay NaN (their payload's carry could otherwise make them infinities or zeros)."""
+    bits: list[torch.Tensor] = []
+    noises: list[torch.Tensor] = []
+    pieces: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # (outs, values)
+    later: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def flush() -> None:
+        # A group at a time, so that its values stay in cache through every pass.
+        if not bits:
+            return
+        live = [v for v in pieces[1] if v.numel()]
+        nan = bool(live) and bool(torch.stack(torch._foreach_max(live)).isnan().any())
+        kept = [(out, v.isnan(), v[v.isnan()]) for out, v in zip(*pieces)] if nan else []
+        # first 2**15, then the signed noise: no signed overflow for any non-NaN
+        torch._foreach_add_(bits, 1 << 15)
+        for b, noise in zip(bits, noises):  # per piece: mixed int dtypes are slow in
+            b.add_(noise)                   # torch's multi-tensor add on CPU (3.8x)
+        _truncate_pairs(*pieces)
+        for out, mask, original in kept:
+            out[mask] = original.to(torch.bfloat16)
+        for lst in (bits, noises, *pieces):
+            lst.clear()
+
+    pending = 0
+    for positions, key, outs, values in params:
+        flats = [v.contiguous().view(-1) for v in values]  # row-major: i is position i
+        targets = []
+        for out in outs:
+            if out.is_contiguous():
+                targets.append(out.view(-1))
             else:
-                noise = torch.bitwise_and(h, 0xFFFF, out=scratch)
-            target[start:stop].copy_(_round_with(flat[start:stop], noise.to(torch.int32)))
-    for out, _, target, direct in work:
-        if not direct:
-            out.copy_(target.view(out.shape))
+                targets.append(torch.empty(out.numel(), dtype=torch.bfloat16,
+                                           device=out.device))
+                later.append((out, targets[-1]))
+        device = flats[0].device
+        for start, fields in _fields(positions, key, len(values), device):
+            stop = start + fields.shape[1]
+            for flat, target, noise in zip(flats, targets, fields):
+                bits.append(flat[start:stop].view(torch.int32))
+                noises.append(noise)
+                pieces[0].append(target[start:stop])
+                pieces[1].append(flat[start:stop])
+            pending += fields.numel()
+            if pending >= _GROUP:
+                flush()
+                pending = 0
+    flush()
+    for out, target in later:
+        out.copy_(target.view(out.shape))
+
+
+def round_kahan_foreach(outs: list[torch.Tensor], values: list[torch.Tensor],
+                        compensations: list[torch.Tensor]) -> None:
+    """:func:`round_kahan` over many tensors on one device at once: each fp32 value
+    (weight plus compensation, overwritten) rounded to nearest into its bf16 ``out``,
+    what that lost truncated into its bf16 compensation."""
+    torch._foreach_copy_(outs, values)
+    for value, out in zip(values, outs):
+        # per tensor: torch's multi-tensor subtraction of a bf16 from an fp32 list takes
+        # a slow path on CPU (measured 1.9x the loop)
+        value.sub_(out)
+    _truncate_pairs(compensations, values)
 
 
 def round_kahan(work: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
