@@ -294,7 +294,8 @@ def test_hf_bf16_flag_is_mapped_onto_the_config(tmp_path) -> None:
                                           report_to=[])
     trainer = AmpkitTrainer(model=_gpt2(), args=args, level="O2")
     assert trainer.ampkit_config.dtype is torch.bfloat16
-    assert trainer.accelerator.mixed_precision == "no"  # accelerate's own autocast off
+    assert trainer.accelerator.state.mixed_precision == "no"  # accelerate's autocast off
+    assert trainer.accelerator.mixed_precision == "bf16"  # what ampkit trains in
     assert args.bf16  # the caller's arguments are left as given
 
 
@@ -304,7 +305,8 @@ def test_accelerate_environment_is_mapped_or_refused(monkeypatch, tmp_path) -> N
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     accelerator = AmpkitAccelerator(level="O2", cpu=True)
     assert accelerator.ampkit_config.dtype is torch.float16
-    assert accelerator.scaler is not None and accelerator.mixed_precision == "no"
+    assert accelerator.scaler is not None and accelerator.state.mixed_precision == "no"
+    assert accelerator.mixed_precision == "fp16"  # what ampkit trains in
     with pytest.raises(ValueError, match=r"ACCELERATE_MIXED_PRECISION='fp16' asks for "
                                          r"torch.float16, but the ampkit config says "
                                          r"dtype=torch.bfloat16"):
