@@ -39,8 +39,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_throughput import GPT, GPTConfig, _device_name, _storage_bytes, live_training_tensors
-from gpu_throughput import peak_memory as _peak_memory
+from _training import GPT, GPTConfig, _device_name, _storage_bytes, live_training_tensors
+from _training import peak_memory as _peak_memory
 from memory_o2 import PRESETS as O2_PRESETS
 
 import ampkit
