@@ -88,8 +88,8 @@ def _gpt2(toy: bool) -> nn.Module:
     sizes = (dict(n_layer=1, n_embd=64, n_head=2, vocab_size=512, n_positions=64) if toy
              else dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=1024))
     last = sizes["vocab_size"] - 1  # GPT-2's end-of-text token is its last id
-    config = GPT2Config(**sizes, bos_token_id=last, eos_token_id=last, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        use_cache=False)
+    config = GPT2Config(**sizes, bos_token_id=last, eos_token_id=last, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
     config._attn_implementation = "sdpa"
     return GPT2LMHeadModel(config)
 

@@ -29,7 +29,7 @@ their low-precision input, not its fp32 copy (see ``ampkit.conversion``).
 Configurations: ``fp32``; ``native`` (an fp32 model under ``torch.autocast``, and
 ``torch.amp.GradScaler`` for float16); ``O1``, ``O2``, ``O3`` (``ampkit.initialize``).
 
-Run: ``python benchmarks/memory_o2.py [--preset all|deep|wide|big-vocab|gpt-1024|toy]
+Run: ``python benchmarks/memory_o2.py [--preset all|deep|wide|big-vocab|gpt-1024|toy ...]
 [--device cpu|cuda] [--dtype bfloat16|float16] [--heads 4]``
 """
 
@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    parser.add_argument("--preset", default="all", choices=["all", *PRESETS])
+    parser.add_argument("--preset", nargs="+", default=["all"], choices=["all", *PRESETS],
+                        help="one or more presets; all: " + ", ".join(ALL))
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     print(f"device: {_device_name(device)}; torch {torch.__version__}; {args.dtype}; AdamW")
-    for preset in ALL if args.preset == "all" else [args.preset]:
+    presets = [p for given in args.preset for p in (ALL if given == "all" else [given])]
+    for preset in dict.fromkeys(presets):
         dim, layers, vocab, batch, seq = PRESETS[preset]
         torch.manual_seed(0)
         base = GPT(GPTConfig(vocab=vocab, dim=dim, heads=args.heads, layers=layers,
