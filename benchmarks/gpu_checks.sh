@@ -125,9 +125,9 @@ else
     piece suite-cuda.log 120 "$py" -m pytest -q -n "$workers" -p no:cacheprovider
     piece suite-hidden.log 90 env CUDA_VISIBLE_DEVICES= "$py" -m pytest -q -n "$workers" \
         -p no:cacheprovider
-    # --budget: no mode is started after 105 s, so the table ends inside the limit.
-    piece throughput.txt 135 "$py" benchmarks/gpu_throughput.py --budget 105
-    piece profile.txt 35 "$py" benchmarks/gpu_throughput.py --compile off \
+    # --budget: no mode is started after 100 s, so the table ends inside the limit.
+    piece throughput.txt 130 "$py" benchmarks/gpu_throughput.py --budget 100
+    piece profile.txt 40 "$py" benchmarks/gpu_throughput.py --compile off \
         --modes native-bf16 O2 --warmup 2 --rounds 1 --steps 1 --profile 15
     piece memory-o2.txt 20 "$py" benchmarks/memory_o2.py --device cuda \
         --preset all gpt-1024
