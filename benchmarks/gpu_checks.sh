@@ -125,9 +125,11 @@ if [ "$rehearse" = 1 ]; then
     piece fp8.txt 120 "$py" benchmarks/fp8.py --device cpu --dim 64 --heads 4 --seq 16 \
         --batch 2 --layers 1 --steps 2 --warmup 1 --recipes tensorwise rowwise
 else
-    piece suite-cuda.log 120 "$py" -m pytest -q -n "$workers" -p no:cacheprovider
+    # (The rehearsal's own test is left out: this run is the real thing.)
+    skip=(--ignore=tests/project/test_gpu_rehearsal.py)
+    piece suite-cuda.log 120 "$py" -m pytest -q -n "$workers" -p no:cacheprovider "${skip[@]}"
     piece suite-hidden.log 90 env CUDA_VISIBLE_DEVICES= "$py" -m pytest -q -n "$workers" \
-        -p no:cacheprovider
+        -p no:cacheprovider "${skip[@]}"
     # --budget: no mode is started after 100 s, so the table ends inside the limit.
     piece throughput.txt 130 "$py" benchmarks/gpu_throughput.py --budget 100
     piece profile.txt 40 "$py" benchmarks/gpu_throughput.py --compile off \
