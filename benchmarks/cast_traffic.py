@@ -4,9 +4,9 @@ Counts the dtype-changing copies (``_to_copy``, ``copy_``, ``_foreach_copy_`` be
 different dtypes) of one training step (forward, backward, optimizer step, zero_grad)
 below autograd, with :func:`ampkit.tools.ops.cast_traffic.count_casts`, on two small models:
 
-* ``cnn``: a ResNet-style CNN with BatchNorm (the one of ``gpu_throughput.py``, widths
+* ``cnn``: a ResNet-style CNN with BatchNorm (the one of ``_training.py``, widths
   16-32-64, one basic block per stage, 10 classes) on 16 random 32x32 images;
-* ``transformer``: the pre-norm GPT decoder of ``gpu_throughput.py`` (d=128, 4 layers,
+* ``transformer``: the pre-norm GPT decoder of ``_training.py`` (d=128, 4 layers,
   4 heads, vocab 512, tied head) on 8 x 64 random tokens.
 
 Modes: ``fp32``; ``native`` (``torch.autocast`` around the forward, and
@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_throughput import GPT, GPTConfig, ResNet
+from _training import GPT, GPTConfig, ResNet
 
 import ampkit
 from ampkit.parameter_casts import reuse_casts

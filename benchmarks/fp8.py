@@ -36,6 +36,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from gpu_throughput import fp8_unavailable
 
 import ampkit
 
@@ -148,6 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     where = (torch.cuda.get_device_name() if args.device.startswith("cuda")
              else f"{platform.machine()} CPU, {args.threads} thread(s)")
+    # A recipe this machine cannot run (no torchao, no fp8 GPU, a CPU _scaled_mm without
+    # per-row scales) is left out with its reason printed: never silently.
+    unavailable = {r: fp8_unavailable(r, torch.device(args.device)) for r in args.recipes}
+    for recipe, reason in unavailable.items():
+        if reason is not None:
+            print(f"fp8 O2 {recipe}: skipped: {reason}")
+    recipes = [r for r in args.recipes if unavailable[r] is None]
+    if not recipes:
+        print("fp8: no recipe can run here, nothing was measured")
+        return 0
     import torchao
 
     print(f"machine: {where}; torch {torch.__version__}, torchao {torchao.__version__}")
@@ -156,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{', blocks compiled' if args.compile else ''}")
     base = build(args.dim, args.heads, args.layers, 0, args.device)
     teacher = build(args.dim, args.heads, args.layers, 1, args.device).requires_grad_(False)
-    configs = [("fp32", None), ("bf16 O2", None)] + [(f"fp8 O2 {r}", r) for r in args.recipes]
+    configs = [("fp32", None), ("bf16 O2", None)] + [(f"fp8 O2 {r}", r) for r in recipes]
     results = {name: run(name, base, teacher, args, fp8) for name, fp8 in configs}
     bf16 = results["bf16 O2"]
     print("\n| configuration | loss (first) | loss after steps | vs bf16 O2 | step ms "

@@ -1,33 +1,50 @@
-"""Training throughput and peak memory: fp32, native autocast, ampkit O1, ampkit O2.
+"""Training throughput and peak memory of every precision mode, side by side, on a GPU.
 
-Two models, each trained a few steps per mode, side by side in one process:
+Three models (``_gpu_models.py``): a ResNet-50-sized CNN with BatchNorm (images/s), a
+GPT-2-small decoder and a two-block Llama-2-7B-width stack at sequence length 2,048
+(tokens/s). Modes, each from the same initial weights and on the same batches, AdamW
+(fused) at lr 1e-4:
 
-* ``gpt``: a GPT-2-small-size decoder (vocab 50257, 12 layers, d=768, 12 heads, 1024
-  positions, tied output head; 124M parameters) on random tokens: tokens per second;
-* ``resnet``: a ResNet-18-style CNN (basic blocks [2, 2, 2, 2], widths 64-512,
-  BatchNorm) on random 224x224 images, 1000 classes: images per second.
+* ``fp32``: no autocast, TF32 off (true fp32);
+* ``native-bf16``, ``native-fp16``: ``torch.autocast`` around the forward (and
+  ``torch.amp.GradScaler`` for fp16); ``native-bf16`` is the baseline of every ratio;
+* ``O1``: ``ampkit.initialize(level="O1")``, bfloat16;
+* ``O1+5``: O1 with five custom white-list entries that native CUDA autocast already
+  casts (linear, matmul, bmm, baddbmm, addmm): the same computation, so the difference
+  to ``O1`` is the dispatcher kernels' interception alone;
+* ``O2``: ``level="O2"`` (fp32 parameters, cast on use);
+* ``pure-stochastic``, ``pure-kahan``: pure bfloat16 training
+  (``master_weights="stochastic"`` / ``"kahan"``);
+* ``fp8-tensorwise``, ``fp8-rowwise``: O2 with ``fp8=<recipe>`` (torchao). Skipped, with
+  the reason printed, where torchao does not import, where the GPU has no fp8 tensor
+  cores (compute capability below 8.9), and on the CNN (its only Linear is its head,
+  which fp8 keeps out).
 
-Modes (every one starts from the same initial weights):
+Each mode runs eager and under ``torch.compile`` (default inductor; the transformers'
+decoder layers compiled one by one, as torchtitan does, so that one compile serves
+every layer; the CNN compiled whole). The modes of one model and phase are all built
+first, then timed in interleaved rounds (each mode ``--steps`` steps per round, the
+modes in turn), so machine noise hits them alike; the median round gives the speed.
+Warm-up steps (compilation included; one more step when compiled) are not timed.
+Timing: CUDA events on a GPU, ``time.perf_counter`` on the CPU. Peak memory (CUDA
+only): the allocator's peak during a mode's timed steps, less what the other modes
+hold, plus what the mode holds itself.
 
-* ``fp32``: plain fp32 training (TF32 matmuls off, so this is true fp32);
-* ``native``: ``torch.autocast`` around the forward, ``torch.amp.GradScaler`` for fp16;
-* ``ampkit-O1``: ``ampkit.initialize(level="O1")`` (the forward runs in
-  ``ampkit.autocast`` with the default policy), ``ampkit.scale_loss`` for fp16;
-* ``ampkit-O2``: ``ampkit.initialize(level="O2")``: low-precision parameters with fp32
-  master weights, norms in fp32, ``ampkit.scale_loss`` for fp16.
+Time (H100, an estimate, not measured: no GPU was lent to the session that wrote it):
+the eager phase is about 10 s per model (the slowest steps are fp32's, ~0.2 s); the
+compiled phase is dominated by compilation, ~5-15 s per mode for the transformers
+(one layer compiled) and ~30 s per mode for the CNN, ~5 min for the table. ``--budget``
+bounds the run: a mode not started when it is spent is printed as not run, with why.
+The compiled phase takes the models in the order llama, gpt2, resnet50, each with an
+equal share of the budget left, and the modes in ``COMPILE_PRIORITY``'s order.
 
-Each mode runs ``--warmup`` steps, then ``--steps`` timed steps (forward, backward,
-optimizer step, AdamW), synchronising the device around the timed region. Peak memory
-is the device allocator's peak during the timed steps (``torch.cuda.max_memory_allocated``
-on CUDA; on CPU, tensor allocations recorded by the profiler, plus what was already
-allocated).
+``--rehearse`` runs the same code at toy sizes on the CPU (compile backend
+``aot_eager`` by default, which traces forward and backward as inductor would but
+emits no code): a rehearsal of the GPU run, its speeds meaningless. ``--compile-modes``
+narrows the compiled phase (``gpu_checks.sh --rehearse`` uses it to stay short).
 
-Needs a CUDA device; without one it says so and exits with status 1. ``--device cpu
---tiny`` runs tiny versions of both models on CPU as a smoke test of the script itself
-(its speeds mean nothing: bf16 matmuls on AVX2 CPUs are emulated).
-
-Run: ``python benchmarks/gpu_throughput.py [--dtype bfloat16|float16] [--models gpt resnet]``
-     ``python benchmarks/gpu_throughput.py --device cpu --tiny``
+Run: ``python benchmarks/gpu_throughput.py [--models resnet50 gpt2 llama] [--modes ...]
+[--compile off|on|both] [--budget 300] [--profile 15]``; ``--rehearse`` on a CPU.
 """
 
 from __future__ import annotations
@@ -36,395 +53,379 @@ import argparse
 import contextlib
 import copy
 import dataclasses
-import functools
+import importlib.util
 import json
 import math
+import os
 import platform
+import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _gpu_models import MODELS, Workload, loss_of, repeated_blocks, workload
+from _training import _storage_bytes, live_training_tensors
 
 import ampkit
 
-MODES = ("fp32", "native", "ampkit-O1", "ampkit-O2")
-
-
-# -- models ---------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class GPTConfig:
-    vocab: int = 50257
-    dim: int = 768
-    heads: int = 12
-    layers: int = 12
-    max_len: int = 1024
-
-
-class GPTBlock(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.heads = cfg.heads
-        self.ln1 = nn.LayerNorm(cfg.dim)
-        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
-        self.proj = nn.Linear(cfg.dim, cfg.dim)
-        self.ln2 = nn.LayerNorm(cfg.dim)
-        self.fc = nn.Linear(cfg.dim, 4 * cfg.dim)
-        self.out = nn.Linear(4 * cfg.dim, cfg.dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    """GPT-2-style decoder: token + learned position embeddings, pre-norm blocks, final
-    LayerNorm, output head tied to the token embedding. Takes token ids, returns logits."""
-
-    def __init__(self, cfg: GPTConfig) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(cfg.vocab, cfg.dim)
-        self.pos = nn.Embedding(cfg.max_len, cfg.dim)
-        self.blocks = nn.Sequential(*(GPTBlock(cfg) for _ in range(cfg.layers)))
-        self.ln_f = nn.LayerNorm(cfg.dim)
-        self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
-        self.head.weight = self.tok.weight
-        for module in self.modules():  # GPT-2's initialisation: N(0, 0.02), zero biases
-            if isinstance(module, nn.Linear | nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                nn.init.zeros_(module.bias)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        x = self.tok(ids) + self.pos(positions)
-        return self.head(self.ln_f(self.blocks(x)))
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                          nn.BatchNorm2d(cout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
-
-
-class ResNet(nn.Module):
-    """ResNet-18-style: stem, four stages of basic blocks, global pool, classifier."""
-
-    def __init__(self, widths: tuple[int, ...] = (64, 128, 256, 512),
-                 blocks: tuple[int, ...] = (2, 2, 2, 2), classes: int = 1000) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 7, 2, 3, bias=False),
-                                  nn.BatchNorm2d(widths[0]), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
-        layers, cin = [], widths[0]
-        for i, (width, count) in enumerate(zip(widths, blocks)):
-            for j in range(count):
-                layers.append(BasicBlock(cin, width, 2 if i > 0 and j == 0 else 1))
-                cin = width
-        self.stages = nn.Sequential(*layers)
-        self.fc = nn.Linear(cin, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stages(self.stem(x))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+#: Five custom entries native CUDA autocast already runs in the low precision.
+FIVE_SAME = ["linear", "matmul", "bmm", "baddbmm", "addmm"]
+BF16, FP16 = torch.bfloat16, torch.float16
 
 
 @dataclasses.dataclass(frozen=True)
-class Workload:
-    name: str
-    unit: str  # what throughput counts: tokens or images
-    make_model: Callable[[], nn.Module]
-    make_batch: Callable[[torch.device], tuple[torch.Tensor, torch.Tensor]]
-    items_per_batch: int
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+class Mode:
+    autocast: torch.dtype | None = None  # native torch.autocast's dtype
+    initialize: dict[str, Any] | None = None  # ampkit.initialize's keywords
+
+    @property
+    def fp8(self) -> str | None:
+        return (self.initialize or {}).get("fp8")
 
 
-def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+MODES: dict[str, Mode] = {
+    "fp32": Mode(),
+    "native-bf16": Mode(autocast=BF16),
+    "native-fp16": Mode(autocast=FP16),
+    "O1": Mode(initialize={"level": "O1"}),
+    "O1+5": Mode(initialize={"level": "O1", "custom_white_list": FIVE_SAME}),
+    "O2": Mode(initialize={"level": "O2"}),
+    "pure-stochastic": Mode(initialize={"level": "O2", "master_weights": "stochastic"}),
+    "pure-kahan": Mode(initialize={"level": "O2", "master_weights": "kahan"}),
+    "fp8-tensorwise": Mode(initialize={"level": "O2", "fp8": "tensorwise"}),
+    "fp8-rowwise": Mode(initialize={"level": "O2", "fp8": "rowwise"}),
+}
+BASELINE = "native-bf16"
+#: The order in which compiled models and modes are built, so that a spent --budget
+#: leaves out the least needed: the baseline and the modes the targets name first.
+COMPILE_MODEL_PRIORITY = ("llama", "gpt2", "resnet50")
+COMPILE_PRIORITY = ("native-bf16", "O2", "O1+5", "fp8-tensorwise", "O1", "pure-stochastic",
+                    "pure-kahan", "fp8-rowwise", "native-fp16", "fp32")
 
 
-def workloads(tiny: bool, batch: int | None, seq: int | None) -> dict[str, Workload]:
-    gpt_cfg = GPTConfig(vocab=512, dim=64, heads=2, layers=2, max_len=64) if tiny else GPTConfig()
-    gpt_batch, gpt_seq = (batch or 2, seq or 32) if tiny else (batch or 8, seq or 1024)
-    res_batch, res_size = (batch or 4, 32) if tiny else (batch or 64, 224)
-    res_kwargs: dict[str, Any] = (dict(widths=(8, 16), blocks=(1, 1), classes=10) if tiny
-                                  else {})
-    classes = res_kwargs.get("classes", 1000)
-
-    def gpt_batch_fn(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.randint(0, gpt_cfg.vocab, (gpt_batch, gpt_seq + 1), device=device)
-        return ids[:, :-1], ids[:, 1:]
-
-    def res_batch_fn(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.randn(res_batch, 3, res_size, res_size, device=device),
-                torch.randint(0, classes, (res_batch,), device=device))
-
-    return {
-        "gpt": Workload("gpt", "tokens", lambda: GPT(gpt_cfg), gpt_batch_fn,
-                        gpt_batch * gpt_seq, _lm_loss),
-        "resnet": Workload("resnet", "images", lambda: ResNet(**res_kwargs), res_batch_fn,
-                           res_batch, lambda out, y: F.cross_entropy(out.float(), y)),
-    }
+def device_header(device: torch.device) -> str:
+    """The device, torch and CUDA versions, in one line."""
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{platform.machine()} CPU, {torch.get_num_threads()} threads")
+    return f"device: {where}; torch {torch.__version__}; CUDA {torch.version.cuda}"
 
 
-# -- peak memory ----------------------------------------------------------------------------
-
-def _storage_bytes(tensors: Iterator[torch.Tensor], device_type: str = "cpu") -> int:
-    """Bytes of the distinct storages behind ``tensors`` on devices of ``device_type``."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        if t.device.type == device_type and t.numel():
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
-
-
-def live_training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
-                          ) -> Iterator[torch.Tensor]:
-    """Every tensor a training run keeps between steps: parameters, their gradients,
-    buffers, the optimizer's parameters (fp32 masters) and state."""
-    for p in model.parameters():
-        yield p
-        if p.grad is not None:
-            yield p.grad
-    yield from model.buffers()
-    for state in optimizer.state.values():
-        yield from (v for v in state.values() if isinstance(v, torch.Tensor))
-
-
-@contextlib.contextmanager
-def peak_memory(device: torch.device, already_allocated: int) -> Iterator[dict[str, int]]:
-    """Measure the peak bytes allocated on ``device`` inside the block: ``result["peak"]``.
-
-    CUDA: the caching allocator's own peak counter. CPU: the profiler records every
-    tensor allocation and free; the peak of their running sum, plus the bytes already
-    allocated when the block starts (``already_allocated``), is the peak. (The
-    profiler slows the CPU down: never time a block measured this way.)
-    """
-    result: dict[str, int] = {}
+def fp8_unavailable(recipe: str, device: torch.device) -> str | None:
+    """Why fp8 cannot run here, or None."""
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not installed (carry its wheel, see gpu_checks.sh)"
+    try:
+        import torchao.float8  # noqa: F401
+    except Exception as error:  # an import failure of any kind is the reason to report
+        return f"torchao does not import here: {type(error).__name__}: {error}"
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        yield result
-        torch.cuda.synchronize(device)
-        result["peak"] = torch.cuda.max_memory_allocated(device)
-        return
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (8, 9):
+            return (f"fp8 needs compute capability 8.9 or newer; this GPU has "
+                    f"{capability[0]}.{capability[1]}")
+    elif recipe != "tensorwise":
+        from ampkit.fp8.recipe import cpu_scaled_mm_takes_rowwise_scales
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        yield result
-    changes = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
-    running = highest = 0
-    for _, nbytes in changes:
-        running += nbytes
-        highest = max(highest, running)
-    result["peak"] = already_allocated + highest
+        if not cpu_scaled_mm_takes_rowwise_scales():
+            return f"this torch's CPU torch._scaled_mm takes no per-row scales ({recipe})"
+    return None
 
 
-# -- one mode -------------------------------------------------------------------------------
+class Clock:
+    """Seconds between ``start()`` and ``stop()``: CUDA events on a GPU (the time the
+    device spent, without a host sync in between), ``perf_counter`` on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> Any:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def stop(self, began: Any) -> float:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            return began.elapsed_time(end) / 1e3
+        return time.perf_counter() - began
+
 
 @dataclasses.dataclass
-class Result:
-    workload: str
-    mode: str
-    items_per_s: float
-    peak_bytes: int
-    final_loss: float
+class Run:
+    """One mode of one model, built and warmed up, ready to be timed."""
+
+    name: str
+    work: Workload
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    forward: Callable[..., Any]
+    autocast: torch.dtype | None
+    scaler: torch.amp.GradScaler | None
+    batches: list[tuple[torch.Tensor, torch.Tensor]]
+    seconds: list[float] = dataclasses.field(default_factory=list)
+    peak: int = 0
+    loss: float = math.nan
+    _next: int = 0
+
+    def step(self) -> torch.Tensor:
+        inputs, targets = self.batches[self._next % len(self.batches)]
+        self._next += 1
+        region = (torch.autocast(inputs.device.type, self.autocast) if self.autocast
+                  else contextlib.nullcontext())
+        with region:
+            out = self.work.forward(self.forward, inputs)
+        loss = loss_of(out, targets)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def held_bytes(self) -> int:
+        """What this mode keeps between steps on its device."""
+        device = self.batches[0][0].device.type
+        return _storage_bytes(live_training_tensors(self.model, self.optimizer), device)
 
 
-def _setup(mode: str, model: nn.Module, dtype: torch.dtype, device: torch.device
-           ) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], Any], Any]:
-    """The model, optimizer, forward region and scaler for one mode."""
-    fused = device.type == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
-    region: Callable[[], Any] = contextlib.nullcontext
-    scaler = None
-    if mode == "native":
-        region = lambda: torch.autocast(device.type, dtype)  # noqa: E731
-        if dtype is torch.float16:
-            scaler = torch.amp.GradScaler(device.type)
-    elif mode.startswith("ampkit-"):
-        model, optimizer = ampkit.initialize(model, optimizer, level=mode.split("-")[1],
-                                             dtype=dtype)
-    return model, optimizer, region, scaler
+def build(name: str, work: Workload, base: nn.Module, device: torch.device, compiled: bool,
+          backend: str, batches: list[tuple[torch.Tensor, torch.Tensor]], warmup: int
+          ) -> Run:
+    """Mode ``name`` on a copy of ``base``: converted, compiled if asked, warmed up."""
+    mode = MODES[name]
+    torch.manual_seed(0)
+    model = copy.deepcopy(base).to(device)
+    optimizer: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                                         fused=True)
+    if mode.initialize is not None:
+        model, optimizer = ampkit.initialize(model, optimizer, dtype=BF16, **mode.initialize)
+    forward: Callable[..., Any] = model
+    if compiled:
+        blocks = repeated_blocks(model)
+        for block in blocks:  # regional: the layers share one compiled code
+            block.compile(backend=backend)
+        if not blocks:
+            forward = torch.compile(model, backend=backend)
+    scaler = torch.amp.GradScaler(device.type) if mode.autocast is FP16 else None
+    run = Run(name, work, model, optimizer, forward, mode.autocast, scaler, batches)
+    # A compiled forward may compile again on its second call (a guard that only the
+    # first step's state set up fails): one more untimed step keeps that out of the times.
+    for _ in range(warmup + compiled):
+        run.loss = run.step().item()
+    return run
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, region: Callable[[], Any],
-               scaler: Any, mode: str, dtype: torch.dtype, work: Workload,
-               batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    inputs, targets = batch
-    with region():
-        out = model(inputs)
-    loss = work.loss(out, targets)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-    elif mode.startswith("ampkit-") and dtype is torch.float16:
-        with ampkit.scale_loss(loss, optimizer) as scaled:
-            scaled.backward()
-        optimizer.step()
-    else:
-        loss.backward()
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
+def time_rounds(runs: list[Run], rounds: int, steps: int, device: torch.device) -> None:
+    """Interleaved rounds: each run ``steps`` steps per round, the runs in turn."""
+    clock = Clock(device)
+    cuda = device.type == "cuda"
+    for _ in range(rounds):
+        for run in runs:
+            if cuda:
+                held = run.held_bytes()
+                torch.cuda.synchronize(device)
+                before = torch.cuda.memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            began = clock.start()
+            for _ in range(steps):
+                loss = run.step()
+            run.seconds.append(clock.stop(began) / steps)
+            run.loss = loss.item()
+            if cuda:
+                during = torch.cuda.max_memory_allocated(device) - before
+                run.peak = max(run.peak, during + held)
 
 
-def profile_step(step: Callable[[], Any], device: torch.device, top: int) -> str:
-    """The ``top`` ops of one training step by self time on ``device`` (CUDA kernels'
-    time on a GPU, CPU time otherwise), as the profiler's table."""
+def profile_one_step(run: Run, device: torch.device, top: int) -> str:
+    """The ``top`` ops of one more step of ``run`` by self time on the device (CUDA
+    kernels' time on a GPU, CPU time on the CPU): the profiler's table."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as prof:
-        step()
+        run.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=sort_by, row_limit=top)
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    return str(prof.key_averages().table(sort_by=sort_by, row_limit=top))
 
 
-def run_mode(work: Workload, mode: str, base: nn.Module, dtype: torch.dtype,
-             device: torch.device, warmup: int, steps: int, profile_top: int = 0
-             ) -> Result:
-    torch.manual_seed(0)
-    model = copy.deepcopy(base).to(device)
-    model, optimizer, region, scaler = _setup(mode, model, dtype, device)
-    batches = [work.make_batch(device) for _ in range(warmup + steps + 1)]
-    loss = torch.zeros(())
-    for batch in batches[:warmup]:
-        loss = train_step(model, optimizer, region, scaler, mode, dtype, work, batch)
+def print_table(work: Workload, phase: str, names: list[str], runs: dict[str, Run],
+                skipped: dict[str, str], cuda: bool) -> list[dict[str, Any]]:
+    """One markdown table for a model and phase; returns its rows as records."""
+    base = runs.get(BASELINE)
+    base_speed = (work.items / statistics.median(base.seconds)) if base else None
+    print(f"\n{work.name}, {phase}: {work.shape} per step")
+    print(f"| mode | {work.unit}/s | ms/step | vs {BASELINE} | peak memory | "
+          f"vs {BASELINE} | loss |")
+    print("|---|---|---|---|---|---|---|")
+    records = []
+    for name in names:
+        if name in skipped:
+            print(f"| {name} | skipped: {skipped[name]} | | | | | |")
+            records.append({"model": work.name, "phase": phase, "mode": name,
+                            "skipped": skipped[name]})
+            continue
+        run = runs[name]
+        seconds = statistics.median(run.seconds)
+        speed = work.items / seconds
+        ratio = f"{speed / base_speed:.2f}x" if base_speed else "-"
+        peak = f"{run.peak / 2 ** 20:,.0f} MiB" if cuda else "-"
+        peak_ratio = f"{run.peak / base.peak:.2f}x" if cuda and base else "-"
+        print(f"| {name} | {speed:,.0f} | {seconds * 1e3:.2f} | {ratio} | {peak} | "
+              f"{peak_ratio} | {run.loss:.4f} |", flush=True)
+        records.append({"model": work.name, "phase": phase, "mode": name,
+                        "items_per_s": speed, "seconds_per_step": seconds,
+                        "peak_bytes": run.peak if cuda else None, "loss": run.loss})
+    return records
 
-    # Timed steps: on CUDA the allocator's peak counter costs nothing, so they are also
-    # the measured ones; on CPU the profiler would distort the timing, so one more step
-    # is measured afterwards.
-    measure = peak_memory(device, 0) if device.type == "cuda" else contextlib.nullcontext({})
-    with measure as memory:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for batch in batches[warmup:warmup + steps]:
-            loss = train_step(model, optimizer, region, scaler, mode, dtype, work, batch)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - start
-    if device.type != "cuda":
-        allocated = _storage_bytes(live_training_tensors(model, optimizer))
-        with peak_memory(device, allocated) as memory:
-            train_step(model, optimizer, region, scaler, mode, dtype, work, batches[-1])
-    if profile_top:
-        one_step = functools.partial(train_step, model, optimizer, region, scaler, mode, dtype,
-                                     work, batches[-1])
-        table = profile_step(one_step, device, profile_top)
-        print(f"\n{work.name} {mode}, one step profiled:\n{table}", flush=True)
-    final = loss.item()
-    if not math.isfinite(final):
-        raise RuntimeError(f"{work.name} {mode}: the loss is {final}")
-    del model, optimizer, batches
+
+def run_phase(work: Workload, base: nn.Module, names: list[str], compiled: bool,
+              args: argparse.Namespace, device: torch.device, deadline: float
+              ) -> list[dict[str, Any]]:
+    """Build every mode of one model and phase, time them interleaved, print the table."""
+    phase = f"compiled ({args.backend})" if compiled else "eager"
+    gen = torch.Generator(device).manual_seed(0)
+    batches = [work.make_batch(device, gen) for _ in range(2)]
+    order = ([n for n in COMPILE_PRIORITY if n in names] if compiled else names)
+    runs: dict[str, Run] = {}
+    skipped: dict[str, str] = {}
+    for name in order:
+        recipe = MODES[name].fp8
+        reason = fp8_unavailable(recipe, device) if recipe else None
+        if recipe and reason is None and work.unit == "images":
+            reason = "its only Linear is the head, the last layer, which fp8 keeps out"
+        if reason is None and time.monotonic() > deadline:
+            reason = f"not run, the --budget of {args.budget:g} s was spent"
+        if reason is not None:
+            skipped[name] = reason
+            continue
+        try:
+            runs[name] = build(name, work, base, device, compiled, args.backend, batches,
+                               args.warmup)
+        except torch.OutOfMemoryError:
+            skipped[name] = "out of device memory with the other modes built"
+            torch.cuda.empty_cache()
+    live = [runs[n] for n in names if n in runs]
+    time_rounds(live, args.rounds, args.steps, device)
+    records = print_table(work, phase, names, runs, skipped, device.type == "cuda")
+    for name in args.profile_modes if args.profile else ():
+        if name in runs:
+            print(f"\n{work.name} {name} ({phase}), one step profiled, top {args.profile} "
+                  f"ops by self {'CUDA' if device.type == 'cuda' else 'CPU'} time:")
+            print(profile_one_step(runs[name], device, args.profile), flush=True)
+    for run in live:  # said at the end too, with the exit status: the table goes on
+        if not math.isfinite(run.loss):
+            print(f"{work.name} {run.name} ({phase}): the loss is {run.loss}", flush=True)
+    runs.clear()
+    live.clear()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return Result(work.name, mode, steps * work.items_per_batch / elapsed, memory["peak"],
-                  final)
+    return records
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--compile", default="both", choices=["off", "on", "both"],
+                        help="eager only, compiled only, or both (default)")
+    parser.add_argument("--compile-modes", nargs="+", default=None, choices=list(MODES),
+                        help="the modes of the compiled phase (default: --modes)")
+    parser.add_argument("--backend", default=None,
+                        help="torch.compile backend (default inductor; rehearsal: aot_eager)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per mode")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timed rounds")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per round")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="start no more modes after this many seconds")
+    parser.add_argument("--profile", type=int, default=0, metavar="TOP",
+                        help="profile one more step of each --profile-modes mode")
+    parser.add_argument("--profile-modes", nargs="+", default=["native-bf16", "O2"],
+                        choices=list(MODES))
+    parser.add_argument("--rehearse", action="store_true",
+                        help="toy sizes on the CPU: a rehearsal of the GPU run")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads")
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    args = parser.parse_args(argv)
+    for flag in ("warmup", "rounds", "steps"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.budget is not None and args.budget <= 0:
+        parser.error(f"--budget must be positive, got {args.budget:g}")
+    if args.profile < 0:
+        parser.error(f"--profile must be 0 (off) or a positive count, got {args.profile}")
+    if args.compile_modes is not None and args.compile == "off":
+        parser.error("--compile-modes needs a compiled phase (--compile on or both)")
+    args.backend = args.backend or ("aot_eager" if args.rehearse else "inductor")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    parser.add_argument("--models", nargs="+", default=["gpt", "resnet"],
-                        choices=["gpt", "resnet"])
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--tiny", action="store_true", help="tiny models (smoke test)")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--seq", type=int, default=None, help="GPT sequence length")
-    parser.add_argument("--warmup", type=int, default=None, help="default 3 (tiny: 1)")
-    parser.add_argument("--steps", type=int, default=None, help="default 10 (tiny: 3)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads")
-    parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--profile", type=int, default=0, metavar="TOP",
-                        help="after each mode's timed steps, profile one more step and "
-                             "print its TOP ops by self time (default: no profile)")
-    args = parser.parse_args(argv)
-
-    if args.device == "cuda" and not torch.cuda.is_available():
+    args = parse_args(argv)
+    if not args.rehearse and not torch.cuda.is_available():
         print("gpu_throughput: no CUDA device here, nothing was measured. Run it on a "
-              "machine with a GPU, or smoke-test the script with --device cpu --tiny.",
+              "machine with a GPU, or rehearse it on the CPU with --rehearse.",
               file=sys.stderr)
         return 1
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
-    args.steps = args.steps if args.steps is not None else (3 if args.tiny else 10)
+    device = torch.device("cpu" if args.rehearse else "cuda")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
-        # fp32 means fp32: no TF32 tensor-core matmuls in the baseline.
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cudnn.benchmark = True
-    print(f"device: {_device_name(device)}; torch {torch.__version__}; dtype {args.dtype}; "
-          f"{args.steps} timed steps after {args.warmup} warm-up steps"
-          + ("; TINY smoke models (speeds meaningless)" if args.tiny else ""))
-    results: list[Result] = []
-    for name in args.models:
-        work = workloads(args.tiny, args.batch, args.seq)[name]
-        torch.manual_seed(0)
-        base = work.make_model()
-        params = sum(p.numel() for p in base.parameters())
-        print(f"\n{name}: {params / 1e6:.1f}M parameters, {work.items_per_batch} {work.unit} "
-              f"per step")
-        print(f"| mode | {work.unit}/s | vs {args.modes[0]} | vs native | peak memory | "
-              f"vs {args.modes[0]} | final loss |")
-        print("|---|---|---|---|---|---|---|")
-        first: Result | None = None
-        native: Result | None = None
-        for mode in args.modes:
-            result = run_mode(work, mode, base, dtype, device, args.warmup, args.steps,
-                              args.profile)
-            results.append(result)
-            first = first or result
-            native = result if mode == "native" else native
-            vs_native = (f"{result.items_per_s / native.items_per_s:.2f}x" if native
-                         else "-")
-            print(f"| {mode} | {result.items_per_s:,.0f} | "
-                  f"{result.items_per_s / first.items_per_s:.2f}x | {vs_native} | "
-                  f"{result.peak_bytes / 2 ** 20:,.1f} MiB | "
-                  f"{result.peak_bytes / first.peak_bytes:.2f}x | {result.final_loss:.4f} |",
-                  flush=True)
+    start = time.monotonic()
+    deadline = start + args.budget if args.budget else math.inf
+    phases = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    print(device_header(device))
+    print(f"{args.warmup} warm-up steps, then {args.rounds} interleaved rounds of "
+          f"{args.steps} steps per mode; AdamW (fused); ratios to {BASELINE}"
+          + ("; REHEARSAL at toy sizes on the CPU (speeds meaningless)" if args.rehearse
+             else ""), flush=True)
+    records: list[dict[str, Any]] = []
+    for compiled in phases:  # every model eager first: the cheap half is never lost
+        # Compiled, the models the targets weigh most come first (fp8's on the Llama
+        # stack), and each gets an equal share of what is left of the budget.
+        names = ([m for m in COMPILE_MODEL_PRIORITY if m in args.models] if compiled
+                 else args.models)
+        for i, name in enumerate(names):
+            share = (deadline - time.monotonic()) / (len(names) - i)
+            model_deadline = min(deadline, time.monotonic() + max(share, 0.0))
+            work = workload(name, toy=args.rehearse)
+            torch.manual_seed(0)
+            with device:  # initialised where it trains: seconds less for the Llama stack
+                base = work.make_model()
+            if compiled:
+                torch._dynamo.reset()
+            modes = (args.compile_modes or args.modes) if compiled else args.modes
+            records += run_phase(work, base, modes, compiled, args, device, model_deadline)
+            del base
+    print(f"\ntotal {time.monotonic() - start:.0f} s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"device": _device_name(device), "torch": torch.__version__,
-                       "dtype": args.dtype, "tiny": args.tiny,
-                       "results": [dataclasses.asdict(r) for r in results]}, f, indent=2)
+            json.dump({"header": device_header(device), "rows": records}, f, indent=2)
+    diverged = [f"{r['model']} {r['mode']} ({r['phase']})" for r in records
+                if "loss" in r and not math.isfinite(r["loss"])]
+    if diverged:
+        print(f"gpu_throughput: non-finite final loss in {', '.join(diverged)}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,6 +1,6 @@
 """Peak memory of one training step: ampkit O2 (and O1, O3, native autocast) vs fp32.
 
-A GPT-style decoder (the one in ``gpu_throughput.py``, tied head, 4 heads) trained with
+A GPT-style decoder (the one in ``_training.py``, tied head, 4 heads) trained with
 AdamW on random tokens, in three small sizes (``--preset``):
 
 * ``deep``: d=128, 8 layers, vocab 512, batch 16 x 256 tokens (activations dominate);
@@ -8,7 +8,8 @@ AdamW on random tokens, in three small sizes (``--preset``):
 * ``big-vocab``: d=128, 4 layers, vocab 2048, batch 16 x 256 (the fp32 logits and loss,
   which every mixed-precision mode keeps in fp32, weigh more);
 * ``gpt-1024``: d=1024, 8 layers, vocab 512, batch 8 x 1024 (issue 10's GPU transformer;
-  named only, not part of ``all``: on a CPU without native bf16 it takes hours).
+  named only, not part of ``all``: on a CPU without native bf16 it takes hours);
+* ``toy``: d=64, 2 layers, vocab 256, batch 2 x 32: a rehearsal of the script only.
 
 Each configuration starts from the same weights, takes two warm-up steps (so the
 optimizer state exists, as in any step of a real run), then one measured step:
@@ -28,7 +29,7 @@ their low-precision input, not its fp32 copy (see ``ampkit.conversion``).
 Configurations: ``fp32``; ``native`` (an fp32 model under ``torch.autocast``, and
 ``torch.amp.GradScaler`` for float16); ``O1``, ``O2``, ``O3`` (``ampkit.initialize``).
 
-Run: ``python benchmarks/memory_o2.py [--preset all|deep|wide|big-vocab|gpt-1024]
+Run: ``python benchmarks/memory_o2.py [--preset all|deep|wide|big-vocab|gpt-1024|toy ...]
 [--device cpu|cuda] [--dtype bfloat16|float16] [--heads 4]``
 """
 
@@ -43,7 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_throughput import (
+from _training import (
     GPT,
     GPTConfig,
     Workload,
@@ -63,6 +64,8 @@ PRESETS = {  # name: (dim, layers, vocab, batch, seq)
     "big-vocab": (128, 4, 2048, 16, 256),
     # Issue 10's GPU transformer (its vocabulary was not stated): for --device cuda.
     "gpt-1024": (1024, 8, 512, 8, 1024),
+    # A rehearsal size (gpu_checks.sh --rehearse): seconds on a CPU, numbers meaningless.
+    "toy": (64, 2, 256, 2, 32),
 }
 ALL = ("deep", "wide", "big-vocab")  # --preset all: the ones a CPU runs in minutes
 
@@ -94,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    parser.add_argument("--preset", default="all", choices=["all", *PRESETS])
+    parser.add_argument("--preset", nargs="+", default=["all"], choices=["all", *PRESETS],
+                        help="one or more presets; all: " + ", ".join(ALL))
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -104,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     print(f"device: {_device_name(device)}; torch {torch.__version__}; {args.dtype}; AdamW")
-    for preset in ALL if args.preset == "all" else [args.preset]:
+    presets = [p for given in args.preset for p in (ALL if given == "all" else [given])]
+    for preset in dict.fromkeys(presets):
         dim, layers, vocab, batch, seq = PRESETS[preset]
         torch.manual_seed(0)
         base = GPT(GPTConfig(vocab=vocab, dim=dim, heads=args.heads, layers=layers,

@@ -24,9 +24,10 @@ peak. The pure modes chunk their step, so their inner optimizer's variant does n
 change their peak.
 
 Presets: ``light`` (d=256, 4 layers, vocab 512, batch 2 x 64: activation-light, the
-parameters and their state dominate) and the three of ``memory_o2.py``.
+parameters and their state dominate) and those of ``memory_o2.py`` (``all`` runs every
+one but ``toy``, the rehearsal size).
 
-Run: ``python benchmarks/memory_pure.py [--preset light|deep|wide|big-vocab|all]
+Run: ``python benchmarks/memory_pure.py [--preset light|deep|wide|big-vocab|gpt-1024|toy|all]
 [--device cpu|cuda] [--time-steps N]``
 """
 
@@ -44,8 +45,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_throughput import GPT, GPTConfig, _device_name, _storage_bytes, live_training_tensors
-from gpu_throughput import peak_memory as _peak_memory
+from _training import GPT, GPTConfig, _device_name, _storage_bytes, live_training_tensors
+from _training import peak_memory as _peak_memory
 from memory_o2 import PRESETS as O2_PRESETS
 
 import ampkit
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"device: {_device_name(device)}; torch {torch.__version__}; bfloat16; AdamW")
-    for preset in PRESETS if args.preset == "all" else [args.preset]:
+    # "all": every size but the rehearsal's toy, which measures nothing
+    for preset in [p for p in PRESETS if p != "toy"] if args.preset == "all" else [args.preset]:
         dim, layers, vocab, batch, seq = PRESETS[preset]
         torch.manual_seed(0)
         base = GPT(GPTConfig(vocab=vocab, dim=dim, heads=4, layers=layers, max_len=seq))

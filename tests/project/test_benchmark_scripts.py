@@ -90,19 +90,31 @@ def test_cast_traffic_refuses_a_non_positive_accumulate(capsys):
     assert "--accumulate" in capsys.readouterr().err
 
 
-def test_gpu_throughput_smoke_run_reports_every_mode_against_native(capsys):
+def test_gpu_throughput_rehearsal_reports_each_mode_against_native_bf16(capsys):
+    # The whole rehearsal (every model, mode and phase) runs in test_gpu_rehearsal.py;
+    # this is the table's arithmetic on one model, eager.
     gpu_throughput = _script("gpu_throughput")
-    status = gpu_throughput.main(["--device", "cpu", "--tiny", "--models", "resnet",
-                                  "--threads", "1", "--steps", "1", "--profile", "3"])
+    modes = ["fp32", "native-bf16", "O2", "pure-stochastic"]
+    status = gpu_throughput.main(["--rehearse", "--models", "resnet50", "--compile", "off",
+                                  "--modes", *modes, "--warmup", "1", "--rounds", "2",
+                                  "--steps", "1", "--threads", "1", "--profile", "3",
+                                  "--profile-modes", "O2"])
     out = capsys.readouterr().out
     assert status == 0
     rows = _table_rows(out)
-    for mode in gpu_throughput.MODES:
-        assert float(rows[mode][1].replace(",", "")) > 0, out
-    assert rows["native"][3] == "1.00x"
-    assert rows["fp32"][2] == "1.00x"
-    assert "resnet ampkit-O2, one step profiled" in out
+    for mode in modes:
+        speed, ms = float(rows[mode][1].replace(",", "")), float(rows[mode][2])
+        assert speed == pytest.approx(4 / (ms / 1e3), rel=0.01), out  # 4 images a step
+    assert rows["native-bf16"][3] == "1.00x"
+    assert "resnet50 O2 (eager), one step profiled" in out
     assert "Self CPU" in out  # the profiler's table
+
+
+def test_gpu_throughput_refuses_compile_modes_without_a_compiled_phase(capsys):
+    gpu_throughput = _script("gpu_throughput")
+    with pytest.raises(SystemExit):
+        gpu_throughput.main(["--rehearse", "--compile", "off", "--compile-modes", "O2"])
+    assert "--compile-modes" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
