@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import platform
 import statistics
 import sys
@@ -36,9 +37,12 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from gpu_throughput import fp8_unavailable
 
 import ampkit
+
+# its sibling scripts, when run from anywhere or loaded by path (the suite does)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_throughput import fp8_unavailable
 
 RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 

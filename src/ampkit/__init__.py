@@ -55,7 +55,7 @@ _SUBMODULES = (
     "tools", "config", "levels", "integrations", "dialects", "scaling", "conversion", "front_door",
     "pure", "master_weights_pure", "policy", "presets", "registry", "casting",
     "autocast_mode", "function_patching", "fsdp", "parameter_casts", "parameter_truth",
-    "fp8", "device_support",
+    "fp8", "device_support", "step_in_backward",
     # the dialects' import names
     "apex", "paddle", "mindspore", "mxnet", "torch",
 )
