@@ -55,6 +55,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ampkit import torch_internals
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.compile_frames import skip_recursively
 from ampkit.registry import AUTOCAST_KEYS, dispatcher_schemas
@@ -251,7 +252,7 @@ def _kernel(device: str, key: str, name: str, op: Any, schema: Any) -> Callable[
     on_cpu = device == "cpu"
     exclude = torch._C._ExcludeDispatchKeyGuard
     get_dtype = torch.get_autocast_dtype
-    is_compiling = torch.compiler.is_compiling
+    is_compiling = torch_internals.compiling
     call = op._op  # the bound builtin, without OpOverload.__call__'s Python frame
 
     def cast(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
