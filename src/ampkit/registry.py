@@ -498,8 +498,10 @@ def native_op_names(device_type: str) -> frozenset[str]:
 #: torch's ``aten/src/ATen/autocast_mode.h`` (its ``fp32``, ``fp32_set_opt_dtype`` and
 #: ``fp32_append_dtype`` policies), which torch's AMP documentation gives as the CUDA ops
 #: that autocast to float32. The dispatcher says which ops native autocast changes on a
-#: device (:func:`native_op_names`) but not to which dtype, so this list is data; the
-#: suite checks it against the dispatcher's CUDA registrations. CPU autocast's own float32
+#: device (:func:`native_op_names`) but not to which dtype, so this list is data: CUDA's
+#: fp32 list over the supported torch releases. The suite checks it against the running
+#: torch's CUDA registrations; a release that does not register one of its ops yet
+#: (torch 2.11: ``rms_norm``) leaves that op alone where O2 keeps it fp32. CPU autocast's own float32
 #: list holds losses, linear algebra and FFTs only (no softmax, norm, exp or pow), so
 #: level O2, whose activations are low precision end to end, keeps this list on every
 #: device (:func:`ampkit.levels.keep_native_fp32`).
