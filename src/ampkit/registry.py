@@ -501,10 +501,10 @@ def native_op_names(device_type: str) -> frozenset[str]:
 #: device (:func:`native_op_names`) but not to which dtype, so this list is data: CUDA's
 #: fp32 list over the supported torch releases. The suite checks it against the running
 #: torch's CUDA registrations; a release that does not register one of its ops yet
-#: (torch 2.11: ``rms_norm``) leaves that op alone where O2 keeps it fp32. CPU autocast's own float32
-#: list holds losses, linear algebra and FFTs only (no softmax, norm, exp or pow), so
-#: level O2, whose activations are low precision end to end, keeps this list on every
-#: device (:func:`ampkit.levels.keep_native_fp32`).
+#: (torch 2.11: ``rms_norm``) leaves that op alone where O2 keeps it fp32. CPU
+#: autocast's own float32 list holds losses, linear algebra and FFTs only (no softmax,
+#: norm, exp or pow), so level O2, whose activations are low precision end to end,
+#: keeps this list on every device (:func:`ampkit.levels.keep_native_fp32`).
 AUTOCAST_FP32_OPS: frozenset[str] = frozenset({
     # pointwise transcendentals and powers: range and rounding in 16 bits
     "acos", "asin", "cosh", "sinh", "tan", "erfinv", "exp", "expm1", "log", "log10",
