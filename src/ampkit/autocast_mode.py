@@ -381,9 +381,9 @@ def _leave_traced_regions() -> None:
         _leave_traced_regions()
 
 
-autocast_kernels.in_graph(enter_in_graph)
-autocast_kernels.in_graph(exit_in_graph)
-autocast_kernels.after_compile(_leave_traced_regions)
+torch_internals.in_graph(enter_in_graph)
+torch_internals.in_graph(exit_in_graph)
+torch_internals.after_compile(_leave_traced_regions)
 
 
 # -- the region -------------------------------------------------------------------------------
@@ -404,7 +404,7 @@ class UnsupportedDeviceError(RuntimeError, ValueError):
 
 def _autocast_available(device_type: str) -> bool:
     try:
-        return bool(torch._C._is_autocast_available(device_type))
+        return torch.amp.is_autocast_available(device_type)
     except RuntimeError:  # not a device type torch knows at all
         return False
 
@@ -415,7 +415,7 @@ def _check_device(device_type: Any) -> str:
         raise ValueError(f"Expected `device_type` of type `str`, got: `{type(device_type)}`; "
                          f"device_type must be a device type string such as 'cpu' or 'cuda'")
     try:
-        available = bool(torch._C._is_autocast_available(device_type))
+        available = torch.amp.is_autocast_available(device_type)
         reason = f"unsupported autocast device_type {device_type!r}"
     except RuntimeError as error:  # "Invalid device string: '...'"
         available, reason = False, str(error)

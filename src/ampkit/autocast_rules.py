@@ -56,7 +56,7 @@ def _call_positions(fn: Any, name: str) -> tuple[tuple[int, ...], int]:
         return (tuple(i for i, p in enumerate(params) if p.name == "dtype" and p.kind in (
             p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)),
             names.index("inplace") if "inplace" in names else -1)
-    if isinstance(fn, torch._ops.OpOverload):
+    if isinstance(fn, torch_internals.OpOverload):
         schemas: tuple[Any, ...] = (fn._schema,)
     else:
         schemas = _op_schemas(name)

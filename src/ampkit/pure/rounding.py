@@ -6,6 +6,8 @@ DTensor shard within its whole parameter.
 
 Example:
     >>> import torch
+
+from ampkit import torch_internals
     >>> from ampkit.pure.rounding import Positions, round_stochastic_into
     >>> value = torch.full((4,), 1.0 + 2 ** -9)  # half-way between two bf16 numbers
     >>> out = torch.empty(4, dtype=torch.bfloat16)
@@ -22,6 +24,8 @@ import math
 from typing import Any
 
 import torch
+
+from ampkit import torch_internals
 
 __all__ = ["Positions", "is_dtensor", "local_tensor", "round_kahan", "round_stochastic_into",
            "stochastic_round"]
@@ -157,12 +161,10 @@ class Positions:
         if local is t:
             return
         from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         dt: Any = t  # a DTensor
         placements = tuple(dt.placements)
-        shape, offset = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh,
-                                                              placements)
+        shape, offset = torch_internals.local_shape_and_offset(dt)
         if (all(type(pl) in (Shard, Replicate) for pl in placements)
                 and tuple(shape) == self.local_shape):
             self.offset = tuple(offset)

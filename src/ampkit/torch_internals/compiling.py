@@ -1,107 +1,26 @@
-"""ampkit's boundary with torch's internals: every private torch name ampkit uses and
-every torch class it patches, each as an entry of :data:`ENTRIES`.
-
-Each entry says what ampkit needs it for and the public API that replaces it where one
-exists, and has a check that it is there *and behaves as ampkit expects*: what broke
-between torch releases so far was behaviour (a flag whose meaning widened, an internal
-renamed behind a surviving shim), never a missing name. The cheap checks run at
-``import ampkit``; those that would import ``torch._dynamo`` (over a second) run at
-first use. A failed check raises :class:`TorchInternalsError`, naming the torch version
-and the entry. ``tests/project/test_torch_internals.py`` runs every check, so a new torch
-release says in one place what moved.
+"""Trace time or run time, and torch.utils.checkpoint's recomputation: the torch
+internals behind ampkit's regions (see :mod:`ampkit.torch_internals`).
 
 Example:
-    >>> from ampkit import torch_internals
-    >>> "compile_session" in torch_internals.ENTRIES
-    True
-    >>> torch_internals.compiling()
+    >>> from ampkit.torch_internals.compiling import compiling
+    >>> compiling()
     False
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch._guards
+import torch.utils.checkpoint
 
-__all__ = ["ENTRIES", "Entry", "TorchInternalsError", "check", "compiling",
-           "install_checkpoint_carry"]
-
-
-class TorchInternalsError(RuntimeError):
-    """A torch internal ampkit relies on is missing or no longer behaves as expected.
-
-    Example:
-        >>> from ampkit.torch_internals import TorchInternalsError
-        >>> issubclass(TorchInternalsError, RuntimeError)
-        True
-    """
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One private torch name (or patched torch class) ampkit uses.
-
-    Example:
-        >>> from ampkit.torch_internals import ENTRIES
-        >>> ENTRIES["compile_session"].names
-        ('torch._guards.CompileContext',)
-    """
-
-    name: str
-    #: the private names it covers, as written in torch
-    names: tuple[str, ...]
-    #: what ampkit needs it for
-    need: str
-    #: the public API that replaces it, where one exists (and why it is not used)
-    public: str
-    #: raises :class:`TorchInternalsError` where it is gone or behaves otherwise
-    check: Callable[[], None]
-    #: checked at first use, not at import (it imports torch._dynamo)
-    lazy: bool = False
-
-
-ENTRIES: dict[str, Entry] = {}
-
-
-def _entry(name: str, names: tuple[str, ...], need: str, public: str,
-           lazy: bool = False) -> Callable[[Callable[[], None]], Callable[[], None]]:
-    def register(fn: Callable[[], None]) -> Callable[[], None]:
-        ENTRIES[name] = Entry(name, names, need, public, fn, lazy)
-        return fn
-    return register
-
-
-def fail(entry: str, what: str) -> TorchInternalsError:
-    """The error for ``entry`` (a key of :data:`ENTRIES`): names torch's version.
-
-    Example:
-        >>> from ampkit.torch_internals import fail
-        >>> "compile_session" in str(fail("compile_session", "gone"))
-        True
-    """
-    return TorchInternalsError(f"ampkit: torch {torch.__version__}: the torch internal "
-                               f"{entry!r} ({', '.join(ENTRIES[entry].names)}) {what}")
-
-
-def check(name: str) -> None:
-    """Run entry ``name``'s check (raises :class:`TorchInternalsError`).
-
-    Example:
-        >>> from ampkit.torch_internals import check
-        >>> check("compile_session")
-    """
-    if name not in ENTRIES:
-        raise ValueError(f"name: unknown torch internal {name!r}; name must be one of "
-                         f"{sorted(ENTRIES)}")
-    ENTRIES[name].check()
-
+from ampkit.torch_internals.entries import TorchInternalsError, fail, register_entry
 
 # -- trace time or run time -------------------------------------------------------------------
 
@@ -126,7 +45,7 @@ def compiling() -> bool:
     return torch.compiler.is_compiling() or _CompileContext.current_compile_id() is not None
 
 
-@_entry("compile_session", ("torch._guards.CompileContext",),
+@register_entry("compile_session", ("torch._guards.CompileContext",),
         "tell a region's graph node run while torch.compile traces (its frames are left "
         "at the end of the compilation) from one run by a compiled graph",
         "torch.compiler.is_compiling(), which covers the whole compile session only from "
@@ -220,25 +139,54 @@ def _wrap_checkpoint(carry: Callable[[Callable[..., Any]], Callable[..., Any]],
     return undo_all
 
 
-def _probe_checkpoint() -> None:
-    """Checkpoint :func:`_probe_fn` both ways (a forward only: the wrappers see the
-    function when checkpoint hands it on)."""
+def _probe_checkpoint(reentrant: tuple[bool, ...]) -> None:
+    """Checkpoint :func:`_probe_fn` (a forward only: the wrappers see the function when
+    checkpoint hands it on)."""
     x = torch.zeros(1, requires_grad=True)
     with warnings.catch_warnings(), torch.enable_grad():
         warnings.simplefilter("ignore")
-        for reentrant in (False, True):
-            torch.utils.checkpoint.checkpoint(_probe_fn, x, use_reentrant=reentrant,
-                                              preserve_rng_state=False)
+        for each in reentrant:
+            # unwrapped: checkpoint() is wrapped in a dynamo-disable that imports
+            # torch._dynamo (seconds) at its first call
+            inspect.unwrap(torch.utils.checkpoint.checkpoint)(
+                _probe_fn, x, use_reentrant=each, preserve_rng_state=False)
+
+
+def _reached_from_checkpoint() -> set[str]:
+    """The names of ``torch.utils.checkpoint``'s own functions and classes that
+    ``checkpoint()`` calls, directly or through its module's other functions: read from
+    their code, without running it."""
+    cp = torch.utils.checkpoint
+    reached: set[str] = set()
+    todo: list[Any] = [cp.checkpoint]
+    while todo:
+        code = getattr(inspect.unwrap(todo.pop()), "__code__", None)
+        codes = [code] if code is not None else []
+        while codes:
+            one = codes.pop()
+            codes.extend(c for c in one.co_consts if hasattr(c, "co_names"))
+            for name in one.co_names:
+                found = cp.__dict__.get(name)
+                if name not in reached and callable(found):
+                    reached.add(name)
+                    todo.append(found)
+    return reached
 
 
 def _live(carry: Callable[[Callable[..., Any]], Callable[..., Any]]) -> set[str]:
     hits: set[str] = set()
     undo = _wrap_checkpoint(carry, hits)
+    # The reentrant variant by running it (cheap); the non-reentrant one imports
+    # torch._dynamo when it runs (torch 2.13+), so it is run only where dynamo is loaded
+    # already, else read from checkpoint's code. The test suite runs both.
+    loaded = "torch._dynamo" in sys.modules
     try:
-        _probe_checkpoint()
+        _probe_checkpoint((True, False) if loaded else (True,))
     except Exception:
         undo()
         raise
+    if not loaded:
+        hits |= _reached_from_checkpoint() & set(_GENERATORS)
     missing = []
     if not hits & set(_GENERATORS):
         missing.append("the non-reentrant generator")
@@ -255,7 +203,9 @@ def install_checkpoint_carry(carry: Callable[[Callable[..., Any]], Callable[...,
                              ) -> bool:
     """Have ``torch.utils.checkpoint.checkpoint`` (both variants) run ``carry(fn)``
     where it runs ``fn``, in the forward and in the recomputation. Checked by
-    behaviour: one checkpointed call must reach the wrapped internals. Where it does
+    behaviour: a checkpointed call must reach the wrapped internals (the non-reentrant
+    variant is read from checkpoint's code instead where running it would import
+    torch._dynamo; ``check("checkpoint_recompute")`` runs both). Where it does
     not (a torch whose checkpoint calls other internals), everything is undone and a
     RuntimeWarning says checkpointed code recomputes without ampkit's policy.
     Returns whether it is installed. Call it once.
@@ -274,7 +224,7 @@ def install_checkpoint_carry(carry: Callable[[Callable[..., Any]], Callable[...,
     return True
 
 
-@_entry("checkpoint_recompute",
+@register_entry("checkpoint_recompute",
         ("torch.utils.checkpoint._checkpoint_without_reentrant_generator_impl",
          "torch.utils.checkpoint._checkpoint_without_reentrant_generator",
          "torch.utils.checkpoint.CheckpointFunction",
@@ -283,13 +233,13 @@ def install_checkpoint_carry(carry: Callable[[Callable[..., Any]], Callable[...,
         "checkpoint call, as torch does for native autocast state",
         "none: checkpoint's context_fn is the caller's argument (a library's checkpoint "
         "call cannot be given one), and wrapping checkpoint() itself misses callers that "
-        "imported it by name (transformers does)")
+        "imported it by name (transformers does)", lazy=True)
 def _check_checkpoint_recompute() -> None:
     undo_probe: list[Callable[[], None]] = []
     hits: set[str] = set()
     undo_probe.append(_wrap_checkpoint(lambda fn: fn, hits))
     try:
-        _probe_checkpoint()
+        _probe_checkpoint((True, False))
     finally:
         for step in undo_probe:
             step()
