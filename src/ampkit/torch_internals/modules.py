@@ -52,9 +52,13 @@ def _check_norm_bases() -> None:
 # The process-wide module hooks (torch.nn.modules.module.register_module_forward_hook
 # and its kin add to them): dicts torch mutates in place and never rebinds, read the way
 # nn.Module._call_impl reads them.
+#: the process-wide forward pre-hooks of every module
 global_forward_pre_hooks: dict[int, Any] = _module._global_forward_pre_hooks
+#: the process-wide forward hooks of every module
 global_forward_hooks: dict[int, Any] = _module._global_forward_hooks
+#: the process-wide backward pre-hooks of every module
 global_backward_pre_hooks: dict[int, Any] = _module._global_backward_pre_hooks
+#: the process-wide backward hooks of every module
 global_backward_hooks: dict[int, Any] = _module._global_backward_hooks
 
 
