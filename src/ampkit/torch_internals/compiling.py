@@ -26,6 +26,8 @@ from ampkit.torch_internals.entries import TorchInternalsError, fail, register_e
 
 _CompileContext = torch._guards.CompileContext
 
+__all__ = ["check_compile_session_in_a_backend", "compiling", "install_checkpoint_carry"]
+
 
 def compiling() -> bool:
     """Whether torch.compile is tracing or compiling in this thread: dynamo's trace and

@@ -25,6 +25,12 @@ _C: Any = torch._C  # private bindings, not all in torch's stubs
 #: a guard that excludes a dispatch key set from dispatch while it is held
 ExcludeKeys: Any = _C._ExcludeDispatchKeyGuard
 
+__all__ = ["OpOverload", "OpOverloadPacket", "TorchDispatchMode", "current_autograd_node",
+           "disable_current_modes", "disabled_torch_function_impl", "has_kernel",
+           "lazy_check_dispatch_mode", "local_shape_and_offset", "native_kernel",
+           "op_object_qualname", "redispatch_keysets", "registrations", "saved_tensors_hooks_free",
+           "schema_exists", "schemas_of", "tree_leaves", "tree_map"]
+
 
 def redispatch_keysets(key: str) -> tuple[Any, Any]:
     """For dispatch key ``key`` (``"AutocastCPU"``): the key set an Autocast kernel
