@@ -18,11 +18,6 @@ Example:
     False
 """
 
-from ampkit.torch_internals.compiling import (
-    check_compile_session_in_a_backend,
-    compiling,
-    install_checkpoint_carry,
-)
 from ampkit.torch_internals.dispatch import (
     DisableTorchFunction as DisableTorchFunction,
 )
@@ -66,6 +61,11 @@ from ampkit.torch_internals.modules import (
     global_forward_hooks,
     global_forward_pre_hooks,
     make_wrapper_subclass,
+)
+from ampkit.torch_internals.tracing import (
+    check_compile_session_in_a_backend,
+    compiling,
+    install_checkpoint_carry,
 )
 
 __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", "OpOverload",

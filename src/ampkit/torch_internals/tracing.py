@@ -2,7 +2,7 @@
 internals behind ampkit's regions (see :mod:`ampkit.torch_internals`).
 
 Example:
-    >>> from ampkit.torch_internals.compiling import compiling
+    >>> from ampkit.torch_internals.tracing import compiling
     >>> compiling()
     False
 """
