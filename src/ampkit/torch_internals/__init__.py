@@ -5,9 +5,10 @@ Each entry says what ampkit needs it for and the public API that replaces it whe
 exists, and has a check that it is there *and behaves as ampkit expects*: what broke
 between torch releases so far was behaviour (a flag whose meaning widened, an internal
 renamed behind a surviving shim), never a missing name. The cheap checks run at
-``import ampkit``; those that would import ``torch._dynamo`` (over a second) run at
-first use. A failed check raises :class:`TorchInternalsError`, naming the torch version
-and the entry. ``tests/project/test_torch_internals.py`` runs every check, so a new torch
+``import ampkit``; those that would import ``torch._dynamo`` (over a second) or compile
+are ``lazy``: the test suite runs them, and the checkpoint carry proves its own at its
+first installation. A failed check raises :class:`TorchInternalsError`, naming the torch
+version and the entry. ``tests/project/test_torch_internals.py`` runs every check, so a new torch
 release says in one place what moved.
 
 Example:
