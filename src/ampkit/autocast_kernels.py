@@ -44,19 +44,15 @@ Example:
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
+from ampkit import torch_internals
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
-from ampkit.compile_frames import skip_recursively
 from ampkit.registry import AUTOCAST_KEYS, dispatcher_schemas
 
 __all__ = ["activate", "hold", "install_compile_hooks", "let_go", "register", "registered",
@@ -218,17 +214,11 @@ def _overload(qualname: str, schema: Any) -> Any:
 
 def _kernel(device: str, key: str, name: str, op: Any, schema: Any) -> Callable[..., Any]:
     """The Autocast kernel of one overload ``op`` of canonical op ``name``."""
-    dispatch_key = getattr(torch._C.DispatchKey, key)
-    below = torch._C.DispatchKeySet(dispatch_key)
-    # What a fallthrough at this key would go on with: the keys after it. Without the
-    # Python dispatcher (tracing enables it), which would resolve the op to this key again.
-    after = torch._C._dispatch_keyset_full_after(dispatch_key).remove(
-        torch._C.DispatchKey.PythonDispatcher)
+    # The key itself (excluded while casting) and what a fallthrough at this key would
+    # go on with: the keys after it.
+    below, after = torch_internals.redispatch_keysets(key)
     full_name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
-    native: Any = None
-    if torch._C._dispatch_has_kernel_for_dispatch_key(full_name, key) and not (
-            torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough(full_name, key)):
-        native = torch.library.get_kernel(full_name, key)
+    native: Any = torch_internals.native_kernel(full_name, key)
     dtype_at = tuple(i for i, a in enumerate(schema.arguments)
                      if a.name == "dtype" and not a.kwarg_only)
     kinds = [str(a.type) for a in schema.arguments]
@@ -249,9 +239,9 @@ def _kernel(device: str, key: str, name: str, op: Any, schema: Any) -> Callable[
     tensor_type = torch.Tensor
     float32, float64 = torch.float32, torch.float64
     on_cpu = device == "cpu"
-    exclude = torch._C._ExcludeDispatchKeyGuard
+    exclude = torch_internals.ExcludeKeys
     get_dtype = torch.get_autocast_dtype
-    is_compiling = torch.compiler.is_compiling
+    is_compiling = torch_internals.compiling
     call = op._op  # the bound builtin, without OpOverload.__call__'s Python frame
 
     def cast(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
@@ -317,7 +307,7 @@ def _kernel(device: str, key: str, name: str, op: Any, schema: Any) -> Callable[
     # Called from C++ while a compiled function runs (dynamo's frame callback on), the
     # kernel's frame would be handed to dynamo as a new frame to compile: it must run as
     # plain Python, and so must what it calls (each closure shares this code object).
-    skip_recursively(kernel.__code__)
+    torch_internals.skip_code(kernel.__code__, recursive=True)
     return kernel
 
 
@@ -391,12 +381,12 @@ class _ProbeTensor(torch.Tensor):
     op first stops it too. A tensor subclass, not a dispatch mode: entering a mode
     imports torch._dynamo (seconds)."""
 
-    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    __torch_function__ = torch_internals.disabled_torch_function_impl
     probe: _Probe
 
     @staticmethod
     def __new__(cls, dtype: torch.dtype, device: torch.device, probe: _Probe) -> _ProbeTensor:
-        made: _ProbeTensor = torch.Tensor._make_wrapper_subclass(
+        made: _ProbeTensor = torch_internals.make_wrapper_subclass(
             cls, (1,), dtype=dtype, device=device)
         made.probe = probe
         return made
@@ -457,7 +447,7 @@ def _native_casts(op: Any, schema: Any, device: str, given: torch.dtype,
     try:
         # The user's dispatch modes (a profiler, op counter, NaN checker) must not see the
         # probe's call: it is ampkit's question to torch, not an op of the program.
-        with _disable_current_modes(), torch.autocast(device, torch.bfloat16):
+        with torch_internals.disable_current_modes(), torch.autocast(device, torch.bfloat16):
             op(*args, **kwargs)
     except _Reached as reached:
         return reached.complete
@@ -521,7 +511,7 @@ def same_as_native(name: str, device: str, rule: str) -> dict[str, bool]:
     autocast_key = _autocast_key(device)
     qualname = _qualname(name)
     try:
-        available = bool(torch._C._is_autocast_available(device)) and (
+        available = torch.amp.is_autocast_available(device) and (
             device == "cpu" or bool(getattr(torch, device).is_available()))
     except (AttributeError, RuntimeError):
         available = False
@@ -532,9 +522,7 @@ def same_as_native(name: str, device: str, rule: str) -> dict[str, bool]:
             else schema.name
         same[full] = bool(
             rule in _NATIVE_RULES and available
-            and torch._C._dispatch_has_kernel_for_dispatch_key(native, autocast_key)
-            and not torch._C._dispatch_kernel_for_dispatch_key_is_fallthrough(
-                native, autocast_key)
+            and torch_internals.has_kernel(native, autocast_key)
             and _native_does(_overload(qualname, schema), schema, device, rule))
     _native_same[key] = same
     return same
@@ -542,155 +530,17 @@ def same_as_native(name: str, device: str, rule: str) -> dict[str, bool]:
 
 # -- torch.compile: a guard on the thread's policy, and the policy in the cache key -----------
 
-_hooks_installed = False
-
-
-def _patch_guards(module: Any) -> None:
-    builder = module.GuardBuilder
-    original = builder.GLOBAL_STATE
-    if getattr(original, "_ampkit", False):
-        return
-
-    def global_state(self: Any, guard: Any) -> None:
-        original(self, guard)
-        token = _active.token
-
-        def check(_: Any, token: Any = token) -> bool:
-            now = _active.token
-            return now is token or now == token
-
-        self.guard_manager.root.add_lambda_guard(
-            check, [f"ampkit: active policy == {token!r}"], None)
-
-    global_state._ampkit = True  # type: ignore[attr-defined]
-    builder.GLOBAL_STATE = global_state
-
-
-def _patch_aot_cache(module: Any) -> None:
-    details = module.AOTAutogradCacheDetails
-    original = details.__init__
-    if getattr(original, "_ampkit", False):
-        return
-
-    def init_with_policy(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        # The dynamo graph is the same under every policy; the traced casts are not.
-        # The cache key is the hash of this object's fields, taken once it is built
-        # (wrapping __init__, which every torch release has, rather than a helper
-        # that only some have: torch 2.11/2.12 lack _record_runtime_state).
-        self.ampkit_policy = repr(_active.token)
-
-    init_with_policy._ampkit = True  # type: ignore[attr-defined]
-    details.__init__ = init_with_policy
-
-
-#: Functions dynamo puts in its graphs as calls, side effects kept (see :func:`in_graph`).
-_IN_GRAPH: list[Callable[..., None]] = []
-
-
-def _patch_in_graph(module: Any) -> None:
-    for fn in _IN_GRAPH:
-        module.allow_in_graph(fn)
-        torch.fx.node.has_side_effect(fn)
-
-
-def in_graph(fn: Callable[..., None]) -> None:
-    """Have dynamo record calls of ``fn`` in its graphs as they are and keep them (they
-    return nothing: their effect is on the thread's state), like
-    ``torch.compiler.allow_in_graph`` with ``torch.fx.node.has_side_effect``: now if
-    dynamo is loaded, else when it is (``import ampkit`` does not import it)."""
-    _IN_GRAPH.append(fn)
-    module = sys.modules.get("torch._dynamo.decorators")
-    if module is not None:
-        _apply(_patch_in_graph, module)
-
-
-#: Called at the end of every torch.compile compilation (see :func:`after_compile`).
-_AFTER_COMPILE: list[Callable[[], None]] = []
-
-
-def _patch_callbacks(module: Any) -> None:
-    # The handler's method, not a registered callback: torch._dynamo.reset() clears
-    # those.
-    handler = module.CompilationCallbackHandler
-    original = handler.run_end_callbacks
-    if getattr(original, "_ampkit", False):
-        return
-
-    def run_end_callbacks(self: Any, args: Any) -> None:
-        try:
-            original(self, args)
-        finally:
-            for fn in _AFTER_COMPILE:
-                fn()
-
-    run_end_callbacks._ampkit = True  # type: ignore[attr-defined]
-    handler.run_end_callbacks = run_end_callbacks
-
-
-def after_compile(fn: Callable[[], None]) -> None:
-    """Call ``fn`` at the end of every compilation, failed ones included (dynamo's
-    compile-end callback): now if dynamo is loaded, else when it is."""
-    _AFTER_COMPILE.append(fn)
-    module = sys.modules.get("torch._dynamo.callback")
-    if module is not None:
-        _apply(_patch_callbacks, module)
-
-
-_PATCHES: dict[str, Callable[[Any], None]] = {
-    "torch._dynamo.guards": _patch_guards,
-    "torch._functorch._aot_autograd.autograd_cache": _patch_aot_cache,
-    "torch._dynamo.decorators": _patch_in_graph,
-    "torch._dynamo.callback": _patch_callbacks,
-}
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Patches a module of ``_PATCHES`` right after it is first imported, so that
-    ``import ampkit`` does not import torch._dynamo (over a second)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        patch = _PATCHES.get(fullname)
-        if patch is None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        exec_module = loader.exec_module
-
-        def exec_and_patch(module: Any) -> None:
-            exec_module(module)
-            _apply(patch, module)
-
-        loader.exec_module = exec_and_patch  # type: ignore[method-assign]
-        return spec
-
-
-def _apply(patch: Callable[[Any], None], module: Any) -> None:
-    try:
-        patch(module)
-    except AttributeError as error:  # a torch whose internals moved
-        warnings.warn(f"ampkit: cannot guard compiled graphs on the ampkit policy with "
-                      f"this torch ({error}); a graph compiled under one ampkit policy "
-                      f"may be reused under another: call torch._dynamo.reset() between "
-                      f"policies", RuntimeWarning, stacklevel=3)
+def _token() -> Any:
+    return _active.token
 
 
 def install_compile_hooks() -> None:
     """Make torch.compile guard on (and cache by) the calling thread's ampkit policy:
-    now for what is imported, on import for the rest. Idempotent.
+    now for what is imported, on import for the rest (the patches of dynamo's classes
+    are :mod:`ampkit.torch_internals.dynamo`'s). Idempotent.
 
     Example:
         >>> from ampkit.autocast_kernels import install_compile_hooks
         >>> install_compile_hooks()
     """
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    for name, patch in _PATCHES.items():
-        module = sys.modules.get(name)
-        if module is not None:
-            _apply(patch, module)
-    sys.meta_path.insert(0, _AfterImport())
+    torch_internals.install_compile_hooks(_token)

@@ -48,16 +48,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import sys
 import threading
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch
 from torch.amp.autocast_mode import autocast as _native_autocast
 
-from ampkit import autocast_kernels
+from ampkit import autocast_kernels, torch_internals
 from ampkit.arguments import default_device_type
 from ampkit.autocast_rules import NO_RULES, PolicyMode, Rules, compile_rules, region_policy
 from ampkit.casting import WeightCastCache
@@ -306,7 +304,7 @@ class _Carried:
 def _carry(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, bound to the policy in effect now (when it intercepts anything)."""
     frames = _state.frames
-    if not frames or not frames[-1].rules or torch.compiler.is_compiling():
+    if not frames or not frames[-1].rules or torch_internals.compiling():
         return fn  # torch carries native autocast state itself; compiled code bakes it in
     return _Carried(frames[-1])(fn)
 
@@ -317,43 +315,17 @@ _carry_installed = False
 def _install_checkpoint_carry() -> None:
     """Make ``torch.utils.checkpoint`` carry the active policy into its recomputation,
     the way it carries native autocast state (which it captures in the forward and
-    re-enters around the recomputation). torch offers no hook for other state, so the
-    two places where it keeps the function to recompute are wrapped: the function is
-    bound to the policy in effect at the checkpoint call. Outside policy regions the
-    function is passed through unchanged. Installed on first entry of a region that
-    intercepts anything."""
+    re-enters around the recomputation): the function it recomputes is bound to the
+    policy in effect at the checkpoint call (:func:`_carry`; outside policy regions it
+    is passed through unchanged). torch offers no hook for other state, so this goes
+    through :func:`ampkit.torch_internals.install_checkpoint_carry`, which checks by
+    behaviour that the internals it wraps are the ones checkpoint calls, and warns
+    where they are not. Installed on first entry of a region that intercepts anything."""
     global _carry_installed
     if _carry_installed:
         return
     _carry_installed = True
-    import torch.utils.checkpoint as cp
-
-    generator = getattr(cp, "_checkpoint_without_reentrant_generator", None)
-    function: Any = getattr(cp, "CheckpointFunction", None)
-    if generator is None or not isinstance(function, type):
-        warnings.warn("ampkit: this torch's torch.utils.checkpoint has no "
-                      "_checkpoint_without_reentrant_generator / CheckpointFunction; "
-                      "checkpointed code recomputes without the ampkit policy",
-                      RuntimeWarning, stacklevel=3)
-        return
-
-    @functools.wraps(generator)
-    def without_reentrant(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return generator(_carry(fn), *args, **kwargs)
-
-    class CheckpointFunction(function):
-        @staticmethod
-        def forward(ctx: Any, run_function: Callable[..., Any], preserve_rng_state: bool,
-                    *args: Any) -> Any:
-            return function.forward(ctx, _carry(run_function), preserve_rng_state, *args)
-
-    CheckpointFunction.__qualname__ = function.__qualname__
-    cp.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
-    # Modules that imported the generator by name before now (the composable
-    # checkpoint API) get the carrying one too; later importers find it in ``cp``.
-    for module in (cp, sys.modules.get("torch.distributed._composable.checkpoint_activation")):
-        if getattr(module, "_checkpoint_without_reentrant_generator", None) is generator:
-            module._checkpoint_without_reentrant_generator = without_reentrant  # type: ignore[union-attr]
+    torch_internals.install_checkpoint_carry(_carry)
 
 
 # -- a region entered inside compiled code ----------------------------------------------------
@@ -413,7 +385,7 @@ def enter_in_graph(key: int) -> None:
     region: dynamo then runs the region's call eagerly) leaves nothing entered: what a
     trace entered is left at the end of the compilation."""
     region = _graph_regions[key]
-    owner = region.traced if torch.compiler.is_compiling() else region
+    owner = region.traced if torch_internals.compiling() else region
     _push(_Frame(owner, region.device_type, region.policy,
                  compile_rules(region.policy, region.device_type), False))
 
@@ -421,7 +393,7 @@ def enter_in_graph(key: int) -> None:
 def exit_in_graph(key: int) -> None:
     """Leave the region :func:`enter_in_graph` entered."""
     region = _graph_regions[key]
-    _pop(region.traced if torch.compiler.is_compiling() else region)
+    _pop(region.traced if torch_internals.compiling() else region)
 
 
 def _leave_traced_regions() -> None:
@@ -433,9 +405,9 @@ def _leave_traced_regions() -> None:
         _leave_traced_regions()
 
 
-autocast_kernels.in_graph(enter_in_graph)
-autocast_kernels.in_graph(exit_in_graph)
-autocast_kernels.after_compile(_leave_traced_regions)
+torch_internals.in_graph(enter_in_graph)
+torch_internals.in_graph(exit_in_graph)
+torch_internals.after_compile(_leave_traced_regions)
 
 
 # -- the region -------------------------------------------------------------------------------
@@ -456,7 +428,7 @@ class UnsupportedDeviceError(RuntimeError, ValueError):
 
 def _autocast_available(device_type: str) -> bool:
     try:
-        return bool(torch._C._is_autocast_available(device_type))
+        return torch.amp.is_autocast_available(device_type)
     except RuntimeError:  # not a device type torch knows at all
         return False
 
@@ -467,7 +439,7 @@ def _check_device(device_type: Any) -> str:
         raise ValueError(f"Expected `device_type` of type `str`, got: `{type(device_type)}`; "
                          f"device_type must be a device type string such as 'cpu' or 'cuda'")
     try:
-        available = bool(torch._C._is_autocast_available(device_type))
+        available = torch.amp.is_autocast_available(device_type)
         reason = f"unsupported autocast device_type {device_type!r}"
     except RuntimeError as error:  # "Invalid device string: '...'"
         available, reason = False, str(error)

@@ -24,7 +24,7 @@ import torch
 from torch.amp.autocast_mode import autocast as _native_autocast
 from torch.overrides import TorchFunctionMode
 
-from ampkit import autocast_kernels
+from ampkit import autocast_kernels, torch_internals
 from ampkit.casting import WeightCastCache, cast_op_args, promote_dtype
 from ampkit.policy import Policy
 from ampkit.registry import (
@@ -56,7 +56,7 @@ def _call_positions(fn: Any, name: str) -> tuple[tuple[int, ...], int]:
         return (tuple(i for i, p in enumerate(params) if p.name == "dtype" and p.kind in (
             p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)),
             names.index("inplace") if "inplace" in names else -1)
-    if isinstance(fn, torch._ops.OpOverload):
+    if isinstance(fn, torch_internals.OpOverload):
         schemas: tuple[Any, ...] = (fn._schema,)
     else:
         schemas = _op_schemas(name)
@@ -202,7 +202,7 @@ class PolicyMode(TorchFunctionMode):
                 low = torch.get_autocast_dtype(device)
                 # A traced graph casts weights itself (and the cache's id() bookkeeping
                 # cannot be traced); eager regions share casts across calls.
-                cache = None if torch.compiler.is_compiling() else self.cache
+                cache = None if torch_internals.compiling() else self.cache
                 args, kwargs = cast_op_args(args, kwargs, low, device, cache)
             elif rule == "fp32":
                 args, kwargs = cast_op_args(args, kwargs, torch.float32, device, None)
@@ -210,7 +210,7 @@ class PolicyMode(TorchFunctionMode):
                 target = promote_dtype(args, kwargs, device)
                 if target is not None:
                     args, kwargs = cast_op_args(args, kwargs, target, device, None)
-        if torch.compiler.is_compiling():
+        if torch_internals.compiling():
             # Dynamo traces the context manager on every supported torch; before 2.13
             # it refuses torch.set_autocast_enabled (a graph break, fullgraph fails).
             with _native_autocast(device, enabled=False):

@@ -17,11 +17,12 @@ Example:
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+
+from ampkit import torch_internals
 
 __all__ = ["not_traced", "skip_frame_only", "skip_recursively"]
 
@@ -31,14 +32,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def skip_recursively(code: Any) -> bool:
     """Tell dynamo's frame evaluator, without importing ``torch._dynamo``, to run frames of
     ``code`` and everything they call as plain Python: what ``torch.compiler.disable``
-    arranges at call time. False where this torch build lacks the hook."""
-    try:
-        ef = torch._C._dynamo.eval_frame
-        skip = ef._FrameAction.SKIP
-        ef.set_code_exec_strategy(code, ef._FrameExecStrategy(skip, skip))
-    except (AttributeError, RuntimeError, TypeError):
-        return False
-    return True
+    arranges at call time (:func:`ampkit.torch_internals.skip_code`). False where this
+    torch build lacks the hook."""
+    return torch_internals.skip_code(code, recursive=True)
 
 
 def not_traced(fn: F) -> F:
@@ -59,7 +55,7 @@ def not_traced(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nonlocal disabled
-        if skipped or "torch._dynamo" not in sys.modules:
+        if skipped or not torch_internals.dynamo_loaded():
             return fn(*args, **kwargs)
         if disabled is None:
             disabled = torch.compiler.disable(fn)
@@ -74,9 +70,4 @@ def not_traced(fn: F) -> F:
 def skip_frame_only(code: Any) -> None:
     """Have dynamo run frames of ``code`` as plain Python but compile the frames they
     call (no-op where this torch lacks the hook)."""
-    try:
-        ef = torch._C._dynamo.eval_frame
-        ef.set_code_exec_strategy(code, ef._FrameExecStrategy(ef._FrameAction.SKIP,
-                                                              ef._FrameAction.DEFAULT))
-    except (AttributeError, RuntimeError, TypeError):
-        pass
+    torch_internals.skip_code(code, recursive=False)

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ampkit import torch_internals
 from ampkit.arguments import did_you_mean
 from ampkit.op_aliases import DUNDERS, FRAMEWORK_ALIASES, MODULE_OPS, PREFIXED, SYNONYMS
 
@@ -209,15 +210,7 @@ def _custom_entry_points(qualname: str) -> tuple[Callable[..., Any], ...]:
 def _op_object_name(entry: Any) -> str | None:
     """``"ns::name"`` of a torch.library op object (``custom_op``'s result, an
     ``OpOverloadPacket`` or an ``OpOverload``), else ``None``."""
-    from torch._library.custom_ops import CustomOpDef
-
-    if isinstance(entry, CustomOpDef):
-        entry = entry._opoverload
-    if isinstance(entry, torch._ops.OpOverload):
-        return str(entry._schema.name)
-    if isinstance(entry, torch._ops.OpOverloadPacket):
-        return str(entry._qualified_op_name)
-    return None
+    return torch_internals.op_object_qualname(entry)
 
 
 def _qualified(qualname: str, argument: str, framework: str | None) -> tuple[str, ...]:
@@ -251,7 +244,8 @@ def op_name_of(fn: Any) -> str | None:
         name = _tables()[1].get(fn)
     except TypeError:  # unhashable callables are never registered ops
         return None
-    if name is None and isinstance(fn, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+    if name is None and isinstance(fn, torch_internals.OpOverload
+                                   | torch_internals.OpOverloadPacket):
         qualname = _op_object_name(fn)
         # aten overloads are what compiled graphs call: not an entry point of their op
         if qualname is not None and not qualname.startswith("aten::"):
@@ -367,7 +361,7 @@ def op_schemas(name: str) -> tuple[Any, ...]:
     qualname = name if "::" in name else f"aten::{name}"
     # Read from the operator registry: building each OpOverload object instead costs
     # ~0.3 ms an overload, a third of a second for a policy's first region.
-    return tuple(s for s in torch._C._jit_get_schemas_for_operator(qualname)
+    return tuple(s for s in torch_internals.schemas_of(qualname)
                  if not any(a.alias_info is not None and a.alias_info.is_write
                             for a in s.arguments))  # out= / in-place: never autocast
 
@@ -385,11 +379,8 @@ def dispatcher_schemas(name: str) -> tuple[Any, ...]:
     qualname = name if "::" in name else f"aten::{name}"
     found = []
     for schema in op_schemas(name):
-        try:
-            torch._C._dispatch_find_schema_or_throw(qualname, schema.overload_name)
-        except RuntimeError:
-            continue
-        found.append(schema)
+        if torch_internals.schema_exists(qualname, schema.overload_name):
+            found.append(schema)
     return tuple(found)
 
 
@@ -482,12 +473,8 @@ def native_op_names(device_type: str) -> frozenset[str]:
         True
     """
     key = AUTOCAST_KEYS.get(device_type, "AutocastPrivateUse1")
-    try:
-        regs = torch._C._dispatch_get_registrations_for_dispatch_key(key)
-    except RuntimeError:
-        return frozenset()
     names = set()
-    for reg in regs:
+    for reg in torch_internals.registrations(key):
         namespace, _, op = reg.partition("::")
         op = op.split(".", 1)[0]
         names.add(op if namespace == "aten" else f"{namespace}::{op}")
@@ -498,11 +485,13 @@ def native_op_names(device_type: str) -> frozenset[str]:
 #: torch's ``aten/src/ATen/autocast_mode.h`` (its ``fp32``, ``fp32_set_opt_dtype`` and
 #: ``fp32_append_dtype`` policies), which torch's AMP documentation gives as the CUDA ops
 #: that autocast to float32. The dispatcher says which ops native autocast changes on a
-#: device (:func:`native_op_names`) but not to which dtype, so this list is data; the
-#: suite checks it against the dispatcher's CUDA registrations. CPU autocast's own float32
-#: list holds losses, linear algebra and FFTs only (no softmax, norm, exp or pow), so
-#: level O2, whose activations are low precision end to end, keeps this list on every
-#: device (:func:`ampkit.levels.keep_native_fp32`).
+#: device (:func:`native_op_names`) but not to which dtype, so this list is data: CUDA's
+#: fp32 list over the supported torch releases. The suite checks it against the running
+#: torch's CUDA registrations; a release that does not register one of its ops yet
+#: (torch 2.11: ``rms_norm``) leaves that op alone where O2 keeps it fp32. CPU
+#: autocast's own float32 list holds losses, linear algebra and FFTs only (no softmax,
+#: norm, exp or pow), so level O2, whose activations are low precision end to end,
+#: keeps this list on every device (:func:`ampkit.levels.keep_native_fp32`).
 AUTOCAST_FP32_OPS: frozenset[str] = frozenset({
     # pointwise transcendentals and powers: range and rounding in 16 bits
     "acos", "asin", "cosh", "sinh", "tan", "erfinv", "exp", "expm1", "log", "log10",

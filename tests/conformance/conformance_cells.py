@@ -499,18 +499,22 @@ class Mode:
     fp8: bool = False
     #: opens a region for the whole thread (MXNet's init): one run at a time
     thread_region: bool = False
+    #: computes inside native torch.autocast at ``low`` (the O1 family, the autocast
+    #: dialects): where native autocast cannot run an architecture on this CPU, nor can it
+    native_region: bool = False
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("O0", _initialize(level="O0"), "fp32", bit_equal_to="fp32", keeps_fp32_ops=False),
-    Mode("O1_bf16", _initialize(level="O1", dtype=BF16), "bf16", bit_equal_to="native_bf16"),
+    Mode("O1_bf16", _initialize(level="O1", dtype=BF16), "bf16", bit_equal_to="native_bf16",
+         native_region=True),
     Mode("O1_fp16_scaler", _with_scaler(level="O1", dtype=FP16), "fp16",
-         bit_equal_to="native_fp16", low=FP16),
+         bit_equal_to="native_fp16", low=FP16, native_region=True),
     # keeps_fp32_ops=False: the user's lists decide (a white-listed add makes GPT-2's
     # masked scores, and so its softmax, bf16, as the user asked)
     Mode("O1_custom_policy", _initialize(level="O1", dtype=BF16, custom_white_list=["add"],
                                          custom_black_list=["bmm"]), "bf16",
-         keeps_fp32_ops=False),
+         keeps_fp32_ops=False, native_region=True),
     Mode("O2_bf16", _initialize(level="O2", dtype=BF16), "bf16"),
     Mode("O2_fp16_scaler", _with_scaler(level="O2", dtype=FP16), "fp16", low=FP16),
     Mode("O3_bf16", _initialize(level="O3", dtype=BF16), "bf16_weights", truth="low",
@@ -523,13 +527,13 @@ MODES: dict[str, Mode] = {m.name: m for m in (
     Mode("fp8_tensorwise", _initialize(level="O2", dtype=BF16, fp8="tensorwise"), "fp8",
          fp8=True),
     # each dialect's default level, for one model each (DIALECT_ARCH)
-    Mode("apex_default_O1", _apex, "fp16", low=FP16, dialect=True),
-    Mode("paddle_default_O1", _paddle, "fp16", low=FP16, dialect=True),
+    Mode("apex_default_O1", _apex, "fp16", low=FP16, dialect=True, native_region=True),
+    Mode("paddle_default_O1", _paddle, "fp16", low=FP16, dialect=True, native_region=True),
     Mode("mindspore_default_O0", _mindspore, "fp32", bit_equal_to="fp32", dialect=True,
          keeps_fp32_ops=False),
     Mode("mxnet_default_fp16", _mxnet, "fp16", low=FP16, dialect=True, thread_region=True),
     Mode("torch_default_autocast", _torch_dialect, "bf16", bit_equal_to="native_bf16",
-         dialect=True),
+         dialect=True, native_region=True),
 )}
 REFERENCES: dict[str, Callable[[nn.Module, torch.optim.Optimizer], Run]] = {
     "fp32": _fp32, "native_bf16": _native(BF16), "native_fp16": _native(FP16)}

@@ -27,14 +27,6 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-# Mutated in place by torch, never rebound: nn.Module._call_impl reads them the same way.
-from torch.nn.modules.module import (
-    _global_backward_hooks,
-    _global_backward_pre_hooks,
-    _global_forward_hooks,
-    _global_forward_pre_hooks,
-)
-
 from ampkit.casting import cast_tree
 from ampkit.compile_frames import skip_frame_only
 from ampkit.conversion.config import record_of
@@ -47,6 +39,10 @@ from ampkit.parameter_casts import (
     swap_params,
 )
 from ampkit.parameter_truth import truths
+from ampkit.torch_internals import global_backward_hooks as _global_backward_hooks
+from ampkit.torch_internals import global_backward_pre_hooks as _global_backward_pre_hooks
+from ampkit.torch_internals import global_forward_hooks as _global_forward_hooks
+from ampkit.torch_internals import global_forward_pre_hooks as _global_forward_pre_hooks
 
 __all__ = ["ENTRY_METHODS", "BoundaryCall", "cast_call", "cast_inputs_hook", "cast_inputs_to",
            "converted_call", "give_boundary", "give_cast_call", "input_cast_call",
@@ -164,7 +160,7 @@ def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     # Compiling first: traced, the ordinary call, and own_cast_hooks (plain Python when
     # a frame of its own) is never reached inside a graph.
     own = None if torch.compiler.is_compiling() else own_cast_hooks(self)
-    if (own is None or _tracing_state() is not None
+    if (own is None or torch.jit.is_tracing()
             or self._backward_pre_hooks or self._backward_hooks
             or self._compiled_call_impl is not None
             or _global_forward_pre_hooks or _global_forward_hooks
@@ -185,7 +181,6 @@ def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 # (torch.compile(module) of such a module: the swap made eagerly and the forward
 # compiled, as the hooks were); traced, taking the ordinary call, inside compiled code.
 skip_frame_only(cast_call.__code__)
-_tracing_state = torch._C._get_tracing_state
 _INPUT_DTYPE = "_ampkit_input_dtype"
 
 

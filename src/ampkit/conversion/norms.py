@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ampkit import torch_internals
 from ampkit.arguments import LOW_PRECISION
 from ampkit.containers import iter_tensors
 from ampkit.conversion.classes import original_class
@@ -32,10 +33,8 @@ _LOW = LOW_PRECISION
 
 
 def _norm_modules() -> tuple[type[nn.Module], ...]:
-    from torch.nn.modules.batchnorm import _BatchNorm
-    from torch.nn.modules.instancenorm import _InstanceNorm
-
-    norms: list[type[nn.Module]] = [_BatchNorm, nn.LayerNorm, nn.GroupNorm, _InstanceNorm]
+    norms: list[type[nn.Module]] = [torch_internals.BatchNormBase, nn.LayerNorm,
+                                    nn.GroupNorm, torch_internals.InstanceNormBase]
     if hasattr(nn, "RMSNorm"):  # torch >= 2.4
         norms.append(nn.RMSNorm)
     return tuple(norms)
@@ -100,12 +99,7 @@ def _unpack_low_copy(packed: Any) -> torch.Tensor:
 def saved_tensor_hooks_free() -> bool:
     """True when no other saved-tensor hooks are active (activation checkpointing and
     offloading use them; ours must not shadow theirs)."""
-    autograd: Any = torch._C._autograd  # private hooks, not all in torch's stubs
-    try:
-        return (autograd._saved_tensors_hooks_is_enabled()
-                and autograd._top_saved_tensors_default_hooks(False) is None)
-    except (AttributeError, TypeError):  # a torch without these internals: stay out
-        return False
+    return torch_internals.saved_tensors_hooks_free()
 
 
 def _mixed_input_norms() -> dict[str, tuple[type[nn.Module], ...]]:
@@ -262,8 +256,6 @@ def updates_float_buffers(module: nn.Module) -> bool:
     copies either, or their updates would be lost. So at O2 it computes with its fp32
     parameters even when norms are not kept (``keep_norms_fp32=False``), taking the
     low-precision activation as it is."""
-    from torch.nn.modules.batchnorm import _NormBase
-
-    return isinstance(module, _NormBase) and any(
+    return isinstance(module, torch_internals.NormBase) and any(
         b is not None and b.is_floating_point() for b in module._buffers.values())
 

@@ -132,8 +132,7 @@ class ReportDtype:
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
     for path, name in (("torch.distributed.fsdp", "FullyShardedDataParallel"),
-                       ("torch.distributed.fsdp", "FSDPModule"),
-                       ("torch.distributed._composable.fsdp", "FSDPModule")):
+                       ("torch.distributed.fsdp", "FSDPModule")):
         try:
             module = __import__(path, fromlist=[name])
         except ImportError:

@@ -27,11 +27,14 @@ from typing import Any
 
 import torch
 
+from ampkit import torch_internals
+
 __all__ = ["BLOCK", "Positions", "draw_noise", "is_dtensor", "local_tensor", "round_kahan",
            "round_kahan_foreach", "round_stochastic", "stochastic_round"]
 
 _LOW_MANTISSA = 1 << 16  # the fp32 bits below bf16's mantissa
 _HIGH_MASK = -_LOW_MANTISSA  # 0xFFFF0000 as an int32
+
 
 def _key(*parts: Any, words: int = 2) -> tuple[int, ...]:
     """``words`` 32-bit keys derived from ``parts`` (ints and strings), identical on
@@ -125,12 +128,10 @@ class Positions:
         if local is t:
             return
         from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         dt: Any = t  # a DTensor
         placements = tuple(dt.placements)
-        shape, offset = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh,
-                                                              placements)
+        shape, offset = torch_internals.local_shape_and_offset(dt)
         if (all(type(pl) in (Shard, Replicate) for pl in placements)
                 and tuple(shape) == self.local_shape):
             self.offset = tuple(offset)

@@ -31,6 +31,7 @@ from ampkit.dialects.apex.optimizers import inner_optimizers
 from ampkit.dialects.apex.state import amp_state, set_properties
 from ampkit.front_door import initialize as _initialize
 from ampkit.presets import APEX_O1
+from ampkit.torch_internals import BatchNormBase as _BatchNorm
 
 __all__ = ["initialize"]
 
@@ -83,8 +84,6 @@ def _core_overrides(props: Properties, low: torch.dtype) -> dict[str, Any]:
             overrides["cast_model_outputs"] = props.cast_model_outputs
     else:
         # apex keeps BatchNorm only (ampkit's norms default would keep LayerNorm too).
-        from torch.nn.modules.batchnorm import _BatchNorm
-
         overrides["cast_model_type"] = cast
         overrides["keep_norms_fp32"] = False
         overrides["keep_fp32_modules"] = [_BatchNorm] if props.keep_batchnorm_fp32 else []

@@ -21,6 +21,7 @@ from ampkit import conversion
 from ampkit.arguments import parse_dtype
 from ampkit.conversion import ConversionConfig
 from ampkit.dialects.paddle.region import check_bool, parse_low_dtype
+from ampkit.torch_internals import BatchNormBase as _BatchNorm
 
 __all__ = ["decorate"]
 
@@ -114,8 +115,6 @@ def decorate(models: nn.Module | list[nn.Module],
                          f"{save_dtype!r}") from None
     excluded = _excluded(excluded_layers)
     if level == "O2":
-        from torch.nn.modules.batchnorm import _BatchNorm
-
         kept: tuple[Any, ...] = (_BatchNorm,) + ((nn.LayerNorm,) if low is torch.float16
                                                  else ()) + excluded
         # master_weight (the default): the fp32 parameters stay the truth and the

@@ -56,8 +56,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_leaves
 
+from ampkit import torch_internals
 from ampkit.casting import map_floating
 from ampkit.fp8.recipe import check_fp8_device, float8_linear_config
 from ampkit.policy import Policy, as_dtype
@@ -73,6 +73,7 @@ from ampkit.tools.accuracy.comparison import (
 )
 from ampkit.tools.accuracy.fp8_errors import fp8_layer_errors
 from ampkit.tools.ops.tracing import ModuleScope, OpWatch
+from ampkit.torch_internals import tree_leaves
 
 # The results are defined in ampkit.tools.accuracy.comparison and re-exported here (their home
 # before the split); the rest are the runs that produce them, which tune reuses.
@@ -106,7 +107,7 @@ a number; the inputs have 2 NaN: check them and the model in float32
 
 def _floats(value: Any) -> list[torch.Tensor]:
     """Detached clones of the floating tensors in ``value`` (nested)."""
-    with torch._C.DisableTorchFunction():  # our own clones are not ops of the model
+    with torch_internals.DisableTorchFunction():  # our own clones are not ops of the model
         return [t.detach().clone() for t in tree_leaves(value)
                 if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
@@ -118,7 +119,7 @@ def _dtype_name(tensors: list[torch.Tensor]) -> str:
 @contextlib.contextmanager
 def _plain(device_type: str) -> Iterator[None]:
     """No torch-function modes (the engine's, ours) and no autocast: plain float math."""
-    with torch._C.DisableTorchFunction(), torch.autocast(device_type, enabled=False), \
+    with torch_internals.DisableTorchFunction(), torch.autocast(device_type, enabled=False), \
             torch.no_grad():
         yield
 

@@ -71,6 +71,7 @@ from ampkit.tools.cli.target import (
     model_factory,
     user_function,
 )
+from ampkit.torch_internals import tree_map
 
 __all__ = ["add_parser", "run"]
 
@@ -261,8 +262,6 @@ def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: An
     except TargetError as error:
         return fail("compare", str(error))
     if args.device is not None:
-        from torch.utils._pytree import tree_map
-
         from ampkit.tools.demo.run import resolve_device
 
         device = resolve_device(args.device)

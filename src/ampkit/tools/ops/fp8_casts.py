@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import _disable_current_modes
+from ampkit.torch_internals import disable_current_modes as _disable_current_modes
 
 from ampkit.fp8.conv1d import is_float8_conv1d
 from ampkit.fp8.selection import is_float8

@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_leaves
 
+from ampkit import torch_internals
 from ampkit.fp8.selection import is_float8
 from ampkit.tools.ops.tracing import ModuleScope
+from ampkit.torch_internals import TorchDispatchMode, disable_current_modes, tree_leaves
 
 __all__ = ["CheckMode", "NonFiniteError", "NumericsChecker", "OpRecord"]
 
@@ -165,7 +165,7 @@ class _Watch(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         # The checker's own ops (isnan, isinf, sum, ...) are not the program's: an outer
         # checker, or any other mode below this one, must not see them.
-        with _disable_current_modes():
+        with disable_current_modes():
             self.checker._inspect(func.overloadpacket.__name__, (args, kwargs), out)
         return out
 
@@ -241,7 +241,7 @@ class NumericsChecker:
     def _inspect(self, op: str, inputs: Any, out: Any) -> None:
         index = self.ops_seen
         self.ops_seen += 1
-        node = torch._C._current_autograd_node()
+        node = torch_internals.current_autograd_node()
         phase = "backward" if node is not None else "forward"
         grad_fn = node.name() if node is not None else ""
         module = (self._scope.current or "") if node is None else ""

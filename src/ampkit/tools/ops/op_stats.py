@@ -43,9 +43,9 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from ampkit.tools.ops.tracing import DispatchRegion
+from ampkit.torch_internals import tree_leaves
 
 __all__ = ["OpCallCounts", "OpStats", "Precision", "collect_op_stats"]
 

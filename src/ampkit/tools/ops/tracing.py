@@ -31,7 +31,8 @@ from typing import Any, TypeVar
 
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ampkit.torch_internals import TorchDispatchMode
 
 __all__ = ["DispatchRegion", "ModuleScope", "OpWatch"]
 
