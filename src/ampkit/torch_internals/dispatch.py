@@ -221,7 +221,8 @@ def _check_python_dispatch() -> None:
         def __torch_function__(cls, func: Any, types: Any, args: Any = (),
                                kwargs: Any = None) -> Any:
             calls.append(func)
-            return super().__torch_function__(func, types, args, kwargs or {})
+            return super().__torch_function__(  # type: ignore[no-untyped-call]
+                func, types, args, kwargs or {})
 
     if not callable(disable_current_modes) or not isinstance(TorchDispatchMode, type):
         raise fail("python_dispatch", "has no TorchDispatchMode / _disable_current_modes")
@@ -251,7 +252,7 @@ def lazy_check_dispatch_mode() -> None:
             seen.append(func)
             return func(*args, **(kwargs or {}))
 
-    with Mode():
+    with Mode():  # type: ignore[no-untyped-call]
         torch.ones(1) + 1
     if torch.ops.aten.add.Tensor not in seen:
         raise fail("python_dispatch", f"dispatch mode did not see aten.add ({seen})")

@@ -42,10 +42,10 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from ampkit.torch_internals import disable_current_modes as _disable_current_modes
 
 from ampkit.fp8.conv1d import is_float8_conv1d
 from ampkit.fp8.selection import is_float8
+from ampkit.torch_internals import disable_current_modes as _disable_current_modes
 
 __all__ = ["Fp8CastRecord", "Fp8CastWatch"]
 
