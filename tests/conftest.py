@@ -35,7 +35,7 @@ def _cpu_rowwise_fp8() -> bool:
 
 #: For fp8 tests that train a per-row recipe on the CPU: torch 2.11's CPU
 #: torch._scaled_mm takes per-tensor scales only (ampkit refuses the recipe there,
-#: tested in tests/levels/test_fp8.py). Tests import it as ``from conftest import ...``.
+#: tested in tests/fp8/test_fp8.py). Tests import it as ``from conftest import ...``.
 NEEDS_CPU_ROWWISE_FP8 = pytest.mark.skipif(
     not _cpu_rowwise_fp8(),
     reason=f"torch {torch.__version__}'s CPU torch._scaled_mm takes per-tensor scales only")
