@@ -82,9 +82,18 @@ def test_probing_an_op_native_runs_in_fp32_prints_none_of_its_warnings() -> None
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    # CPU autocast runs all three in fp32 (its own list): never lowered
+    # CPU autocast runs these in fp32 (its own list): never lowered. Its list changes
+    # between releases (2.14 dropped qr): where the running torch registers no CPU
+    # autocast kernel for qr, there is nothing native to be the same as.
+    from ampkit.torch_internals import has_kernel
+
+    try:
+        qr_listed = has_kernel("aten::qr", "AutocastCPU")
+    except RuntimeError:  # torch 2.14.1 answers "operator aten::qr does not exist" here
+        qr_listed = False
+    qr = ["qr [False]", "qr [True]"] if qr_listed else ["qr []", "qr []"]
     assert done.stdout.split("\n")[:6] == [
-        "qr [False]", "qr [True]", "lu_solve [False]", "lu_solve [True]",
+        *qr, "lu_solve [False]", "lu_solve [True]",
         "stft [False, False]", "stft [True, True]"], done.stdout
     noise = [line for line in done.stderr.splitlines()
              if "Warning" in line or "deprecated" in line]
