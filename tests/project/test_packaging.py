@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -40,7 +41,13 @@ def _build(kind: str, source: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dists")
-    sdist = _build("sdist", ROOT, out)
+    # Built from a copy: the backend writes src/ampkit.egg-info where it builds, and two
+    # test workers building in the one checkout at once would race on it.
+    tree = tmp_path_factory.mktemp("tree") / "ampkit"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "__pycache__", "*.egg-info", "build", "dist", "_build",
+        ".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis", "ampkit-report"))
+    sdist = _build("sdist", tree, out)
     unpacked = tmp_path_factory.mktemp("unpacked")
     with tarfile.open(sdist) as archive:
         archive.extractall(unpacked, filter="data")
