@@ -34,6 +34,7 @@ Example:
     ... except dcp.api.CheckpointException as error:
     ...     print(str(error).splitlines()[-1][:73])
     RuntimeError: the checkpoint's optimizer state has no pure rounding state
+    >>> import shutil; shutil.rmtree(folder)
 """
 
 from __future__ import annotations
