@@ -15,9 +15,10 @@ ranks with each other and with the twin, which it trains itself.
 * FSDP2 (``fully_shard``): the parameters, gradients and optimizer state are sharded.
   The rounding's bits depend on each element's position in the whole parameter, so the
   sharded run ends bit for bit where the unsharded twin does, uneven shards included.
-  A run resumed through Distributed Checkpoint (``get_state_dict``/``set_state_dict``)
-  ends there too: the rounding seed is a parameter-group hyper-parameter and the counts
-  are per-parameter state, the only parts of an optimizer state_dict that DCP keeps.
+  A run resumed through Distributed Checkpoint (``get_state_dict``, ``dcp.load`` with
+  ``ampkit.pure.PureLoadPlanner``, ``set_state_dict``) ends there too: the rounding
+  seed is a parameter-group hyper-parameter and the counts are per-parameter state, the
+  only parts of an optimizer state_dict that DCP keeps.
 
 * ``step_in_backward`` (issue 48) is refused with its reason under DDP (each parameter
   would step on its local gradient before the ranks' average) and for an FSDP2-sharded
@@ -134,6 +135,7 @@ def _fsdp2_run(rank: int, mode: str, out: Path) -> dict[str, Any] | None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch < 2.6 has no public FSDP2
         return None
+    from ampkit.pure import PureLoadPlanner
     mesh = init_device_mesh("cpu", (WORLD,))  # not the accelerator's default mesh
     policy = MixedPrecisionPolicy(reduce_dtype=torch.float32)  # as the twin sums
     batches = _batches()
@@ -162,7 +164,9 @@ def _fsdp2_run(rank: int, mode: str, out: Path) -> dict[str, Any] | None:
     resumed = sharded(rank + 7)  # other weights, another seed: all comes from the files
     resumed_opt = _pure_adamw(resumed, mode, seed=99)
     state = dict(zip(("model", "optim"), get_state_dict(resumed, resumed_opt)))
-    dcp.load(state, checkpoint_id=str(out / f"dcp_{mode}"))
+    # ampkit's planner, as docs/pure-bf16.md advises for a pure resume: a pure run's
+    # checkpoint loads through it as through torch's default planner
+    dcp.load(state, checkpoint_id=str(out / f"dcp_{mode}"), planner=PureLoadPlanner())
     set_state_dict(resumed, resumed_opt, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     train(resumed, resumed_opt, range(CHECKPOINT, STEPS))

@@ -131,6 +131,7 @@ Example:
 
 from __future__ import annotations
 
+from ampkit._lazy import lazy_exports
 from ampkit.pure.models import mark_pure_models, pure_low_precision, pure_settings
 from ampkit.pure.optimizer import (
     PURE_ROUNDINGS,
@@ -145,6 +146,7 @@ from ampkit.pure.rounding import stochastic_round
 
 __all__ = [
     "PURE_ROUNDINGS",
+    "PureLoadPlanner",
     "PureLowPrecisionOptimizer",
     "check_pure_optimizer",
     "mark_pure_models",
@@ -154,6 +156,12 @@ __all__ = [
     "pure_rounding",
     "stochastic_round",
 ]
+
+# Distributed Checkpoint's planner imports torch.distributed.checkpoint (about a
+# second): only when it is first used.
+__getattr__, __dir__ = lazy_exports("ampkit.pure",
+                                    {"PureLoadPlanner": "ampkit.pure.checkpoint"},
+                                    globals(), ["checkpoint"])
 
 # A pickled (or deep-copied) pure optimizer names these: the package is their module,
 # whichever file defines them (the optimizer classes made per torch class take it too).
