@@ -18,7 +18,7 @@ import functools
 import inspect
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -109,11 +109,11 @@ def _inner_step(cls: type) -> Callable[..., Any]:
     """The step of the optimizer class a pure class was made from (or ``cls``'s own),
     without torch's wrapper that runs the step hooks: the pure step runs them once
     around all chunks, with every parameter group whole, instead of once per chunk."""
-    if issubclass(cls, PureLowPrecisionOptimizer):
-        cls = cls.__bases__[1]
-    step = cls.step  # type: ignore[attr-defined]  # an optimizer class
-    if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
-        step = step.__wrapped__
+    base = cls.__bases__[1] if issubclass(cls, PureLowPrecisionOptimizer) else cls
+    step: Callable[..., Any] = cast("type[torch.optim.Optimizer]", base).step
+    wrapped: Callable[..., Any] | None = getattr(step, "__wrapped__", None)
+    if getattr(step, "hooked", False) and wrapped is not None:
+        return wrapped
     return step
 
 
@@ -348,7 +348,8 @@ torch.bfloat16)
     def __getstate__(self) -> dict[str, Any]:
         # torch's optimizer pickles only defaults, state and param_groups (the seed is
         # in the last two, the counts in state); a copy must also round the same way.
-        state = super().__getstate__()  # type: ignore[misc]
+        # (the torch optimizer class is this class's second base only at run time)
+        state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
         state["_ampkit_pure"] = self._ampkit_pure
         state["_step_supports_amp_scaling"] = False
         return state
@@ -511,7 +512,8 @@ torch.bfloat16)
             >>> sd["param_groups"][0]["rounding_seed"], sd["ampkit_pure_low_precision"]
             (7, {'rounding': 'stochastic'})
         """
-        out = super().state_dict()  # type: ignore[misc]
+        # (the torch optimizer class is this class's second base only at run time)
+        out: dict[str, Any] = super().state_dict()  # type: ignore[misc]
         out[_SD_KEY] = {"rounding": self._ampkit_pure.rounding}
         return out
 

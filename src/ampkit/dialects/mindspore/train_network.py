@@ -59,7 +59,8 @@ class _WithLossCell(nn.Module):
         if self.cast_to_fp32:
             out = out.float() if out.is_floating_point() else out
             label = label.float() if label.is_floating_point() else label
-        return self.loss_fn(out, label)
+        loss: torch.Tensor = self.loss_fn(out, label)
+        return loss
 
 
 def _sens_backward(loss: torch.Tensor) -> None:
@@ -128,7 +129,7 @@ class _TrainOneStep(nn.Module):
         def closure() -> torch.Tensor:
             self.optimizer.zero_grad(set_to_none=True)
             with torch.enable_grad():
-                loss = self.network(*inputs)
+                loss: torch.Tensor = self.network(*inputs)
                 if fixed is None:
                     _sens_backward(loss)
                 else:
