@@ -3,4 +3,4 @@
 
 from ampkit.dialects.apex import *  # noqa: F403
 from ampkit.dialects.apex import __all__  # noqa: F401
-from ampkit.dialects.apex import amp_state as _amp_state  # noqa: F401  (apex scripts read it)
+from ampkit.dialects.apex.state import amp_state as _amp_state  # noqa: F401  (apex scripts read it)

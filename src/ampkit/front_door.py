@@ -438,7 +438,7 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
         from ampkit.pure import check_pure_optimizer
 
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
-            check_pure_optimizer(opt, mode.value, seed=rounding_seed,
+            check_pure_optimizer(opt, mode, seed=rounding_seed,
                                  seed_name="rounding_seed")
     if settings.config.step_in_backward:  # before anything changes
         from ampkit.step_in_backward import check_step_in_backward
@@ -471,8 +471,9 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
     if mode.pure:  # pure low precision: no fp32 copies
         from ampkit.pure import mark_pure_models, pure_low_precision
 
-        mark_pure_models(model_list, mode.value, rounding_seed)
-        opt_list = [pure_low_precision(opt, mode.value, seed=rounding_seed)
+        # the member, checked where the user's text became it: checked once per call
+        mark_pure_models(model_list, mode, rounding_seed)
+        opt_list = [pure_low_precision(opt, mode, seed=rounding_seed)
                     for opt in opt_list]
     return Prepared(props, converting, opt_list, fp8_skip_message(named_fp8))
 

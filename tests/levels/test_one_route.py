@@ -18,6 +18,7 @@ import ampkit.front_door
 import ampkit.levels
 from ampkit.config import AmpConfig
 from ampkit.conversion import get_conversion
+from ampkit.tools.accuracy.tune import TuneWarning
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ampkit"
 
@@ -147,3 +148,36 @@ def test_grep_finds_one_settings_merge() -> None:
     assert {path: n for path, n in found.items() if n} == {"config.py": 1}
     text = "def f(cfg, name, value):\n    return cfg.replace(**{name: value}) != cfg\n"
     assert _contradiction_checks(ast.parse(text)) == 1
+
+
+def test_tune_prepares_each_trial_as_initialize_does(monkeypatch) -> None:
+    # Each trial's copy is converted by the function initialize converts models with,
+    # at level O1 with the trial's policy, and measures what that model computes.
+    seen: list[nn.Module] = []
+    prepare = ampkit.front_door.prepare_models
+
+    def spy(models, *args, **kwargs):
+        done = prepare(models, *args, **kwargs)
+        seen.extend(models)
+        return done
+
+    monkeypatch.setattr(ampkit.front_door, "prepare_models", spy)
+    model = _mlp()
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(x)
+
+    def metric(m: nn.Module) -> float:
+        with torch.no_grad():
+            return float((m(x).float() - ref).pow(2).mean())
+
+    with pytest.warns(TuneWarning):  # no tolerance: one op moves per trial
+        result = ampkit.tune(model, metric, torch.bfloat16, tolerance=0.0, budget=3)
+    assert len(result.trials) == 3 and len(result.trials[-1].fp32_ops) == 2
+    assert len(seen) == len(result.trials)
+    for trial, tuned in zip(result.trials, seen):
+        trained = ampkit.initialize(copy.deepcopy(model), level="O1", dtype=torch.bfloat16,
+                                    policy=trial.policy)
+        assert _shape(tuned) == _shape(trained)
+        assert metric(trained) == trial.metric  # what training runs, bit for bit
+    assert all(p.dtype is torch.float32 for p in model.parameters())  # left as it was

@@ -21,12 +21,12 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit.levels import MasterWeights
 from ampkit.pure.optimizer import (
     PureLowPrecisionOptimizer,
-    check_rounding,
     check_seed,
     optimizer_class_name,
-    pure_rounding,
+    rounding_name,
 )
 from ampkit.pure.rounding import is_dtensor
 from ampkit.step_hooks import check_at_first_step
@@ -118,7 +118,8 @@ def _check_not_plain(optimizer: torch.optim.Optimizer, name: str) -> None:
 
 
 
-def mark_pure_models(models: list[nn.Module], rounding: str, seed: int | None) -> None:
+def mark_pure_models(models: list[nn.Module], rounding: str | MasterWeights,
+                     seed: int | None) -> None:
     """Record that ``models`` train purely with ``rounding`` and ``seed``: an optimizer
     built over their parameters later, and never made pure, raises ``RuntimeError``
     at its first step instead of training with updates rounded to nearest; so does an
@@ -137,7 +138,7 @@ def mark_pure_models(models: list[nn.Module], rounding: str, seed: int | None) -
         ...
         RuntimeError: this SGD steps bf16 parameters of a model that ...
     """
-    rounding = check_rounding(rounding)
+    rounding = rounding_name(rounding)
     check_seed(seed, "seed")
     seed = 0 if seed is None else seed
     for model in models:
@@ -170,7 +171,7 @@ def pure_settings(model: nn.Module) -> tuple[str, int] | None:
     return settings
 
 
-def pure_low_precision(optimizer: torch.optim.Optimizer, rounding: str, *,
+def pure_low_precision(optimizer: torch.optim.Optimizer, rounding: str | MasterWeights, *,
                        seed: int | None = None) -> Any:
     """Make ``optimizer`` pure (:class:`PureLowPrecisionOptimizer`); what
     ``ampkit.initialize(..., master_weights="stochastic" | "kahan")`` does. The models
@@ -195,7 +196,6 @@ def pure_low_precision(optimizer: torch.optim.Optimizer, rounding: str, *,
         >>> opt.state[model[0].weight]["exp_avg"].dtype
         torch.bfloat16
     """
-    rounding = check_rounding(rounding)
-    if pure_rounding(optimizer) == rounding:
-        return optimizer
+    # The class checks everything and leaves an optimizer already pure with this
+    # rounding as it is.
     return PureLowPrecisionOptimizer(optimizer, rounding, seed=seed)

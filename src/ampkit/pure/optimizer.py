@@ -18,12 +18,12 @@ import functools
 import inspect
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ampkit.levels import PURE_MASTER_WEIGHTS
+from ampkit.levels import PURE_MASTER_WEIGHTS, MasterWeights
 from ampkit.pure.rounding import local_tensor
 from ampkit.pure.step import COMP as _COMP
 from ampkit.pure.step import OWN_STATE as _OWN_STATE
@@ -39,7 +39,7 @@ from ampkit.pure.step import stored_low as _stored_low
 
 __all__ = ["PURE_ROUNDINGS", "PureLowPrecisionOptimizer", "PureState", "check_pure_optimizer",
            "check_rounding", "check_seed", "needs_closure", "optimizer_class_name",
-           "pure_rounding",
+           "pure_rounding", "rounding_name",
            "rebuild_pure", "rounding_keys"]
 
 #: The rounding modes :class:`PureLowPrecisionOptimizer` accepts: the pure modes
@@ -55,6 +55,26 @@ def check_rounding(rounding: Any) -> str:
     if not isinstance(rounding, str) or rounding not in PURE_ROUNDINGS:
         raise ValueError(f"rounding must be one of {list(PURE_ROUNDINGS)}, got {rounding!r}")
     return rounding
+
+
+def rounding_name(rounding: str | MasterWeights) -> str:
+    """The rounding's name: a pure :class:`~ampkit.levels.MasterWeights` member was
+    checked where the user's text became it (``initialize`` passes the member, so one
+    call checks its rounding once); text is checked here, once per public entry.
+
+    Raises:
+        ValueError: neither one of :data:`PURE_ROUNDINGS` nor a pure member.
+
+    Example:
+        >>> from ampkit.levels import MasterWeights
+        >>> from ampkit.pure.optimizer import rounding_name
+        >>> rounding_name(MasterWeights.KAHAN), rounding_name("nearest")
+        ('kahan', 'nearest')
+    """
+    if isinstance(rounding, MasterWeights) and rounding.pure:
+        name: str = rounding.value
+        return name
+    return check_rounding(rounding)
 
 
 def _check_no_float16(params: Any) -> None:
@@ -89,11 +109,11 @@ def _inner_step(cls: type) -> Callable[..., Any]:
     """The step of the optimizer class a pure class was made from (or ``cls``'s own),
     without torch's wrapper that runs the step hooks: the pure step runs them once
     around all chunks, with every parameter group whole, instead of once per chunk."""
-    if issubclass(cls, PureLowPrecisionOptimizer):
-        cls = cls.__bases__[1]
-    step = cls.step  # type: ignore[attr-defined]  # an optimizer class
-    if getattr(step, "hooked", False) and hasattr(step, "__wrapped__"):
-        step = step.__wrapped__
+    base = cls.__bases__[1] if issubclass(cls, PureLowPrecisionOptimizer) else cls
+    step: Callable[..., Any] = cast("type[torch.optim.Optimizer]", base).step
+    wrapped: Callable[..., Any] | None = getattr(step, "__wrapped__", None)
+    if getattr(step, "hooked", False) and wrapped is not None:
+        return wrapped
     return step
 
 
@@ -102,7 +122,7 @@ def check_seed(seed: Any, name: str) -> None:
         raise TypeError(f"{name} must be an int or None, got {seed!r}")
 
 
-def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
+def check_pure_optimizer(optimizer: Any, rounding: str | MasterWeights = "stochastic", *,
                          seed: Any = None, seed_name: str = "seed") -> None:
     """Raise the error :class:`PureLowPrecisionOptimizer` would raise for these
     arguments, without changing anything (``ampkit.initialize`` checks every optimizer
@@ -123,10 +143,14 @@ def check_pure_optimizer(optimizer: Any, rounding: str = "stochastic", *,
         ...
         TypeError: seed must be an int or None, got 0.5
     """
+    _check_pure_optimizer(optimizer, rounding_name(rounding), seed, seed_name)
+
+
+def _check_pure_optimizer(optimizer: Any, rounding: str, seed: Any, seed_name: str) -> None:
+    # check_pure_optimizer with the rounding's name already checked
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    rounding = check_rounding(rounding)
     check_seed(seed, seed_name)
     existing = pure_rounding(optimizer)
     if existing is not None:
@@ -201,7 +225,8 @@ class PureLowPrecisionOptimizer:
         optimizer: a ``torch.optim.Optimizer`` over bf16 (and possibly fp32)
             parameters.
         rounding: ``"stochastic"``, ``"kahan"`` or ``"nearest"`` (see
-            :data:`PURE_ROUNDINGS`).
+            :data:`PURE_ROUNDINGS`), or a pure :class:`~ampkit.levels.MasterWeights`
+            member (what ``initialize`` passes).
         seed: the stochastic rounding's seed, stored as the hyper-parameter
             ``"rounding_seed"`` of every parameter group (and of groups added later).
             ``None`` means 0. It is never drawn from torch's RNG: replicas must agree.
@@ -237,9 +262,11 @@ torch.bfloat16)
 
     _ampkit_pure: PureState
 
-    def __new__(cls, optimizer: torch.optim.Optimizer, rounding: str = "stochastic", *,
+    def __new__(cls, optimizer: torch.optim.Optimizer,
+                rounding: str | MasterWeights = "stochastic", *,
                 seed: int | None = None, chunk_bytes: int | None = None) -> Any:
-        check_pure_optimizer(optimizer, rounding, seed=seed)
+        rounding = rounding_name(rounding)
+        _check_pure_optimizer(optimizer, rounding, seed, "seed")
         if chunk_bytes is not None and (not isinstance(chunk_bytes, int)
                                         or isinstance(chunk_bytes, bool) or chunk_bytes <= 0):
             raise TypeError(f"chunk_bytes must be a positive int or None, got "
@@ -279,7 +306,8 @@ torch.bfloat16)
             optimizer.step = step  # type: ignore[method-assign]
         return optimizer
 
-    def __init__(self, optimizer: torch.optim.Optimizer, rounding: str = "stochastic", *,
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 rounding: str | MasterWeights = "stochastic", *,
                  seed: int | None = None, chunk_bytes: int | None = None) -> None:
         # Everything happened in __new__, which returns the optimizer itself.
         pass
@@ -320,7 +348,8 @@ torch.bfloat16)
     def __getstate__(self) -> dict[str, Any]:
         # torch's optimizer pickles only defaults, state and param_groups (the seed is
         # in the last two, the counts in state); a copy must also round the same way.
-        state = super().__getstate__()  # type: ignore[misc]
+        # (the torch optimizer class is this class's second base only at run time)
+        state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
         state["_ampkit_pure"] = self._ampkit_pure
         state["_step_supports_amp_scaling"] = False
         return state
@@ -483,7 +512,8 @@ torch.bfloat16)
             >>> sd["param_groups"][0]["rounding_seed"], sd["ampkit_pure_low_precision"]
             (7, {'rounding': 'stochastic'})
         """
-        out = super().state_dict()  # type: ignore[misc]
+        # (the torch optimizer class is this class's second base only at run time)
+        out: dict[str, Any] = super().state_dict()  # type: ignore[misc]
         out[_SD_KEY] = {"rounding": self._ampkit_pure.rounding}
         return out
 

@@ -23,11 +23,14 @@ import math
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
 from ampkit import torch_internals
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["BLOCK", "Positions", "draw_noise", "is_dtensor", "local_tensor", "round_kahan",
            "round_kahan_foreach", "round_stochastic", "stochastic_round"]
@@ -96,7 +99,7 @@ def _dtensor_class() -> type | None:
     return DTensor
 
 
-def is_dtensor(t: torch.Tensor) -> bool:
+def is_dtensor(t: torch.Tensor) -> TypeGuard[DTensor]:
     cls = _dtensor_class()
     return cls is not None and isinstance(t, cls)
 
@@ -106,7 +109,7 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     local shard (its own storage: writing into it writes into the DTensor)."""
     if is_dtensor(t):
         with torch.no_grad():
-            return t.to_local()  # type: ignore[attr-defined]  # a DTensor
+            return t.to_local()
     return t
 
 
@@ -171,7 +174,8 @@ _generators = threading.local()  # per thread (autograd's device threads run hoo
 def _generator(device: torch.device) -> torch.Generator:
     """This thread's generator for ``device``: reseeded before every block, so sharing it
     between optimizers and parameters changes no bits."""
-    cache = _generators.__dict__.setdefault("by_device", {})
+    cache: dict[torch.device, torch.Generator] = _generators.__dict__.setdefault(
+        "by_device", {})
     g = cache.get(device)
     if g is None:
         g = cache[device] = torch.Generator(device=device)

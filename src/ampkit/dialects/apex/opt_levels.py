@@ -72,8 +72,10 @@ def bool_override(value: Any, argument: str) -> bool:
     # apex accepts the strings "True"/"False" (as they come from argparse).
     if isinstance(value, bool):
         return value
-    if value in ("True", "False"):
-        return value == "True"
+    if value == "True":
+        return True
+    if value == "False":
+        return False
     raise ValueError(f"{argument} must be True, False (or 'True'/'False') or None, got "
                      f"{value!r}")
 

@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from ampkit.dialects.mindspore.managers import (
     LossScaleManager,
 )
 from ampkit.dialects.mindspore.mixed_precision import auto_mixed_precision, check_network
+from ampkit.pure.optimizer import needs_closure
 from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.overflow import unscale_grads_
 
@@ -59,7 +59,8 @@ class _WithLossCell(nn.Module):
         if self.cast_to_fp32:
             out = out.float() if out.is_floating_point() else out
             label = label.float() if label.is_floating_point() else label
-        return self.loss_fn(out, label)
+        loss: torch.Tensor = self.loss_fn(out, label)
+        return loss
 
 
 def _sens_backward(loss: torch.Tensor) -> None:
@@ -68,16 +69,6 @@ def _sens_backward(loss: torch.Tensor) -> None:
     MindSpore's default) back-propagates the gradient of its sum, a scalar loss that
     of itself."""
     loss.backward(torch.ones_like(loss))
-
-
-def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` must be given a closure (``torch.optim.LBFGS``):
-    its ``closure`` parameter has no default."""
-    try:
-        parameter = inspect.signature(optimizer.step).parameters.get("closure")
-    except (TypeError, ValueError):  # no signature to read: call it as usual
-        return False
-    return parameter is not None and parameter.default is inspect.Parameter.empty
 
 
 class _TrainOneStep(nn.Module):
@@ -102,7 +93,7 @@ class _TrainOneStep(nn.Module):
                                      growth_interval=manager.scale_window, min_scale=1.0)
         elif isinstance(manager, FixedLossScaleManager) and manager.get_drop_overflow_update():
             self.scaler = GradScaler(None, init_scale=manager.get_loss_scale(), dynamic=False)
-        if self.scaler is not None and _needs_closure(optimizer):
+        if self.scaler is not None and needs_closure(optimizer):
             raise ValueError(
                 f"optimizer: {type(optimizer).__name__}.step needs a closure, which a loss "
                 f"scale that skips overflowing steps cannot give it; pass "
@@ -128,7 +119,7 @@ class _TrainOneStep(nn.Module):
         def closure() -> torch.Tensor:
             self.optimizer.zero_grad(set_to_none=True)
             with torch.enable_grad():
-                loss = self.network(*inputs)
+                loss: torch.Tensor = self.network(*inputs)
                 if fixed is None:
                     _sens_backward(loss)
                 else:
@@ -142,7 +133,7 @@ class _TrainOneStep(nn.Module):
             # LBFGS compares the closure's values: the summed loss, what was derived.
             return loss.detach().sum()
 
-        if _needs_closure(self.optimizer):
+        if needs_closure(self.optimizer):
             self.optimizer.step(closure)  # type: ignore[arg-type]  # a 0-dim tensor
         else:
             closure()

@@ -51,7 +51,7 @@ import dataclasses
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -77,9 +77,10 @@ from ampkit.torch_internals import tree_leaves
 
 # The results are defined in ampkit.tools.accuracy.comparison and re-exported here (their home
 # before the split); the rest are the runs that produce them, which tune reuses.
-__all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "GradError", "ModuleError",
-           "NothingToCompareError", "OpError", "OpRank", "Run", "check_model",
-           "check_settings", "compare", "compare_runs", "model_device_type",
+__all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "GradError",
+           "LowPrecisionSetup", "ModuleError", "NothingToCompareError", "OpError", "OpRank",
+           "Run", "check_model", "check_settings", "compare", "compare_runs",
+           "converted_setup", "model_device_type",
            "resolve_threshold", "run_once"]
 
 _THRESHOLD_EPS = 8  # default threshold: this many machine epsilons of the low dtype
@@ -217,8 +218,8 @@ def _forked_rng(device_type: str) -> Iterator[None]:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Setup:
-    """How the low-precision copy is made and run."""
+class LowPrecisionSetup:
+    """How a low-precision copy is made and run (:func:`converted_setup`)."""
 
     description: str
     dtype: torch.dtype
@@ -234,45 +235,65 @@ def _is_level(precision: Any) -> bool:
     return isinstance(precision, str) and precision.strip().upper() in Level.__members__
 
 
-def _setup(precision: Any, dtype: Any, device_type: str,
-           white: Iterable[OpEntry] | None, black: Iterable[OpEntry] | None) -> _Setup:
+def _setup(precision: Any, dtype: Any, device_type: str, white: Iterable[OpEntry] | None,
+           black: Iterable[OpEntry] | None) -> LowPrecisionSetup:
     import ampkit
     from ampkit.config import AmpConfig
     from ampkit.presets import get_policy
 
     chosen = as_dtype(dtype)
     if _is_level(precision) or isinstance(precision, AmpConfig):
-        from ampkit.front_door import prepare_models, resolve_settings
-
-        # The settings initialize merges, and the copy prepared by the function
-        # initialize prepares models with (fp8 included): compare measures what
-        # training runs. With a config, dtype and the lists given must agree with it.
         config, level = (precision, None) if isinstance(precision, AmpConfig) else (
             None, precision)
-        settings = resolve_settings(config, level, chosen, {"custom_white_list": white,
-                                                            "custom_black_list": black},
-                                    device_type)
-        props, conversion = settings.level_conversion(device_type)
-        low = conversion.compute_dtype or torch.get_autocast_dtype(device_type)
-        policy = conversion.policy
-        # Entering the conversion's own region before the op watch keeps the engine
-        # under the watch, so the watch sees each op's inputs before they are cast.
-        region: Callable[[], Any] = (
-            functools.partial(ampkit.autocast, device_type, low, policy=policy)
-            if policy is not None else contextlib.nullcontext)
-
-        def prepare(model: nn.Module) -> nn.Module:
-            prepare_models([model], settings, names=["model"], device_type=device_type)
-            return model
-
-        return _Setup(f"{props.level.value}", low, prepare, region)
+        return converted_setup(config, level, chosen, {"custom_white_list": white,
+                                                       "custom_black_list": black},
+                               device_type)
     if not isinstance(precision, (str, Policy)):
         raise TypeError(f"precision must be a level ('O0'-'O3'), a policy name or a Policy, "
                         f"got {type(precision).__name__}")
     policy = get_policy(precision).with_lists(white, black)
     low = chosen or policy.dtype or torch.get_autocast_dtype(device_type)
-    return _Setup(f"policy {policy.name!r}", low, lambda m: m,
-                  lambda: ampkit.autocast(device_type, low, policy=policy))
+    return LowPrecisionSetup(f"policy {policy.name!r}", low, lambda m: m,
+                             lambda: ampkit.autocast(device_type, low, policy=policy))
+
+
+def converted_setup(config: Any, level: Any, dtype: torch.dtype | None,
+                    overrides: Mapping[str, Any], device_type: str) -> LowPrecisionSetup:
+    """How a low-precision copy is made and run as ``initialize`` would convert it: the
+    settings merged by :func:`ampkit.front_door.resolve_settings` (a keyword given with
+    ``config`` must agree with it), the copy prepared by
+    :func:`ampkit.front_door.prepare_models` (fp8 included), and its forward run in the
+    conversion's region. :func:`compare` (a level or a config) and
+    :func:`ampkit.tune` (each trial's policy, at level O1) measure what training runs.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.tools.accuracy.compare import converted_setup
+        >>> setup = converted_setup(None, "O3", torch.bfloat16, {}, "cpu")
+        >>> net = setup.prepare(torch.nn.Linear(2, 2))
+        >>> with setup.region():
+        ...     out = net(torch.ones(1, 2, dtype=torch.bfloat16))
+        >>> setup.description, setup.dtype, net.weight.dtype, out.dtype
+        ('O3', torch.bfloat16, torch.bfloat16, torch.float32)
+    """
+    import ampkit
+    from ampkit.front_door import prepare_models, resolve_settings
+
+    settings = resolve_settings(config, level, dtype, overrides, device_type)
+    props, conversion = settings.level_conversion(device_type)
+    low = conversion.compute_dtype or torch.get_autocast_dtype(device_type)
+    policy = conversion.policy
+    # Entering the conversion's own region before the op watch keeps the engine under
+    # the watch, so the watch sees each op's inputs before they are cast.
+    region: Callable[[], Any] = (
+        functools.partial(ampkit.autocast, device_type, low, policy=policy)
+        if policy is not None else contextlib.nullcontext)
+
+    def prepare(model: nn.Module) -> nn.Module:
+        prepare_models([model], settings, names=["model"], device_type=device_type)
+        return model
+
+    return LowPrecisionSetup(f"{props.level.value}", low, prepare, region)
 
 
 @dataclasses.dataclass
@@ -437,7 +458,7 @@ def resolve_threshold(threshold: float | None, dtype: torch.dtype) -> float:
 
 def _prepare(model: nn.Module, precision: Any, dtype: Any, white: Iterable[OpEntry] | None,
              black: Iterable[OpEntry] | None, threshold: float | None, fp8: Any
-             ) -> tuple[_Setup, float, Any, str]:
+             ) -> tuple[LowPrecisionSetup, float, Any, str]:
     """Every check :func:`compare` makes before it runs the model, and what they give:
     the low-precision setup, the threshold, the fp8 recipe and the device type."""
     from ampkit.config import AmpConfig, contradiction

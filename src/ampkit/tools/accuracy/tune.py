@@ -20,7 +20,11 @@ list of the ops the forward ran, and every other op runs as native autocast runs
 (``F.cross_entropy``, ...) exactly as ``torch.autocast`` would, not by the aggressive
 rule nobody measured. (A ``start`` policy whose unlisted rule is ``"keep"`` or
 ``"native"`` has no list for that rule and is returned as it is.) Each trial starts from
-a fresh deep copy of the model and the same RNG state.
+a fresh deep copy of the model and the same RNG state, converted by the function
+``ampkit.initialize`` converts models with, as ``initialize(model, level="O1",
+policy=trial_policy)`` would (:func:`~ampkit.tools.accuracy.compare.converted_setup`):
+the search measures what training with the policy runs, and, as there, the model's
+floating outputs come back in float32, so ``eval_fn``'s own code computes in float32.
 
 The tolerance is **absolute** by default: the metric may move by at most ``tolerance``
 from its float32 value (in the metric's own units, e.g. ``0.01`` = one point of
@@ -72,6 +76,7 @@ from ampkit.policy import Policy, as_dtype
 from ampkit.tools.accuracy.compare import (
     check_model,
     compare_runs,
+    converted_setup,
     model_device_type,
     resolve_threshold,
     run_once,
@@ -305,7 +310,6 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
         ...
         ValueError: tolerance must be a finite number >= 0, got -1
     """
-    import ampkit
 
     check_model(model)
     if not callable(eval_fn):
@@ -355,10 +359,11 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
     for index in range(budget):
         current = policy
         where = f"trial {index} (float32 ops: {sorted(current.fp32_ops) or 'none'})"
-        run, metric = run_once(
-            copy.deepcopy(model), evaluate(where),
-            functools.partial(ampkit.autocast, device_type, low, policy=current), None,
-            device_type, recompute=True)
+        # The trial's copy converted as initialize(level="O1", policy=current) would
+        # convert it: the search measures what training with the policy runs.
+        setup = converted_setup(None, "O1", low, {"policy": current}, device_type)
+        run, metric = run_once(setup.prepare(copy.deepcopy(model)), evaluate(where),
+                               setup.region, None, device_type, recompute=True)
         comparison = compare_runs(ref_run, run, f"policy {current.name!r}", low, threshold)
         measured.update(r.op for r in comparison.ops)
         ok = within(metric)

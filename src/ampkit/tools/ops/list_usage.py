@@ -95,7 +95,7 @@ class ListUsage:
         observe_regions(self._region_entered)
         self._watch = OpWatch(self._op_called)
         try:
-            self._watch.__enter__()
+            self._watch.__enter__()  # type: ignore[no-untyped-call]  # torch's base, unannotated
         except BaseException:
             observe_regions(self._region_entered, stop=True)
             raise
@@ -104,7 +104,7 @@ class ListUsage:
     def __exit__(self, *exc: Any) -> None:
         try:
             if self._watch is not None:
-                self._watch.__exit__(*exc)
+                self._watch.__exit__(*exc)  # type: ignore[no-untyped-call]  # torch's base, unannotated
                 self._watch = None
         finally:
             observe_regions(self._region_entered, stop=True)

@@ -157,7 +157,7 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 class _Watch(TorchDispatchMode):
     def __init__(self, checker: NumericsChecker) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's base, unannotated
         self.checker = checker
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
@@ -226,12 +226,12 @@ class NumericsChecker:
         if self._fp8 is not None:
             self._fp8.__enter__()
         self._mode = _Watch(self)
-        self._mode.__enter__()
+        self._mode.__enter__()  # type: ignore[no-untyped-call]  # torch's base, unannotated
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._mode is not None:
-            self._mode.__exit__(*exc)
+            self._mode.__exit__(*exc)  # type: ignore[no-untyped-call]  # torch's base, unannotated
             self._mode = None
         if self._fp8 is not None:
             self._fp8.__exit__(*exc)

@@ -140,7 +140,7 @@ _Region = TypeVar("_Region", bound="DispatchRegion")
 
 class _DispatchMode(TorchDispatchMode):
     def __init__(self, region: DispatchRegion) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's base, unannotated
         self.region = region
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
@@ -196,12 +196,12 @@ class DispatchRegion:
         if self._state != "ready":
             raise RuntimeError(self._entered_twice)
         self._mode = _DispatchMode(self)
-        self._mode.__enter__()
+        self._mode.__enter__()  # type: ignore[no-untyped-call]  # torch's base, unannotated
         self._state = self._active
         return self
 
     def __exit__(self, *exc: Any) -> None:
         assert self._mode is not None
-        self._mode.__exit__(*exc)
+        self._mode.__exit__(*exc)  # type: ignore[no-untyped-call]  # torch's base, unannotated
         self._mode = None
         self._state = "finished"
