@@ -424,3 +424,25 @@ def test_a_second_initialize_leaves_the_first_runs_scalers_alone():
     with pytest.raises(ValueError, match=r"different ampkit\.initialize"), \
             ampkit.scale_loss(loss, opts):
         pass
+
+
+def test_a_dropped_set_up_in_a_reference_cycle_is_not_live_for_loss_scaler() -> None:
+    # An optimizer the program no longer holds, kept only by a reference cycle until the
+    # collector runs, must not make loss_scaler(i) refuse as if two runs were training.
+    import gc
+
+    def train_once_and_drop() -> None:
+        net = nn.Linear(2, 2)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        opt.cycle = opt  # freed only by the collector
+        initialize(net, opt, level="O1", dtype=FP16, init_scale=64.0)
+
+    gc.disable()
+    try:
+        train_once_and_drop()
+        net = nn.Linear(2, 2)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        initialize(net, opt, level="O1", dtype=FP16, init_scale=128.0)
+        assert loss_scaling.loss_scaler(0).get_scale() == 128.0
+    finally:
+        gc.enable()

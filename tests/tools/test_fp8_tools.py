@@ -201,7 +201,11 @@ def test_the_fp8_tools_see_transformers_conv1d_layers():
 def test_tune_fp8_trials_configure_nothing_process_wide():
     # issue 49: each trial is prepared as initialize prepares a model, without its
     # loss-scaling set-up (initialize at O2 float16 replaced the process's scalers)
-    from ampkit.scaling import configure_loss_scaling, loss_scaler
+    from ampkit.scaling import configure_loss_scaling
+
+    # the latest set-up's scaler, whatever other set-ups earlier tests of this worker
+    # left bound to optimizers still alive (loss_scaler(0) refuses to guess then)
+    from ampkit.scaling.loss_scaling import latest_loss_scaler
 
     configure_loss_scaling("dynamic", init_scale=8.0)
     try:
@@ -211,6 +215,6 @@ def test_tune_fp8_trials_configure_nothing_process_wide():
         result = tune_fp8(net, lambda m: m(x).float().pow(2).mean(), "tensorwise",
                           tolerance=0.5, relative=True, dtype=torch.float16)
         assert result.trials  # the trials ran, at O2 float16
-        assert loss_scaler(0).get_scale() == 8.0
+        assert latest_loss_scaler(0).get_scale() == 8.0
     finally:
         configure_loss_scaling("dynamic")

@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import gc
 import numbers
 import threading
 import weakref
@@ -302,8 +303,12 @@ def loss_scaler(loss_id: int = 0, *, optimizer: torch.optim.Optimizer | None = N
     if optimizer is not None:
         return _scaler_of(_state_for(_as_optimizers(optimizer)), loss_id)
     state = _current_state()
-    with _lock:
-        live = {id(s) for s in _bound.values()} | {id(state)}
+    live = _live_setups(state)
+    if len(live) > 1:
+        # An optimizer the program dropped can linger in a reference cycle until the
+        # collector runs; its set-up is not live, so collect once before refusing.
+        gc.collect()
+        live = _live_setups(state)
     if len(live) > 1:
         raise ValueError(
             f"loss_scaler({loss_id!r}): {len(live)} loss-scaling set-ups are live (each "
@@ -311,6 +316,11 @@ def loss_scaler(loss_id: int = 0, *, optimizer: torch.optim.Optimizer | None = N
             f"need not be the one training uses; name the optimizer whose scale you mean: "
             f"loss_scaler({loss_id!r}, optimizer=opt)")
     return _scaler_of(state, loss_id)
+
+
+def _live_setups(state: _State) -> set[int]:
+    with _lock:
+        return {id(s) for s in _bound.values()} | {id(state)}
 
 
 def latest_loss_scaler(loss_id: int = 0) -> GradScaler:
