@@ -39,8 +39,8 @@ def _shape(model: nn.Module) -> list[tuple]:
             for name, m in model.named_modules()]
 
 
-def _compared_copy(monkeypatch, model: nn.Module, **compare_kwargs) -> nn.Module:
-    """The low-precision copy ampkit.compare ran, as prepare_models left it."""
+def _spy_on_prepare_models(monkeypatch) -> list[nn.Module]:
+    """The models every later call of prepare_models converts, in order."""
     seen: list[nn.Module] = []
     prepare = ampkit.front_door.prepare_models
 
@@ -50,6 +50,12 @@ def _compared_copy(monkeypatch, model: nn.Module, **compare_kwargs) -> nn.Module
         return done
 
     monkeypatch.setattr(ampkit.front_door, "prepare_models", spy)
+    return seen
+
+
+def _compared_copy(monkeypatch, model: nn.Module, **compare_kwargs) -> nn.Module:
+    """The low-precision copy ampkit.compare ran, as prepare_models left it."""
+    seen = _spy_on_prepare_models(monkeypatch)
     ampkit.compare(model, torch.randn(4, 16), **compare_kwargs)
     assert len(seen) == 1
     return seen[0]
@@ -153,15 +159,7 @@ def test_grep_finds_one_settings_merge() -> None:
 def test_tune_prepares_each_trial_as_initialize_does(monkeypatch) -> None:
     # Each trial's copy is converted by the function initialize converts models with,
     # at level O1 with the trial's policy, and measures what that model computes.
-    seen: list[nn.Module] = []
-    prepare = ampkit.front_door.prepare_models
-
-    def spy(models, *args, **kwargs):
-        done = prepare(models, *args, **kwargs)
-        seen.extend(models)
-        return done
-
-    monkeypatch.setattr(ampkit.front_door, "prepare_models", spy)
+    seen = _spy_on_prepare_models(monkeypatch)
     model = _mlp()
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
