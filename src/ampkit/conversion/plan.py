@@ -371,9 +371,12 @@ def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> No
                     continue
                 # In place, so the Parameter object stays the same: tied modules and
                 # optimizers built before the conversion keep pointing at it.
-                param.data = param.data.to(target[0])
-                if param.grad is not None:
-                    param.grad = param.grad.to(target[0])
+                if _holds_inner_tensors(param):
+                    _swap_in_dtype(param, target[0])
+                else:
+                    param.data = param.data.to(target[0])
+                    if param.grad is not None:
+                        param.grad = param.grad.to(target[0])
                 done[id(param)] = param
             for name, buf in list(module._buffers.items()):
                 if buf is None:
@@ -387,6 +390,39 @@ def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> No
                 new = buf.to(target[0])
                 done[id(buf)] = new
                 module._buffers[name] = new
+
+
+def _holds_inner_tensors(param: torch.Tensor) -> bool:
+    """A DTensor parameter (tensor parallelism's ``parallelize_module``, FSDP2) keeps
+    its elements in an inner local tensor: ``param.data = ...`` changes the dtype the
+    wrapper reports but not the local shard the ops compute with."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(param, DTensor)
+
+
+def _swap_in_dtype(param: torch.Tensor, dtype: torch.dtype) -> None:
+    """Give ``param`` (a DTensor) ``dtype``, local shard included, keeping the Python
+    object (as ``nn.Module.to`` does for such tensors): its contents are exchanged with
+    a converted Parameter's, and its gradient and user attributes come along."""
+    grad = param.grad
+    param.grad = None  # a reference held here would block the exchange
+    attributes = dict(param.__dict__)
+    converted = nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
+    try:
+        torch.utils.swap_tensors(param, converted)
+    except RuntimeError as error:
+        param.grad = grad
+        raise RuntimeError(
+            f"cannot store this {type(param).__name__} parameter in {dtype}: something "
+            f"holds a reference to it that torch.utils.swap_tensors refuses ({error}). "
+            f"Call ampkit.initialize before building what holds it") from error
+    for key, value in attributes.items():
+        param.__dict__.setdefault(key, value)
+    if grad is not None:
+        param.grad = grad.to(dtype)
 
 
 def _register_state_dict_hook(module: nn.Module, hook: Any) -> None:
