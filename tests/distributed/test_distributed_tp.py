@@ -57,13 +57,12 @@ def _batch(step: int, part: int, norm: bool = True) -> tuple[torch.Tensor, torch
 
 
 def _parallelize(model: nn.Module, mesh: Any) -> None:
+    from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         parallelize_module,
     )
-
-    from torch.distributed.tensor import Replicate
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {k: styles[v]() for k, v in TP_PLAN.items()}

@@ -270,7 +270,8 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
                                  # at O3 and in pure mode the low dtype is the
                                  # parameter's own: read from anywhere, it is that
                                  on_use=_is_parametrization(module)
-                                 and config.param_dtype not in _LOW)
+                                 and config.param_dtype not in _LOW,
+                                 bare_fp32=config.param_compute_dtype is not None)
         elif whitelisted and not in_white:
             boundary = Boundary(Region.LOW, None, config.white_list_output_dtype,
                                  config.compute_dtype, module_type=type(module))
@@ -438,7 +439,11 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
         from torch.nn.utils.parametrize import is_parametrized
 
         dtype = plan.cast_dtype
-        cast = CastParametersOnUse(dtype)
+        # O2: the parameters are the fp32 truth, so a submodule called on its own
+        # computes in fp32 (at O3 the rest of the parameters are low precision: a
+        # shared one kept fp32 is cast on every use)
+        bare_fp32 = config.param_compute_dtype is not None
+        cast = CastParametersOnUse(dtype, bare_fp32=bare_fp32)
         for module in plan.cast_on_use:
             legacy = legacy_reparametrizations(module)
             if legacy:
@@ -446,8 +451,8 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
                 for hook in legacy:
                     reparametrize_in_fp32(hook, dtype)
                 CastParametersOnUse(dtype, keep=frozenset(
-                    n for hook in legacy for n in reparametrization_sources(hook))
-                ).install(module)
+                    n for hook in legacy for n in reparametrization_sources(hook)),
+                    bare_fp32=bare_fp32).install(module)
             else:
                 cast.install(module)
             # The hooks' work done in the module's own call while they are its only
