@@ -660,9 +660,11 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
             too, as with ``fp8=``); loss-scale options change nothing here.
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None``: the policy's, else the
             device's autocast default.
-        custom_white_list, custom_black_list: added to the policy (as in
-            ``ampkit.autocast`` and ``initialize``); with a config, ``dtype`` and these
-            must agree with it (a contradiction is a ``ValueError``).
+        custom_white_list: ops added to the policy's low-precision list (as in
+            ``ampkit.autocast`` and ``initialize``); with a config, it must agree with
+            the config's (a contradiction is a ``ValueError``), as must ``dtype``.
+        custom_black_list: ops added to the policy's float32 list; with a config, as
+            ``custom_white_list``.
         loss_fn: ``loss_fn(output) -> scalar tensor``; given, both runs call
             ``.backward()`` on it and gradients are compared per parameter.
         threshold: the relative error that counts as diverged (default: 8 machine

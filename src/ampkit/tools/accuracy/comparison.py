@@ -206,10 +206,13 @@ class Fp8LayerError:
         layer: qualified name.
         recipe: the fp8 recipe name (``"custom"`` for a config object).
         low_dtype: the dtype of the low run (``"torch.bfloat16"``).
-        output_fp8, output_low: the forward output's error against fp32.
+        output_fp8: the fp8 forward output's error against fp32.
+        output_low: the low run's forward output's error against fp32.
         output_fp8_vs_low: fp8's output against the low run's.
-        grad_input_fp8, grad_input_low: the input gradient's error against fp32.
-        grad_weight_fp8, grad_weight_low: the weight gradient's error against fp32.
+        grad_input_fp8: the fp8 input gradient's error against fp32.
+        grad_input_low: the low run's input gradient's error against fp32.
+        grad_weight_fp8: the fp8 weight gradient's error against fp32.
+        grad_weight_low: the low run's weight gradient's error against fp32.
 
     Example:
         >>> from ampkit.tools.accuracy.comparison import ErrorStats
