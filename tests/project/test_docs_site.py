@@ -209,7 +209,7 @@ def test_every_ampkit_config_field_has_an_entry_of_its_own(site: Path) -> None:
     fields = [f.name for f in dataclasses.fields(AmpConfig)]
     assert sorted(entries) == sorted(fields)
     for name, rest in entries.items():
-        assert re.match(r"\s*(–|&#8211;)", rest), (name, rest[:120])  # no "(type)"
+        assert re.match(r"\s*(\u2013|&#8211;)", rest), (name, rest[:120])  # no "(type)"
 
 
 def test_no_public_docstring_entry_names_two_parameters() -> None:

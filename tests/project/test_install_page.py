@@ -4,8 +4,9 @@ NumPy is not one of ampkit's own dependencies."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).parents[2]
 
