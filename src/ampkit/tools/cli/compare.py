@@ -23,6 +23,9 @@ of its own, printed and in the HTML report, and a ``fp8_layers`` key in
 tables drawn with rich) and writes the HTML report, its two plots and
 ``compare.json`` into ``--out`` (default ``compare-report``); report files already
 there are replaced only with ``--overwrite``, and no other file is touched.
+While the model runs, a progress bar per run (its op calls so far, of the float32
+run's count) is drawn on stderr; ``--quiet`` hides them, and there are none when stderr
+is not a terminal.
 
 Exit status: 0 on success, 2 for bad input or the user's code failing (one line, see
 :mod:`ampkit.tools.cli`; a folder ``--out`` made is removed again), 1 for a missing
