@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sphinx.application import Sphinx
+from sphinx.domains.python import PythonDomain
 
 import ampkit
 
@@ -154,7 +155,37 @@ def _readme_links_in_site(app: Sphinx, relative_path: Path, parent_docname: str,
         content[0] = content[0].replace(README_DOCS_URL, "docs/")
 
 
+#: The pages of ``import ampkit``'s own names, and of the internals (autosummary's).
+PUBLIC_FRONT_PAGE = "api/ampkit"
+INTERNALS_PAGES = "api/_generated/"
+
+
+def search_priority(docname: str, priority: int) -> int:
+    """The search's rank of an object documented on ``docname`` (Sphinx's priorities:
+    0 important, 1 normal, 2 unimportant, -1 not searchable): ``import ampkit``'s
+    names first, the internals last, so that a search for ``initialize`` or
+    ``GradScaler`` finds the names users import before the modules that define them
+    and before the dialects' look-alikes."""
+    if priority < 0:
+        return priority
+    if docname.startswith(INTERNALS_PAGES):
+        return 2
+    if docname == PUBLIC_FRONT_PAGE:
+        return 0
+    return priority
+
+
+class RankedPythonDomain(PythonDomain):
+    """Sphinx's Python domain, its objects ranked for the search by
+    :func:`search_priority`."""
+
+    def get_objects(self) -> Any:
+        for name, shown, kind, docname, anchor, priority in super().get_objects():
+            yield name, shown, kind, docname, anchor, search_priority(docname, priority)
+
+
 def setup(app: Sphinx) -> None:
+    app.add_domain(RankedPythonDomain, override=True)
     app.connect("include-read", _readme_links_in_site)
     app.connect("autodoc-skip-member", _skip_reexport)
     app.connect("autodoc-process-docstring", _no_type_docstring)

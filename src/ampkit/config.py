@@ -219,8 +219,9 @@ class AmpConfig:
             dtype); ``None``: the device's autocast default.
         policy: a preset name (``"torch"``, ``"conservative"``, ...) or the path of a
             policy JSON file (``ampkit tune --out``).
-        custom_white_list, custom_black_list: op names run in low precision / fp32
-            (stored as sorted canonical names).
+        custom_white_list: op names run in low precision too (stored as sorted
+            canonical names).
+        custom_black_list: op names run in float32 (stored as sorted canonical names).
         keep_fp32_modules: qualified module names (as in ``model.named_modules()``)
             kept in fp32.
         keep_norms_fp32: ``None`` keeps the level's default.
@@ -231,8 +232,17 @@ class AmpConfig:
         rounding_seed: seeds the rounding of ``"stochastic"``/``"kahan"``.
         loss_scale: ``"dynamic"``, a positive number (static scaling), or ``None``
             (the level's default: dynamic for float16, none for bfloat16).
-        init_scale, growth_factor, backoff_factor, growth_interval, hysteresis,
-            min_scale, max_scale: ``ampkit.GradScaler`` options; ``None``: its default.
+        init_scale: the first loss scale (an ``ampkit.GradScaler`` option); ``None``:
+            its default.
+        growth_factor: the factor the scale grows by; ``None``: the scaler's default.
+        backoff_factor: the factor the scale shrinks by on an overflow; ``None``: the
+            scaler's default.
+        growth_interval: steps without an overflow before the scale grows; ``None``:
+            the scaler's default.
+        hysteresis: overflows tolerated before the scale shrinks; ``None``: the
+            scaler's default.
+        min_scale: the smallest loss scale; ``None``: the scaler's default.
+        max_scale: the largest loss scale; ``None``: the scaler's default.
         log_skipped_steps: print one line for each step skipped on an overflow.
         fp8: an fp8 recipe for Linear layers, one of
             :data:`ampkit.fp8.FP8_RECIPES`, or ``None``.

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from filelock import FileLock
@@ -166,6 +169,109 @@ def test_every_internal_name_has_a_reference_entry(site: Path) -> None:
                 missing.append(f"{module.__name__}.{name} (looked for {target})")
     assert checked > 150, checked  # the walk found the package's names
     assert not missing, "no reference entry for:\n" + "\n".join(missing)
+
+
+def _object_section(page: str, anchor: str) -> str:
+    """The HTML of the entry ``anchor`` on ``page``: from its signature to the next
+    entry of the page that is not one of its own members."""
+    start = page.index(f'id="{anchor}"')
+    ends = [m.start() for m in re.finditer(r'<dt class="sig sig-object py" id="([^"]+)"',
+                                           page[start + 1:])
+            if not m.group(1).startswith(f"{anchor}.")]
+    return page[start:start + 1 + ends[0]] if ends else page[start:]
+
+
+def _field_entries(section: str, field: str) -> dict[str, str]:
+    """name -> what follows the name, of each entry of a field list (``Parameters``,
+    ``Variables``) of the object's own description (not its members')."""
+    own = section.split('<dl class="py', 1)[0]
+    found = re.search(rf">{field}<.*?<dd[^>]*>(.*?)</dd>", own, re.S)
+    assert found, f"no {field} list"
+    entries = {}
+    for item in re.findall(r"<li>(.*?)</li>", found.group(1), re.S) or [found.group(1)]:
+        name = re.match(r"\s*<p>\s*<strong>([^<]+)</strong>(.*)", item, re.S)
+        assert name, item[:200]
+        entries[name.group(1)] = name.group(2)
+    return entries
+
+
+def test_every_ampkit_config_field_has_an_entry_of_its_own(site: Path) -> None:
+    """Each field of :class:`ampkit.AmpConfig` is its own entry of the reference's
+    field list, named alone and with no other field shown as its type (a Google-style
+    ``a, b: ...`` line gave one entry named ``b`` with ``a,`` as its "type")."""
+    import dataclasses
+
+    from ampkit import AmpConfig
+
+    uri = _inventory(site)["py:class"]["ampkit.AmpConfig"]
+    page = (site / uri.split("#")[0]).read_text(encoding="utf-8")
+    entries = _field_entries(_object_section(page, "ampkit.AmpConfig"), "Variables")
+    fields = [f.name for f in dataclasses.fields(AmpConfig)]
+    assert sorted(entries) == sorted(fields)
+    for name, rest in entries.items():
+        # what the entry shows before its description: its type, from the annotation
+        shown = re.sub(r"<[^>]+>", "", re.split(r"\u2013|&#8211;", rest, maxsplit=1)[0])
+        assert not [f for f in fields if re.search(rf"(?<![.\w]){f}\b", shown)], (name, shown)
+
+
+def test_no_public_docstring_entry_names_two_parameters() -> None:
+    """The docstrings' Args/Attributes entries name one parameter each: Sphinx reads
+    ``a, b: ...`` as the entry ``b`` of type ``a,`` (``a`` gets no entry)."""
+    joined = re.compile(r"^\s{8,}[a-z_][a-z_0-9]*, [a-z_][a-z_0-9, ]*:(\s|$)",
+                        re.M)
+    found = [f"{path.relative_to(ROOT)}: {match.group(0).strip()}"
+             for path in sorted((ROOT / "src" / "ampkit").rglob("*.py"))
+             for match in joined.finditer(path.read_text(encoding="utf-8"))
+             if ">>>" not in match.group(0)]
+    assert not found, "\n".join(found)
+
+
+def _search_index(site: Path) -> dict[str, Any]:
+    text = (site / "searchindex.js").read_text(encoding="utf-8")
+    return json.loads(text[text.index("(") + 1:text.rindex(")")])
+
+
+def _ranked(index: dict[str, Any], query: str) -> list[tuple[int, str]]:
+    """(score, name) of the objects Sphinx's search (searchtools.js's object scoring)
+    finds for a one-word ``query``, best first."""
+    priority_score = {0: 15, 1: 5, 2: -5}
+    found = []
+    for prefix, entries in index["objects"].items():
+        for _doc, _kind, priority, _anchor, name in entries:
+            full = f"{prefix}.{name}" if prefix else name
+            lower, last = full.lower(), full.lower().split(".")[-1]
+            if query not in lower:
+                continue
+            score = 11 if query in (lower, last) else 6 if query in last else 0
+            found.append((score + priority_score.get(priority, 0), full))
+    return sorted(found, key=lambda hit: -hit[0])
+
+
+def test_search_ranks_the_names_users_import_first(site: Path) -> None:
+    """A search for ``initialize`` or ``GradScaler`` shows ``import ampkit``'s name
+    first, alone at the top: not the internal module that defines it, nor a
+    dialect's class of the same name."""
+    index = _search_index(site)
+    for query, first in [("initialize", "ampkit.initialize"),
+                         ("gradscaler", "ampkit.GradScaler"),
+                         ("compare", "ampkit.compare"), ("ampconfig", "ampkit.AmpConfig")]:
+        ranked = _ranked(index, query)
+        assert ranked[0][1] == first, ranked[:5]
+        assert ranked[0][0] > ranked[1][0], ranked[:5]  # not first by a tie's order
+
+
+_README_SECTION = re.compile(r'README(?:\'s|,)\s+"([^"]+)"')
+
+
+def test_the_guides_name_only_readme_sections_that_exist() -> None:
+    """A guide's words "the README's "X" section" name a heading the README has."""
+    headings = [line.lstrip("#").strip() for line in
+                (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+                if line.startswith("#")]
+    dangling = [f"{page.name}: {name!r}" for page in sorted(DOCS.glob("*.md"))
+                for name in _README_SECTION.findall(page.read_text(encoding="utf-8"))
+                if not any(h.startswith(name) for h in headings)]
+    assert not dangling, dangling
 
 
 def test_site_pages_render_in_headless_chromium(site: Path, headless_chromium) -> None:

@@ -295,6 +295,23 @@ def test_compare_prints_the_table_and_writes_the_report(
     assert json.loads((out / "compare.json").read_text())["divergence"]["module"] == "0"
 
 
+def test_compare_draws_progress_on_stderr_in_a_terminal_and_none_otherwise(
+        in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    common = ["compare", "userpkg.models:build", "--inputs", "userpkg.models:batch",
+              "--precision", "O1", "--dtype", "bf16"]
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # rich: stderr counts as a terminal
+    assert _status([*common, "--out", str(tmp_path / "a")]) == 0
+    out, err = capsys.readouterr()
+    assert "float32 run" in err and "bfloat16 run" in err and "op calls" in err
+    assert "float32 run" not in out  # the table alone on stdout
+    assert _status([*common, "--out", str(tmp_path / "b"), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.delenv("TTY_COMPATIBLE")  # a pipe or a log file: no bars
+    assert _status([*common, "--out", str(tmp_path / "c")]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_compare_fp8_prints_and_writes_the_per_layer_fp8_errors(
         in_user_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torchao.float8")

@@ -74,7 +74,8 @@ class Fp8Layer:
 
     Attributes:
         name: its qualified name, as in ``model.named_modules()``.
-        in_features, out_features: its shape.
+        in_features: its input size.
+        out_features: its output size.
         fp8: True when its three matmuls (forward, input and weight gradients) run in
             fp8.
         reason: ``"fp8"``, or why it does not run in fp8.

@@ -122,7 +122,8 @@ def initialize(models: nn.Module | Sequence[nn.Module],
             may be ``torch.bfloat16``, or ``False`` to leave the model as it is.
         num_losses: how many ``loss_id`` values :func:`scale_loss` takes.
         verbosity: 0 prints nothing; 1 prints the properties chosen.
-        min_loss_scale, max_loss_scale: bounds of the dynamic loss scale.
+        min_loss_scale: the lower bound of the dynamic loss scale.
+        max_loss_scale: the upper bound of the dynamic loss scale.
         dtype: an ampkit extra: the low-precision dtype (``torch.float16`` by default,
             ``torch.bfloat16``); O1 casts ops to it.
 

@@ -159,7 +159,9 @@ def build_train_network(network: nn.Module, optimizer: torch.optim.Optimizer,
     given one, except with a loss scale that skips overflowing steps (a ``ValueError``).
 
     Args:
-        network, optimizer, loss_fn: the network (fp32), its optimizer, the loss.
+        network: the network (fp32).
+        optimizer: its optimizer.
+        loss_fn: the loss.
         level: ``"O0"``, ``"O1"``, ``"O2"`` or ``"O3"``.
         boost_level: only ``"O0"`` (MindSpore's boost algorithms are not translated).
         **kwargs: ``cast_model_type`` (``torch.float16``, ``torch.bfloat16``,

@@ -91,8 +91,12 @@ def convert_hybrid_block(block: nn.Module, *args: Any, **kwargs: Any) -> nn.Modu
     Args:
         block: an fp32 ``nn.Module``.
         target_dtype: ``'float16'`` or ``'bfloat16'``.
-        target_dtype_ops, fp32_ops, conditional_fp32_ops: replace MXNet's default
-            lists (as in :func:`init`).
+        target_dtype_ops: replaces MXNet's default list of ops run in
+            ``target_dtype`` (as in :func:`init`).
+        fp32_ops: replaces MXNet's default list of ops run in float32 (as in
+            :func:`init`).
+        conditional_fp32_ops: replaces MXNet's default list of ops run in float32 on a
+            condition (as in :func:`init`).
         excluded_sym_names: qualified module names (as in ``named_modules()``) that run
             in float32.
         cast_optional_params: store in ``target_dtype`` the parameters of the modules

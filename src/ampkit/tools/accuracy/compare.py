@@ -28,8 +28,9 @@ autocast engine's level, before its casts, so an op whose float32 inputs are rou
 to low precision is charged for that rounding.
 
 The policy (or level) applies inside the model's forward only; ``loss_fn`` runs in
-float32 outside it. Both runs keep every watched tensor (a clone) until the comparison
-is made: use a small batch.
+float32 outside it. The float32 run keeps one copy of each distinct floating tensor
+its watched calls take or give (about what a float32 training forward holds); the
+low-precision run is measured against it call by call and keeps only the numbers.
 
 Example:
     >>> import torch
@@ -50,6 +51,7 @@ import copy
 import dataclasses
 import functools
 import math
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -113,6 +115,14 @@ def _floats(value: Any) -> list[torch.Tensor]:
                 if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
+def _live_floats(value: Any) -> list[torch.Tensor]:
+    """The floating tensors in ``value`` (nested), detached, not copied: measured at
+    once and let go."""
+    with torch_internals.DisableTorchFunction():
+        return [t.detach() for t in tree_leaves(value)
+                if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
 def _dtype_name(tensors: list[torch.Tensor]) -> str:
     return str(tensors[0].dtype) if tensors else "none"
 
@@ -145,15 +155,78 @@ def _local_error(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         return ErrorStats.between(outputs, expected)
 
 
-class _Recorder:
-    """Captures one run: op calls and module calls of ``model``, by key."""
+class _Kept:
+    """The reference run's tensors, each distinct one copied once.
 
-    def __init__(self, model: nn.Module, *, recompute: bool) -> None:
+    An op's output is usually the next op's input and a module's output the next
+    module's input: a tensor seen again unchanged (the same object, its version counter
+    not moved by an in-place op since) shares the first copy. A tensor without a version
+    counter (made under ``torch.inference_mode``) is copied each time it is seen.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+
+    def floats(self, value: Any) -> list[torch.Tensor]:
+        with torch_internals.DisableTorchFunction():  # our own clones are not the model's
+            return [self._one(t) for t in tree_leaves(value)
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+    def _one(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            version = t._version
+        except RuntimeError:  # an inference tensor: no version counter to trust
+            return t.detach().clone()
+        hit = self._by_id.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == version:
+            return hit[2]
+        kept = t.detach().clone()
+        self._by_id[id(t)] = (weakref.ref(t), version, kept)
+        return kept
+
+
+@dataclasses.dataclass(frozen=True)
+class _MeasuredOp:
+    """An op call of a run measured as it ran against its reference (nothing kept)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    error: ErrorStats | None  # None: the reference has no call of this key
+    input_rel: float
+    local: ErrorStats | None
+
+
+@dataclasses.dataclass
+class _MeasuredModule:
+    kind: str
+    started: int
+    input_rel: float | None  # None: the reference has no call of this key
+    error: ErrorStats | None = None
+    dtype: str = "none"
+
+
+class _Recorder:
+    """Captures one run: op calls and module calls of ``model``, by key.
+
+    Without ``against`` (the float32 reference) it keeps a copy of each distinct
+    floating tensor the watched calls take and give (:class:`_Kept`). With ``against``
+    (a low-precision run) it measures each call against the reference's record of the
+    same key as the call happens and keeps only the numbers: nothing of this run's
+    activations outlives the call.
+    """
+
+    def __init__(self, model: nn.Module, *, recompute: bool,
+                 against: _Recorder | None = None,
+                 progress: Callable[[int], None] | None = None) -> None:
         self._is_compute = is_compute
         self.recompute = recompute
-        self.ops: dict[tuple[str, str, int], tuple[Any, ...]] = {}
-        self.modules: dict[tuple[str, int], list[Any]] = {}
+        self.against = against
+        self.device_type = model_device_type(model)
+        self.ops: dict[tuple[str, str, int], Any] = {}
+        self.modules: dict[tuple[str, int], Any] = {}
         self.finished: list[tuple[str, int]] = []
+        self._kept = _Kept()
+        self._progress = progress
         self._op_calls: Counter[tuple[str, str]] = Counter()
         self._module_calls: Counter[str] = Counter()
         self._open: dict[str, list[tuple[str, int]]] = {}
@@ -167,27 +240,57 @@ class _Recorder:
         module = self.scope.current
         if module is None or not self._is_compute(name):
             return
-        outputs = _floats(out)
+        outputs = _live_floats(out)
         if not outputs:
             return
         n = self._op_calls[module, name]
         self._op_calls[module, name] += 1
         local = _local_error(func, args, kwargs, outputs) if self.recompute else None
-        self.ops[module, name, n] = (_floats((args, kwargs)), outputs, local)
+        key = (module, name, n)
+        if self.against is None:
+            # the model's own tensors (not detached views) are the keys of what is kept
+            self.ops[key] = (self._kept.floats((args, kwargs)), self._kept.floats(out), local)
+        else:
+            match = self.against.ops.get(key)
+            error, input_rel = None, math.nan
+            if match is not None:
+                with _plain(self.device_type):
+                    error = ErrorStats.between(outputs, match[1])
+                    input_rel = _input_rel(_live_floats((args, kwargs)), match[0])
+            self.ops[key] = _MeasuredOp(_dtype_name(outputs), tuple(outputs[0].shape), error,
+                                        input_rel, local)
+        if self._progress is not None:
+            self._progress(len(self.ops))
 
     def _enter(self, name: str, module: nn.Module, args: Any) -> None:
         n = self._module_calls[name]
         self._module_calls[name] += 1
         key = (name, n)
         self._open.setdefault(name, []).append(key)
-        self.modules[key] = [type(module).__name__, _floats(args), [], len(self.modules)]
+        if self.against is None:
+            self.modules[key] = [type(module).__name__, self._kept.floats(args), [],
+                                 len(self.modules)]
+            return
+        match = self.against.modules.get(key)
+        input_rel = None
+        if match is not None:
+            with _plain(self.device_type):
+                input_rel = _input_rel(_live_floats(args), match[1])
+        self.modules[key] = _MeasuredModule(type(module).__name__, len(self.modules),
+                                            input_rel)
 
     def _exit(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         key = self._open[name].pop()
-        self.modules[key][2] = _floats(output)
         self.finished.append(key)
-
-
+        if self.against is None:
+            self.modules[key][2] = self._kept.floats(output)
+            return
+        record = self.modules[key]
+        outputs = _live_floats(output)
+        record.dtype = _dtype_name(outputs)
+        if record.input_rel is not None:
+            with _plain(self.device_type):
+                record.error = ErrorStats.between(outputs, self.against.modules[key][2])
 
 
 # -- running --------------------------------------------------------------------------------
@@ -318,13 +421,23 @@ class Run:
 
 def run_once(model: nn.Module, run_fn: Callable[[nn.Module], Any], region: Callable[[], Any],
              loss_fn: Callable[[Any], torch.Tensor] | None, device_type: str, *,
-             recompute: bool) -> tuple[Run, Any]:
+             recompute: bool, against: Run | None = None,
+             progress: Callable[[int], None] | None = None) -> tuple[Run, Any]:
     """Run ``run_fn(model)`` with the model's forward inside ``region()``, recording
     every op and module call (``recompute``: also each op's own float32 error), then
     ``loss_fn(output).backward()`` if given; the RNG is forked so runs draw alike.
     Returns the :class:`Run` and ``run_fn``'s result. See :class:`Run` for an example.
+
+    Without ``against`` the run keeps one copy of each distinct floating tensor its
+    watched op and module calls take or give (what a later run is measured against).
+    With ``against`` (the float32 :class:`Run`) each call is measured against that
+    run's call of the same key as it happens, and only the numbers are kept;
+    :func:`compare_runs` then takes ``against`` as its ``ref``. ``progress`` is called
+    with the number of watched op calls so far after each one.
     """
-    recorder = _Recorder(model, recompute=recompute)
+    recorder = _Recorder(model, recompute=recompute,
+                         against=None if against is None else against.recorder,
+                         progress=progress)
     forward = model.forward
 
     def watched_forward(*args: Any, **kwargs: Any) -> Any:
@@ -366,21 +479,43 @@ def compare_runs(ref: Run, low: Run, description: str, dtype: torch.dtype,
         >>> compare_runs(run(net), run(net), "same", torch.float32, 0.1).output.max_abs
         0.0
     """
+    if low.recorder.against is not None and low.recorder.against is not ref.recorder:
+        raise ValueError("the low-precision run was measured against another float32 "
+                         "run than ref: pass the Run it was recorded against")
     ops, unmatched = [], 0
-    for index, (key, (inputs, outputs, local)) in enumerate(low.recorder.ops.items()):
+    for index, (key, record) in enumerate(low.recorder.ops.items()):
+        module, name, call = key
+        if isinstance(record, _MeasuredOp):
+            if record.error is None:
+                unmatched += 1
+                continue
+            local_rel = math.nan if record.local is None else record.local.max_rel
+            ops.append(OpError(index, name, module, call, record.dtype, record.shape,
+                               record.error, record.input_rel, local_rel))
+            continue
+        inputs, outputs, local = record
         match = ref.recorder.ops.get(key)
         if match is None:
             unmatched += 1
             continue
-        module, name, call = key
         ops.append(OpError(index, name, module, call, _dtype_name(outputs),
                            tuple(outputs[0].shape), ErrorStats.between(outputs, match[1]),
                            _input_rel(inputs, match[0]), local.max_rel))
     finished = {done: i for i, done in enumerate(low.recorder.finished)}
     modules = []
-    for mkey, (kind, inputs, outputs, started) in low.recorder.modules.items():
+    for mkey, mrecord in low.recorder.modules.items():
+        if mkey not in finished:
+            continue
+        if isinstance(mrecord, _MeasuredModule):
+            if mrecord.input_rel is None or mrecord.error is None:
+                continue
+            modules.append(ModuleError(mkey[0], mrecord.kind, mkey[1], mrecord.started,
+                                       finished[mkey], mrecord.dtype, mrecord.error,
+                                       mrecord.input_rel))
+            continue
+        kind, inputs, outputs, started = mrecord
         mmatch = ref.recorder.modules.get(mkey)
-        if mmatch is None or mkey not in finished:
+        if mmatch is None:
             continue
         modules.append(ModuleError(mkey[0], kind, mkey[1], started, finished[mkey],
                                    _dtype_name(outputs), ErrorStats.between(outputs, mmatch[2]),
@@ -508,7 +643,8 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
             custom_white_list: Iterable[OpEntry] | None = None,
             custom_black_list: Iterable[OpEntry] | None = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None,
-            threshold: float | None = None, fp8: Any = None) -> Comparison:
+            threshold: float | None = None, fp8: Any = None,
+            progress: Callable[[str, int, int | None], None] | None = None) -> Comparison:
     """Run ``model(*inputs)`` in float32 and under ``precision``; compare op by op.
 
     Args:
@@ -524,9 +660,11 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
             too, as with ``fp8=``); loss-scale options change nothing here.
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None``: the policy's, else the
             device's autocast default.
-        custom_white_list, custom_black_list: added to the policy (as in
-            ``ampkit.autocast`` and ``initialize``); with a config, ``dtype`` and these
-            must agree with it (a contradiction is a ``ValueError``).
+        custom_white_list: ops added to the policy's low-precision list (as in
+            ``ampkit.autocast`` and ``initialize``); with a config, it must agree with
+            the config's (a contradiction is a ``ValueError``), as must ``dtype``.
+        custom_black_list: ops added to the policy's float32 list; with a config, as
+            ``custom_white_list``.
         loss_fn: ``loss_fn(output) -> scalar tensor``; given, both runs call
             ``.backward()`` on it and gradients are compared per parameter.
         threshold: the relative error that counts as diverged (default: 8 machine
@@ -534,6 +672,17 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
         fp8: an fp8 recipe (as ``initialize``'s ``fp8=``); given, every Linear that can
             run in fp8 is also measured alone in fp8 and in ``dtype`` against fp32
             (:attr:`Comparison.fp8_layers`, see :mod:`ampkit.tools.accuracy.fp8_errors`).
+        progress: called after each watched op call of each run as ``progress(run,
+            done, total)``: ``run`` is ``"float32"`` or the low dtype's name, ``done`` the
+            op calls of that run so far, ``total`` the float32 run's count (``None``
+            during the float32 run, which sets it). ``ampkit compare`` draws its
+            progress bars with it.
+
+    Memory: the float32 run keeps one float32 copy of each distinct floating tensor
+    its watched op and module calls take or give (an op's output that is the next
+    op's input is kept once), about the activations one float32 training forward
+    holds; the low-precision run is measured call by call against it and keeps only
+    the numbers. See ``docs/tools.md`` for measured costs.
 
     Returns:
         a :class:`Comparison`.
@@ -565,12 +714,24 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
                 f"the output tensors")
         return out
 
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
+
+    def counted(run: str, total: int | None) -> Callable[[int], None] | None:
+        if progress is None:
+            return None
+        return lambda done: progress(run, done, total)
+
     reference = copy.deepcopy(model).float()
     ref, _ = run_once(reference, run_fn, contextlib.nullcontext, loss_fn, device_type,
-                      recompute=False)
+                      recompute=False, progress=counted("float32", None))
+    del reference  # what the comparison needs of it is in ref
     _check_reference(ref.output, inputs)
     low_model = setup.prepare(copy.deepcopy(model))
-    low, _ = run_once(low_model, run_fn, setup.region, loss_fn, device_type, recompute=True)
+    low_name = str(setup.dtype).removeprefix("torch.")
+    low, _ = run_once(low_model, run_fn, setup.region, loss_fn, device_type, recompute=True,
+                      against=ref, progress=counted(low_name, len(ref.recorder.ops)))
+    del low_model
     result = compare_runs(ref, low, setup.description, setup.dtype, limit)
     if fp8 is None:
         return result

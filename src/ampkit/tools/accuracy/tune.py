@@ -363,7 +363,8 @@ def tune(model: nn.Module, eval_fn: Callable[[nn.Module], Any], dtype: torch.dty
         # convert it: the search measures what training with the policy runs.
         setup = converted_setup(None, "O1", low, {"policy": current}, device_type)
         run, metric = run_once(setup.prepare(copy.deepcopy(model)), evaluate(where),
-                               setup.region, None, device_type, recompute=True)
+                               setup.region, None, device_type, recompute=True,
+                               against=ref_run)
         comparison = compare_runs(ref_run, run, f"policy {current.name!r}", low, threshold)
         measured.update(r.op for r in comparison.ops)
         ok = within(metric)

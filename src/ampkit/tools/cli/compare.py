@@ -23,6 +23,9 @@ of its own, printed and in the HTML report, and a ``fp8_layers`` key in
 tables drawn with rich) and writes the HTML report, its two plots and
 ``compare.json`` into ``--out`` (default ``compare-report``); report files already
 there are replaced only with ``--overwrite``, and no other file is touched.
+While the model runs, a progress bar per run (its op calls so far, of the float32
+run's count) is drawn on stderr; ``--quiet`` hides them, and there are none when stderr
+is not a terminal.
 
 Exit status: 0 on success, 2 for bad input or the user's code failing (one line, see
 :mod:`ampkit.tools.cli`; a folder ``--out`` made is removed again), 1 for a missing
@@ -159,6 +162,9 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                               "epsilons of the dtype)")
     compare.add_argument("--limit", type=positive_int, default=20,
                          help="rows per table printed (default: 20; the report has all)")
+    compare.add_argument("--quiet", action="store_true",
+                         help="no progress bars (there are none either when stderr is "
+                              "not a terminal)")
     add_device_option(compare, default=None,
                       default_help="where TARGET and --inputs put the model and tensors")
     # every other AmpConfig field, as a flag (--level, --keep-fp32-modules, ...); these
@@ -243,6 +249,36 @@ def _against_config(args: argparse.Namespace) -> str | None:
     return contradiction(f"{config_flag('fp8')} {args.fp8}", "fp8", held)
 
 
+class _ProgressBars:
+    """A rich progress bar per run of :func:`ampkit.compare`, on stderr, counting its
+    watched op calls (the float32 run's count is the low-precision run's total); none
+    with ``--quiet`` or where stderr is not a terminal (a log file gets no bars)."""
+
+    def __init__(self, quiet: bool) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        err = Console(stderr=True)
+        self.progress = Progress(TextColumn("{task.description:<18}"), BarColumn(),
+                                 MofNCompleteColumn(), TextColumn("op calls"),
+                                 TimeElapsedColumn(), console=err,
+                                 disable=quiet or not err.is_terminal)
+        self._tasks: dict[str, Any] = {}
+
+    def update(self, run: str, done: int, total: int | None) -> None:
+        task = self._tasks.get(run)
+        if task is None:
+            task = self._tasks[run] = self.progress.add_task(f"{run} run", total=total)
+        shown = done if total is None else min(done, total)  # a run may call more ops
+        self.progress.update(task, completed=shown, total=total or done)
+
+
 def _is_loss(value: Any) -> bool:
     import torch
 
@@ -282,11 +318,14 @@ def _compare(args: argparse.Namespace, build: Any, make_inputs: Any, loss_fn: An
         return fail("compare", " ".join(str(error).split()), MISSING)
     from ampkit.tools.accuracy.compare import NothingToCompareError
 
+    bars = _ProgressBars(args.quiet)
     try:
-        report = ampkit.compare(model, *inputs, precision=precision, dtype=args.dtype,
-                                custom_white_list=args.custom_white_list,
-                                custom_black_list=args.custom_black_list, loss_fn=loss_fn,
-                                threshold=args.threshold, fp8=args.fp8)
+        with bars.progress:
+            report = ampkit.compare(model, *inputs, precision=precision, dtype=args.dtype,
+                                    custom_white_list=args.custom_white_list,
+                                    custom_black_list=args.custom_black_list,
+                                    loss_fn=loss_fn, threshold=args.threshold,
+                                    fp8=args.fp8, progress=bars.update)
     except NothingToCompareError as error:  # what TARGET and --inputs gave
         return fail("compare", f"TARGET {args.target!r} on --inputs {args.inputs!r}: "
                                f"{' '.join(str(error).split())}")

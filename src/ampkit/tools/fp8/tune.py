@@ -182,8 +182,10 @@ def tune_fp8(model: nn.Module, eval_fn: Callable[[nn.Module], Any], fp8: Any = "
         fp8: the recipe (as ``initialize``'s ``fp8=``).
         tolerance: how far the metric may move: absolute, or a fraction of
             ``|reference metric|`` with ``relative=True``.
-        relative, higher_is_better: as in :func:`ampkit.tune`.
-        level, dtype: the level the trials and the reference run at.
+        relative: as in :func:`ampkit.tune`.
+        higher_is_better: as in :func:`ampkit.tune`.
+        level: the level the trials and the reference run at.
+        dtype: the low-precision dtype the trials and the reference run in.
 
     Returns:
         a :class:`Fp8TuneResult`; ``ampkit.initialize(model, opt, level=..., dtype=...,
