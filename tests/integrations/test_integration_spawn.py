@@ -27,6 +27,7 @@ pytest.importorskip("accelerate")
 
 from accelerate.utils import AutocastKwargs, GradScalerKwargs  # noqa: E402
 
+import ampkit  # noqa: E402
 from ampkit import AmpConfig  # noqa: E402
 from ampkit.integrations.accelerate import AmpkitAccelerator  # noqa: E402
 from ampkit.integrations.lightning import AmpkitPrecision  # noqa: E402
@@ -108,7 +109,9 @@ def _run_bounded(cmd: list[str], budget: float, env: dict[str, str]) -> str:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT),
+    # the ampkit this test imported, in the launched processes too
+    source = Path(ampkit.__file__).parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(source), str(ROOT),
                                          env.get("PYTHONPATH", "")])
     return env
 
