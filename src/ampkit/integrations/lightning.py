@@ -252,6 +252,20 @@ class AmpkitPrecision(Precision):
         with self._settings.autocast(self.device):
             yield
 
+    def autocast_context_manager(self) -> contextlib.AbstractContextManager[None]:
+        """The level's autocast region as one context manager (what Lightning's own
+        ``MixedPrecision.autocast_context_manager`` gives): the region
+        :meth:`forward_context` opens.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.integrations.lightning import AmpkitPrecision
+            >>> with AmpkitPrecision("O1", torch.bfloat16).autocast_context_manager():
+            ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+            torch.bfloat16
+        """
+        return self._settings.autocast(self.device)
+
     def pre_backward(self, tensor: torch.Tensor, module: pl.LightningModule) -> torch.Tensor:  # type: ignore[override]
         """Scale the loss when the level scales it."""
         if self.scaler is not None:
