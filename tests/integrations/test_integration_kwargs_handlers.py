@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("accelerate")
 
-from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import (  # noqa: E402
+from accelerate import Accelerator
+from accelerate.utils import (
     AORecipeKwargs,
     AutocastKwargs,
     DistributedDataParallelKwargs,
@@ -25,8 +25,8 @@ from accelerate.utils import (  # noqa: E402
     ProfileKwargs,
 )
 
-from ampkit import AmpConfig  # noqa: E402
-from ampkit.integrations.accelerate import AmpkitAccelerator  # noqa: E402
+from ampkit import AmpConfig
+from ampkit.integrations.accelerate import AmpkitAccelerator
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 

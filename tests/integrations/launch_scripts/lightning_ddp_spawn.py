@@ -8,9 +8,8 @@ import datetime
 import json
 import sys
 
-import torch
-
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.strategies import DDPStrategy
 
