@@ -90,6 +90,12 @@ class AmpkitSettings:
     extra: MappingProxyType[str, Any]
     owner: str
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # a mappingproxy does not pickle: spawn launchers (Lightning's ddp_spawn,
+        # torch.multiprocessing, notebooks) pickle the plugin or accelerator holding
+        # these settings, so send the overrides as a plain dict and freeze them again
+        return _rebuild_settings, (self.config, dict(self.extra), self.owner)
+
     @classmethod
     def build(cls, level: Any, dtype: torch.dtype | str | None, options: dict[str, Any], *,
               owner: str, config: AmpConfig | str | os.PathLike[str] | Mapping[str, Any]
@@ -255,10 +261,12 @@ class AmpkitSettings:
                                  scale_bfloat16=True, **options)
 
     @contextlib.contextmanager
-    def autocast(self, device_type: str) -> Iterator[None]:
+    def autocast(self, device_type: str, cache_enabled: bool | None = None
+                 ) -> Iterator[None]:
         """The level's autocast region (its policy and custom lists) for code that runs
         outside the model's own forward, such as a loss computed in a training step; no
-        region for levels that patch no ops (O0, O3).
+        region for levels that patch no ops (O0, O3). ``cache_enabled`` is
+        ``ampkit.autocast``'s (``None``: torch's setting).
 
         Example:
             >>> import torch
@@ -274,7 +282,8 @@ class AmpkitSettings:
             yield
             return
         cfg = self.config
-        with ampkit.autocast(device_type, props.dtype, policy=cfg.policy,
+        with ampkit.autocast(device_type, props.dtype, cache_enabled=cache_enabled,
+                             policy=cfg.policy,
                              custom_white_list=cfg.custom_white_list or None,
                              custom_black_list=cfg.custom_black_list or None):
             yield
@@ -297,3 +306,8 @@ class AmpkitSettings:
                   and getattr(self.config, f.name) != getattr(default, f.name)]
         parts += [f"{k}={v!r}" for k, v in self.extra.items()]
         return ", ".join(parts)
+
+
+def _rebuild_settings(config: AmpConfig, extra: dict[str, Any], owner: str) -> AmpkitSettings:
+    # the other half of AmpkitSettings.__reduce__
+    return AmpkitSettings(config, MappingProxyType(extra), owner)

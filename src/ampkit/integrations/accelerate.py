@@ -57,6 +57,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import typing
 from collections.abc import Iterator
@@ -64,6 +65,7 @@ from typing import Any
 
 import torch
 
+import ampkit
 from ampkit.config import AmpConfig
 from ampkit.integrations._settings import (
     AmpkitSettings,
@@ -75,13 +77,25 @@ from ampkit.levels import Level
 try:
     from accelerate import Accelerator
     from accelerate.optimizer import AcceleratedOptimizer
-    from accelerate.utils import DistributedType
+    from accelerate.utils import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        DistributedType,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        KwargsHandler,
+        ProfileKwargs,
+    )
 except ImportError as error:  # pragma: no cover - exercised without the extra
     raise ImportError(missing_framework("accelerate", "accelerate")) from error
 
 __all__ = ["AmpkitAccelerator"]
 
 _SUPPORTED = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+# kwargs handlers that set up no precision: accelerate uses them as it does without ampkit
+_PASSED_THROUGH = (DistributedDataParallelKwargs, InitProcessGroupKwargs, ProfileKwargs)
+# GradScalerKwargs fields -> the AmpConfig fields that take them ("enabled" is separate)
+_SCALER_HANDLER_FIELDS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
 # the low dtype -> accelerate's name for its mixed_precision mode
 _ACCELERATE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -97,6 +111,15 @@ class AmpkitAccelerator(Accelerator):
             autocast default (bfloat16 on CPU, float16 on CUDA).
         config: an :class:`ampkit.AmpConfig` or the path of a config file; keywords
             given as well must agree with it.
+        kwargs_handlers: accelerate's handlers, each mapped or refused, never ignored:
+            ``GradScalerKwargs`` gives the scaler its ``init_scale``,
+            ``growth_factor``, ``backoff_factor`` and ``growth_interval`` (a value
+            left at its default is not a choice), and ``enabled=False`` turns loss
+            scaling off; ``AutocastKwargs`` gives ``cache_enabled`` to the
+            :meth:`autocast` regions (``enabled=False`` only at level O0: the level
+            decides what runs in low precision); ``DistributedDataParallelKwargs``,
+            ``InitProcessGroupKwargs`` and ``ProfileKwargs`` pass through to
+            accelerate; the fp8 recipe handlers and any other handler are refused.
         **kwargs: :class:`ampkit.AmpConfig` fields (``custom_white_list``,
             ``custom_black_list``, ``policy``, ``keep_fp32_modules``, ``loss_scale``,
             ``init_scale``, ``hysteresis``, ``min_scale``, ...) and the rarer
@@ -106,9 +129,12 @@ class AmpkitAccelerator(Accelerator):
 
     Raises:
         ValueError: ``mixed_precision`` or ``ACCELERATE_MIXED_PRECISION`` contradicting
-            the config's dtype (both named), a bad level, dtype or option value, or a
-            distributed type ampkit does not support.
-        TypeError: an unknown ampkit option (the accepted ones are listed).
+            the config's dtype (both named), a bad level, dtype or option value, a
+            distributed type ampkit does not support, or a ``GradScalerKwargs`` or
+            ``AutocastKwargs`` value that contradicts the config or the level (the
+            handler and the field named).
+        TypeError: an unknown ampkit option (the accepted ones are listed), or a
+            kwargs handler ampkit refuses (named, with what to use instead).
 
     Example:
         >>> import torch
@@ -118,10 +144,17 @@ class AmpkitAccelerator(Accelerator):
         Traceback (most recent call last):
         ...
         ValueError: AmpkitAccelerator: mixed_precision='fp16' asks for torch.float16, ...
+        >>> from accelerate.utils import GradScalerKwargs
+        >>> handler = GradScalerKwargs(init_scale=1024.0, growth_factor=4.0)
+        >>> AmpkitAccelerator(level="O2", dtype="float16", cpu=True,
+        ...                   kwargs_handlers=[handler]).scaler.get_scale()
+        1024.0
     """
 
     _ampkit: AmpkitSettings
     _ampkit_models: list[torch.nn.Module]
+    _ampkit_scaling: bool
+    _ampkit_cache_enabled: bool | None
 
     def __init__(self, *, level: str | None = None, dtype: torch.dtype | str | None = None,
                  config: AmpConfig | str | os.PathLike[str] | None = None,
@@ -138,9 +171,13 @@ class AmpkitAccelerator(Accelerator):
             env = os.environ["ACCELERATE_MIXED_PRECISION"]
             settings = settings.with_host_precision(f"ACCELERATE_MIXED_PRECISION={env!r}",
                                                     env)
-        # ampkit replaces accelerate's autocast and GradScaler: its own mode stays off
+        handlers = list(kwargs.get("kwargs_handlers") or [])
+        settings, scaling, cache_enabled = _map_handlers(settings, handlers)
+        # ampkit replaces accelerate's autocast and GradScaler: its own mode stays off.
+        # The handlers still go to accelerate (which keeps them as its *_handler
+        # attributes; with its mode off it casts and scales nothing with them).
         super().__init__(mixed_precision="no", **kwargs)
-        self._ampkit_attach(settings)
+        self._ampkit_attach(settings, scaling=scaling, cache_enabled=cache_enabled)
 
     @classmethod
     def adopt(cls, accelerator: Accelerator, level: str | None = None,
@@ -177,7 +214,8 @@ class AmpkitAccelerator(Accelerator):
             raise
         return typing.cast(AmpkitAccelerator, accelerator)
 
-    def _ampkit_attach(self, settings: AmpkitSettings) -> None:
+    def _ampkit_attach(self, settings: AmpkitSettings, *, scaling: bool = True,
+                       cache_enabled: bool | None = None) -> None:
         if self.state.mixed_precision != "no":
             raise ValueError(f"{type(self).__name__}: the Accelerator runs its own "
                              f"mixed_precision={self.state.mixed_precision!r}, beside the "
@@ -188,7 +226,19 @@ class AmpkitAccelerator(Accelerator):
                              f"{[d.value for d in _SUPPORTED]}, got {self.distributed_type}")
         self._ampkit = settings
         self._ampkit_models = []
-        self.scaler = settings.make_scaler(self.device.type)
+        self._ampkit_scaling = scaling
+        self._ampkit_cache_enabled = cache_enabled
+        handler = self.scaler_handler if isinstance(self.scaler_handler,
+                                                    GradScalerKwargs) else None
+        try:
+            scaler = settings.make_scaler(self.device.type)
+        except ValueError as error:
+            if handler is None:
+                raise
+            raise ValueError(f"{type(self).__name__}: kwargs_handlers {handler!r} sets up "
+                             f"loss scaling, but the level scales no loss ({error})"
+                             ) from None
+        self.scaler = scaler if scaling else None
 
     def __repr__(self) -> str:
         return f"AmpkitAccelerator({self._ampkit.describe()}, device={self.device})"
@@ -362,10 +412,100 @@ class AmpkitAccelerator(Accelerator):
     @contextlib.contextmanager
     def autocast(self, autocast_handler: Any = None) -> Iterator[None]:
         """The level's ``ampkit.autocast`` region (none at O0/O3), for code outside the
-        model's forward (which runs in it already)."""
+        model's forward (which runs in it already).
+
+        ``autocast_handler`` (an ``AutocastKwargs``, as in accelerate) overrides the
+        accelerator's for this region: ``enabled=False`` runs the block in fp32 (autocast
+        off, also inside an outer region), ``cache_enabled`` sets the weight-cast cache.
+
+        Raises:
+            TypeError: ``autocast_handler`` is not an ``AutocastKwargs``.
+
+        Example:
+            >>> import torch
+            >>> from accelerate.utils import AutocastKwargs
+            >>> from ampkit.integrations.accelerate import AmpkitAccelerator
+            >>> accelerator = AmpkitAccelerator(level="O1", dtype="bfloat16", cpu=True)
+            >>> a = torch.ones(2, 2)
+            >>> with accelerator.autocast():
+            ...     with accelerator.autocast(AutocastKwargs(enabled=False)):
+            ...         (a @ a).dtype
+            torch.float32
+        """
+        cache_enabled = self._ampkit_cache_enabled
         if autocast_handler is not None:
-            raise TypeError("AmpkitAccelerator.autocast takes no autocast_handler: the "
-                            "region is the ampkit level's (use ampkit.autocast(enabled="
-                            "False) inside it to run a block in fp32)")
-        with self._ampkit.autocast(self.device.type):
+            if not isinstance(autocast_handler, AutocastKwargs):
+                raise TypeError(f"AmpkitAccelerator.autocast: autocast_handler must be an "
+                                f"accelerate AutocastKwargs, got "
+                                f"{type(autocast_handler).__name__}")
+            if not autocast_handler.enabled:
+                with ampkit.autocast(self.device.type, enabled=False):
+                    yield
+                return
+            if autocast_handler.cache_enabled is not None:
+                cache_enabled = autocast_handler.cache_enabled
+        with self._ampkit.autocast(self.device.type, cache_enabled=cache_enabled):
             yield
+
+
+def _map_handlers(settings: AmpkitSettings, handlers: list[Any]
+                  ) -> tuple[AmpkitSettings, bool, bool | None]:
+    """Map accelerate's ``kwargs_handlers`` onto the settings: the settings with the
+    scaler's options, whether loss scaling is on, and the autocast cache setting (``None``:
+    torch's). A handler that is not mapped and not passed through is refused."""
+    owner = settings.owner
+    scaling, cache_enabled = True, None
+    for handler in handlers:
+        if isinstance(handler, GradScalerKwargs):
+            settings, scaling = _map_scaler_handler(settings, handler)
+        elif isinstance(handler, AutocastKwargs):
+            if not handler.enabled and settings.config.level != Level.O0.value:
+                raise ValueError(
+                    f"{owner}: kwargs_handlers {handler!r} turns autocast off for the "
+                    f"whole run, but level {settings.config.level} decides what runs in "
+                    f"low precision; use level='O0' to train in fp32, or pass "
+                    f"AutocastKwargs(enabled=False) to accelerator.autocast() for one block")
+            cache_enabled = handler.cache_enabled
+        elif isinstance(handler, _PASSED_THROUGH):
+            continue
+        elif isinstance(handler, KwargsHandler):
+            name = type(handler).__name__
+            if "Recipe" in name:  # accelerate's fp8 recipes: AO, TE, MS-AMP, FP8
+                raise TypeError(f"{owner}: kwargs_handlers entry {name} sets up accelerate's "
+                                f"fp8 training, which ampkit replaces; set the config's fp8 "
+                                f"recipe (AmpConfig(fp8=...)) instead")
+            raise TypeError(f"{owner}: kwargs_handlers entry {name} is not one ampkit "
+                            f"knows to leave the precision alone; it maps GradScalerKwargs "
+                            f"and AutocastKwargs and passes "
+                            f"{[c.__name__ for c in _PASSED_THROUGH]} to accelerate")
+    return settings, scaling, cache_enabled
+
+
+def _map_scaler_handler(settings: AmpkitSettings, handler: Any
+                        ) -> tuple[AmpkitSettings, bool]:
+    """``GradScalerKwargs`` onto the config's scaler fields (a field left at the
+    handler's default is not a choice); a value the config sets otherwise is refused."""
+    owner, config = settings.owner, settings.config
+    given = {k: v for k, v in handler.to_kwargs().items() if k in _SCALER_HANDLER_FIELDS}
+    if not handler.enabled:
+        if given or config.scaler_options():
+            raise ValueError(f"{owner}: kwargs_handlers {handler!r} turns loss scaling off "
+                             f"but sets scaler options too"
+                             + (f" (the config sets {sorted(config.scaler_options())})"
+                                if config.scaler_options() else ""))
+        return settings, False
+    clashes = [k for k, v in given.items()
+               if getattr(config, k) is not None and getattr(config, k) != v]
+    if clashes:
+        raise ValueError(f"{owner}: kwargs_handlers {handler!r} contradicts the ampkit "
+                         f"config on {clashes} (config: "
+                         f"{ {k: getattr(config, k) for k in clashes} }); set them in one place")
+    if not given:
+        return settings, True
+    try:
+        config = config.replace(**given)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{owner}: kwargs_handlers {handler!r} does not fit the ampkit "
+                         f"config: {error}") from None
+    return dataclasses.replace(settings, config=config), True
+

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from ampkit import config as schema
+from ampkit.arguments import default_device_type
 from ampkit.config import AmpConfig, text_kind
 from ampkit.integrations._settings import AmpkitSettings, missing_framework
 from ampkit.integrations._versions import require_hooks
@@ -148,6 +149,23 @@ class AmpkitPrecision(Precision):
         """
         return self._settings.config
 
+    @property
+    def device(self) -> str:
+        """The device type the autocast regions run on, as on Lightning's own
+        ``MixedPrecision``: the converted module's (``"cpu"``, ``"cuda"``, ...); before
+        the Trainer converts one, the default device (``"cuda"`` when available, else
+        ``"cpu"``).
+
+        Example:
+            >>> import torch
+            >>> from ampkit.integrations.lightning import AmpkitPrecision
+            >>> plugin = AmpkitPrecision("O1", torch.bfloat16)
+            >>> _ = plugin.convert_module(torch.nn.Linear(2, 2))
+            >>> plugin.device
+            'cpu'
+        """
+        return self._device_type or default_device_type()
+
     def __repr__(self) -> str:
         return f"AmpkitPrecision({self._settings.describe()})"
 
@@ -231,8 +249,22 @@ class AmpkitPrecision(Precision):
             ...     (torch.ones(2) + torch.ones(2)).dtype
             torch.bfloat16
         """
-        with self._settings.autocast(self._device_type or "cpu"):
+        with self._settings.autocast(self.device):
             yield
+
+    def autocast_context_manager(self) -> contextlib.AbstractContextManager[None]:
+        """The level's autocast region as one context manager (what Lightning's own
+        ``MixedPrecision.autocast_context_manager`` gives): the region
+        :meth:`forward_context` opens.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.integrations.lightning import AmpkitPrecision
+            >>> with AmpkitPrecision("O1", torch.bfloat16).autocast_context_manager():
+            ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+            torch.bfloat16
+        """
+        return self._settings.autocast(self.device)
 
     def pre_backward(self, tensor: torch.Tensor, module: pl.LightningModule) -> torch.Tensor:  # type: ignore[override]
         """Scale the loss when the level scales it."""
