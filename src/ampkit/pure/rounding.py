@@ -32,8 +32,8 @@ from ampkit import torch_internals
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["BLOCK", "Positions", "draw_noise", "is_dtensor", "local_tensor", "round_kahan",
-           "round_kahan_foreach", "round_stochastic", "stochastic_round"]
+__all__ = ["BLOCK", "Positions", "draw_noise", "is_dtensor", "local_tensor", "nearest_bits",
+           "round_kahan", "round_kahan_foreach", "round_stochastic", "stochastic_round"]
 
 _LOW_MANTISSA = 1 << 16  # the fp32 bits below bf16's mantissa
 _HIGH_MASK = -_LOW_MANTISSA  # 0xFFFF0000 as an int32
@@ -315,11 +315,58 @@ def round_stochastic(params: list[StochasticJob]) -> None:
         out.copy_(target.view(out.shape))
 
 
+def nearest_bits(value: torch.Tensor) -> torch.Tensor:
+    """``value`` (fp32) rounded to the nearest bf16 (ties to even), as an fp32 tensor
+    whose low 16 bits are zero, computed with integer ops on the bit pattern: add
+    ``0x7FFF`` plus the lowest kept bit, then truncate. The same numbers as
+    ``value.to(torch.bfloat16)``, infinities and overflow to infinity included; NaNs
+    stay NaN. Under ``torch.compile`` a float round trip ``value.to(bf16).float()``
+    may be fused away (inductor keeps the fp32 value), so code that needs what the
+    rounding lost uses this form.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure.rounding import nearest_bits
+        >>> x = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -(1.0 + 2 ** -10)])
+        >>> torch.equal(nearest_bits(x), x.to(torch.bfloat16).float())
+        True
+    """
+    bits = value.view(torch.int32)
+    kept_low = torch.bitwise_right_shift(bits, 16).bitwise_and(1)
+    rounded = (bits + kept_low + 0x7FFF).bitwise_and(_HIGH_MASK).view(torch.float32)
+    # A NaN's payload could carry into the sign or the exponent: keep the NaN itself.
+    return torch.where(value.isnan(), value, rounded)
+
+
+def _truncated(value: torch.Tensor) -> torch.Tensor:
+    """``value``'s high 16 bits (fp32 truncated toward zero to bf16's bits)."""
+    return value.view(torch.int32).bitwise_and(_HIGH_MASK).view(torch.float32)
+
+
 def round_kahan_foreach(outs: list[torch.Tensor], values: list[torch.Tensor],
                         compensations: list[torch.Tensor]) -> None:
     """:func:`round_kahan` over many tensors on one device at once: each fp32 value
     (weight plus compensation, overwritten) rounded to nearest into its bf16 ``out``,
-    what that lost truncated into its bf16 compensation."""
+    what that lost truncated into its bf16 compensation.
+
+    Under ``torch.compile`` the rounding is done on the bits (:func:`nearest_bits`),
+    which inductor cannot fuse away; eagerly, by torch's vectorized conversion. The
+    two give the same bits.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.pure.rounding import round_kahan_foreach
+        >>> out, comp = torch.empty(1, dtype=torch.bfloat16), torch.empty(1, dtype=torch.bfloat16)
+        >>> round_kahan_foreach([out], [torch.tensor([1.0 + 2 ** -10])], [comp])
+        >>> out.item(), comp.item()
+        (1.0, 0.0009765625)
+    """
+    if torch.compiler.is_compiling():
+        for out, value, comp in zip(outs, values, compensations):
+            new = nearest_bits(value)
+            out.copy_(new)  # exact: the low 16 bits are zero
+            comp.copy_(_truncated(value - new))
+        return
     torch._foreach_copy_(outs, values)
     for value, out in zip(values, outs):
         # per tensor: torch's multi-tensor subtraction of a bf16 from an fp32 list takes
@@ -334,7 +381,8 @@ def round_kahan(work: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     what that rounding lost, truncated toward zero (not rounded) to bf16's bits, so it
     stays within half an ulp of the weight and weight + compensation rounds back to
     the very same weight. The compensation is an fp32 tensor whose low 16 bits are
-    zero: exact in bf16.
+    zero: exact in bf16. Under ``torch.compile`` it gives the same bits (see
+    :func:`round_kahan_foreach`).
 
     Example:
         >>> import torch
@@ -343,7 +391,10 @@ def round_kahan(work: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         >>> weight.item(), lost.item(), (weight.float() + lost).to(torch.bfloat16).item()
         (1.0, 0.0009765625, 1.0)
     """
+    if torch.compiler.is_compiling():
+        rounded = nearest_bits(work)
+        lost = work.sub_(rounded).view(torch.int32).bitwise_and_(_HIGH_MASK)
+        return rounded.to(torch.bfloat16), lost.view(torch.float32)
     new = work.to(torch.bfloat16)
     lost = work.sub_(new).view(torch.int32).bitwise_and_(_HIGH_MASK).view(torch.float32)
     return new, lost
-
