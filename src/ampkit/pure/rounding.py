@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import sys
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -167,7 +166,6 @@ class Positions:
 
 
 BLOCK = 1 << 16  # elements of a parameter drawn from one seeded block of the stream
-_LITTLE = sys.byteorder == "little"  # the high half of an fp32 is its second bf16 view
 _generators = threading.local()  # per thread (autograd's device threads run hooks)
 
 
@@ -238,18 +236,17 @@ def draw_noise(positions: Positions, key_parts: tuple[Any, ...], jobs: int,
 
 
 def _truncate_pairs(outs: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-    """Copy each fp32 ``value`` truncated to bf16 (its high 16 bits) into ``out``: one
-    multi-tensor copy of the values' high halves where both are contiguous, a mask
-    otherwise."""
-    fast_out, fast_in = [], []
-    for out, value in zip(outs, values):
-        if _LITTLE and value.numel() and value.is_contiguous() and out.is_contiguous():
-            fast_out.append(out.view(-1))
-            fast_in.append(value.view(-1).view(torch.bfloat16)[1::2])
-        else:
-            out.copy_(value.view(torch.int32).bitwise_and(_HIGH_MASK).view(torch.float32))
-    if fast_out:
-        torch._foreach_copy_(fast_out, fast_in)
+    """Copy each fp32 ``value`` truncated to bf16 (its high 16 bits) into ``out``; the
+    values are overwritten. The high half is shifted down in place (arithmetically:
+    the result fits int16 exactly, sign included), then narrowed into the outputs'
+    bits with one multi-tensor copy, which is byte-order free and about half the cost
+    of copying every other bf16 of the values (measured on an AVX2 CPU)."""
+    if not outs:
+        return
+    for value in values:
+        value.view(torch.int32).bitwise_right_shift_(16)
+    torch._foreach_copy_([out.view(torch.int16) for out in outs],
+                         [value.view(torch.int32) for value in values])
 
 
 #: One parameter's stochastic roundings: its positions, its key, the bf16 outputs and
@@ -267,7 +264,8 @@ def round_stochastic(params: list[StochasticJob]) -> None:
     stay NaN (their payload's carry could otherwise make them infinities or zeros)."""
     bits: list[torch.Tensor] = []
     noises: list[torch.Tensor] = []
-    pieces: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])  # (outs, values)
+    # (the outputs' bits as int16, the values)
+    pieces: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     later: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def flush() -> None:
@@ -281,28 +279,32 @@ def round_stochastic(params: list[StochasticJob]) -> None:
         torch._foreach_add_(bits, 1 << 15)
         for b, noise in zip(bits, noises):  # per piece: mixed int dtypes are slow in
             b.add_(noise)                   # torch's multi-tensor add on CPU (3.8x)
-        _truncate_pairs(*pieces)
+            # the high half, shifted down arithmetically: it fits int16, sign included
+            b.bitwise_right_shift_(16)
+        torch._foreach_copy_(pieces[0], bits)  # narrowed into the bf16 outputs' bits
         for out, mask, original in kept:
-            out[mask] = original.to(torch.bfloat16)
+            out.view(torch.bfloat16)[mask] = original.to(torch.bfloat16)
         for lst in (bits, noises, *pieces):
             lst.clear()
 
     pending = 0
     for positions, key, outs, values in params:
         flats = [v.contiguous().view(-1) for v in values]  # row-major: i is position i
+        words = [flat.view(torch.int32) for flat in flats]
         targets = []
         for out in outs:
             if out.is_contiguous():
-                targets.append(out.view(-1))
+                targets.append(out.view(-1).view(torch.int16))
             else:
-                targets.append(torch.empty(out.numel(), dtype=torch.bfloat16,
-                                           device=out.device))
-                later.append((out, targets[-1]))
+                flat_out = torch.empty(out.numel(), dtype=torch.bfloat16,
+                                       device=out.device)
+                later.append((out, flat_out))
+                targets.append(flat_out.view(torch.int16))
         device = flats[0].device
         for start, fields in _fields(positions, key, len(values), device):
             stop = start + fields.shape[1]
-            for flat, target, noise in zip(flats, targets, fields):
-                bits.append(flat[start:stop].view(torch.int32))
+            for flat, word, target, noise in zip(flats, words, targets, fields):
+                bits.append(word[start:stop])
                 noises.append(noise)
                 pieces[0].append(target[start:stop])
                 pieces[1].append(flat[start:stop])
