@@ -29,6 +29,7 @@ Run: ``python benchmarks/pure_bf16.py [--seeds 5] [--epochs 5] [--steps 300]
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -45,6 +46,24 @@ MODES = ("fp32", "nearest", "stochastic", "kahan")
 STEP_CONFIGS = ("ampkit stochastic", "ampkit kahan", "torchao SR AdamW", "fp32 AdamW")
 # hidden width of a 3-layer MLP (64 -> h -> h -> 10) for each named size
 SIZES = {"42k": 180, "600k": 740, "2.5M": 1550, "10M": 3140}
+
+
+def cpu_description() -> str:
+    """The CPU's model name and whether it has native bf16 arithmetic (AVX-512 BF16 or
+    AMX), from ``/proc/cpuinfo`` where there is one (bf16 speed depends on it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return f"{platform.machine()} CPU"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), platform.machine())
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines()
+                  if line.startswith("flags")), [])
+    native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    bf16 = f"native bf16 ({', '.join(native)})" if native else "no native bf16"
+    return f"{name} ({vector}, {bf16})"
 
 
 def _mlp(hidden: int) -> torch.nn.Module:
@@ -140,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-steps", type=int, default=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    print(f"machine: {platform.machine()} CPU, {args.threads} thread(s); "
-          f"torch {torch.__version__}")
+    print(f"machine: {cpu_description()}, {args.threads} thread(s); "
+          f"torch {torch.__version__}; load average {os.getloadavg()[0]:.1f}")
     if args.step_time or args.step_time_only:
         sizes = args.sizes.split(",")
         unknown = [s for s in sizes if s not in SIZES]

@@ -16,6 +16,8 @@ from ampkit.pure import PureLowPrecisionOptimizer
 from ampkit.pure.rounding import (
     Positions,
     draw_noise,
+    nearest_bits,
+    round_kahan,
     round_kahan_foreach,
     round_stochastic,
 )
@@ -216,3 +218,56 @@ def test_the_seed_decides_the_bits():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     differ = sum(int((x != y).sum()) for x, y in zip(a, c))
     assert differ > 0.01 * sum(math.prod(x.shape) for x in a)
+
+
+def _kahan_inputs() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(3)
+    edges = torch.tensor([0.0, -0.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, -(1.0 + 2 ** -8),
+                          3.3961e38, -3.3961e38, 3.3895e38, float("inf"), -float("inf"),
+                          1e-40, -3e-39, 2.0 ** -133])  # ties, overflow, subnormals
+    return torch.cat([torch.randn(200, generator=gen) * 3,
+                      torch.randn(50, generator=gen) * 1e-30, edges])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.dtype is BF16 else torch.int32)
+
+
+def test_kahan_nearest_bits_equal_torchs_conversion():
+    values = torch.cat([_kahan_inputs(), torch.randint(
+        -2 ** 31, 2 ** 31 - 1, (20000,), generator=torch.Generator().manual_seed(4),
+        dtype=torch.int32).view(torch.float32)])  # every kind of bit pattern
+    rounded = nearest_bits(values)
+    finite = ~values.isnan()
+    assert torch.equal(rounded[finite], values[finite].to(BF16).float())
+    assert bool(rounded[~finite].isnan().all()) and int((~finite).sum()) > 0
+
+
+def test_kahan_rounding_under_torch_compile_keeps_the_compensation():
+    # inductor fuses a float round trip to bf16 and back away; the compensation (what
+    # the rounding lost) must stay the eager one, bit for bit
+    values = _kahan_inputs()
+    nan = torch.tensor([float("nan"), 1.5])
+
+    def both(x: torch.Tensor, y: torch.Tensor
+             ) -> tuple[torch.Tensor, ...]:
+        weight, lost = round_kahan(x.clone())
+        outs = [torch.empty_like(x, dtype=BF16), torch.empty_like(y, dtype=BF16)]
+        comps = [torch.empty_like(x, dtype=BF16), torch.empty_like(y, dtype=BF16)]
+        round_kahan_foreach(outs, [x.clone(), y.clone()], comps)
+        return weight, lost, outs[0], comps[0], outs[1], comps[1]
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(both, fullgraph=True, dynamic=False)(values, nan)
+    finally:
+        torch._dynamo.reset()
+    eager = both(values, nan)
+    assert eager[1][:200].abs().min() > 0  # there is something to lose
+    for got, want in zip(compiled[:4], eager[:4]):
+        # (an infinity loses inf - inf: NaN, whose payload torch's conversions vary)
+        nan_at = want.isnan()
+        assert got.dtype == want.dtype and torch.equal(got.isnan(), nan_at)
+        assert torch.equal(_bits(got)[~nan_at], _bits(want)[~nan_at])
+    assert bool(compiled[4][0].isnan()) and compiled[4][1].item() == 1.5
+    assert compiled[5][1].item() == 0.0

@@ -29,6 +29,7 @@ from ampkit.pure.step import COMP as _COMP
 from ampkit.pure.step import OWN_STATE as _OWN_STATE
 from ampkit.pure.step import (
     RoundBatch,
+    Workspace,
     chunks,
     slice_size,
     slice_stand_in,
@@ -406,10 +407,11 @@ torch.bfloat16)
             for i in range(len(groups)):
                 active = [p for p in saved[i] if p.grad is not None]
                 parts = {id(p): slices(self, p, size) for p in active}
+                workspace = Workspace()
                 for p in active:  # large parameters of element-wise optimizers
                     index, seed = where[id(p)]
                     for part in parts[id(p)] or ():
-                        w = slice_stand_in(self, p, part)
+                        w = slice_stand_in(self, p, part, workspace)
                         try:
                             for j, ps in enumerate(lists):
                                 ps[:] = [w] if j == i else []
