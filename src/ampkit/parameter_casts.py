@@ -75,7 +75,8 @@ from ampkit.compile_frames import skip_recursively
 from ampkit.step_hooks import check_at_first_step
 
 __all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter",
-           "casting_on_use", "check_copies_unedited", "keep_cast_last",
+           "casting_on_use", "check_copies_unedited", "copies_held", "held_copy_truths",
+           "keep_cast_last", "truth_in_state_dict",
            "own_cast_hooks", "reuse_casts", "truth_of",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
            "restore_swapped", "restore_to", "restore_until", "swap_depth",
@@ -424,6 +425,9 @@ class CastParametersOnUse:
         # only ones it has (own_cast_hooks; ampkit.conversion.classes.cast_call); not an
         # embedding's, whose hook does more.
         object.__setattr__(module, _CAST_HOOKS, (self, before.id, after.id, not renorms))
+        # (first of its state_dict post-hooks: one that reports another dtype sees the
+        # truth)
+        module.register_state_dict_post_hook(truth_in_state_dict)
 
 
 def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
@@ -487,6 +491,8 @@ def swap_params(module: nn.Module, swapped: Swapped,
     if copies is not None and (unchecked or module.__dict__.get(
             "_is_fsdp_managed_module", False)):
         copies = None
+    if not compiling:
+        _hold(module, swapped)
     grad_mode = torch.is_grad_enabled()
     append = swapped.append
     for name, p in params.items():
@@ -500,6 +506,113 @@ def swap_params(module: nn.Module, swapped: Swapped,
             # (its version now: restore_swapped tells an in-place edit made during the
             # forward, which would otherwise land on the copy and never reach p)
             append((name, p, -1 if unchecked else low._version))
+
+
+# The instance attribute that says which thread's forward holds a module's copies in
+# its _parameters right now: (thread ident, that forward's Swapped list).
+_HELD = "_ampkit_held_by"
+
+
+def _hold(module: nn.Module, swapped: Swapped) -> None:
+    """Mark ``module``'s ``_parameters`` as holding this thread's copies for the swap
+    recorded in ``swapped``, or raise when another thread's forward holds them.
+
+    The copies live in the module's own ``_parameters``, which every thread shares: a
+    second thread's forward of the same module would compute with the first's copies
+    (or put its own, made without autograd history under ``no_grad``, where the first
+    one's backward needs them) and put the parameters back while the first still
+    runs. (``dict.setdefault`` is one atomic step under the GIL: of two threads, one
+    holds the module and the other sees it held.) A nested forward of the same module
+    on the same thread swaps nothing and leaves the mark to the outer one."""
+    me = threading.get_ident()
+    held = module.__dict__.setdefault(_HELD, (me, swapped))
+    if held[1] is swapped:
+        _held[id(module)] = module
+    elif held[0] != me:
+        raise RuntimeError(_two_threads_message(module, held[0]))
+
+
+def _two_threads_message(module: nn.Module, other: int) -> str:
+    name = next((t.name for t in threading.enumerate() if t.ident == other), str(other))
+    return (
+        f"two threads ran the forward of one O2-converted module at once: thread "
+        f"{threading.current_thread().name!r} entered {type(module).__name__!r} while "
+        f"thread {name!r} is inside its forward. At O2 a module computes with "
+        f"low-precision copies of its fp32 parameters, which its forward puts in the "
+        f"module's own _parameters, shared by every thread: the two forwards would "
+        f"compute with, and send gradients through, each other's copies. Give each "
+        f"thread a converted model of its own (serve from a copy, "
+        f"serving = copy.deepcopy(model), refreshed with "
+        f"serving.load_state_dict(model.state_dict()) between steps), or convert at "
+        f"O1, whose casts are per thread")
+
+
+def _release(module: nn.Module, swapped: Swapped) -> None:
+    # Only the swap that made the mark removes it (a nested one on the same thread, or
+    # another thread's refused one, leaves it).
+    held = module.__dict__.get(_HELD)
+    if held is not None and held[1] is swapped:
+        _held.pop(id(module), None)
+        del module.__dict__[_HELD]
+
+
+# id(module) -> module, for every module whose _parameters hold copies now, whichever
+# thread's: so that a read of the parameters from anywhere (another thread's
+# parameters() or state_dict()) finds the truth behind a copy. Empty outside forwards.
+_held: dict[int, nn.Module] = {}
+
+
+def held_copy_truths(module: nn.Module) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """``(name, fp32 parameter, copy)`` for each low-precision copy ``module``'s
+    ``_parameters`` hold right now (a forward of it runs, on any thread); empty when
+    they hold the parameters.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import held_copy_truths
+        >>> held_copy_truths(torch.nn.Linear(1, 1))
+        []
+    """
+    held = module.__dict__.get(_HELD)
+    if held is None:
+        return []
+    params: dict[str, Any] = module._parameters
+    return [(name, param, params[name]) for name, param, _ in held[1]
+            if params.get(name) is not param]
+
+
+def copies_held() -> bool:
+    """True while any module's ``_parameters`` hold low-precision copies (a converted
+    forward runs on some thread).
+
+    Example:
+        >>> from ampkit.parameter_casts import copies_held
+        >>> copies_held()
+        False
+    """
+    return bool(_held)
+
+
+def truth_in_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                        local_metadata: Any) -> None:
+    """``state_dict`` post-hook of a module cast on use: while a forward holds copies in
+    its ``_parameters``, the entries are its fp32 parameters (detached, or the
+    parameters themselves with ``keep_vars=True``), as outside the forward.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import truth_in_state_dict
+        >>> lin = torch.nn.Linear(1, 1)
+        >>> sd = lin.state_dict()
+        >>> truth_in_state_dict(lin, sd, "", None)
+        >>> sorted(sd)
+        ['bias', 'weight']
+    """
+    for name, param, low in held_copy_truths(module):
+        key = prefix + name
+        value = state_dict.get(key)
+        if value is not None:
+            state_dict[key] = param if value is low else param.detach()
 
 
 class _Swaps(threading.local):
@@ -554,6 +667,8 @@ def restore_swapped(module: nn.Module, swapped: Swapped, where: str = "") -> Non
         # or the module would keep the low-precision copies (non-leaf tensors, which
         # neither pickle nor deepcopy) past its forward.
         module._init_flat_weights()
+    # (last: another thread may swap the module the moment the mark is gone)
+    _release(module, swapped)
     if edited:
         check_copies_unedited(module, edited, where)
 
@@ -677,6 +792,11 @@ def truth_of(tensor: torch.Tensor) -> torch.Tensor:
         for param, low in copies.values():
             if low is tensor:
                 return param
+    if _held:  # another thread's forward holds it
+        for module in list(_held.values()):
+            for _, param, low in held_copy_truths(module):
+                if low is tensor:
+                    return param
     return tensor
 
 

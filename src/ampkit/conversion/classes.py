@@ -33,6 +33,8 @@ from ampkit.conversion.config import record_of
 from ampkit.parameter_casts import (
     Swapped,
     casting_on_use,
+    copies_held,
+    held_copy_truths,
     keep_cast_last,
     own_cast_hooks,
     restore_swapped,
@@ -270,9 +272,22 @@ def _named_parameters(self: nn.Module, prefix: str = "", recurse: bool = True,
     (:func:`ampkit.parameter_truth.truths`); ``parameters()`` goes through it."""
     named = super(_converted_in(type(self)), self).named_parameters(  # type: ignore[arg-type]
         prefix, recurse, remove_duplicate)
-    if torch.compiler.is_compiling() or not casting_on_use():
+    if torch.compiler.is_compiling() or not (casting_on_use() or copies_held()):
         return named
     return truths(named, remove_duplicate)
+
+
+def _get_parameter(self: nn.Module, target: str) -> Any:
+    """``get_parameter`` of a converted module: the fp32 parameter where the module
+    that holds it runs its forward with a low-precision copy in its place (torch's
+    own refuses the copy: it is not an ``nn.Parameter``)."""
+    path, _, name = target.rpartition(".")
+    owner = self.get_submodule(path)
+    for held_name, param, _ in held_copy_truths(owner):
+        if held_name == name:
+            return param
+    return super(_converted_in(type(self)), self).get_parameter(  # type: ignore[arg-type]
+        target)
 
 
 def _converted_class(base: type, call: Any = converted_call) -> type:
@@ -286,7 +301,8 @@ def _converted_class(base: type, call: Any = converted_call) -> type:
                          "__module__": base.__module__, "__qualname__": base.__qualname__,
                          "__doc__": base.__doc__,
                          "register_forward_pre_hook": _register_forward_pre_hook,
-                         "named_parameters": _named_parameters}
+                         "named_parameters": _named_parameters,
+                         "get_parameter": _get_parameter}
             forward = getattr(base, "forward", None)
             if call is converted_call and getattr(forward, "__module__", "").startswith(
                     "torch."):
