@@ -35,10 +35,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _training import _storage_bytes, peak_memory
+
 import ampkit
 from ampkit.tools.cli.args import positive_int
-
-from _training import _storage_bytes, peak_memory  # noqa: E402
 
 
 def build(vocab: int, hidden: int) -> torch.nn.Module:

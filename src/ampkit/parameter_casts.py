@@ -75,7 +75,7 @@ from ampkit.compile_frames import skip_recursively
 from ampkit.step_hooks import check_at_first_step
 
 __all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter",
-           "casting_on_use", "check_copies_unedited", "copies_held", "held_copy_truths",
+           "casting_on_use", "check_copies_unedited", "copies_held", "true_parameter",
            "keep_cast_last", "truth_in_state_dict",
            "own_cast_hooks", "reuse_casts", "truth_of",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
@@ -427,6 +427,7 @@ class CastParametersOnUse:
         object.__setattr__(module, _CAST_HOOKS, (self, before.id, after.id, not renorms))
         # (first of its state_dict post-hooks: one that reports another dtype sees the
         # truth)
+        module.register_state_dict_pre_hook(_state_dict_begins)
         module.register_state_dict_post_hook(truth_in_state_dict)
 
 
@@ -502,10 +503,12 @@ def swap_params(module: nn.Module, swapped: Swapped,
             # checks made once per module.)
             low = (p.to(dtype) if copies is None
                    else _cached_cast(p, dtype, grad_mode, copies))
-            params[name] = low
             # (its version now: restore_swapped tells an in-place edit made during the
-            # forward, which would otherwise land on the copy and never reach p)
+            # forward, which would otherwise land on the copy and never reach p;
+            # recorded before the copy goes in, so that a reader on another thread
+            # that finds the copy in _parameters finds its parameter in the record)
             append((name, p, -1 if unchecked else low._version))
+            params[name] = low
 
 
 # The instance attribute that says which thread's forward holds a module's copies in
@@ -562,23 +565,31 @@ def _release(module: nn.Module, swapped: Swapped) -> None:
 _held: dict[int, nn.Module] = {}
 
 
-def held_copy_truths(module: nn.Module) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """``(name, fp32 parameter, copy)`` for each low-precision copy ``module``'s
-    ``_parameters`` hold right now (a forward of it runs, on any thread); empty when
-    they hold the parameters.
+def true_parameter(module: nn.Module, name: str) -> Any:
+    """The parameter ``module`` holds under ``name`` (``None`` for none), the fp32 one
+    where a forward, on any thread, has a low-precision copy in its place.
 
     Example:
         >>> import torch
-        >>> from ampkit.parameter_casts import held_copy_truths
-        >>> held_copy_truths(torch.nn.Linear(1, 1))
-        []
+        >>> from ampkit.parameter_casts import true_parameter
+        >>> lin = torch.nn.Linear(1, 1)
+        >>> true_parameter(lin, "weight") is lin.weight
+        True
     """
-    held = module.__dict__.get(_HELD)
-    if held is None:
-        return []
-    params: dict[str, Any] = module._parameters
-    return [(name, param, params[name]) for name, param, _ in held[1]
-            if params.get(name) is not param]
+    value: Any = None
+    # Twice: a forward on another thread may put its copy in, or the parameter back,
+    # between the two reads (its record goes in before its copy, and comes out after
+    # the parameter is back).
+    for _ in range(2):
+        held = module.__dict__.get(_HELD)
+        if held is not None:
+            for held_name, param, _ in held[1]:
+                if held_name == name:
+                    return param
+        value = module._parameters.get(name)
+        if value is None or isinstance(value, nn.Parameter):
+            return value
+    return truth_of(value)
 
 
 def copies_held() -> bool:
@@ -593,11 +604,24 @@ def copies_held() -> bool:
     return bool(_held)
 
 
+class _KeepVars(threading.local):
+    def __init__(self) -> None:
+        # keep_vars of each state_dict() call running on this thread, innermost last
+        self.stack: list[bool] = []
+
+
+_keep_vars = _KeepVars()
+
+
+def _state_dict_begins(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+    _keep_vars.stack.append(keep_vars)
+
+
 def truth_in_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str,
                         local_metadata: Any) -> None:
-    """``state_dict`` post-hook of a module cast on use: while a forward holds copies in
-    its ``_parameters``, the entries are its fp32 parameters (detached, or the
-    parameters themselves with ``keep_vars=True``), as outside the forward.
+    """``state_dict`` post-hook of a module cast on use: where a forward, on any thread,
+    holds a copy in the module's ``_parameters``, the entry is the fp32 parameter
+    (detached, or the parameter itself with ``keep_vars=True``), as outside forwards.
 
     Example:
         >>> import torch
@@ -608,11 +632,18 @@ def truth_in_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: s
         >>> sorted(sd)
         ['bias', 'weight']
     """
-    for name, param, low in held_copy_truths(module):
+    stack = _keep_vars.stack
+    keep_vars = stack.pop() if stack else False
+    for name in list(module._parameters):
         key = prefix + name
         value = state_dict.get(key)
-        if value is not None:
-            state_dict[key] = param if value is low else param.detach()
+        if value is None:
+            continue
+        param = true_parameter(module, name)
+        if param is None or value is param or (
+                value.dtype is param.dtype and value.data_ptr() == param.data_ptr()):
+            continue  # the parameter, or its detached self
+        state_dict[key] = param if keep_vars else param.detach()
 
 
 class _Swaps(threading.local):
@@ -792,11 +823,13 @@ def truth_of(tensor: torch.Tensor) -> torch.Tensor:
         for param, low in copies.values():
             if low is tensor:
                 return param
-    if _held:  # another thread's forward holds it
-        for module in list(_held.values()):
-            for _, param, low in held_copy_truths(module):
-                if low is tensor:
-                    return param
+    for module in list(_held.values()):  # another thread's forward holds it
+        held = module.__dict__.get(_HELD)
+        params = module._parameters
+        record: Swapped = [] if held is None else held[1]
+        for name, truth, _ in record:
+            if params.get(name) is tensor:
+                return truth
     return tensor
 
 

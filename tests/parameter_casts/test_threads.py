@@ -199,7 +199,7 @@ def test_training_with_a_serving_thread_trains_as_one_thread():
     # The pattern as users run it, with no gate: a serving thread predicting in a loop
     # while the training thread trains, retrying a refused forward. Bit for bit the
     # single-thread run; every completed prediction is a plain no_grad forward.
-    batches = _batches(12)
+    batches = _batches(40)
     ref_grads, ref_params = _train(_model(), batches)
     model = _model()
     model[2].release.set()

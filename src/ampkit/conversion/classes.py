@@ -22,6 +22,7 @@ import functools
 import inspect
 import threading
 import types
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -34,13 +35,12 @@ from ampkit.parameter_casts import (
     Swapped,
     casting_on_use,
     copies_held,
-    held_copy_truths,
     keep_cast_last,
     own_cast_hooks,
     restore_swapped,
     swap_params,
+    true_parameter,
 )
-from ampkit.parameter_truth import truths
 from ampkit.torch_internals import global_backward_hooks as _global_backward_hooks
 from ampkit.torch_internals import global_backward_pre_hooks as _global_backward_pre_hooks
 from ampkit.torch_internals import global_forward_hooks as _global_forward_hooks
@@ -270,11 +270,29 @@ def _named_parameters(self: nn.Module, prefix: str = "", recurse: bool = True,
     """``named_parameters`` of a converted module: inside a converted forward, the fp32
     parameters where a module's ``_parameters`` hold low-precision copies
     (:func:`ampkit.parameter_truth.truths`); ``parameters()`` goes through it."""
-    named = super(_converted_in(type(self)), self).named_parameters(  # type: ignore[arg-type]
-        prefix, recurse, remove_duplicate)
     if torch.compiler.is_compiling() or not (casting_on_use() or copies_held()):
-        return named
-    return truths(named, remove_duplicate)
+        return super(_converted_in(type(self)), self).named_parameters(  # type: ignore[arg-type]
+            prefix, recurse, remove_duplicate)
+    return _true_named_parameters(self, prefix, recurse, remove_duplicate)
+
+
+def _true_named_parameters(self: nn.Module, prefix: str, recurse: bool,
+                           remove_duplicate: bool) -> Iterator[tuple[str, Any]]:
+    # torch's walk, each module's entries read by name (true_parameter): a copy another
+    # thread's forward puts in or takes out during the walk is seen as its parameter.
+    modules = (self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate)
+               if recurse else [(prefix, self)])
+    seen: set[int] = set()
+    for module_prefix, module in modules:
+        for name in list(module._parameters):
+            param = true_parameter(module, name)
+            if param is None:
+                continue
+            if remove_duplicate:
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+            yield (module_prefix + "." if module_prefix else "") + name, param
 
 
 def _get_parameter(self: nn.Module, target: str) -> Any:
@@ -282,10 +300,9 @@ def _get_parameter(self: nn.Module, target: str) -> Any:
     that holds it runs its forward with a low-precision copy in its place (torch's
     own refuses the copy: it is not an ``nn.Parameter``)."""
     path, _, name = target.rpartition(".")
-    owner = self.get_submodule(path)
-    for held_name, param, _ in held_copy_truths(owner):
-        if held_name == name:
-            return param
+    param = true_parameter(self.get_submodule(path), name)
+    if isinstance(param, nn.Parameter):
+        return param
     return super(_converted_in(type(self)), self).get_parameter(  # type: ignore[arg-type]
         target)
 
