@@ -8,13 +8,23 @@ a dict subclass) is seen the same way by the casts, the overflow check, the scal
 the tools.
 
 Order: list and tuple items in order, dict values in insertion order, dataclass fields
-that take part in ``__init__`` in declaration order. Rebuilt containers keep their type
-(namedtuples, dict subclasses that construct without arguments, dataclasses through
-``dataclasses.replace``); a list subclass comes back as a list.
+in declaration order (those left out of ``__init__`` too).
+
+A rebuilt container is the one it was with its items replaced, and nothing of the
+user's code runs to make it: it keeps its type and its instance attributes, and is
+made through the library class it derives from (``object``, ``dict``, ``OrderedDict``,
+``defaultdict`` with its ``default_factory``, ``list``, ``tuple``), never through the
+class's own ``__init__``, ``__post_init__`` or ``__new__``; a dataclass (frozen or
+not) gets its fields set directly. So a namedtuple, an ``OrderedDict``, a
+``defaultdict``, a Hugging Face ``ModelOutput`` (an ``OrderedDict`` and a dataclass,
+whose items and attributes stay the same objects) and a dataclass whose
+``__post_init__`` transforms its fields come back as they behaved. A container none
+of whose items changed is handed back itself, not a copy.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -44,7 +54,9 @@ def _is_dataclass_instance(obj: Any) -> bool:
 
 
 def _fields(obj: Any) -> list[str]:
-    return [f.name for f in dataclasses.fields(obj) if f.init]
+    # Every field, those left out of __init__ (set by __post_init__) too: the rebuild
+    # below does not go through __init__, so what the object holds is what is walked.
+    return [f.name for f in dataclasses.fields(obj)]
 
 
 def _collect(obj: Any, out: list[Any], tensors_only: bool) -> None:
@@ -96,22 +108,131 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
     return iter(out)
 
 
-def _map(obj: Any, fn: Callable[[Any], Any], tensors_only: bool) -> Any:
+# The library classes whose construction a rebuilt container goes through (never a
+# class of the user's, whose __new__, __init__ or __post_init__ may do anything).
+_LIBRARY_MODULES = frozenset({"builtins", "collections"})
+
+
+def _library_base(cls: type) -> Any:
+    return next(klass for klass in cls.__mro__ if klass.__module__ in _LIBRARY_MODULES)
+
+
+def _copy_state(obj: Any, new: Any) -> None:
+    """Copy ``obj``'s instance attributes (its ``__dict__`` and slots) onto ``new``,
+    as they are, through no code of its class."""
+    state = getattr(obj, "__dict__", None)
+    if state:
+        new.__dict__.update(state)
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot in ("__dict__", "__weakref__"):
+                continue
+            descriptor = klass.__dict__.get(slot)
+            if descriptor is None or not hasattr(descriptor, "__set__"):
+                continue
+            try:
+                value = descriptor.__get__(obj, klass)
+            except AttributeError:  # an unset slot
+                continue
+            descriptor.__set__(new, value)
+
+
+def _blank_like(obj: Any, items: list[Any] | None = None) -> Any:
+    """A new instance of ``type(obj)`` holding ``obj``'s instance attributes, made by the
+    library base class it derives from (``object``, ``dict``, ``OrderedDict``,
+    ``defaultdict``, ``list``, ``tuple``: no ``__init__``, ``__post_init__`` or
+    ``__new__`` of the user's runs); ``items``: a tuple's items (a sequence is
+    otherwise left empty for the caller to fill)."""
+    cls = type(obj)
+    base = _library_base(cls)
+    if base is tuple:
+        try:
+            new = tuple.__new__(cls, items or ())
+        except TypeError:  # a C struct sequence (torch.return_types): its constructor
+            return cls(items)
+    else:
+        new = base.__new__(cls)
+        if isinstance(obj, collections.defaultdict):
+            collections.defaultdict.__init__(new, obj.default_factory)
+        elif base is not object:
+            base.__init__(new)
+    _copy_state(obj, new)
+    return new
+
+
+def _map(obj: Any, fn: Callable[[Any], Any], tensors_only: bool,
+         memo: dict[int, Any]) -> Any:
+    # A container whose every item comes back as it was is handed back itself (an
+    # input the model returns untouched stays the same object); a tensor reached twice
+    # (a dict-and-dataclass ModelOutput holds each value as an item and an attribute)
+    # maps once, to one object.
+    if isinstance(obj, torch.Tensor):
+        found = memo.get(id(obj))
+        if found is None:
+            found = memo[id(obj)] = fn(obj)
+        return found
+    cls = type(obj)
+    if isinstance(obj, list | tuple):
+        items = [_map(v, fn, tensors_only, memo) for v in obj]
+        if all(a is b for a, b in zip(items, obj, strict=True)):
+            return obj
+        if cls is tuple:
+            return tuple(items)
+        if cls is list:
+            return items
+        if isinstance(obj, tuple):
+            return _blank_like(obj, items)
+        new = _blank_like(obj)
+        list.extend(new, items)
+        return new
+    if isinstance(obj, dict):
+        values = {k: _map(v, fn, tensors_only, memo) for k, v in obj.items()}
+        fields = ({n: _map(getattr(obj, n), fn, tensors_only, memo) for n in _fields(obj)}
+                  if _is_dataclass_instance(obj) else {})
+        if all(values[k] is v for k, v in obj.items()) and all(
+                fields[n] is getattr(obj, n) for n in fields):
+            return obj
+        if cls is dict:
+            return values
+        new = _blank_like(obj)
+        setitem = _library_base(cls).__setitem__
+        for k, v in values.items():
+            setitem(new, k, v)
+        for n, v in fields.items():
+            object.__setattr__(new, n, v)
+        return new
+    if _is_dataclass_instance(obj):
+        fields = {n: _map(getattr(obj, n), fn, tensors_only, memo) for n in _fields(obj)}
+        if all(v is getattr(obj, n) for n, v in fields.items()):
+            return obj
+        new = _blank_like(obj)
+        for n, v in fields.items():
+            object.__setattr__(new, n, v)  # (a frozen dataclass's too)
+        return new
+    return obj if tensors_only else fn(obj)
+
+
+def _map_traced(obj: Any, fn: Callable[[Any], Any], tensors_only: bool) -> Any:
+    # What torch.compile traces (dynamo follows neither identity tests on containers
+    # nor the library-level construction above): every container rebuilt, through its
+    # own constructor, a dataclass through dataclasses.replace.
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, list):
-        return [_map(v, fn, tensors_only) for v in obj]
+        return [_map_traced(v, fn, tensors_only) for v in obj]
     if isinstance(obj, tuple):
-        items = [_map(v, fn, tensors_only) for v in obj]
+        items = [_map_traced(v, fn, tensors_only) for v in obj]
         return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     if isinstance(obj, dict):
         out = type(obj)() if type(obj) is not dict else {}
         for k, v in obj.items():
-            out[k] = _map(v, fn, tensors_only)
+            out[k] = _map_traced(v, fn, tensors_only)
         return out
     if _is_dataclass_instance(obj):
-        return dataclasses.replace(obj, **{n: _map(getattr(obj, n), fn, tensors_only)
-                                           for n in _fields(obj)})
+        return dataclasses.replace(obj, **{
+            f.name: _map_traced(getattr(obj, f.name), fn, tensors_only)
+            for f in dataclasses.fields(obj) if f.init})
     return obj if tensors_only else fn(obj)
 
 
@@ -125,7 +246,9 @@ def map_leaves(obj: T, fn: Callable[[Any], Any]) -> T:
         >>> map_leaves(Pair(1, [2, {"k": 3}]), lambda x: x * 10)
         Pair(a=10, b=[20, {'k': 30}])
     """
-    return _map(obj, fn, False)  # type: ignore[no-any-return]
+    if torch.compiler.is_compiling():
+        return _map_traced(obj, fn, False)  # type: ignore[no-any-return]
+    return _map(obj, fn, False, {})  # type: ignore[no-any-return]
 
 
 def map_tensors(obj: T, fn: Callable[[torch.Tensor], Any]) -> T:
@@ -137,4 +260,6 @@ def map_tensors(obj: T, fn: Callable[[torch.Tensor], Any]) -> T:
         >>> map_tensors({"x": torch.ones(1), "tag": "a"}, lambda t: t + 1)
         {'x': tensor([2.]), 'tag': 'a'}
     """
-    return _map(obj, fn, True)  # type: ignore[no-any-return]
+    if torch.compiler.is_compiling():
+        return _map_traced(obj, fn, True)  # type: ignore[no-any-return]
+    return _map(obj, fn, True, {})  # type: ignore[no-any-return]

@@ -77,7 +77,8 @@ from ampkit.containers import iter_tensors
 from ampkit.step_hooks import check_at_first_step
 
 __all__ = ["CastParametersOnUse", "cached_casts", "called_on_its_own", "cast_parameter",
-           "casting_on_use", "check_copies_unedited", "keep_cast_last",
+           "casting_on_use", "check_copies_unedited", "copies_held", "true_parameter",
+           "keep_cast_last", "truth_in_state_dict",
            "own_cast_hooks", "reuse_casts", "truth_of",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
            "restore_swapped", "restore_to", "restore_until", "swap_depth",
@@ -434,6 +435,10 @@ class CastParametersOnUse:
         # only ones it has (own_cast_hooks; ampkit.conversion.classes.cast_call); not an
         # embedding's, whose hook does more.
         object.__setattr__(module, _CAST_HOOKS, (self, before.id, after.id, not renorms))
+        # (first of its state_dict post-hooks: one that reports another dtype sees the
+        # truth)
+        module.register_state_dict_pre_hook(_state_dict_begins)
+        module.register_state_dict_post_hook(truth_in_state_dict)
 
 
 def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
@@ -502,6 +507,8 @@ def swap_params(module: nn.Module, swapped: Swapped,
     if copies is not None and (unchecked or module.__dict__.get(
             "_is_fsdp_managed_module", False)):
         copies = None
+    if not compiling:
+        _hold(module, swapped)
     grad_mode = torch.is_grad_enabled()
     append = swapped.append
     for name, p in params.items():
@@ -511,10 +518,147 @@ def swap_params(module: nn.Module, swapped: Swapped,
             # checks made once per module.)
             low = (p.to(dtype) if copies is None
                    else _cached_cast(p, dtype, grad_mode, copies))
-            params[name] = low
             # (its version now: restore_swapped tells an in-place edit made during the
-            # forward, which would otherwise land on the copy and never reach p)
+            # forward, which would otherwise land on the copy and never reach p;
+            # recorded before the copy goes in, so that a reader on another thread
+            # that finds the copy in _parameters finds its parameter in the record)
             append((name, p, -1 if unchecked else low._version))
+            params[name] = low
+
+
+# The instance attribute that says which thread's forward holds a module's copies in
+# its _parameters right now: (thread ident, that forward's Swapped list).
+_HELD = "_ampkit_held_by"
+
+
+def _hold(module: nn.Module, swapped: Swapped) -> None:
+    """Mark ``module``'s ``_parameters`` as holding this thread's copies for the swap
+    recorded in ``swapped``, or raise when another thread's forward holds them.
+
+    The copies live in the module's own ``_parameters``, which every thread shares: a
+    second thread's forward of the same module would compute with the first's copies
+    (or put its own, made without autograd history under ``no_grad``, where the first
+    one's backward needs them) and put the parameters back while the first still
+    runs. (``dict.setdefault`` is one atomic step under the GIL: of two threads, one
+    holds the module and the other sees it held.) A nested forward of the same module
+    on the same thread swaps nothing and leaves the mark to the outer one."""
+    me = threading.get_ident()
+    held = module.__dict__.setdefault(_HELD, (me, swapped))
+    if held[1] is swapped:
+        _held[id(module)] = module
+    elif held[0] != me:
+        raise RuntimeError(_two_threads_message(module, held[0]))
+
+
+def _two_threads_message(module: nn.Module, other: int) -> str:
+    name = next((t.name for t in threading.enumerate() if t.ident == other), str(other))
+    return (
+        f"two threads ran the forward of one O2-converted module at once: thread "
+        f"{threading.current_thread().name!r} entered {type(module).__name__!r} while "
+        f"thread {name!r} is inside its forward. At O2 a module computes with "
+        f"low-precision copies of its fp32 parameters, which its forward puts in the "
+        f"module's own _parameters, shared by every thread: the two forwards would "
+        f"compute with, and send gradients through, each other's copies. Give each "
+        f"thread a converted model of its own (serve from a copy, "
+        f"serving = copy.deepcopy(model), refreshed with "
+        f"serving.load_state_dict(model.state_dict()) between steps), or convert at "
+        f"O1, whose casts are per thread")
+
+
+def _release(module: nn.Module, swapped: Swapped) -> None:
+    # Only the swap that made the mark removes it (a nested one on the same thread, or
+    # another thread's refused one, leaves it).
+    held = module.__dict__.get(_HELD)
+    if held is not None and held[1] is swapped:
+        _held.pop(id(module), None)
+        del module.__dict__[_HELD]
+
+
+# id(module) -> module, for every module whose _parameters hold copies now, whichever
+# thread's: so that a read of the parameters from anywhere (another thread's
+# parameters() or state_dict()) finds the truth behind a copy. Empty outside forwards.
+_held: dict[int, nn.Module] = {}
+
+
+def true_parameter(module: nn.Module, name: str) -> Any:
+    """The parameter ``module`` holds under ``name`` (``None`` for none), the fp32 one
+    where a forward, on any thread, has a low-precision copy in its place.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import true_parameter
+        >>> lin = torch.nn.Linear(1, 1)
+        >>> true_parameter(lin, "weight") is lin.weight
+        True
+    """
+    value: Any = None
+    # Twice: a forward on another thread may put its copy in, or the parameter back,
+    # between the two reads (its record goes in before its copy, and comes out after
+    # the parameter is back).
+    for _ in range(2):
+        held = module.__dict__.get(_HELD)
+        if held is not None:
+            for held_name, param, _ in held[1]:
+                if held_name == name:
+                    return param
+        value = module._parameters.get(name)
+        if value is None or isinstance(value, nn.Parameter):
+            return value
+    return truth_of(value)
+
+
+def copies_held() -> bool:
+    """True while any module's ``_parameters`` hold low-precision copies (a converted
+    forward runs on some thread).
+
+    Example:
+        >>> from ampkit.parameter_casts import copies_held
+        >>> copies_held()
+        False
+    """
+    return bool(_held)
+
+
+class _KeepVars(threading.local):
+    def __init__(self) -> None:
+        # keep_vars of each state_dict() call running on this thread, innermost last
+        self.stack: list[bool] = []
+
+
+_keep_vars = _KeepVars()
+
+
+def _state_dict_begins(module: nn.Module, prefix: str, keep_vars: bool) -> None:
+    _keep_vars.stack.append(keep_vars)
+
+
+def truth_in_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                        local_metadata: Any) -> None:
+    """``state_dict`` post-hook of a module cast on use: where a forward, on any thread,
+    holds a copy in the module's ``_parameters``, the entry is the fp32 parameter
+    (detached, or the parameter itself with ``keep_vars=True``), as outside forwards.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import truth_in_state_dict
+        >>> lin = torch.nn.Linear(1, 1)
+        >>> sd = lin.state_dict()
+        >>> truth_in_state_dict(lin, sd, "", None)
+        >>> sorted(sd)
+        ['bias', 'weight']
+    """
+    stack = _keep_vars.stack
+    keep_vars = stack.pop() if stack else False
+    for name in list(module._parameters):
+        key = prefix + name
+        value = state_dict.get(key)
+        if value is None:
+            continue
+        param = true_parameter(module, name)
+        if param is None or value is param or (
+                value.dtype is param.dtype and value.data_ptr() == param.data_ptr()):
+            continue  # the parameter, or its detached self
+        state_dict[key] = param if keep_vars else param.detach()
 
 
 def called_on_its_own(device_type: str, inputs: Any) -> bool:
@@ -605,6 +749,8 @@ def restore_swapped(module: nn.Module, swapped: Swapped, where: str = "") -> Non
         # or the module would keep the low-precision copies (non-leaf tensors, which
         # neither pickle nor deepcopy) past its forward.
         module._init_flat_weights()
+    # (last: another thread may swap the module the moment the mark is gone)
+    _release(module, swapped)
     if edited:
         check_copies_unedited(module, edited, where)
 
@@ -728,6 +874,13 @@ def truth_of(tensor: torch.Tensor) -> torch.Tensor:
         for param, low in copies.values():
             if low is tensor:
                 return param
+    for module in list(_held.values()):  # another thread's forward holds it
+        held = module.__dict__.get(_HELD)
+        params = module._parameters
+        record: Swapped = [] if held is None else held[1]
+        for name, truth, _ in record:
+            if params.get(name) is tensor:
+                return truth
     return tensor
 
 

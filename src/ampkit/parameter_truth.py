@@ -1,4 +1,4 @@
-"""What a converted forward sees of its parameters, and where its edits go (issue 46).
+"""What a converted forward sees of its parameters, and where its edits go.
 
 At O2 a module's forward computes with low-precision copies of its fp32 parameters
 (:mod:`ampkit.parameter_casts`): while it runs, its ``_parameters`` hold the copies.
@@ -25,14 +25,25 @@ forward's compute on the truth, as fp32 training would have it:
   and cannot be seen: make such edits in a forward pre-hook, where they reach the
   truth. The check is off under ``inference_mode`` (inference tensors have no version
   counter) and under ``torch.compile``.
-* **``parameters()`` and ``named_parameters()`` give the truth.** Called inside a
-  converted forward (a regulariser over ``self.parameters()``), they give the fp32
-  parameters, also those of modules whose forward is running (:func:`truths`); the
-  gradient of what is computed from them reaches ``.grad`` directly. Reading an
-  attribute (``self.weight``) inside the module's own forward gives the copy: that is
-  the compute use the copy is for. Under ``torch.compile``, and in a module whose class
-  the conversion does not replace (a parametrized module, a class with a ``__call__``
-  of its own), ``parameters()`` gives what ``_parameters`` holds.
+* **Every read of a parameter by name or by walk gives the truth.** Called inside a
+  converted forward (a regulariser over ``self.parameters()``, a checkpoint taken in
+  a hook), ``parameters()``, ``named_parameters()``, ``get_parameter()`` and
+  ``state_dict()`` give the fp32 parameters (``state_dict`` detached, or the
+  parameters themselves with ``keep_vars=True``), also those of modules whose forward
+  is running (:func:`truths`; the ``state_dict`` post-hook
+  :func:`~ampkit.parameter_casts.truth_in_state_dict`); the gradient of what is
+  computed from them reaches ``.grad`` directly. The same holds when another thread's
+  forward is running. The one read that gives the copy is the attribute
+  (``self.weight``) inside the module's own forward: that is the compute use the copy
+  is for (read from another thread while the module's forward runs, it gives the copy
+  too: read parameters across threads by name or walk). Under ``torch.compile``, and
+  in a module whose class the conversion does not replace (a parametrized module, a
+  class with a ``__call__`` of its own), ``parameters()`` and ``get_parameter()`` give
+  what ``_parameters`` holds (``state_dict()`` still gives the truth).
+* **One forward of a module at a time.** The copies sit in the module's own
+  ``_parameters``, which every thread shares: a forward entered while another thread
+  is inside the same module raises ``RuntimeError`` (a training thread and a serving
+  thread need a converted model each, or O1).
 
 Example:
     >>> import torch

@@ -273,3 +273,107 @@ def test_the_cast_stays_after_pre_hooks_across_deepcopy() -> None:
                                       prepend=True)
     twin(torch.randn(2, 8))
     assert twin[0].seen == [FP32, FP32]
+
+
+# -- every way of reading a parameter inside the forward agrees -------------------------
+
+
+class _Reads(nn.Linear):
+    """Reads its parameters every way torch offers, inside its own forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.read = {
+            "state_dict": self.state_dict(),
+            "state_dict_vars": self.state_dict(keep_vars=True),
+            "get_parameter": {n: self.get_parameter(n) for n in ("weight", "bias")},
+            "named_parameters": dict(self.named_parameters()),
+            "parameters": list(self.parameters()),
+        }
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["fast-call", "with-hook"])
+def test_every_read_of_a_parameter_inside_an_o2_forward_gives_the_truth(hooked):
+    torch.manual_seed(0)
+    net = ampkit.initialize(_Reads(4, 3), level="O2", dtype="bfloat16")
+    if hooked:  # the hooks' route (another forward hook on the module), not the fast call
+        net.register_forward_hook(lambda *args: None)
+    truth = {"weight": net.weight, "bias": net.bias}
+    y = net(torch.randn(2, 4))
+    assert y.dtype is FP32
+    read = net.read
+    for name, param in truth.items():
+        value = read["state_dict"][name]
+        assert value.dtype is FP32 and torch.equal(value, param.detach())
+        assert not value.requires_grad
+        assert read["state_dict_vars"][name] is param
+        assert read["get_parameter"][name] is param
+        assert read["named_parameters"][name] is param
+    assert all(a is b for a, b in zip(read["parameters"], truth.values(), strict=True))
+    # (outside the forward, as always)
+    assert net.get_parameter("weight") is net.weight
+
+
+def test_a_parent_reads_a_running_child_through_get_parameter():
+    class _Parent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.child = _Child(self)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.child(x)
+
+    class _Child(nn.Linear):
+        def __init__(self, parent: nn.Module) -> None:
+            super().__init__(4, 4)
+            self.__dict__["parent"] = parent  # (not a submodule)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.seen = self.parent.get_parameter("child.weight")
+            self.sd = self.parent.state_dict()["child.weight"]
+            return super().forward(x)
+
+    model = ampkit.initialize(_Parent(), level="O2", dtype="bfloat16")
+    model(torch.randn(1, 4))
+    assert model.child.seen is model.child.weight
+    assert model.child.sd.dtype is FP32 and torch.equal(model.child.sd, model.child.weight)
+
+
+class _Bag(nn.Module):
+    """An EmbeddingBag whose per-sample weights the forward makes, in fp32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.bag = nn.EmbeddingBag(20, 8, mode="sum")
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor, by_position: bool = False
+                ) -> torch.Tensor:
+        psw = torch.linspace(0.5, 1.5, ids.numel())
+        if by_position:
+            return self.bag(ids, offsets, psw)
+        return self.bag(ids, offsets, per_sample_weights=psw)
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+@pytest.mark.parametrize("by_position", [False, True])
+def test_embedding_bag_with_per_sample_weights_made_in_the_forward(level, by_position):
+    ids, offsets = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2])
+    psw = torch.linspace(0.5, 1.5, 5)
+    with torch.autocast("cpu", BF16):  # native autocast runs it
+        native = _Bag()(ids, offsets, by_position)
+    assert native.dtype is FP32
+    model = ampkit.initialize(_Bag(), level=level, dtype="bfloat16")
+    out = model(ids, offsets, by_position)
+    out.square().sum().backward()
+    # Oracle: torch's kernel with the weight in its compute dtype and the per-sample
+    # weights cast to it.
+    weight = _Bag().bag.weight
+    if level == "O3":
+        weight = weight.detach().to(BF16).requires_grad_()
+    ref = F.embedding_bag(ids, weight.to(BF16), offsets, mode="sum",
+                          per_sample_weights=psw.to(BF16)).float()
+    ref.square().sum().backward()
+    assert torch.equal(out, ref)
+    assert model.bag.weight.grad.dtype is weight.grad.dtype
+    assert torch.equal(model.bag.weight.grad, weight.grad)

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from ampkit.arguments import LOW_PRECISION
 from ampkit.autocast_mode import autocast, enter_in_graph, exit_in_graph, in_graph_key
-from ampkit.casting import cast_tree
+from ampkit.casting import cast_tree, map_floating
 from ampkit.compile_frames import not_traced, skip_recursively
 from ampkit.containers import iter_tensors
 from ampkit.conversion.classes import give_boundary, original_class
@@ -141,6 +141,32 @@ def _check_gathered_fp32(module: nn.Module) -> None:
         f"Shard the model with ampkit.fsdp.fully_shard(model, blocks=...), which gives "
         f"kept modules fp32 groups of their own, or call fully_shard on this module "
         f"first with mp_policy=ampkit.fsdp.mixed_precision_policy(model, kept=True)")
+
+
+class _Given(threading.local):
+    """This thread's root boundaries that cast their inputs, innermost last: for each,
+    ``id(cast input) -> (cast input, the caller's tensor, the cast's version)``."""
+
+    def __init__(self) -> None:
+        self.stack: list[dict[int, tuple[torch.Tensor, torch.Tensor, int]]] = []
+
+
+_given = _Given()
+
+
+class _PopGiven:
+    """In a boundary's entered contexts: leaving it drops its inputs' record."""
+
+    def __exit__(self, *exc: object) -> None:
+        if _given.stack:
+            _given.stack.pop()
+
+
+_GIVEN = _PopGiven()
+
+
+def _not_double(t: torch.Tensor) -> bool:
+    return t.dtype is not torch.float64
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -274,6 +300,16 @@ class Boundary:
                             hooks = SaveLowCopies(upcasts)
                             hooks.__enter__()
                             entered.append(hooks)
+                    if self.root and self.output_dtype is not None:
+                        # (for the output cast: an input handed back untouched is the
+                        # caller's tensor again)
+                        # (an inference tensor has no version counter: -1)
+                        _given.stack.append({id(new): (new, old, -1 if new.is_inference()
+                                                       else new._version)
+                                             for old, new in zip(
+                                                 iter_tensors((args, kwargs)),
+                                                 iter_tensors(cast)) if new is not old})
+                        entered.append(_GIVEN)
                     args, kwargs = cast
         except BaseException:
             self.leave(entered, swaps)
@@ -293,13 +329,34 @@ class Boundary:
 
     def cast_output(self, module: nn.Module, args: Any, output: Any) -> Any:
         """A forward hook, the first of the module's: the output cast. A hook, so that
-        forward hooks the user registered on the module see what it hands back."""
+        forward hooks the user registered on the module see what it hands back.
+
+        Only the floating tensors the level made in another precision are cast: a
+        float64 output stays float64, as native autocast leaves it (it never computes
+        in float64 with lower precision). The containers come back as the model built
+        them (:mod:`ampkit.containers`: same types, no user code run again, an
+        untouched one the same object)."""
         if self.output_dtype is None or output is None or (
                 self.on_use and not torch.compiler.is_compiling() and not casting_on_use()):
             return None
         if self.bare_fp32 and _on_its_own.modules and _on_its_own.modules[-1] is module:
             return None
-        return cast_tree(output, self.output_dtype)
+        given = _given.stack[-1] if self.root and _given.stack else None
+        if not given:
+            return cast_tree(output, self.output_dtype, _not_double)
+        dtype = self.output_dtype
+
+        def cast(t: torch.Tensor) -> torch.Tensor:
+            found = given.get(id(t))
+            # (an inference tensor's edits cannot be seen: it is cast, as any output)
+            if found is not None and found[0] is t and found[2] >= 0 and (
+                    t._version == found[2]):
+                return found[1]  # the caller's own input, handed back untouched
+            if t.dtype is dtype or t.dtype is torch.float64:
+                return t
+            return t.to(dtype)
+
+        return map_floating(output, cast)
 
     def call_traced(self, module: nn.Module, call: Any, args: tuple[Any, ...],
                      kwargs: dict[str, Any], cast_inputs: bool = True) -> Any:

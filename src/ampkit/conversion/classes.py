@@ -22,6 +22,7 @@ import functools
 import inspect
 import threading
 import types
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
@@ -33,12 +34,13 @@ from ampkit.conversion.config import record_of
 from ampkit.parameter_casts import (
     Swapped,
     casting_on_use,
+    copies_held,
     keep_cast_last,
     own_cast_hooks,
     restore_swapped,
     swap_params,
+    true_parameter,
 )
-from ampkit.parameter_truth import truths
 from ampkit.torch_internals import global_backward_hooks as _global_backward_hooks
 from ampkit.torch_internals import global_backward_pre_hooks as _global_backward_pre_hooks
 from ampkit.torch_internals import global_forward_hooks as _global_forward_hooks
@@ -269,11 +271,41 @@ def _named_parameters(self: nn.Module, prefix: str = "", recurse: bool = True,
     """``named_parameters`` of a converted module: inside a converted forward, the fp32
     parameters where a module's ``_parameters`` hold low-precision copies
     (:func:`ampkit.parameter_truth.truths`); ``parameters()`` goes through it."""
-    named = super(_converted_in(type(self)), self).named_parameters(  # type: ignore[arg-type]
-        prefix, recurse, remove_duplicate)
-    if torch.compiler.is_compiling() or not casting_on_use():
-        return named
-    return truths(named, remove_duplicate)
+    if torch.compiler.is_compiling() or not (casting_on_use() or copies_held()):
+        return super(_converted_in(type(self)), self).named_parameters(  # type: ignore[arg-type]
+            prefix, recurse, remove_duplicate)
+    return _true_named_parameters(self, prefix, recurse, remove_duplicate)
+
+
+def _true_named_parameters(self: nn.Module, prefix: str, recurse: bool,
+                           remove_duplicate: bool) -> Iterator[tuple[str, Any]]:
+    # torch's walk, each module's entries read by name (true_parameter): a copy another
+    # thread's forward puts in or takes out during the walk is seen as its parameter.
+    modules = (self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate)
+               if recurse else [(prefix, self)])
+    seen: set[int] = set()
+    for module_prefix, module in modules:
+        for name in list(module._parameters):
+            param = true_parameter(module, name)
+            if param is None:
+                continue
+            if remove_duplicate:
+                if id(param) in seen:
+                    continue
+                seen.add(id(param))
+            yield (module_prefix + "." if module_prefix else "") + name, param
+
+
+def _get_parameter(self: nn.Module, target: str) -> Any:
+    """``get_parameter`` of a converted module: the fp32 parameter where the module
+    that holds it runs its forward with a low-precision copy in its place (torch's
+    own refuses the copy: it is not an ``nn.Parameter``)."""
+    path, _, name = target.rpartition(".")
+    param = true_parameter(self.get_submodule(path), name)
+    if isinstance(param, nn.Parameter):
+        return param
+    return super(_converted_in(type(self)), self).get_parameter(  # type: ignore[arg-type]
+        target)
 
 
 def _converted_class(base: type, call: Any = converted_call) -> type:
@@ -287,7 +319,8 @@ def _converted_class(base: type, call: Any = converted_call) -> type:
                          "__module__": base.__module__, "__qualname__": base.__qualname__,
                          "__doc__": base.__doc__,
                          "register_forward_pre_hook": _register_forward_pre_hook,
-                         "named_parameters": _named_parameters}
+                         "named_parameters": _named_parameters,
+                         "get_parameter": _get_parameter}
             forward = getattr(base, "forward", None)
             if call is converted_call and getattr(forward, "__module__", "").startswith(
                     "torch."):

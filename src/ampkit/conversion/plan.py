@@ -434,6 +434,51 @@ def _register_state_dict_hook(module: nn.Module, hook: Any) -> None:
         module._register_state_dict_hook(hook)
 
 
+class CastPerSampleWeights:
+    """Forward pre-hook of an ``nn.EmbeddingBag`` whose weight computes in a
+    low-precision dtype (O2's copy, O3's parameter): floating ``per_sample_weights``
+    are cast to it. torch's kernel takes them only in the weight's dtype, and a model
+    makes them in fp32 in its own forward, where no region casts them (the bag is no
+    op on any list); in fp32 training, and under native autocast, they match. (No
+    ``__slots__``: torch tags hooks with an attribute.)"""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                 ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        dtype = self.dtype
+        if len(args) > 2:
+            weights = args[2]
+            if (isinstance(weights, torch.Tensor) and weights.is_floating_point()
+                    and weights.dtype is not dtype):
+                return (*args[:2], weights.to(dtype), *args[3:]), kwargs
+            return None
+        weights = kwargs.get("per_sample_weights")
+        if (isinstance(weights, torch.Tensor) and weights.is_floating_point()
+                and weights.dtype is not dtype):
+            return args, {**kwargs, "per_sample_weights": weights.to(dtype)}
+        return None
+
+
+def _cast_per_sample_weights(plan: _Plan) -> None:
+    on_use = {id(m) for m in plan.cast_on_use}
+    for module in plan.owners:
+        if not isinstance(module, nn.EmbeddingBag):
+            continue
+        weight = module._parameters.get("weight")
+        if weight is None:
+            continue
+        dtype = plan.cast_dtype if id(module) in on_use else None
+        if dtype is None:
+            target = plan.tensor_dtype.get(id(weight))
+            dtype = None if target is None else target[0]
+        if dtype in _LOW:
+            # (registered last: a converted module keeps ampkit's parameter cast the
+            # last of its pre-hooks, so this one runs before it, with its dtype given)
+            module.register_forward_pre_hook(CastPerSampleWeights(dtype), with_kwargs=True)
+
+
 def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
     if plan.cast_dtype is not None and plan.cast_on_use:
         from torch.nn.utils.parametrize import is_parametrized
@@ -471,6 +516,7 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
         install_boundary(module, boundary)
     for module in plan.input_casts:
         cast_inputs_to(module, config.param_dtype)
+    _cast_per_sample_weights(plan)
     if config.state_dict_dtype is not None:
         report = ReportDtype(config.state_dict_dtype)
         for module in plan.owners:

@@ -1,0 +1,162 @@
+"""The output rule: a converted model's outputs come back as the model built them,
+except that low-precision floating tensors become fp32.
+
+Oracle: native ``torch.autocast`` around the same model (O1 computes what it computes,
+bit for bit), and the model's own output types: a float64 output stays float64, a
+container keeps its type and behaviour and is rebuilt without running the user's code
+again (a dataclass's ``__post_init__``, a class's ``__init__``), and an input handed
+back untouched is the same object."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+import torch.nn as nn
+
+import ampkit
+
+BF16 = torch.bfloat16
+
+
+class _Net(nn.Module):
+    """A Linear whose output ``wrap`` packs into the container under test."""
+
+    def __init__(self, wrap: Any) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(8, 4)
+        self.wrap = wrap
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.wrap(self.lin(x), x)
+
+
+def _native(wrap: Any, x: torch.Tensor) -> Any:
+    with torch.autocast("cpu", BF16):
+        return _Net(wrap)(x)
+
+
+def _converted(wrap: Any, level: str) -> nn.Module:
+    return ampkit.initialize(_Net(wrap), level=level, dtype="bfloat16")
+
+
+X = torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_float64_output_stays_float64_as_native(level):
+    def wrap(y, x):
+        # float64 on the way out, values near 1e6 (float32 keeps ~7 digits of them)
+        return y.double() * 1e6 + 1e6, y
+
+    big, low = _converted(wrap, level)(X)
+    assert big.dtype is torch.float64 and low.dtype is torch.float32
+    if level == "O1":
+        ref_big, ref_low = _native(wrap, X)
+        assert torch.equal(big, ref_big)
+        assert torch.equal(low, ref_low.float())
+
+
+@dataclasses.dataclass
+class _Scaled:
+    logits: torch.Tensor
+    scale: float = 2.0
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        # user code that transforms a field: run twice, it scales twice
+        self.logits = self.logits * self.scale
+        self.calls += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    logits: torch.Tensor
+    norm: torch.Tensor = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "norm", self.logits.float().norm())
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_dataclass_output_is_not_rebuilt_through_its_init(level):
+    out = _converted(lambda y, x: _Scaled(y), level)(X)
+    assert type(out) is _Scaled and out.calls == 1 and out.logits.dtype is torch.float32
+    if level == "O1":
+        ref = _native(lambda y, x: _Scaled(y), X)
+        assert torch.equal(out.logits, ref.logits.float())
+    frozen = _converted(lambda y, x: _Frozen(y), level)(X)
+    assert type(frozen) is _Frozen and frozen.logits.dtype is torch.float32
+    assert frozen.norm.dtype is torch.float32
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_defaultdict_output_keeps_its_factory(level):
+    out = _converted(lambda y, x: collections.defaultdict(list, logits=y), level)(X)
+    assert type(out) is collections.defaultdict and out.default_factory is list
+    assert out["logits"].dtype is torch.float32
+    assert out["not there"] == []
+
+
+class _Pair(NamedTuple):
+    logits: torch.Tensor
+    tag: str
+
+
+class _Tagged(collections.OrderedDict):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inits = getattr(self, "inits", 0) + 1
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_named_tuples_ordered_dicts_and_subclasses_keep_type_and_state(level):
+    pair = _converted(lambda y, x: _Pair(y, "a"), level)(X)
+    assert type(pair) is _Pair and pair.tag == "a" and pair.logits.dtype is torch.float32
+    od = _converted(lambda y, x: collections.OrderedDict(b=1, logits=y), level)(X)
+    assert type(od) is collections.OrderedDict and list(od) == ["b", "logits"]
+    od.move_to_end("b")  # an OrderedDict's own behaviour works on the rebuilt one
+    assert list(od) == ["logits", "b"]
+    tagged = _converted(lambda y, x: _Tagged(logits=y), level)(X)
+    assert type(tagged) is _Tagged and tagged.inits == 1  # its __init__ ran once
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_hugging_face_model_output_keeps_type_and_behaviour(level):
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    out = _converted(lambda y, x: CausalLMOutputWithPast(logits=y), level)(X)
+    assert type(out) is CausalLMOutputWithPast and out.logits.dtype is torch.float32
+    assert out["logits"] is out.logits and out[0] is out.logits and out.loss is None
+    assert out.to_tuple() == (out.logits,)
+
+
+def test_input_handed_back_untouched_is_the_same_object():
+    batch = {"x": X, "mask": torch.ones(2, dtype=torch.bool)}
+
+    class _Echo(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 4)
+
+        def forward(self, batch: dict) -> Any:
+            return self.lin(batch["x"]), batch
+
+    model = ampkit.initialize(_Echo(), level="O1", dtype="bfloat16")
+    y, back = model(batch)
+    assert y.dtype is torch.float32
+    assert back is batch  # not a rebuilt copy
+    same = ampkit.initialize(_Net(lambda y, x: (y, x)), level="O1", dtype="bfloat16")
+    assert same(X)[1] is X
+
+
+def test_input_handed_back_at_o2_is_the_callers_tensor():
+    # O2 casts the model's inputs to bf16 on the way in; handing one back untouched
+    # gives the caller's tensor, not a float32 copy of its rounded bf16 view.
+    model = _converted(lambda y, x: (y, x), "O2")
+    y, back = model(X)
+    assert back is X and y.dtype is torch.float32
