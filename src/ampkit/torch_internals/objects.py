@@ -31,22 +31,24 @@ import torch.nn as nn
 
 from ampkit.torch_internals.entries import fail, register_entry, resolve
 
-__all__ = ["amp_foreach_non_finite_check_and_unscale_", "amp_update_scale_",
-           "backward_hooks", "backward_pre_hooks", "compiled_call_impl", "convolution",
-           "destroy_library", "foreach_add_", "foreach_copy_", "foreach_max",
-           "forward_hooks", "forward_pre_hooks", "fsdp_managed", "init_flat_weights",
-           "is_view", "mark_dynamo_disabled", "mark_optimizer_called",
-           "mark_wrapped_by_lr_scheduler", "module_buffers", "module_parameters",
-           "nn_builtins", "op_builtin", "op_schema", "register_state_dict_hook",
-           "scaled_mm", "set_step_supports_amp_scaling", "sparse_values",
-           "step_supports_amp_scaling", "tensor_version", "wrapped_by_lr_scheduler"]
+__all__ = ["STEP_SUPPORTS_AMP_SCALING", "amp_foreach_non_finite_check_and_unscale_",
+           "amp_update_scale_", "backward_hooks", "backward_pre_hooks", "compiled_call_impl",
+           "convolution", "destroy_library", "foreach_add_", "foreach_copy_", "foreach_max",
+           "forward_hooks", "forward_pre_hooks", "fsdp_managed", "init_flat_weights", "is_view",
+           "mark_dynamo_disabled", "mark_optimizer_called", "mark_wrapped_by_lr_scheduler",
+           "module_buffers", "module_parameters", "nn_builtins", "op_builtin", "op_schema",
+           "register_state_dict_hook", "scaled_mm", "set_step_supports_amp_scaling",
+           "sparse_values", "step_supports_amp_scaling", "tensor_version",
+           "wrapped_by_lr_scheduler"]
 
 # -- a module's tables ---------------------------------------------------------------------
 
+_Table = dict[str, torch.Tensor | None]
+
 #: ``module._parameters``: the module's own parameters by name (the live dict torch reads)
-module_parameters: Callable[[nn.Module], dict[str, Any]] = operator.attrgetter("_parameters")
+module_parameters: Callable[[nn.Module], _Table] = operator.attrgetter("_parameters")
 #: ``module._buffers``: the module's own buffers by name (the live dict)
-module_buffers: Callable[[nn.Module], dict[str, Any]] = operator.attrgetter("_buffers")
+module_buffers: Callable[[nn.Module], _Table] = operator.attrgetter("_buffers")
 #: ``module._forward_pre_hooks``: the module's forward pre-hooks by handle id
 forward_pre_hooks: Callable[[nn.Module], dict[int, Any]] = operator.attrgetter(
     "_forward_pre_hooks")
@@ -284,6 +286,10 @@ def _check_private_ops() -> None:
 
 # -- flags torch's optimizers, LR schedulers and loss scalers share ----------------------
 
+#: the flag's attribute name, for an optimizer's pickled state (``__getstate__``)
+STEP_SUPPORTS_AMP_SCALING = "_step_supports_amp_scaling"
+
+
 def step_supports_amp_scaling(optimizer: Any) -> bool:
     """Whether ``optimizer`` (or its class) says its ``step`` takes a loss scaler's
     ``grad_scale``/``found_inf`` itself (torch's ``_step_supports_amp_scaling``).
@@ -357,6 +363,7 @@ def mark_wrapped_by_lr_scheduler(step: Any) -> None:
                 "none: the flags are the protocol torch's GradScaler and LRScheduler read",
                 lazy=True,  # building an optimizer imports torch._dynamo (over a second)
                 provides=("step_supports_amp_scaling", "set_step_supports_amp_scaling",
+                          "STEP_SUPPORTS_AMP_SCALING",
                           "mark_optimizer_called", "wrapped_by_lr_scheduler",
                           "mark_wrapped_by_lr_scheduler"))
 def _check_optimizer_flags() -> None:
