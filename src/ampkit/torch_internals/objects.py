@@ -4,8 +4,9 @@ LR schedulers and loss scalers share, dynamo's disable flags, and the amp, multi
 fp8 and convolution ops torch exposes under private names (see
 :mod:`ampkit.torch_internals`).
 
-Plain attribute reads are :func:`operator.attrgetter` objects: a converted module's
-forward reads several per call, and a C getter costs about what the attribute read does.
+Plain attribute reads are one-line Python functions, not ``operator.attrgetter``
+objects: a converted module's forward reads them inside ``torch.compile``'s traces, and
+dynamo traces a Python function but not an ``attrgetter`` call.
 
 Example:
     >>> import torch
@@ -22,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -45,22 +45,43 @@ __all__ = ["STEP_SUPPORTS_AMP_SCALING", "amp_foreach_non_finite_check_and_unscal
 
 _Table = dict[str, torch.Tensor | None]
 
-#: ``module._parameters``: the module's own parameters by name (the live dict torch reads)
-module_parameters: Callable[[nn.Module], _Table] = operator.attrgetter("_parameters")
-#: ``module._buffers``: the module's own buffers by name (the live dict)
-module_buffers: Callable[[nn.Module], _Table] = operator.attrgetter("_buffers")
-#: ``module._forward_pre_hooks``: the module's forward pre-hooks by handle id
-forward_pre_hooks: Callable[[nn.Module], dict[int, Any]] = operator.attrgetter(
-    "_forward_pre_hooks")
-#: ``module._forward_hooks``: the module's forward hooks by handle id
-forward_hooks: Callable[[nn.Module], dict[int, Any]] = operator.attrgetter("_forward_hooks")
-#: ``module._backward_hooks``: the module's full backward hooks
-backward_hooks: Callable[[nn.Module], dict[int, Any]] = operator.attrgetter("_backward_hooks")
-#: ``module._backward_pre_hooks``: the module's full backward pre-hooks
-backward_pre_hooks: Callable[[nn.Module], dict[int, Any]] = operator.attrgetter(
-    "_backward_pre_hooks")
-#: ``module._compiled_call_impl``: set by ``module.compile()``, else ``None``
-compiled_call_impl: Callable[[nn.Module], Any] = operator.attrgetter("_compiled_call_impl")
+def module_parameters(module: nn.Module) -> _Table:
+    """``module._parameters``: the module's own parameters by name (the live dict torch
+    reads; ampkit puts low-precision tensors there for a forward)."""
+    table: Any = module._parameters
+    return table  # type: ignore[no-any-return]
+
+
+def module_buffers(module: nn.Module) -> _Table:
+    """``module._buffers``: the module's own buffers by name (the live dict)."""
+    return module._buffers
+
+
+def forward_pre_hooks(module: nn.Module) -> dict[int, Any]:
+    """``module._forward_pre_hooks``: the module's forward pre-hooks by handle id."""
+    return module._forward_pre_hooks
+
+
+def forward_hooks(module: nn.Module) -> dict[int, Any]:
+    """``module._forward_hooks``: the module's forward hooks by handle id."""
+    return module._forward_hooks
+
+
+def backward_hooks(module: nn.Module) -> dict[int, Any]:
+    """``module._backward_hooks``: the module's full backward hooks."""
+    return module._backward_hooks
+
+
+def backward_pre_hooks(module: nn.Module) -> dict[int, Any]:
+    """``module._backward_pre_hooks``: the module's full backward pre-hooks."""
+    return module._backward_pre_hooks
+
+
+def compiled_call_impl(module: nn.Module) -> Any:
+    """``module._compiled_call_impl``: set by ``module.compile()``, else ``None``."""
+    return module._compiled_call_impl
+
+
 
 
 def register_state_dict_hook(module: nn.Module, hook: Callable[..., Any]) -> Any:
@@ -152,13 +173,21 @@ def _check_module_state() -> None:
 
 # -- a tensor's state ----------------------------------------------------------------------
 
-#: ``tensor._version``: bumped by every in-place change (autograd's saved-tensor check)
-tensor_version: Callable[[torch.Tensor], int] = operator.attrgetter("_version")
-#: ``tensor._is_view()``: whether the tensor is a view of another
-is_view: Callable[[torch.Tensor], bool] = operator.methodcaller("_is_view")
-#: ``sparse._values()``: a sparse COO tensor's values, coalesced or not (the public
-#: ``values()`` refuses an uncoalesced one)
-sparse_values: Callable[[torch.Tensor], torch.Tensor] = operator.methodcaller("_values")
+def tensor_version(tensor: torch.Tensor) -> int:
+    """``tensor._version``: bumped by every in-place change."""
+    return tensor._version
+
+
+def is_view(tensor: torch.Tensor) -> bool:
+    """``tensor._is_view()``: whether the tensor is a view of another."""
+    return tensor._is_view()
+
+
+def sparse_values(tensor: torch.Tensor) -> torch.Tensor:
+    """``sparse._values()``: a sparse COO tensor's values, coalesced or not."""
+    return tensor._values()
+
+
 
 
 @register_entry("tensor_state", ("torch.Tensor._version", "torch.Tensor._is_view",
@@ -186,10 +215,17 @@ def _check_tensor_state() -> None:
 
 # -- op objects ----------------------------------------------------------------------------
 
-#: ``op._schema``: an ``OpOverload``'s schema (name, arguments, aliasing)
-op_schema: Callable[[Any], Any] = operator.attrgetter("_schema")
-#: ``op._op``: the bound builtin an ``OpOverload`` calls, without its Python frame
-op_builtin: Callable[[Any], Callable[..., Any]] = operator.attrgetter("_op")
+def op_schema(op: Any) -> Any:
+    """``op._schema``: an ``OpOverload``'s schema."""
+    return op._schema
+
+
+def op_builtin(op: Any) -> Callable[..., Any]:
+    """``op._op``: the bound builtin an ``OpOverload`` calls, without its Python frame."""
+    call: Callable[..., Any] = op._op
+    return call
+
+
 
 
 def destroy_library(library: Any) -> None:
