@@ -60,9 +60,11 @@ Example:
     >>> model = ampkit.initialize(torch.nn.Sequential(torch.nn.Linear(4, 4),
     ...                                               torch.nn.LayerNorm(4)),
     ...                           level="O2", dtype=torch.bfloat16)
-    >>> mixed_precision_policy(model).param_dtype, mixed_precision_policy(model, kept=True)
-    (torch.bfloat16, MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None, \
-output_dtype=None, cast_forward_inputs=False))
+    >>> mixed_precision_policy(model).param_dtype
+    torch.bfloat16
+    >>> kept = mixed_precision_policy(model, kept=True)
+    >>> kept.param_dtype, kept.reduce_dtype, kept.output_dtype, kept.cast_forward_inputs
+    (None, None, None, False)
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch.nn as nn
 
+from ampkit.torch_internals import Unavailable
+
 __all__ = ["ModuleSelector", "ResolvedSelectors", "parse_module_selectors",
            "resolve_module_selectors", "selects"]
 
@@ -57,6 +59,8 @@ def parse_module_selectors(value: Any, argument: str) -> tuple[ModuleSelector, .
         if isinstance(item, str | nn.Module) or (isinstance(item, type)
                                                   and issubclass(item, nn.Module)):
             out.append(item)
+        elif isinstance(item, Unavailable):
+            item()  # a torch internal this torch lacks (a default's norm base): say so
         else:
             raise TypeError(f"{argument}: expected nn.Module subclasses, qualified module "
                             f"names (str) or module instances, got {item!r}")

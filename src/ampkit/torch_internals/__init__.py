@@ -7,9 +7,15 @@ between torch releases so far was behaviour (a flag whose meaning widened, an in
 renamed behind a surviving shim), never a missing name. The cheap checks run at
 ``import ampkit``; those that would import ``torch._dynamo`` (over a second) or compile
 are ``lazy``: the test suite runs them, and the checkpoint carry proves its own at its
-first installation. A failed check raises :class:`TorchInternalsError`, naming the torch
-version and the entry. ``tests/project/test_torch_internals.py`` runs every check, so a new torch
-release says in one place what moved.
+first installation. ``tests/project/test_torch_internals.py`` runs every check, so a new
+torch release says in one place what moved.
+
+An entry this torch lacks, or whose import-time check fails, does not stop
+``import ampkit``: the entry is disabled (one RuntimeWarning names it), its accessors
+become :class:`Unavailable` stand-ins or public fallbacks, and the feature that needs it
+raises :class:`TorchInternalsError` when used, naming torch's version, the entry and the
+public alternative. Everything else (autocast without custom lists, GradScaler, the
+dialects' regions) keeps working. :func:`unavailable` lists what was disabled.
 
 Example:
     >>> from ampkit import torch_internals
@@ -18,6 +24,8 @@ Example:
     >>> torch_internals.compiling()
     False
 """
+
+import sys
 
 from ampkit.torch_internals.dispatch import (
     DisableTorchFunction as DisableTorchFunction,
@@ -52,7 +60,17 @@ from ampkit.torch_internals.dynamo import (
     install_compile_hooks,
     skip_code,
 )
-from ampkit.torch_internals.entries import ENTRIES, Entry, TorchInternalsError, check, fail
+from ampkit.torch_internals.entries import (
+    ENTRIES,
+    Entry,
+    TorchInternalsError,
+    Unavailable,
+    available,
+    check,
+    disable_broken,
+    fail,
+    unavailable,
+)
 from ampkit.torch_internals.modules import (
     BatchNormBase,
     InstanceNormBase,
@@ -63,29 +81,70 @@ from ampkit.torch_internals.modules import (
     global_forward_pre_hooks,
     make_wrapper_subclass,
 )
+from ampkit.torch_internals.objects import (
+    STEP_SUPPORTS_AMP_SCALING,
+    amp_foreach_non_finite_check_and_unscale_,
+    amp_update_scale_,
+    backward_hooks,
+    backward_pre_hooks,
+    compiled_call_impl,
+    convolution,
+    destroy_library,
+    foreach_add_,
+    foreach_copy_,
+    foreach_max,
+    forward_hooks,
+    forward_pre_hooks,
+    fsdp_managed,
+    init_flat_weights,
+    is_view,
+    mark_dynamo_disabled,
+    mark_optimizer_called,
+    mark_wrapped_by_lr_scheduler,
+    module_buffers,
+    module_parameters,
+    nn_builtins,
+    op_builtin,
+    op_schema,
+    register_state_dict_hook,
+    scaled_mm,
+    set_step_supports_amp_scaling,
+    sparse_values,
+    step_supports_amp_scaling,
+    tensor_version,
+    wrapped_by_lr_scheduler,
+)
 from ampkit.torch_internals.tracing import (
     check_compile_session_in_a_backend,
     compiling,
     install_checkpoint_carry,
 )
 
-__all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", "OpOverload",
-           "OpOverloadPacket", "TorchDispatchMode", "TorchInternalsError", "after_compile",
-           "check", "check_compile_session_in_a_backend", "compiling", "current_autograd_node",
-           "disable_current_modes", "disabled_torch_function_impl", "dynamo_loaded", "fail",
-           "global_backward_hooks", "global_backward_pre_hooks", "global_forward_hooks",
-           "global_forward_pre_hooks", "has_kernel", "in_graph", "install_checkpoint_carry",
-           "install_compile_hooks", "lazy_check_dispatch_mode", "local_shape_and_offset",
-           "make_wrapper_subclass", "native_kernel", "op_object_qualname", "redispatch_keysets",
-           "registrations", "saved_tensors_hooks_free", "schema_exists", "schemas_of", "skip_code",
-           "tree_leaves", "tree_map"]
+__all__ = ["BatchNormBase", "ENTRIES", "STEP_SUPPORTS_AMP_SCALING", "Entry", "InstanceNormBase",
+           "NormBase", "OpOverload", "OpOverloadPacket", "TorchDispatchMode",
+           "TorchInternalsError", "Unavailable", "after_compile",
+           "amp_foreach_non_finite_check_and_unscale_", "amp_update_scale_", "available",
+           "backward_hooks", "backward_pre_hooks", "check", "check_compile_session_in_a_backend",
+           "compiled_call_impl", "compiling", "convolution", "current_autograd_node",
+           "destroy_library", "disable_current_modes", "disabled_torch_function_impl",
+           "dynamo_loaded", "fail", "foreach_add_", "foreach_copy_", "foreach_max",
+           "forward_hooks", "forward_pre_hooks", "fsdp_managed", "global_backward_hooks",
+           "global_backward_pre_hooks", "global_forward_hooks", "global_forward_pre_hooks",
+           "has_kernel", "in_graph", "init_flat_weights", "install_checkpoint_carry",
+           "install_compile_hooks", "is_view", "lazy_check_dispatch_mode",
+           "local_shape_and_offset", "make_wrapper_subclass", "mark_dynamo_disabled",
+           "mark_optimizer_called", "mark_wrapped_by_lr_scheduler", "module_buffers",
+           "module_parameters", "native_kernel", "nn_builtins", "op_builtin",
+           "op_object_qualname", "op_schema", "redispatch_keysets", "register_state_dict_hook",
+           "registrations", "saved_tensors_hooks_free", "scaled_mm", "schema_exists",
+           "schemas_of", "set_step_supports_amp_scaling", "skip_code", "sparse_values",
+           "step_supports_amp_scaling", "tensor_version", "tree_leaves", "tree_map",
+           "unavailable", "wrapped_by_lr_scheduler"]
 
-# The cheap checks, now: a torch whose internals moved says so at import, naming itself
-# and the entry. The rest (they import torch._dynamo or compile) at first use and in
+# The cheap checks, now: an entry a torch lacks or that behaves otherwise is disabled
+# (a RuntimeWarning names it), so a moved internal costs the feature that needs it, not
+# ``import ampkit``. The rest (they import torch._dynamo or compile) at first use and in
 # tests/project/test_torch_internals.py.
 # (ExcludeKeys and DisableTorchFunction, torch's C classes, are attributes of this
 # package but not in __all__: the reference documents torch's objects as torch's.)
-for _entry in ENTRIES.values():
-    if not _entry.lazy:
-        _entry.check()
-del _entry
+disable_broken(sys.modules[__name__])

@@ -10,20 +10,22 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.utils._pytree as _pytree
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ampkit.torch_internals.entries import fail, register_entry
+from ampkit.torch_internals.entries import fail, register_entry, resolve
+
+# Each private name is read through resolve(): a torch that lacks it gets a stand-in that
+# raises TorchInternalsError where it is used, and the entry is disabled at import.
 
 # -- the dispatcher ----------------------------------------------------------------------------
 
 _C: Any = torch._C  # private bindings, not all in torch's stubs
 #: a guard that excludes a dispatch key set from dispatch while it is held
-ExcludeKeys: Any = _C._ExcludeDispatchKeyGuard
+ExcludeKeys: Any = resolve("dispatcher", "ExcludeKeys", lambda: _C._ExcludeDispatchKeyGuard)
 
 __all__ = ["OpOverload", "OpOverloadPacket", "TorchDispatchMode", "current_autograd_node",
            "disable_current_modes", "disabled_torch_function_impl", "has_kernel",
@@ -110,6 +112,8 @@ def schema_exists(qualname: str, overload: str) -> bool:
     """
     try:
         _C._dispatch_find_schema_or_throw(qualname, overload)
+    except AttributeError as error:  # a torch without it: say so, naming the entry
+        raise fail("schemas", f"is missing ({error})") from error
     except RuntimeError:
         return False
     return True
@@ -125,7 +129,9 @@ def schema_exists(qualname: str, overload: str) -> bool:
         "kernel of its own there; ampkit's Autocast kernels exclude their key and "
         "redispatch past it",
         "torch.library.Library.impl registers the kernels and torch.library.get_kernel "
-        "reads one; nothing public lists a key's registrations or redispatches")
+        "reads one; nothing public lists a key's registrations or redispatches",
+        provides=("ExcludeKeys", "redispatch_keysets", "has_kernel", "native_kernel",
+                  "registrations"))
 def _check_dispatcher() -> None:
     regs = registrations("AutocastCPU")
     if "aten::mm" not in regs or "aten::view" in regs:
@@ -142,11 +148,23 @@ def _check_dispatcher() -> None:
             raise fail("dispatcher", "does not exclude AutocastCPU under the guard")
 
 
+def _schemas_by_op_objects(qualname: str) -> list[Any]:
+    """:func:`schemas_of` where the operator registry cannot be read: each overload's
+    op object built (about 0.3 ms an overload; the same schemas)."""
+    namespace, _, name = qualname.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return []
+    return [getattr(packet, overload)._schema for overload in packet.overloads()]
+
+
 @register_entry("schemas", ("torch._C._jit_get_schemas_for_operator",
                     "torch._C._dispatch_find_schema_or_throw"),
         "read an op's overloads and argument types (views, dtype arguments, tensors)",
         "torch.ops.<ns>.<op>.<overload>._schema per overload, which does not list a "
-        "packet's overloads by schema")
+        "packet's overloads by schema", provides=("schemas_of",),
+        fallbacks={"schemas_of": _schemas_by_op_objects})
 def _check_schemas() -> None:
     names = {s.overload_name for s in schemas_of("aten::add")}
     if "Tensor" not in names or not schema_exists("aten::add", "Tensor") or schema_exists(
@@ -156,8 +174,9 @@ def _check_schemas() -> None:
 
 # -- op objects -----------------------------------------------------------------------------
 
-OpOverload: Any = torch._ops.OpOverload
-OpOverloadPacket: Any = torch._ops.OpOverloadPacket
+OpOverload: Any = resolve("op_objects", "OpOverload", lambda: torch._ops.OpOverload)
+OpOverloadPacket: Any = resolve("op_objects", "OpOverloadPacket",
+                                lambda: torch._ops.OpOverloadPacket)
 
 
 def op_object_qualname(entry: Any) -> str | None:
@@ -184,7 +203,8 @@ def op_object_qualname(entry: Any) -> str | None:
 @register_entry("op_objects", ("torch._ops.OpOverload", "torch._ops.OpOverloadPacket",
                        "torch._library.custom_ops.CustomOpDef"),
         "name the op a torch.ops object or a custom_op stands for (a policy may list op "
-        "objects)", "none: torch.ops objects have no public class or name accessor")
+        "objects)", "none: torch.ops objects have no public class or name accessor",
+        provides=("OpOverload", "OpOverloadPacket", "op_object_qualname"))
 def _check_op_objects() -> None:
     got = (op_object_qualname(torch.ops.aten.add.Tensor),
            op_object_qualname(torch.ops.aten.add))
@@ -194,12 +214,26 @@ def _check_op_objects() -> None:
 
 # -- Python-level dispatch and torch functions -----------------------------------------------
 
+def _python_dispatch(name: str) -> Any:
+    return getattr(importlib.import_module("torch.utils._python_dispatch"), name)
+
+
+if TYPE_CHECKING:  # the class torch documents, for the modes' types
+    from torch.utils._python_dispatch import TorchDispatchMode
+else:
+    #: the base class of a dispatch mode (it sees every op)
+    TorchDispatchMode = resolve("python_dispatch", "TorchDispatchMode",
+                                lambda: _python_dispatch("TorchDispatchMode"))
 #: a ``__torch_function__`` that turns torch-function handling off for a subclass
-disabled_torch_function_impl: Any = _C._disabled_torch_function_impl
+disabled_torch_function_impl: Any = resolve("python_dispatch", "disabled_torch_function_impl",
+                                            lambda: _C._disabled_torch_function_impl)
 #: a context that turns torch-function handling off
-DisableTorchFunction: Any = _C.DisableTorchFunction
+DisableTorchFunction: Any = resolve("python_dispatch", "DisableTorchFunction",
+                                    lambda: _C.DisableTorchFunction)
 #: a context in which no dispatch mode is active (the modes are put back after)
-disable_current_modes: Callable[[], Any] = _disable_current_modes
+disable_current_modes: Callable[[], Any] = resolve(
+    "python_dispatch", "disable_current_modes",
+    lambda: _python_dispatch("_disable_current_modes"))
 
 
 @register_entry("python_dispatch", ("torch.utils._python_dispatch.TorchDispatchMode",
@@ -209,7 +243,9 @@ disable_current_modes: Callable[[], Any] = _disable_current_modes
         "the op-level tools observe every op (a dispatch mode); ampkit's own probe calls "
         "are hidden from the user's modes; probe tensors and clones skip torch functions",
         "none: TorchDispatchMode is documented but lives in a private module; "
-        "torch.overrides has no context that disables torch functions")
+        "torch.overrides has no context that disables torch functions",
+        provides=("TorchDispatchMode", "disabled_torch_function_impl", "DisableTorchFunction",
+                  "disable_current_modes", "lazy_check_dispatch_mode"))
 def _check_python_dispatch() -> None:
     calls: list[Any] = []
 
@@ -260,14 +296,18 @@ def lazy_check_dispatch_mode() -> None:
 
 # -- pytree -----------------------------------------------------------------------------------
 
-tree_leaves: Callable[..., list[Any]] = _pytree.tree_leaves
-tree_map: Callable[..., Any] = _pytree.tree_map
+tree_leaves: Callable[..., list[Any]] = resolve(
+    "pytree", "tree_leaves",
+    lambda: importlib.import_module("torch.utils._pytree").tree_leaves)
+tree_map: Callable[..., Any] = resolve(
+    "pytree", "tree_map", lambda: importlib.import_module("torch.utils._pytree").tree_map)
 
 
 @register_entry("pytree", ("torch.utils._pytree.tree_leaves", "torch.utils._pytree.tree_map"),
         "walk the tensors of a model's inputs and outputs the way torch does (its "
         "registered containers included) in the tools",
-        "torch.utils.pytree (public) is not in torch 2.11-2.14")
+        "torch.utils.pytree (public) is not in torch 2.11-2.14",
+        provides=("tree_leaves", "tree_map"))
 def _check_pytree() -> None:
     t = torch.ones(1)
     if tree_leaves({"a": [t, (t,)]}) != [t, t] or tree_map(
@@ -312,7 +352,11 @@ def saved_tensors_hooks_free() -> bool:
         "the numerics checker tells forward from backward ops; the kept-fp32 norms save "
         "their low-precision input only where no other saved-tensor hooks are active",
         "none: torch.autograd.graph has saved_tensors_hooks but no query of the active "
-        "ones, and no current node")
+        "ones, and no current node", provides=("current_autograd_node",
+                                               "saved_tensors_hooks_free"),
+        # without the query, the kept-fp32 norms save their fp32 input (more memory,
+        # the same numbers), as where other saved-tensor hooks are active
+        fallbacks={"saved_tensors_hooks_free": lambda: False})
 def _check_autograd_state() -> None:
     if not saved_tensors_hooks_free():
         raise fail("autograd_state", "reports saved-tensor hooks outside any")

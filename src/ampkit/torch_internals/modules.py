@@ -19,18 +19,19 @@ from torch.nn.modules import batchnorm as _batchnorm
 from torch.nn.modules import instancenorm as _instancenorm
 from torch.nn.modules import module as _module
 
-from ampkit.torch_internals.entries import fail, register_entry
+from ampkit.torch_internals.entries import Unavailable, fail, register_entry, resolve
 
 __all__ = ["BatchNormBase", "InstanceNormBase", "NormBase", "global_backward_hooks",
            "global_backward_pre_hooks", "global_forward_hooks",
            "global_forward_pre_hooks", "make_wrapper_subclass"]
 
 #: the base of every BatchNorm (1d/2d/3d, lazy, sync)
-BatchNormBase: Any = _batchnorm._BatchNorm
+BatchNormBase: Any = resolve("norm_bases", "BatchNormBase", lambda: _batchnorm._BatchNorm)
 #: the base of every InstanceNorm (1d/2d/3d, lazy)
-InstanceNormBase: Any = _instancenorm._InstanceNorm
+InstanceNormBase: Any = resolve("norm_bases", "InstanceNormBase",
+                                lambda: _instancenorm._InstanceNorm)
 #: the base of the norms with running statistics (BatchNorm and InstanceNorm)
-NormBase: Any = _batchnorm._NormBase
+NormBase: Any = resolve("norm_bases", "NormBase", lambda: _batchnorm._NormBase)
 
 
 @register_entry("norm_bases", ("torch.nn.modules.batchnorm._BatchNorm",
@@ -39,7 +40,8 @@ NormBase: Any = _batchnorm._NormBase
                 "recognise every norm class of a kind (the levels keep norms fp32; a norm "
                 "with running statistics computes with fp32 parameters)",
                 "none: the public classes (nn.BatchNorm1d/2d/3d, SyncBatchNorm, the lazy "
-                "ones) share only these private bases")
+                "ones) share only these private bases",
+                provides=("BatchNormBase", "InstanceNormBase", "NormBase"))
 def _check_norm_bases() -> None:
     kinds = {BatchNormBase: (nn.BatchNorm1d, nn.BatchNorm2d, nn.SyncBatchNorm),
              InstanceNormBase: (nn.InstanceNorm1d, nn.InstanceNorm2d),
@@ -53,13 +55,34 @@ def _check_norm_bases() -> None:
 # and its kin add to them): dicts torch mutates in place and never rebinds, read the way
 # nn.Module._call_impl reads them.
 #: the process-wide forward pre-hooks of every module
-global_forward_pre_hooks: dict[int, Any] = _module._global_forward_pre_hooks
+global_forward_pre_hooks: dict[int, Any] = resolve(
+    "global_module_hooks", "global_forward_pre_hooks",
+    lambda: _module._global_forward_pre_hooks)
 #: the process-wide forward hooks of every module
-global_forward_hooks: dict[int, Any] = _module._global_forward_hooks
+global_forward_hooks: dict[int, Any] = resolve(
+    "global_module_hooks", "global_forward_hooks", lambda: _module._global_forward_hooks)
 #: the process-wide backward pre-hooks of every module
-global_backward_pre_hooks: dict[int, Any] = _module._global_backward_pre_hooks
+global_backward_pre_hooks: dict[int, Any] = resolve(
+    "global_module_hooks", "global_backward_pre_hooks",
+    lambda: _module._global_backward_pre_hooks)
 #: the process-wide backward hooks of every module
-global_backward_hooks: dict[int, Any] = _module._global_backward_hooks
+global_backward_hooks: dict[int, Any] = resolve(
+    "global_module_hooks", "global_backward_hooks", lambda: _module._global_backward_hooks)
+
+
+class _MayHoldHooks(Unavailable):
+    """Stands for a global hook table this torch does not let ampkit read: true, so a
+    converted module always takes ``nn.Module``'s ordinary call, which runs whatever
+    hooks there are (slower, the same result); any other use raises."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_HOOK_TABLES = ("global_forward_pre_hooks", "global_forward_hooks",
+                "global_backward_pre_hooks", "global_backward_hooks")
 
 
 @register_entry("global_module_hooks",
@@ -70,7 +93,8 @@ global_backward_hooks: dict[int, Any] = _module._global_backward_hooks
                 "a converted module's fast call path runs the hooks nn.Module's own call "
                 "would (it skips the ordinary call only when there are none)",
                 "torch.nn.modules.module.register_module_*_hook registers them; nothing "
-                "public reads them")
+                "public reads them", provides=_HOOK_TABLES,
+                fallbacks={n: _MayHoldHooks("global_module_hooks", n) for n in _HOOK_TABLES})
 def _check_global_module_hooks() -> None:
     handle = nn.modules.module.register_module_forward_hook(lambda *a: None)
     try:
@@ -85,13 +109,15 @@ def _check_global_module_hooks() -> None:
 
 
 #: builds a tensor subclass that holds no data of its own (a probe, a wrapper)
-make_wrapper_subclass: Any = torch.Tensor._make_wrapper_subclass
+make_wrapper_subclass: Any = resolve("wrapper_subclass", "make_wrapper_subclass",
+                                     lambda: torch.Tensor._make_wrapper_subclass)
 
 
 @register_entry("wrapper_subclass", ("torch.Tensor._make_wrapper_subclass",),
                 "native autocast's kernels are probed with data-less one-element tensors "
                 "(which casts they make), without running any op",
-                "none: torch's documentation of tensor subclasses uses this constructor")
+                "none: torch's documentation of tensor subclasses uses this constructor",
+                provides=("make_wrapper_subclass",))
 def _check_wrapper_subclass() -> None:
     class Probe(torch.Tensor):
         @classmethod

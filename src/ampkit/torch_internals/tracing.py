@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import sys
 import warnings
@@ -17,14 +18,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch._guards
 import torch.utils.checkpoint
 
-from ampkit.torch_internals.entries import TorchInternalsError, fail, register_entry
+from ampkit.torch_internals.entries import (
+    TorchInternalsError,
+    disabled,
+    fail,
+    register_entry,
+    resolve,
+)
 
 # -- trace time or run time -------------------------------------------------------------------
 
-_CompileContext = torch._guards.CompileContext
+_CompileContext: Any = resolve("compile_session", "compiling",
+                               lambda: importlib.import_module("torch._guards").CompileContext)
 
 __all__ = ["check_compile_session_in_a_backend", "compiling", "install_checkpoint_carry"]
 
@@ -47,11 +54,30 @@ def compiling() -> bool:
     return torch.compiler.is_compiling() or _CompileContext.current_compile_id() is not None
 
 
+def _compiling_by_public_api() -> bool:
+    """:func:`compiling` where the compile context is unavailable: the public
+    ``torch.compiler.is_compiling()`` covers the whole compile session from torch 2.13;
+    before, it misses AOTAutograd's trace, so it answers only while nothing can be
+    compiling (torch._dynamo not imported) and refuses otherwise."""
+    if torch.compiler.is_compiling():
+        return True
+    if _SESSION_IS_PUBLIC or "torch._dynamo" not in sys.modules:
+        return False
+    raise disabled("compile_session", "an ampkit region under torch.compile")
+
+
+#: torch.compiler.is_compiling() answers True for the whole compile session (2.13+)
+_SESSION_IS_PUBLIC = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]
+                           ) >= (2, 13)
+
+
 @register_entry("compile_session", ("torch._guards.CompileContext",),
         "tell a region's graph node run while torch.compile traces (its frames are left "
         "at the end of the compilation) from one run by a compiled graph",
         "torch.compiler.is_compiling(), which covers the whole compile session only from "
-        "torch 2.13 (the check is compiling(), both asked)")
+        "torch 2.13 (the check is compiling(), both asked)",
+        provides=("compiling", "check_compile_session_in_a_backend"),
+        fallbacks={"compiling": _compiling_by_public_api})
 def _check_compile_session() -> None:
     if not callable(getattr(_CompileContext, "current_compile_id", None)):
         raise fail("compile_session", "has no current_compile_id()")
