@@ -63,6 +63,7 @@ from ampkit.torch_internals.modules import (
     global_forward_pre_hooks,
     make_wrapper_subclass,
 )
+from ampkit.torch_internals.simulation import fake_tensor_mode, is_fake
 from ampkit.torch_internals.tracing import (
     check_compile_session_in_a_backend,
     compiling,
@@ -73,6 +74,7 @@ __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", 
            "OpOverloadPacket", "TorchDispatchMode", "TorchInternalsError", "after_compile",
            "check", "check_compile_session_in_a_backend", "compiling", "current_autograd_node",
            "disable_current_modes", "disabled_torch_function_impl", "dynamo_loaded", "fail",
+           "fake_tensor_mode", "is_fake",
            "global_backward_hooks", "global_backward_pre_hooks", "global_forward_hooks",
            "global_forward_pre_hooks", "has_kernel", "in_graph", "install_checkpoint_carry",
            "install_compile_hooks", "lazy_check_dispatch_mode", "local_shape_and_offset",
