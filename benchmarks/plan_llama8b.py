@@ -52,8 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args(argv)
 
-    import ampkit
     from transformers import LlamaForCausalLM
+
+    import ampkit
 
     config = llama_config(args.tiny)
     config._attn_implementation = "sdpa"

@@ -11,7 +11,6 @@ writes it, independently of the planner's own."""
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -109,9 +109,10 @@ def _real_refusal(parallel: str) -> None:
                               dtype=torch.bfloat16, master_weights="stochastic",
                               step_in_backward=True)
         else:
+            from torch.distributed.device_mesh import init_device_mesh
+
             from ampkit.fsdp import fully_shard, prepare_optimizer
             from ampkit.step_in_backward import enable_step_in_backward
-            from torch.distributed.device_mesh import init_device_mesh
 
             # initialize takes step_in_backward with the optimizer only, which FSDP2
             # builds after sharding: the optimizer is made to step in backward then

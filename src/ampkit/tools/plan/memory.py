@@ -77,7 +77,7 @@ def storage_bytes(tensors: Iterable[Any], *, exclude: Iterable[Any] = ()) -> int
     return sum(seen.values())
 
 
-class LiveBytes(TorchDispatchMode):  # type: ignore[misc]
+class LiveBytes(TorchDispatchMode):
     """Count the bytes of live tensor storages: every op's outputs, and what
     :meth:`watch` is given; :attr:`peak` is the most counted after any op since
     :meth:`reset_peak`. With ``fake_scalar_reads`` (for fake tensors, which have no
@@ -95,7 +95,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[misc]
     """
 
     def __init__(self, *, fake_scalar_reads: bool = False) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         # id(storage) -> (weak reference, size when last looked at)
         self._seen: dict[int, tuple[weakref.ref[Any], int]] = {}
         # the sum of those sizes: exact but for a storage resized in place (FSDP2 frees
@@ -122,7 +122,10 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[misc]
             self._counted += size - entry[1]
             self._seen[key] = (entry[0], size)
             return
-        ref = weakref.ref(storage, lambda r, key=key: self._gone(key, r))
+        def gone(ref: weakref.ref[Any], key: int = key) -> None:
+            self._gone(key, ref)
+
+        ref = weakref.ref(storage, gone)
         self._seen[key] = (ref, size)
         self._counted += size
 

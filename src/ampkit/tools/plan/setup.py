@@ -20,7 +20,7 @@ every rank; DistributedDataParallel's gradient buckets are added by
 :func:`ddp_bucket_bytes`, because its C++ reducer needs real data), ``fsdp2``
 (``ampkit.fsdp.fully_shard`` over the blocks, then the optimizer, made pure by
 ``ampkit.fsdp.prepare_optimizer`` where the mode is pure; native ``fully_shard`` for
-``fp32`` and ``bf16-autocast``), ``hsdp`` (the same on a 2-D mesh, replicas ×
+``fp32`` and ``bf16-autocast``), ``hsdp`` (the same on a 2-D mesh, replicas x
 shards).
 
 Example:
@@ -42,8 +42,9 @@ import torch.nn as nn
 
 from ampkit.torch_internals import tree_leaves
 
-__all__ = ["LAYOUTS", "MODES", "OPTIMIZERS", "FactoryFailed", "Step", "build_step", "cuda_lists_policy",
-           "ddp_bucket_bytes", "default_blocks", "default_loss", "settings_of"]
+__all__ = ["LAYOUTS", "MODES", "OPTIMIZERS", "FactoryError", "Step", "build_step",
+           "cuda_lists_policy", "ddp_bucket_bytes", "default_blocks", "default_loss",
+           "settings_of", "takes_batch"]
 
 #: The precision modes, in the order a plan lists them.
 MODES: tuple[str, ...] = (
@@ -176,7 +177,7 @@ def ddp_bucket_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-class FactoryFailed(Exception):
+class FactoryError(Exception):
     """The user's model or inputs factory raised (its exception is the ``__cause__``):
     the planner passes that on instead of making a row of it."""
 
@@ -185,7 +186,7 @@ def _call_inputs(inputs_factory: Callable[..., Any], batch: int | None) -> Any:
     try:
         return inputs_factory() if batch is None else inputs_factory(batch=batch)
     except Exception as error:
-        raise FactoryFailed("inputs_factory") from error
+        raise FactoryError("inputs_factory") from error
 
 
 def takes_batch(inputs_factory: Callable[..., Any]) -> bool:
@@ -285,7 +286,7 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
     try:
         model = model_factory()
     except Exception as error:
-        raise FactoryFailed("model_factory") from error
+        raise FactoryError("model_factory") from error
     if not isinstance(model, nn.Module):
         raise TypeError(f"model_factory must return an nn.Module, got "
                         f"{type(model).__name__}")

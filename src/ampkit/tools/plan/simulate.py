@@ -49,7 +49,7 @@ from ampkit.tools.plan.report import ROW_KEYS, Plan
 from ampkit.tools.plan.setup import (
     LAYOUTS,
     MODES,
-    FactoryFailed,
+    FactoryError,
     Step,
     build_step,
     takes_batch,
@@ -185,10 +185,10 @@ def _plan_mode(mode: str, parallel: str, mesh: Any, model_factory: Callable[[], 
             step.run()
             row.update(measure_step(step, live))
             del step
-    except FactoryFailed as failed:  # the user's code: theirs to read, as it raised
+    except FactoryError as failed:  # the user's code: theirs to read, as it raised
         assert failed.__cause__ is not None
         raise failed.__cause__ from None
-    except Exception as error:  # noqa: BLE001 - the row says why, the plan goes on
+    except Exception as error:
         row["note"] = _why(error)
     return row
 
@@ -276,9 +276,9 @@ def largest_batch(model_factory: Callable[[], nn.Module], inputs_factory: Callab
     Example:
         >>> import torch
         >>> from ampkit.tools.plan.simulate import largest_batch
-        >>> largest_batch(lambda: torch.nn.Linear(64, 64),
-        ...               lambda batch: torch.randn(batch, 64), "fp32", 200_000)
-        275
+        >>> largest_batch(lambda: torch.nn.Linear(8, 8),
+        ...               lambda batch: torch.randn(batch, 8), "fp32", 4000)
+        44
     """
     if not takes_batch(inputs_factory):
         raise ValueError("largest_batch: inputs_factory takes no batch argument")
