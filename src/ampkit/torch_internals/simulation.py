@@ -29,9 +29,11 @@ def _fake_module() -> Any:
     return importlib.import_module("torch._subclasses.fake_tensor")
 
 
-def fake_tensor_mode() -> Any:
+def fake_tensor_mode(*, allow_real_inputs: bool = False) -> Any:
     """A new ``FakeTensorMode``: tensors made inside it have a storage of their real
-    size in bytes and no data; ops compute shapes, dtypes and strides only.
+    size in bytes and no data; ops compute shapes, dtypes and strides only. With
+    ``allow_real_inputs`` an op may also take real tensors (meta ones: a model built on
+    the meta device is given fake storages with ``to_empty``).
 
     Example:
         >>> import torch
@@ -40,7 +42,7 @@ def fake_tensor_mode() -> Any:
         ...     (torch.ones(3, 4) @ torch.ones(4, 5)).shape
         torch.Size([3, 5])
     """
-    return _fake_module().FakeTensorMode(allow_non_fake_inputs=False)
+    return _fake_module().FakeTensorMode(allow_non_fake_inputs=allow_real_inputs)
 
 
 def is_fake(tensor: torch.Tensor) -> bool:

@@ -254,12 +254,19 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
                optimizer: str | Callable[..., torch.optim.Optimizer] = "adamw",
                device_policy: str = "cuda", batch: int | None = None,
                loss_fn: Callable[[Any], torch.Tensor] | None = None,
-               blocks: Callable[[nn.Module], list[nn.Module]] | None = None) -> Step:
+               blocks: Callable[[nn.Module], list[nn.Module]] | None = None,
+               fake: Any = None) -> Step:
     """Build ``mode`` under ``parallel`` as a user would with ampkit: the model, ampkit's
     conversion, the layout's wrapping, the optimizer, the inputs (``inputs_factory``,
     given ``batch=`` when ``batch`` is not ``None``). ``mesh`` is the device mesh of
     ``fsdp2`` (1-D) or ``hsdp`` (2-D); DDP itself is not wrapped around the model (see
     the module doc), the caller wraps it on real ranks.
+
+    ``fake``: a fake tensor mode that takes real (meta) inputs, to build inside. Under
+    FSDP2 the model is built, converted and sharded on the meta device first and given
+    fake CPU storages after (``to_empty``), as large models are initialised: sharding
+    cuts every parameter into one view per rank, which on fake tensors costs far more
+    than on meta ones (at 1,024 ranks, minutes for an 8B model).
 
     Errors that ampkit raises (a refusal) propagate unchanged.
 
@@ -283,8 +290,14 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
     if make_optimizer is None:
         raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)} or a callable "
                          f"taking the parameters, got {optimizer!r}")
+    sharded = parallel in ("fsdp2", "hsdp")
+
+    def inside() -> contextlib.AbstractContextManager[Any]:
+        return fake if fake is not None else contextlib.nullcontext()
+
     try:
-        model = model_factory()
+        with (torch.device("meta") if fake is not None and sharded else inside()):
+            model = model_factory()
     except Exception as error:
         raise FactoryError("model_factory") from error
     if not isinstance(model, nn.Module):
@@ -293,7 +306,8 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
     policy = cuda_lists_policy() if device_policy == "cuda" else None
     region: Callable[[], contextlib.AbstractContextManager[Any]] = _nothing
     if mode == "bf16-autocast":
-        device_type = next((p.device.type for p in model.parameters()), "cpu")
+        device_type = "cpu" if fake is not None else next(
+            (p.device.type for p in model.parameters()), "cpu")
         if policy is None:
             def region() -> contextlib.AbstractContextManager[Any]:
                 return torch.autocast(device_type, torch.bfloat16)
@@ -307,12 +321,13 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
         keywords = dict(settings, dtype=torch.bfloat16)
         if policy is not None and settings["level"] != "O3":  # O3 casts every op
             keywords["policy"] = policy
-    sharded = parallel in ("fsdp2", "hsdp")
     if not sharded:
-        opt = make_optimizer(model.parameters())
-        if settings is not None:
-            model, opt = ampkit.initialize(model, opt, **keywords)
+        with inside():
+            opt = make_optimizer(model.parameters())
+            if settings is not None:
+                model, opt = ampkit.initialize(model, opt, **keywords)
     else:
+        in_backward = False
         if settings is not None:
             in_backward = keywords.pop("step_in_backward", False)
             model = ampkit.initialize(model, **keywords)
@@ -321,7 +336,18 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
             # chosen once converted: fp8 replaces its Linear layers
             chosen = (blocks or default_blocks)(model)
             ampkit.fsdp.fully_shard(model, blocks=chosen, mesh=mesh)
-            opt = ampkit.fsdp.prepare_optimizer(model, make_optimizer(model.parameters()))
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            for block in (blocks or default_blocks)(model):
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        with inside():
+            if fake is not None:
+                model.to_empty(device="cpu")
+            opt = make_optimizer(model.parameters())
+            if settings is not None:
+                opt = ampkit.fsdp.prepare_optimizer(model, opt)
             if in_backward:
                 from ampkit.step_in_backward import (
                     enable_step_in_backward,
@@ -330,15 +356,9 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
 
                 if not steps_in_backward(opt):
                     opt = enable_step_in_backward(opt)
-        else:
-            from torch.distributed.fsdp import fully_shard
-
-            for block in (blocks or default_blocks)(model):
-                fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            opt = make_optimizer(model.parameters())
     from ampkit.step_in_backward import steps_in_backward
 
-    inputs = _call_inputs(inputs_factory, batch)
+    with inside():
+        inputs = _call_inputs(inputs_factory, batch)
     return Step(model, opt, inputs, loss_fn or default_loss, region, steps_in_backward(opt),
                 ddp_bucket_bytes(model) if parallel == "ddp" else 0)

@@ -179,9 +179,13 @@ def _plan_mode(mode: str, parallel: str, mesh: Any, model_factory: Callable[[], 
     row: dict[str, Any] = dict.fromkeys(ROW_KEYS)
     row["mode"] = mode
     try:
-        with fake_tensor_mode(), LiveBytes(fake_scalar_reads=True) as live:
-            step = build_step(mode, parallel, model_factory, inputs_factory, mesh=mesh,
-                              **options)
+        fake = fake_tensor_mode(allow_real_inputs=True)
+        step = build_step(mode, parallel, model_factory, inputs_factory, mesh=mesh,
+                          fake=fake, **options)
+        with fake, LiveBytes(fake_scalar_reads=True) as live:
+            # what the set-up made and holds (its temporaries are gone)
+            live.watch([*step.model.parameters(), *step.model.buffers(),
+                        *tree_leaves(step.inputs)])
             step.run()
             row.update(measure_step(step, live))
             del step
