@@ -87,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES))
     args = parser.parse_args(argv)
 
-    import ampkit
     from transformers import LlamaForCausalLM
+
+    import ampkit
 
     device = torch.device(args.device)
     config = _config(args)
