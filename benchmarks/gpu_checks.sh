@@ -8,6 +8,7 @@
 #   memory-o2.txt      memory_o2.py on CUDA: its three presets and gpt-1024
 #   memory-pure.txt    memory_pure.py on CUDA: every preset, optimizer.step timed
 #   fp8.txt            fp8.py on CUDA: fp32, bf16 O2 and the fp8 recipes, d_model 4096
+#   plan.txt           plan_vs_measured.py: ampkit.plan's peak per mode vs the CUDA peak
 #   summary.txt        each piece's status and time
 # The first line of each file names the device, the torch and the CUDA versions.
 #
@@ -21,8 +22,8 @@
 # The exit status is 0 when every piece exited 0, else 1. PYTHON picks the interpreter
 # (default python3), WORKERS the pytest-xdist workers of the suite (default 16).
 #
-# Time: under 8 minutes on one H100, by the per-piece limits below (each piece is cut
-# by `timeout` at its limit; the limits add up to 7 min 40 s, plus the installs). The
+# Time: under 9 minutes on one H100, by the per-piece limits below (each piece is cut
+# by `timeout` at its limit; the limits add up to 8 min 20 s, plus the installs). The
 # throughput table's compiled half is what gives way: no mode starts after its
 # --budget, and those left out are printed as not run. With device time to spare, the
 # whole compiled half alone: python benchmarks/gpu_throughput.py --compile on
@@ -124,6 +125,8 @@ if [ "$rehearse" = 1 ]; then
         --time-steps 1
     piece fp8.txt 120 "$py" benchmarks/fp8.py --device cpu --dim 64 --heads 4 --seq 16 \
         --batch 2 --layers 1 --steps 2 --warmup 1 --recipes tensorwise rowwise
+    piece plan.txt 120 "$py" benchmarks/plan_vs_measured.py --device cpu --hidden 64 \
+        --layers 1 --seq 32 --batch 1 --modes O1,O2,pure-stochastic
 else
     # (The rehearsal's own test is left out: this run is the real thing.)
     skip=(--ignore=tests/project/test_gpu_rehearsal.py)
@@ -140,6 +143,7 @@ else
         --time-steps 5
     piece fp8.txt 35 "$py" benchmarks/fp8.py --device cuda --dim 4096 --heads 32 \
         --seq 2048 --batch 1 --layers 2 --steps 30 --warmup 5 --recipes tensorwise rowwise
+    piece plan.txt 40 "$py" benchmarks/plan_vs_measured.py --device cuda
 fi
 echo "total $((SECONDS - started)) s, $failed piece(s) not ok" | tee -a "$out/summary.txt"
 [ "$failed" = 0 ]

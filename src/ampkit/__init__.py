@@ -45,6 +45,7 @@ _LAZY = {
     "CheckMode": "ampkit.tools.ops.numerics_checker",
     "compare": "ampkit.tools.accuracy.compare",
     "tune": "ampkit.tools.accuracy.tune",
+    "plan": "ampkit.tools.plan.simulate",
 }
 
 
@@ -79,6 +80,7 @@ __all__ = [
     "convert_model",
     "initialize",
     "level_properties",
+    "plan",
     "scale_loss",
     "tune",
     "__version__",

@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_checks.sh"
 PIECES = ("suite-cuda.log", "suite-hidden.log", "throughput.txt", "profile.txt",
-          "memory-o2.txt", "memory-pure.txt", "fp8.txt")
+          "memory-o2.txt", "memory-pure.txt", "fp8.txt", "plan.txt")
 HEADER = re.compile(r"^# device: .+; torch \S+; CUDA \S+$")
 
 pytestmark = [
@@ -134,6 +134,14 @@ def test_the_memory_and_fp8_scripts_reported_their_rows(rehearsal):
         assert "| fp8 O2 tensorwise |" in fp8, fp8
     else:
         assert "fp8 O2 tensorwise: skipped: " in fp8, fp8
+
+
+def test_the_plan_piece_compared_each_mode_with_a_measured_peak(rehearsal):
+    out, _ = rehearsal
+    plan = _rows_of(out / "plan.txt")
+    assert {"O1", "O2", "pure-stochastic"} <= set(plan), plan
+    for mode in ("O1", "O2", "pure-stochastic"):
+        assert re.fullmatch(r"[+-]\d+\.\d%", plan[mode][3]), plan[mode]
 
 
 def _rows_of(path: Path) -> dict[str, list[str]]:

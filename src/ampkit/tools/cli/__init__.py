@@ -8,6 +8,9 @@
   precision and reports op by op (see :mod:`ampkit.tools.cli.compare`).
 * ``ampkit tune [TARGET --eval FN]`` searches the op lists that keep a metric within a
   tolerance; without TARGET, on the demo's CNN (see :mod:`ampkit.tools.cli.tune`).
+* ``ampkit plan TARGET --inputs FN --world-size N --parallel LAYOUT`` sizes a training
+  step's memory per rank for every precision mode on fake tensors (see
+  :mod:`ampkit.tools.cli.plan`).
 
 TARGET and FN are ``package.module:attribute`` references, imported with the current
 folder on ``sys.path`` (see :mod:`ampkit.tools.cli.target`).
@@ -57,6 +60,7 @@ from collections.abc import Sequence
 import ampkit
 from ampkit.tools.cli import compare as compare_command
 from ampkit.tools.cli import demo as demo_command
+from ampkit.tools.cli import plan as plan_command
 from ampkit.tools.cli import tune as tune_command
 from ampkit.tools.cli.args import PROG, Parser
 
@@ -64,7 +68,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``ampkit`` argument parser (subcommands ``demo``, ``compare``, ``tune``;
+    """The ``ampkit`` argument parser (subcommands ``demo``, ``compare``, ``tune``, ``plan``;
     ``--version``).
 
     Example:
@@ -78,11 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="ampkit: Automatic Mixed Precision for PyTorch.")
     parser.add_argument("--version", action="version",
                         version=f"ampkit {ampkit.__version__} (torch {torch.__version__})")
-    commands = parser.add_subparsers(dest="command", metavar="{demo,compare,tune}",
+    commands = parser.add_subparsers(dest="command", metavar="{demo,compare,tune,plan}",
                                      required=True)
     demo_command.add_parser(commands)
     compare_command.add_parser(commands)
     tune_command.add_parser(commands)
+    plan_command.add_parser(commands)
     return parser
 
 
@@ -105,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return compare_command.run(args)
         if args.command == "tune":
             return tune_command.run(args)
+        if args.command == "plan":
+            return plan_command.run(args)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
