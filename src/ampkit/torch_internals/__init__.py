@@ -19,6 +19,7 @@ Example:
     False
 """
 
+from ampkit.torch_internals.autograd import at_backward_end, graph_task_id
 from ampkit.torch_internals.dispatch import (
     DisableTorchFunction as DisableTorchFunction,
 )
@@ -71,6 +72,7 @@ from ampkit.torch_internals.tracing import (
 
 __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", "OpOverload",
            "OpOverloadPacket", "TorchDispatchMode", "TorchInternalsError", "after_compile",
+           "at_backward_end", "graph_task_id",
            "check", "check_compile_session_in_a_backend", "compiling", "current_autograd_node",
            "disable_current_modes", "disabled_torch_function_impl", "dynamo_loaded", "fail",
            "global_backward_hooks", "global_backward_pre_hooks", "global_forward_hooks",
