@@ -99,9 +99,9 @@ def _ddp_holders(params: list[torch.Tensor]) -> str | None:
 
     wanted = {id(p) for p in params}
     for obj in gc.get_objects():
-        if isinstance(obj, DistributedDataParallel | FullyShardedDataParallel):
-            if any(id(p) in wanted for p in obj.parameters()):
-                return type(obj).__name__
+        if (isinstance(obj, DistributedDataParallel | FullyShardedDataParallel)
+                and any(id(p) in wanted for p in obj.parameters())):
+            return type(obj).__name__
     return None
 
 
@@ -208,9 +208,23 @@ class _InBackward:
     (its graph tasks, what stepped in it), so that a pass stopped by an exception is
     told at the next use."""
 
-    __slots__ = ("__weakref__", "checked", "clip", "handles", "hooked", "indices",
-                 "keep_zeros", "layout", "open", "opt", "broken", "stepped", "had_grad",
-                 "hook", "partial")
+    __slots__ = (
+        "__weakref__",
+        "broken",
+        "checked",
+        "clip",
+        "had_grad",
+        "handles",
+        "hook",
+        "hooked",
+        "indices",
+        "keep_zeros",
+        "layout",
+        "open",
+        "opt",
+        "partial",
+        "stepped",
+    )
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.opt = weakref.ref(optimizer)

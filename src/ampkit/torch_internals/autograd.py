@@ -36,7 +36,7 @@ def at_backward_end(callback: Callable[[], None]) -> None:
     """Run ``callback`` once the backward pass running now has finished every node,
     after its gradients are accumulated; never if the pass stops with an exception. Only
     inside backward."""
-    torch.autograd.Variable._execution_engine.queue_callback(callback)  # type: ignore[attr-defined]
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 @register_entry("backward_pass", ("torch._C._current_graph_task_id",
