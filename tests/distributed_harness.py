@@ -50,12 +50,12 @@ def _loopback() -> str | None:
 
 
 def _entry(rank: int, worker: Callable[..., Any], out_dir: str, collective_timeout: float,
-           args: tuple[Any, ...]) -> None:
+           args: tuple[Any, ...], world: int = WORLD) -> None:
     assert not torch.cuda.is_available()  # hidden by run_ranks, before any CUDA call
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{Path(out_dir) / 'store'}", rank=rank,
-        world_size=WORLD, timeout=datetime.timedelta(seconds=collective_timeout))
+        world_size=world, timeout=datetime.timedelta(seconds=collective_timeout))
     try:
         result = worker(rank, *args)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
@@ -78,10 +78,11 @@ def load_factor(load: float | None = None, cpus: int | None = None) -> float:
 
 
 def run_ranks(out_dir: Path, worker: Callable[..., Any], *args: Any, timeout: float = 120.0,
-              collective_timeout: float = 30.0) -> list[Any]:
-    """Run ``worker(rank, *args)`` on ``WORLD`` gloo ranks; return each rank's result
-    (anything ``torch.save`` takes). ``worker`` must be a module-level function of a
-    test module (the children import it)."""
+              collective_timeout: float = 30.0, world: int = WORLD) -> list[Any]:
+    """Run ``worker(rank, *args)`` on ``world`` gloo ranks (``WORLD`` unless told: 2D
+    meshes need 4); return each rank's result (anything ``torch.save`` takes).
+    ``worker`` must be a module-level function of a test module (the children import
+    it)."""
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +94,7 @@ def run_ranks(out_dir: Path, worker: Callable[..., Any], *args: Any, timeout: fl
         for key, value in env.items():
             patch.setenv(key, value)
         context = mp.start_processes(
-            _entry, args=(worker, str(out_dir), collective_timeout, args), nprocs=WORLD,
+            _entry, args=(worker, str(out_dir), collective_timeout, args, world), nprocs=world,
             join=False, start_method="spawn")
     start = last = time.monotonic()
     used = 0.0  # unloaded-machine seconds spent
@@ -107,8 +108,8 @@ def run_ranks(out_dir: Path, worker: Callable[..., Any], *args: Any, timeout: fl
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
-            pytest.fail(f"the {WORLD} ranks did not finish within {timeout:.0f} s of an "
+            pytest.fail(f"the {world} ranks did not finish within {timeout:.0f} s of an "
                         f"unloaded machine ({now - start:.0f} s of wall time; load factor "
                         f"now {stretch:.1f}, at most {MAX_STRETCH:.0f}x {timeout:.0f} s)")
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False)
-            for rank in range(WORLD)]
+            for rank in range(world)]
