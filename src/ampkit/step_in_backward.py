@@ -67,13 +67,15 @@ _REFUSED_STEP = (
     "gradient accumulation over several backward passes and closures cannot work in "
     "this mode: use step_in_backward=False for them")
 _REENTRANT = (
-    "step_in_backward: a backward ran inside backward (checkpoint(..., "
-    "use_reentrant=True), or an autograd Function whose backward calls "
-    "torch.autograd.backward/grad): its gradients reach the parameters apart from the "
-    "outer pass's, so a parameter used both inside and outside it would step on part "
-    "of its gradient, then again on the rest. Use "
+    "step_in_backward: a parameter of shape {shape} received a second gradient in one "
+    "backward, after it had stepped on the first. A backward ran inside this backward "
+    "(checkpoint(..., use_reentrant=True), or an autograd Function whose backward calls "
+    "torch.autograd.backward/grad) and the parameter is used both inside and outside "
+    "it, or in two of them: their gradients reach it one after the other, and the "
+    "ordinary step would have stepped once on their sum. Use "
     "torch.utils.checkpoint.checkpoint(..., use_reentrant=False) (torch's "
-    "recommendation; same memory), or step_in_backward=False")
+    "recommendation, same memory: one pass accumulates the whole gradient), or "
+    "step_in_backward=False.")
 _NORM_FUNCTIONS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_",
                    "clip_grads_with_norm_")
 
@@ -208,23 +210,9 @@ class _InBackward:
     (its graph tasks, what stepped in it), so that a pass stopped by an exception is
     told at the next use."""
 
-    __slots__ = (
-        "__weakref__",
-        "broken",
-        "checked",
-        "clip",
-        "had_grad",
-        "handles",
-        "hook",
-        "hooked",
-        "indices",
-        "keep_zeros",
-        "layout",
-        "open",
-        "opt",
-        "partial",
-        "stepped",
-    )
+    __slots__ = ("__weakref__", "broken", "checked", "clip", "had_grad", "handles", "hook",
+                 "hooked", "indices", "keep_zeros", "layout", "open", "opt", "partial",
+                 "pass_max", "stepped")
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.opt = weakref.ref(optimizer)
@@ -241,6 +229,7 @@ class _InBackward:
         self.had_grad: set[int] = set()  # stepped since the last zeroing to None
         self.hook: Callable[[torch.Tensor], None] | None = None
         self.partial: tuple[int, int] | None = None  # (stepped, total) of a stopped pass
+        self.pass_max = -1  # the newest graph task seen in the pass (reentrant ones too)
 
     def params(self) -> list[torch.Tensor]:
         opt = self.opt()
@@ -289,23 +278,37 @@ class _InBackward:
             return
         task = graph_task_id()
         if task not in self.open:
-            if self.open and not _reentrant():  # the last pass stopped part-way
-                self.stopped()
-            if self.broken is not None:
-                raise RuntimeError(self.broken)
             if _reentrant():
-                self.stopped()  # what stepped before this in the pass is told too
-                raise RuntimeError(_REENTRANT if self.broken is None
-                                   else f"{_REENTRANT}. Also: {self.broken}")
-            self.open.add(task)
-            ref = weakref.ref(self)
+                # a backward inside this pass (reentrant checkpointing): its gradients
+                # are whole for the parameters used only inside it; the pass goes on
+                if self.broken is not None:
+                    raise RuntimeError(self.broken)
+                self.pass_max = max(self.pass_max, task)
+            else:
+                if self.open:  # the last pass stopped part-way
+                    self.stopped()
+                elif not (self.stepped and task < self.pass_max):
+                    # (a task older than a reentrant backward seen is the pass that
+                    # encloses it, hooking late: the same pass)
+                    self.stepped = set()
+                if self.broken is not None:
+                    raise RuntimeError(self.broken)
+                self.open.add(task)
+                self.pass_max = max(self.pass_max, task)
+                ref = weakref.ref(self)
 
-            def end() -> None:
-                live = ref()
-                if live is not None:
-                    live.pass_ended(task)
+                def end() -> None:
+                    live = ref()
+                    if live is not None:
+                        live.pass_ended(task)
 
-            at_backward_end(end)
+                at_backward_end(end)
+        if id(p) in self.stepped:
+            # a second gradient for a parameter that has stepped in this pass
+            shape = tuple(p.shape)
+            self.stopped()
+            told = "" if self.broken is None else f" Also: {self.broken}"
+            raise RuntimeError(_REENTRANT.format(shape=shape) + told)
         self.step_one(p)
 
     def pass_ended(self, task: int) -> None:
@@ -537,8 +540,10 @@ def watch_models(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Mod
 
     def before_forward(module: torch.nn.Module, args: Any) -> None:
         live = ref()
-        if live is not None and (live.open or live.broken is not None):
-            live.check_broken()
+        if live is not None:
+            if live.open or live.broken is not None:
+                live.check_broken()
+            live.hook_params()  # a parameter unfrozen since: hooked before its backward
 
     for model in models:
         state.handles.append(model.register_forward_pre_hook(before_forward))

@@ -66,8 +66,6 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 
 
 def _run(rank: int, layout: str, mode: str, in_backward: bool) -> dict[str, Any]:
-    import ampkit
-    import ampkit.fsdp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -75,6 +73,8 @@ def _run(rank: int, layout: str, mode: str, in_backward: bool) -> dict[str, Any]
         parallelize_module,
     )
 
+    import ampkit
+    import ampkit.fsdp
     from ampkit.step_in_backward import steps_in_backward
 
     net = ampkit.initialize(Net(), level="O2", dtype=BF16, step_in_backward=in_backward,
@@ -112,8 +112,9 @@ def _run(rank: int, layout: str, mode: str, in_backward: bool) -> dict[str, Any]
 def _ddp_refused(rank: int) -> dict[str, Any]:
     """DDP averages gradients after the hooks: refused at the first hook, before any
     parameter steps, naming DDP."""
-    import ampkit
     from torch.nn.parallel import DistributedDataParallel
+
+    import ampkit
 
     net = Net()
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
