@@ -100,8 +100,10 @@ def _ddp_holders(params: list[torch.Tensor]) -> str | None:
     from torch.nn.parallel import DistributedDataParallel
 
     wanted = {id(p) for p in params}
+    kinds = (DistributedDataParallel, FullyShardedDataParallel)
     for obj in gc.get_objects():
-        if (isinstance(obj, DistributedDataParallel | FullyShardedDataParallel)
+        # type(), not isinstance(): an object's __class__ may be a deprecation proxy
+        if (issubclass(type(obj), kinds)
                 and any(id(p) in wanted for p in obj.parameters())):
             return type(obj).__name__
     return None
@@ -210,14 +212,15 @@ class _InBackward:
     (its graph tasks, what stepped in it), so that a pass stopped by an exception is
     told at the next use."""
 
-    __slots__ = ("__weakref__", "broken", "checked", "clip", "had_grad", "handles", "hook",
-                 "hooked", "indices", "keep_zeros", "layout", "open", "opt", "partial",
-                 "pass_max", "stepped")
+    __slots__ = ("__weakref__", "broken", "checked", "clip", "fresh", "had_grad", "handles",
+                 "hook", "hooked", "indices", "keep_zeros", "layout", "open", "opt",
+                 "partial", "pass_max", "stepped")
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.opt = weakref.ref(optimizer)
         self.handles: list[Any] = []
         self.hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.fresh: set[int] = set()  # hooked since the last pass ended
         self.clip: tuple[float | None, float | None, float] = (None, None, 2.0)
         self.layout: tuple[tuple[int, ...], ...] = ()
         self.checked: tuple[tuple[int, ...], ...] | None = None
@@ -243,6 +246,7 @@ class _InBackward:
             if p.requires_grad and p not in self.hooked:
                 handle = p.register_post_accumulate_grad_hook(self.hook)
                 self.hooked[p] = handle
+                self.fresh.add(id(p))  # its gradient so far came before its hook
                 self.handles.append(handle)
                 _PARAMS[p] = weakref.ref(self)
 
@@ -270,6 +274,26 @@ class _InBackward:
                 f"(model.load_state_dict and optimizer.load_state_dict), or call "
                 f"ampkit.step_in_backward.accept_partial_step(optimizer) to go on from "
                 f"these parameters (the gradients the others had are dropped)")
+
+    def check_all_stepped(self) -> None:
+        """Between passes every gradient has been stepped and freed; one left means its
+        hook never ran (a wrapper or torch release that does not call a parameter's
+        post-accumulate-grad hooks), and the ordinary step would have stepped it."""
+        from ampkit.torch_internals import graph_task_id
+
+        if graph_task_id() != -1:
+            return  # a forward inside backward (checkpointing's recomputation)
+        left = [tuple(p.shape) for p in self.params()
+                if p.grad is not None and p in self.hooked and id(p) not in self.fresh]
+        self.fresh.clear()  # from this forward on, their gradients come through hooks
+        if left:
+            raise RuntimeError(
+                f"step_in_backward: {len(left)} parameter(s) (shapes {left[:3]}) hold a "
+                f"gradient that was never stepped: their post-accumulate-grad hooks did "
+                f"not run in the last backward (FSDP2 runs a sharded parameter's hooks "
+                f"after its reduce-scatter on torch 2.11 to 2.14; this is torch "
+                f"{torch.__version__}), or a gradient was set by hand. Use "
+                f"step_in_backward=False here")
 
     def hook_fired(self, p: torch.Tensor) -> None:
         from ampkit.torch_internals import at_backward_end, graph_task_id
@@ -544,6 +568,7 @@ def watch_models(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Mod
             if live.open or live.broken is not None:
                 live.check_broken()
             live.hook_params()  # a parameter unfrozen since: hooked before its backward
+            live.check_all_stepped()
 
     for model in models:
         state.handles.append(model.register_forward_pre_hook(before_forward))

@@ -259,3 +259,17 @@ def test_per_parameter_clipping_still_works_after_the_guard():
     clip_each_gradient(opt, max_norm=1.0)
     (w * 10).sum().backward()
     assert w.norm().item() == pytest.approx(1.0)
+
+
+# -- a gradient no hook stepped ------------------------------------------------------------
+
+def test_a_gradient_no_hook_stepped_is_refused_at_the_next_forward():
+    # what a torch release (or wrapper) that never calls a parameter's post-accumulate-
+    # grad hooks would leave: a gradient the ordinary step would step, never stepped
+    net, _ = _setup(MODES[0], True)
+    x, y = _batches()[0]
+    _loss(net(x), y).backward()
+    net.head.weight.grad = torch.ones_like(net.head.weight)  # no hook runs for this
+    with pytest.raises(RuntimeError, match=r"1 parameter\(s\) .* hold a gradient that "
+                       r"was never stepped.*torch 2\."):
+        net(x)
