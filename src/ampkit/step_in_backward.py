@@ -11,20 +11,50 @@ random bits for a parameter as its ordinary step would, so the trajectory is bit
 bit the ordinary one's wherever the update does not depend on other parameters (every
 element-wise ``torch.optim`` optimizer: SGD, Adam/AdamW, NAdam, RAdam, Adagrad, ...).
 
-What it gives up (each refused loudly):
+Where it works: one process, and under FSDP2 (``fully_shard``), tensor parallelism
+(``parallelize_module``) and both together. FSDP2 calls a sharded parameter's
+post-accumulate-grad hooks itself, after the reduce-scatter (and HSDP's all-reduce),
+so each shard steps on its reduced gradient (torch 2.11 to 2.14); tensor parallelism's
+DTensor gradients are whole when autograd accumulates them. Under FSDP2, build the
+optimizer after sharding and hand it to ``ampkit.fsdp.prepare_optimizer``, which
+applies ``initialize``'s ``step_in_backward=True``.
+
+Where it matches the ordinary step without being asked: parameter groups added later
+(``add_param_group``), frozen parameters (skipped, as torch skips them, and stepped
+once unfrozen), ``zero_grad(set_to_none=False)`` (a parameter left out of a later
+backward steps on its kept zero gradient, as the ordinary step does),
+non-reentrant checkpointing, and reentrant checkpointing where each parameter gets
+its gradient from one backward.
+
+What it refuses (each with a message):
 
 * ``optimizer.step()``: the steps already ran inside ``backward()``; a call raises. So
   does ``scaler.step(optimizer)``.
-* gradient accumulation over several backward passes: every ``backward()`` steps;
+* gradient accumulation over several backward passes: every ``backward()`` steps, and
+  the first ``optimizer.step()`` of such a loop raises;
 * a closure, and optimizers whose step needs one (``LBFGS``): they re-evaluate the loss
   over all parameters;
 * loss scaling (float16): an overflow is known only once every gradient exists, and by
   then the parameters have stepped;
-* a global gradient norm (``clip_grad_norm_`` over the model): it needs every gradient
-  at once. After ``backward()`` the gradients are gone, so such a call sees none.
-  Per-parameter clipping works: :func:`clip_each_gradient`;
-* more than one process (DDP, FSDP2): each parameter would step on its local gradient
-  before the ranks' gradients are reduced.
+* a global gradient norm: ``torch.nn.utils.clip_grad_norm_`` (and
+  ``clip_grad_value_``, ``clip_grads_with_norm_``) over these parameters raise, as
+  their gradients are gone after ``backward()``. Per-parameter clipping works:
+  :func:`clip_each_gradient`;
+* DistributedDataParallel (and ``torch.distributed.fsdp.FullyShardedDataParallel``):
+  they average the gradients after the hooks have run, so each rank would step on its
+  own gradient. Refused at the first hook, before anything steps;
+* a parameter that gets a second gradient in one backward after it stepped (reentrant
+  checkpointing with a weight used inside and outside the block).
+
+**An exception in the middle of backward** (a user's hook that finds a NaN) leaves the
+parameters whose hooks already ran stepped and the others not: nothing can be undone
+without keeping every gradient, which is what this mode exists to avoid. The next use
+says so instead of training on: the next forward of the model (the models given to
+``initialize`` or ``prepare_optimizer``; :func:`watch_models` for others), the next
+backward and ``optimizer.state_dict()`` raise, naming how many of the optimizer's
+parameters stepped. :func:`partial_step` gives the count; recover with
+``model.load_state_dict``/``optimizer.load_state_dict`` from a checkpoint, or go on
+from the partial step with :func:`accept_partial_step`.
 
 The optimizer's step hooks (``register_step_pre_hook``/``post_hook``) run once per
 parameter stepped. LR schedulers work as usual, stepped after ``backward()`` (one
