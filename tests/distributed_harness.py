@@ -79,8 +79,8 @@ def load_factor(load: float | None = None, cpus: int | None = None) -> float:
 
 def run_ranks(out_dir: Path, worker: Callable[..., Any], *args: Any, timeout: float = 120.0,
               collective_timeout: float = 30.0, world: int = WORLD) -> list[Any]:
-    """Run ``worker(rank, *args)`` on ``world`` gloo ranks (``WORLD`` unless told: 2D
-    meshes need 4); return each rank's result (anything ``torch.save`` takes).
+    """Run ``worker(rank, *args)`` on ``world`` gloo ranks (``WORLD`` unless a test
+    needs a 2-D mesh); return each rank's result (anything ``torch.save`` takes).
     ``worker`` must be a module-level function of a test module (the children import
     it)."""
     if not dist.is_available():

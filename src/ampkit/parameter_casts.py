@@ -31,14 +31,15 @@ The one opt-in exception is :func:`reuse_casts`: a block that spans several forw
 the whole block. Its contract: nothing changes a parameter inside the block (the
 optimizer steps after it), because a change there is not seen until the block ends.
 
-A copy made under ``no_grad`` has no autograd history and is not reused by a use in
-the same forward that builds a graph. A module called outside any converted model's
-forward (a submodule called on its own, a checkpointed block recomputed in the backward
-pass) casts on each call, and so does a forward under ``inference_mode``, under
-``torch.compile`` (the graph casts the weights itself) or in a module FSDP2 manages (its
-parameters in a forward are the unsharded ones FSDP frees after it; with
-:mod:`ampkit.fsdp`'s policy they arrive in low precision already, leaving nothing to
-cast).
+A copy made under ``no_grad`` has no autograd history and is not reused by a use in the
+same forward that builds a graph. A module called outside any converted model's forward
+(a submodule called on its own, a checkpointed block recomputed in the backward pass)
+casts on each call (but an O2 module called on its own with fp32 inputs, outside any
+autocast region, computes in fp32 from its parameters: :func:`called_on_its_own`), and
+so does a forward under ``inference_mode``, under ``torch.compile`` (the graph casts the
+weights itself) or in a module FSDP2 manages (its parameters in a forward are the
+unsharded ones FSDP frees after it; with :mod:`ampkit.fsdp`'s policy they arrive in low
+precision already, leaving nothing to cast).
 
 An optimizer built over the parameters before FSDP2's ``fully_shard`` replaced them
 with sharded ones would step tensors the model no longer uses: its first step raises
@@ -72,9 +73,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit.casting import copy_serves
 from ampkit.compile_frames import skip_recursively
+from ampkit.containers import iter_tensors
 from ampkit.step_hooks import check_at_first_step
 
-__all__ = ["CastParametersOnUse", "cached_casts", "cast_parameter",
+__all__ = ["CastParametersOnUse", "cached_casts", "called_on_its_own", "cast_parameter",
            "casting_on_use", "check_copies_unedited", "keep_cast_last",
            "own_cast_hooks", "reuse_casts", "truth_of",
            "end_forward_pass", "forget_casts", "is_cached", "new_forward_pass",
@@ -95,6 +97,7 @@ class _Pass(threading.local):
 
 
 _pass = _Pass()
+_LOW = (torch.float16, torch.bfloat16)
 #: What a module's swap records, one entry per parameter swapped out: its name, the fp32
 #: parameter, and the version of the copy put in its place (``-1``: not checked).
 Swapped = list[tuple[str, torch.Tensor, int]]
@@ -328,22 +331,28 @@ class CastParametersOnUse:
         (torch.float16, torch.float32)
     """
 
-    __slots__ = ("dtype", "keep")
+    __slots__ = ("bare_fp32", "dtype", "keep")
 
-    def __init__(self, dtype: torch.dtype, *, keep: frozenset[str] = frozenset()) -> None:
+    def __init__(self, dtype: torch.dtype, *, keep: frozenset[str] = frozenset(),
+                 bare_fp32: bool = False) -> None:
         self.dtype = dtype
         # names of parameters left as they are (a legacy spectral_norm/weight_norm
         # hook computes the weight from them, in fp32: see ampkit.conversion)
         self.keep = keep
+        # True: called on its own with no low-precision input (see swap_params), the
+        # module computes from its fp32 parameters, in fp32 (O2, where the parameters
+        # are the fp32 truth)
+        self.bare_fp32 = bare_fp32
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "keep": self.keep}
+        return {"dtype": self.dtype, "keep": self.keep, "bare_fp32": self.bare_fp32}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.dtype = state["dtype"]
         self.keep = state.get("keep", frozenset())
+        self.bare_fp32 = state.get("bare_fp32", False)
 
-    def swap_in(self, module: nn.Module, swapped: Swapped) -> None:
+    def swap_in(self, module: nn.Module, swapped: Swapped, inputs: Any = None) -> None:
         """Put low-precision copies of ``module``'s floating fp32 parameters in its
         ``_parameters``, appending ``(name, fp32 parameter)`` to ``swapped`` as each one
         goes in (so that a failure half-way leaves ``swapped`` naming what to put back:
@@ -360,13 +369,14 @@ class CastParametersOnUse:
             >>> lin.weight.dtype
             torch.float32
         """
-        swap_params(module, swapped, self.dtype, torch.compiler.is_compiling(), self.keep)
+        swap_params(module, swapped, self.dtype, torch.compiler.is_compiling(), self.keep,
+                    self.bare_fp32, inputs)
 
     def before(self, module: nn.Module, args: Any) -> None:
         swapped: Swapped = []
         # On the stack first: whatever got swapped before a failure is put back.
         _swaps.stack.append((module, swapped))
-        self.swap_in(module, swapped)
+        self.swap_in(module, swapped, args)
 
     def before_renorming(self, module: nn.Module, args: Any, kwargs: Any) -> None:
         """:meth:`before` for an ``nn.Embedding``/``nn.EmbeddingBag``: with ``max_norm``
@@ -398,7 +408,7 @@ class CastParametersOnUse:
                 forget_casts((weight,))  # a use earlier in this forward saw the old rows
         swapped: Swapped = []
         _swaps.stack.append((module, swapped))
-        self.swap_in(module, swapped)
+        self.swap_in(module, swapped, (args, kwargs))
         if max_norm is not None:
             for i, (name, p, _) in enumerate(swapped):
                 if name == "weight":
@@ -456,11 +466,13 @@ def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
 
 
 def swap_params(module: nn.Module, swapped: Swapped,
-                dtype: torch.dtype, compiling: bool, keep: frozenset[str] = frozenset()
-                ) -> None:
+                dtype: torch.dtype, compiling: bool, keep: frozenset[str] = frozenset(),
+                bare_fp32: bool = False, inputs: Any = None) -> None:
     """:meth:`CastParametersOnUse.swap_in` with its settings given (``compiling``:
     :func:`torch.compiler.is_compiling`, which a caller may know already; ``keep``:
-    names of parameters left as they are).
+    names of parameters left as they are; ``bare_fp32``: swap nothing where
+    :func:`called_on_its_own` says so for the module's ``inputs``, so that it computes
+    in fp32 from its fp32 parameters, as before the conversion).
 
     Example:
         >>> import torch
@@ -473,6 +485,9 @@ def swap_params(module: nn.Module, swapped: Swapped,
     """
     # Any: the low-precision copies put here are plain tensors, not Parameters.
     params: dict[str, Any] = module._parameters
+    if bare_fp32 and not compiling and _pass.depth == 0 and not _region_on(params) and (
+            not _has_low(inputs)):
+        return  # (called_on_its_own, for the device of the module's parameters)
     # A module FSDP2 manages holds, during its forward, the unsharded parameters FSDP
     # all-gathered (fp32 when its policy has no param_dtype) and frees after it: a
     # copy kept to the end of the model's forward would keep alive a whole layer FSDP
@@ -500,6 +515,42 @@ def swap_params(module: nn.Module, swapped: Swapped,
             # (its version now: restore_swapped tells an in-place edit made during the
             # forward, which would otherwise land on the copy and never reach p)
             append((name, p, -1 if unchecked else low._version))
+
+
+def called_on_its_own(device_type: str, inputs: Any) -> bool:
+    """Whether an O2 module (a submodule of the model, ``model.net(x)``) called with
+    ``inputs`` computes in fp32 from its fp32 parameters, as before the conversion:
+    outside every converted model's forward on this thread, outside any autocast
+    region on ``device_type``, with no low-precision floating tensor in ``inputs``.
+    Called with the level's low-precision activations, or inside a region (the
+    user's ``torch.autocast`` or ``ampkit.autocast``, the one a checkpointed block's
+    recomputation restores), it computes with the level's copies, as in the model.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.parameter_casts import called_on_its_own
+        >>> called_on_its_own("cpu", (torch.ones(2),))
+        True
+        >>> called_on_its_own("cpu", (torch.ones(2, dtype=torch.bfloat16),))
+        False
+        >>> with torch.autocast("cpu", torch.bfloat16):
+        ...     called_on_its_own("cpu", (torch.ones(2),))
+        False
+    """
+    return (_pass.depth == 0 and not torch.is_autocast_enabled(device_type)
+            and not _has_low(inputs))
+
+
+def _has_low(inputs: Any) -> bool:
+    return any(t.dtype in _LOW for t in iter_tensors(inputs))
+
+
+def _region_on(params: dict[str, Any]) -> bool:
+    """Whether autocast is on for the device of the first of ``params``."""
+    for p in params.values():
+        if p is not None:
+            return torch.is_autocast_enabled(p.device.type)
+    return False
 
 
 class _Swaps(threading.local):

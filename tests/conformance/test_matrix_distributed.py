@@ -12,6 +12,10 @@ One spawn runs every scenario of the run (a module fixture); each cell reads its
   uninterrupted one did, and that one bit for bit where the twin does.
 * ``wrong_order_*``: each order issue 34 names is an error at ``initialize`` or at the
   first step, never a run that trains wrongly.
+* ``tp_order``: tensor parallelism on the MLPs (``ColwiseParallel`` gate/up,
+  ``RowwiseParallel`` down) before ``initialize`` and after it. Every parameter's
+  local shard has the dtype the parameter reports, and four steps on the same batches
+  end bit for bit alike in both orders.
 """
 
 from __future__ import annotations
@@ -39,8 +43,11 @@ WRONG_ORDERS = [("gpt2", "pure_bf16_stochastic", "wrong_order_ddp_then_initializ
                 ("gpt2", "pure_bf16_kahan", "wrong_order_fsdp2_plain_optimizer_after_sharding"),
                 ("gpt2", "O2_bf16", "wrong_order_fsdp2_optimizer_before_sharding"),
                 ("gpt2", "O2_bf16", "wrong_order_fsdp2_before_initialize")]
+TP_ORDERS = [("llama", m, "tp_order")
+             for m in ("O2_bf16", "O3_bf16", "pure_bf16_stochastic")]
 SUBSET = {("gpt2", "O2_bf16", "ddp"), ("gpt2", "O2_bf16", "fsdp2_dcp_resume"),
-          ("gpt2", "pure_bf16_stochastic", "wrong_order_fsdp2_optimizer_before_sharding")}
+          ("gpt2", "pure_bf16_stochastic", "wrong_order_fsdp2_optimizer_before_sharding"),
+          ("llama", "O3_bf16", "tp_order")}
 
 
 def global_batch(arch: str, step: int) -> dict[str, torch.Tensor]:
@@ -156,6 +163,49 @@ def _wrong_order(arch: str, mode: str, order: str, rank: int) -> dict[str, Any]:
     return {"raised": None, "stage": "trained", "message": "", "moved": moved}
 
 
+def _tp_order(arch: str, mode: str) -> dict[str, Any]:
+    """Both orders of ``parallelize_module`` and the mode's set-up; what each trained
+    to, and the parameters whose local shard disagrees with the dtype they report."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    import ampkit.fsdp
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+
+    def parallelize(model: nn.Module) -> None:
+        for layer in model.model.layers:
+            parallelize_module(layer.mlp, mesh, {"gate_proj": ColwiseParallel(),
+                                                 "up_proj": ColwiseParallel(),
+                                                 "down_proj": RowwiseParallel()})
+
+    out: dict[str, Any] = {}
+    for order in ("initialize_first", "tp_first"):
+        model = C.fresh(arch)
+        if order == "tp_first":
+            parallelize(model)
+            run = C.MODES[mode].setup(model, C.make_optimizer(model))
+            model, opt = run.model, run.opt
+        else:
+            model = C.MODES[mode].setup(model, C.make_optimizer(model)).model
+            parallelize(model)
+            opt = ampkit.fsdp.prepare_optimizer(model, C.make_optimizer(model))
+        for step in range(STEPS):  # every rank the same batch: TP splits the layers
+            opt.zero_grad(set_to_none=True)
+            C.loss_of(arch, model, C.batch(arch, step)).backward()
+            opt.step()
+        local = {n: (p.dtype, (p.to_local() if hasattr(p, "to_local") else p).dtype)
+                 for n, p in model.named_parameters()}
+        out[order] = {"params": _params(model),
+                      "mismatched": [n for n, (a, b) in local.items() if a != b],
+                      "dtypes": sorted({str(a) for a, _ in local.values()})}
+    return out
+
+
 def _worker(rank: int, scenarios: list[tuple[str, str, str]], out_dir: str) -> dict[str, Any]:
     warnings.simplefilter("ignore")
     results: dict[str, Any] = {}
@@ -166,6 +216,8 @@ def _worker(rank: int, scenarios: list[tuple[str, str, str]], out_dir: str) -> d
                 results[key] = _ddp(arch, mode, rank)
             elif machinery == "fsdp2_dcp_resume":
                 results[key] = _fsdp2(arch, mode, rank, Path(out_dir) / key)
+            elif machinery == "tp_order":
+                results[key] = _tp_order(arch, mode)
             else:
                 results[key] = _wrong_order(arch, mode, machinery, rank)
         except Exception as error:  # a failing cell, not a failing spawn
@@ -176,7 +228,7 @@ def _worker(rank: int, scenarios: list[tuple[str, str, str]], out_dir: str) -> d
 
 def _selected(config: pytest.Config) -> list[tuple[str, str, str]]:
     everything = config.getoption("--conformance-all")
-    return [c for c in TRAINING + WRONG_ORDERS if everything or c in SUBSET]
+    return [c for c in TRAINING + WRONG_ORDERS + TP_ORDERS if everything or c in SUBSET]
 
 
 def _inapplicable(arch: str, mode: str, machinery: str) -> str | None:
@@ -238,6 +290,17 @@ def test_distributed_cell(ranks: list[dict[str, Any]], arch: str, mode: str,
         return
     for r in got:
         assert "error" not in r, r["error"]
+    if machinery == "tp_order":
+        for r in got:
+            for order in ("initialize_first", "tp_first"):
+                assert not r[order]["mismatched"], (
+                    f"{order}: local shards in another dtype than reported: "
+                    f"{r[order]['mismatched']}")
+            assert r["tp_first"]["dtypes"] == r["initialize_first"]["dtypes"], r
+            differ = _same(r["tp_first"]["params"], r["initialize_first"]["params"])
+            assert not differ, (f"{mode} with parallelize_module before initialize differs "
+                                f"from initialize first in {len(differ)} parameters")
+        return
     assert not _same(got[0]["params"], got[1]["params"]), "the ranks disagree"
     if machinery == "fsdp2_dcp_resume":
         assert not _same(got[0]["resumed"], got[0]["params"]), (

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import threading
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from ampkit.conversion.norms import (
     takes_low_input,
 )
 from ampkit.parameter_casts import (
+    called_on_its_own,
     casting_on_use,
     end_forward_pass,
     new_forward_pass,
@@ -75,6 +77,31 @@ def region_autocast(device_type: str, dtype: torch.dtype | None,
     if policy is None:
         return autocast(device_type, enabled=False)
     return autocast(device_type, dtype, policy=policy)
+
+
+class _OnItsOwnCalls(threading.local):
+    def __init__(self) -> None:
+        self.modules: list[nn.Module] = []
+
+
+_on_its_own = _OnItsOwnCalls()
+
+
+class _OnItsOwn:
+    """While entered: ``module``, an O2 kept module, runs called on its own with fp32
+    inputs, so its output cast (a forward hook, which sees the inputs only after the
+    boundary cast them) leaves the fp32 output as it is."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __enter__(self) -> None:
+        _on_its_own.modules.append(self.module)
+
+    def __exit__(self, *exc: object) -> None:
+        _on_its_own.modules.pop()
 
 
 def compute_device_type(module: nn.Module, args: Any) -> str:
@@ -148,6 +175,10 @@ class Boundary:
     # a converted model's forward or a module cast on use runs, its use; read from
     # outside (``model[0].weight``, ``remove_parametrizations``) it stays fp32.
     on_use: bool = False
+    # O2's kept module: called on its own with no low-precision input
+    # (parameter_casts.called_on_its_own), its output stays fp32, as every module
+    # around it then computes in fp32.
+    bare_fp32: bool = False
     # Device type -> key of the region's policy for autocast_mode.enter_in_graph (made
     # when the boundary is installed, for the module's device: compiled code enters
     # the region through it); a missing or None key: entered as an ampkit.autocast.
@@ -219,6 +250,10 @@ class Boundary:
             # A forward of the model begins: the copies of its parameters live until
             # the outermost one ends (leave, which the except below reaches too).
             new_forward_pass()
+        elif self.bare_fp32 and called_on_its_own(device_type, (args, kwargs)):
+            marker = _OnItsOwn(module)
+            marker.__enter__()
+            entered.append(marker)
         try:
             for context in self._contexts(device_type):
                 context.__enter__()
@@ -261,6 +296,8 @@ class Boundary:
         forward hooks the user registered on the module see what it hands back."""
         if self.output_dtype is None or output is None or (
                 self.on_use and not torch.compiler.is_compiling() and not casting_on_use()):
+            return None
+        if self.bare_fp32 and _on_its_own.modules and _on_its_own.modules[-1] is module:
             return None
         return cast_tree(output, self.output_dtype)
 

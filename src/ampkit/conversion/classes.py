@@ -170,7 +170,8 @@ def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     swapped: Swapped = []
     try:
         # (CastParametersOnUse.swap_in, not asking is_compiling again)
-        swap_params(self, swapped, own.dtype, False, own.keep)
+        swap_params(self, swapped, own.dtype, False, own.keep, own.bare_fp32,
+                    (args, kwargs))
         return self.forward(*args, **kwargs)
     finally:
         record = record_of(self)

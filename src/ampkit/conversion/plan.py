@@ -270,7 +270,8 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
                                  # at O3 and in pure mode the low dtype is the
                                  # parameter's own: read from anywhere, it is that
                                  on_use=_is_parametrization(module)
-                                 and config.param_dtype not in _LOW)
+                                 and config.param_dtype not in _LOW,
+                                 bare_fp32=config.param_compute_dtype is not None)
         elif whitelisted and not in_white:
             boundary = Boundary(Region.LOW, None, config.white_list_output_dtype,
                                  config.compute_dtype, module_type=type(module))
@@ -371,9 +372,12 @@ def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> No
                     continue
                 # In place, so the Parameter object stays the same: tied modules and
                 # optimizers built before the conversion keep pointing at it.
-                param.data = param.data.to(target[0])
-                if param.grad is not None:
-                    param.grad = param.grad.to(target[0])
+                if _holds_inner_tensors(param):
+                    _swap_in_dtype(param, target[0])
+                else:
+                    param.data = param.data.to(target[0])
+                    if param.grad is not None:
+                        param.grad = param.grad.to(target[0])
                 done[id(param)] = param
             for name, buf in list(module._buffers.items()):
                 if buf is None:
@@ -389,6 +393,39 @@ def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> No
                 module._buffers[name] = new
 
 
+def _holds_inner_tensors(param: torch.Tensor) -> bool:
+    """A DTensor parameter (tensor parallelism's ``parallelize_module``, FSDP2) keeps
+    its elements in an inner local tensor: ``param.data = ...`` changes the dtype the
+    wrapper reports but not the local shard the ops compute with."""
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(param, DTensor)
+
+
+def _swap_in_dtype(param: torch.Tensor, dtype: torch.dtype) -> None:
+    """Give ``param`` (a DTensor) ``dtype``, local shard included, keeping the Python
+    object (as ``nn.Module.to`` does for such tensors): its contents are exchanged with
+    a converted Parameter's, and its gradient and user attributes come along."""
+    grad = param.grad
+    param.grad = None  # a reference held here would block the exchange
+    attributes = dict(param.__dict__)
+    converted = nn.Parameter(param.detach().to(dtype), requires_grad=param.requires_grad)
+    try:
+        torch.utils.swap_tensors(param, converted)
+    except RuntimeError as error:
+        param.grad = grad
+        raise RuntimeError(
+            f"cannot store this {type(param).__name__} parameter in {dtype}: something "
+            f"holds a reference to it that torch.utils.swap_tensors refuses ({error}). "
+            f"Call ampkit.initialize before building what holds it") from error
+    for key, value in attributes.items():
+        param.__dict__.setdefault(key, value)
+    if grad is not None:
+        param.grad = grad.to(dtype)
+
+
 def _register_state_dict_hook(module: nn.Module, hook: Any) -> None:
     public = getattr(module, "register_state_dict_post_hook", None)  # torch >= 2.5
     if public is not None:
@@ -402,7 +439,11 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
         from torch.nn.utils.parametrize import is_parametrized
 
         dtype = plan.cast_dtype
-        cast = CastParametersOnUse(dtype)
+        # O2: the parameters are the fp32 truth, so a submodule called on its own
+        # computes in fp32 (at O3 the rest of the parameters are low precision: a
+        # shared one kept fp32 is cast on every use)
+        bare_fp32 = config.param_compute_dtype is not None
+        cast = CastParametersOnUse(dtype, bare_fp32=bare_fp32)
         for module in plan.cast_on_use:
             legacy = legacy_reparametrizations(module)
             if legacy:
@@ -410,8 +451,8 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
                 for hook in legacy:
                     reparametrize_in_fp32(hook, dtype)
                 CastParametersOnUse(dtype, keep=frozenset(
-                    n for hook in legacy for n in reparametrization_sources(hook))
-                ).install(module)
+                    n for hook in legacy for n in reparametrization_sources(hook)),
+                    bare_fp32=bare_fp32).install(module)
             else:
                 cast.install(module)
             # The hooks' work done in the module's own call while they are its only
