@@ -3,10 +3,12 @@
 #   suite-cuda.log     the whole test suite with the GPU visible
 #   suite-hidden.log   the whole test suite with CUDA_VISIBLE_DEVICES= (CPU only)
 #   throughput.txt     gpu_throughput.py: ResNet-50, GPT-2 small, Llama stack; every mode
-#                      eager and compiled, ratios to native bf16 autocast
+#                      eager and compiled, ratios to native bf16 autocast (pure bf16
+#                      stepping inside backward included: mode pure-in-backward)
 #   profile.txt        one native-bf16 and one O2 step per model, top ops by CUDA time
 #   memory-o2.txt      memory_o2.py on CUDA: its three presets and gpt-1024
-#   memory-pure.txt    memory_pure.py on CUDA: every preset, optimizer.step timed
+#   memory-pure.txt    memory_pure.py on CUDA: every preset, optimizer.step timed; its
+#                      "step in backward" rows are pure bf16 stepping inside backward
 #   fp8.txt            fp8.py on CUDA: fp32, bf16 O2 and the fp8 recipes, d_model 4096
 #   plan.txt           plan_vs_measured.py: ampkit.plan's peak per mode vs the CUDA peak
 #   summary.txt        each piece's status and time

@@ -15,6 +15,8 @@ GPT-2-small decoder and a two-block Llama-2-7B-width stack at sequence length 2,
 * ``O2``: ``level="O2"`` (fp32 parameters, cast on use);
 * ``pure-stochastic``, ``pure-kahan``: pure bfloat16 training
   (``master_weights="stochastic"`` / ``"kahan"``);
+* ``pure-in-backward``: ``pure-stochastic`` with ``step_in_backward=True`` (each
+  parameter steps inside backward as its gradient is ready; no ``optimizer.step()``);
 * ``fp8-tensorwise``, ``fp8-rowwise``: O2 with ``fp8=<recipe>`` (torchao). Skipped, with
   the reason printed, where torchao does not import, where the GPU has no fp8 tensor
   cores (compute capability below 8.9), and on the CNN (its only Linear is its head,
@@ -73,6 +75,7 @@ from _gpu_models import MODELS, Workload, loss_of, repeated_blocks, workload
 from _training import _storage_bytes, live_training_tensors
 
 import ampkit
+from ampkit.step_in_backward import steps_in_backward
 
 #: Five custom entries native CUDA autocast already runs in the low precision.
 FIVE_SAME = ["linear", "matmul", "bmm", "baddbmm", "addmm"]
@@ -98,6 +101,8 @@ MODES: dict[str, Mode] = {
     "O2": Mode(initialize={"level": "O2"}),
     "pure-stochastic": Mode(initialize={"level": "O2", "master_weights": "stochastic"}),
     "pure-kahan": Mode(initialize={"level": "O2", "master_weights": "kahan"}),
+    "pure-in-backward": Mode(initialize={"level": "O2", "master_weights": "stochastic",
+                                         "step_in_backward": True}),
     "fp8-tensorwise": Mode(initialize={"level": "O2", "fp8": "tensorwise"}),
     "fp8-rowwise": Mode(initialize={"level": "O2", "fp8": "rowwise"}),
 }
@@ -106,7 +111,7 @@ BASELINE = "native-bf16"
 #: leaves out the least needed: the baseline and the modes the targets name first.
 COMPILE_MODEL_PRIORITY = ("llama", "gpt2", "resnet50")
 COMPILE_PRIORITY = ("native-bf16", "O2", "O1+5", "fp8-tensorwise", "O1", "pure-stochastic",
-                    "pure-kahan", "fp8-rowwise", "native-fp16", "fp32")
+                    "pure-kahan", "pure-in-backward", "fp8-rowwise", "native-fp16", "fp32")
 
 
 def device_header(device: torch.device) -> str:
@@ -190,8 +195,9 @@ class Run:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
-            loss.backward()
-            self.optimizer.step()
+            loss.backward()  # (pure-in-backward: every parameter steps in here)
+            if not steps_in_backward(self.optimizer):
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 

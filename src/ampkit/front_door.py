@@ -358,9 +358,16 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
                              if isinstance(o, torch.optim.Optimizer)])
     opt_out = prepared.optimizers
     if settings.config.step_in_backward:  # (checked by prepare_models)
-        from ampkit.step_in_backward import enable_step_in_backward
+        from ampkit.step_in_backward import (
+            enable_step_in_backward,
+            mark_step_in_backward,
+            watch_models,
+        )
 
         opt_out = [enable_step_in_backward(opt) for opt in opt_out]
+        for opt in opt_out:
+            watch_models(opt, model_list)
+        mark_step_in_backward(model_list)  # an optimizer built later: prepare_optimizer
     if prepared.fp8_skipped is not None:  # what fp8 left out, said once
         warnings.warn(prepared.fp8_skipped, Fp8SkipWarning, stacklevel=2)
     out_models = model_list[0] if one_model else type(models)(model_list)
@@ -443,10 +450,6 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
     if settings.config.step_in_backward:  # before anything changes
         from ampkit.step_in_backward import check_step_in_backward
 
-        if not opt_list:
-            raise ValueError("initialize: step_in_backward=True steps the optimizers "
-                             "inside backward; pass them (initialize(model, optimizer, "
-                             "...))")
         for i, opt in enumerate(opt_list):
             check_step_in_backward(opt, loss_scale=props.loss_scale,
                                    argument="optimizer" if len(opt_list) == 1

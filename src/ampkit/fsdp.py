@@ -317,10 +317,14 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
     (:class:`ampkit.pure.PureLowPrecisionOptimizer`, in place) with the
     rounding and ``rounding_seed`` that ``ampkit.initialize`` recorded on ``model``, so
     nothing given to ``initialize`` is repeated; at the other levels it hands it back as
-    it is. Build the optimizer after :func:`fully_shard`, over ``model.parameters()``.
+    it is. Where ``initialize`` had ``step_in_backward=True``, it also makes the
+    optimizer step each parameter inside backward (:mod:`ampkit.step_in_backward`):
+    under FSDP2 each sharded parameter steps on its reduce-scattered gradient shard.
+    Build the optimizer after :func:`fully_shard`, over ``model.parameters()``.
 
     Returns:
-        ``optimizer`` itself (made pure where the model trains purely).
+        ``optimizer`` itself (made pure where the model trains purely; stepping in
+        backward where ``initialize`` asked for it).
 
     Raises:
         TypeError: ``model`` is not a module, or ``optimizer`` not an optimizer.
@@ -366,8 +370,22 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
             raise ValueError(f"optimizer: param_groups[{g}] holds a parameter of shape "
                              f"{tuple(p.shape)} that is not one of model.parameters(); "
                              f"build the optimizer over this model's parameters")
+    from ampkit.step_in_backward import (
+        enable_step_in_backward,
+        marked_step_in_backward,
+        watch_models,
+    )
+
     pure = pure_settings(model)
-    if pure is None:
-        return optimizer
-    rounding, seed = pure
-    return pure_low_precision(optimizer, rounding, seed=seed)
+    in_backward = marked_step_in_backward(model)
+    if in_backward:  # refused before anything changes
+        from ampkit.step_in_backward import check_step_in_backward
+
+        check_step_in_backward(optimizer)
+    if pure is not None:
+        rounding, seed = pure
+        optimizer = pure_low_precision(optimizer, rounding, seed=seed)
+    if in_backward:
+        enable_step_in_backward(optimizer)
+        watch_models(optimizer, [model])
+    return optimizer

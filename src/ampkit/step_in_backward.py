@@ -11,20 +11,50 @@ random bits for a parameter as its ordinary step would, so the trajectory is bit
 bit the ordinary one's wherever the update does not depend on other parameters (every
 element-wise ``torch.optim`` optimizer: SGD, Adam/AdamW, NAdam, RAdam, Adagrad, ...).
 
-What it gives up (each refused loudly):
+Where it works: one process, and under FSDP2 (``fully_shard``), tensor parallelism
+(``parallelize_module``) and both together. FSDP2 calls a sharded parameter's
+post-accumulate-grad hooks itself, after the reduce-scatter (and HSDP's all-reduce),
+so each shard steps on its reduced gradient (torch 2.11 to 2.14); tensor parallelism's
+DTensor gradients are whole when autograd accumulates them. Under FSDP2, build the
+optimizer after sharding and hand it to ``ampkit.fsdp.prepare_optimizer``, which
+applies ``initialize``'s ``step_in_backward=True``.
+
+Where it matches the ordinary step without being asked: parameter groups added later
+(``add_param_group``), frozen parameters (skipped, as torch skips them, and stepped
+once unfrozen), ``zero_grad(set_to_none=False)`` (a parameter left out of a later
+backward steps on its kept zero gradient, as the ordinary step does),
+non-reentrant checkpointing, and reentrant checkpointing where each parameter gets
+its gradient from one backward.
+
+What it refuses (each with a message):
 
 * ``optimizer.step()``: the steps already ran inside ``backward()``; a call raises. So
   does ``scaler.step(optimizer)``.
-* gradient accumulation over several backward passes: every ``backward()`` steps;
+* gradient accumulation over several backward passes: every ``backward()`` steps, and
+  the first ``optimizer.step()`` of such a loop raises;
 * a closure, and optimizers whose step needs one (``LBFGS``): they re-evaluate the loss
   over all parameters;
 * loss scaling (float16): an overflow is known only once every gradient exists, and by
   then the parameters have stepped;
-* a global gradient norm (``clip_grad_norm_`` over the model): it needs every gradient
-  at once. After ``backward()`` the gradients are gone, so such a call sees none.
-  Per-parameter clipping works: :func:`clip_each_gradient`;
-* more than one process (DDP, FSDP2): each parameter would step on its local gradient
-  before the ranks' gradients are reduced.
+* a global gradient norm: ``torch.nn.utils.clip_grad_norm_`` (and
+  ``clip_grad_value_``, ``clip_grads_with_norm_``) over these parameters raise, as
+  their gradients are gone after ``backward()``. Per-parameter clipping works:
+  :func:`clip_each_gradient`;
+* DistributedDataParallel (and ``torch.distributed.fsdp.FullyShardedDataParallel``):
+  they average the gradients after the hooks have run, so each rank would step on its
+  own gradient. Refused at the first hook, before anything steps;
+* a parameter that gets a second gradient in one backward after it stepped (reentrant
+  checkpointing with a weight used inside and outside the block).
+
+**An exception in the middle of backward** (a user's hook that finds a NaN) leaves the
+parameters whose hooks already ran stepped and the others not: nothing can be undone
+without keeping every gradient, which is what this mode exists to avoid. The next use
+says so instead of training on: the next forward of the model (the models given to
+``initialize`` or ``prepare_optimizer``; :func:`watch_models` for others), the next
+backward and ``optimizer.state_dict()`` raise, naming how many of the optimizer's
+parameters stepped. :func:`partial_step` gives the count; recover with
+``model.load_state_dict``/``optimizer.load_state_dict`` from a checkpoint, or go on
+from the partial step with :func:`accept_partial_step`.
 
 The optimizer's step hooks (``register_step_pre_hook``/``post_hook``) run once per
 parameter stepped. LR schedulers work as usual, stepped after ``backward()`` (one
@@ -45,14 +75,19 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import math
+import sys
 import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["check_step_in_backward", "clip_each_gradient", "enable_step_in_backward",
-           "steps_in_backward"]
+__all__ = ["accept_partial_step", "check_step_in_backward", "clip_each_gradient",
+           "enable_step_in_backward", "mark_step_in_backward", "marked_step_in_backward",
+           "partial_step", "steps_in_backward", "watch_models"]
 
 _KEY = "_ampkit_in_backward"
 _REFUSED_STEP = (
@@ -61,21 +96,67 @@ _REFUSED_STEP = (
     "optimizer.step() has nothing to do. Remove the call (and scaler.step(optimizer)); "
     "gradient accumulation over several backward passes and closures cannot work in "
     "this mode: use step_in_backward=False for them")
+_REENTRANT = (
+    "step_in_backward: a parameter of shape {shape} received a second gradient in one "
+    "backward, after it had stepped on the first. A backward ran inside this backward "
+    "(checkpoint(..., use_reentrant=True), or an autograd Function whose backward calls "
+    "torch.autograd.backward/grad) and the parameter is used both inside and outside "
+    "it, or in two of them: their gradients reach it one after the other, and the "
+    "ordinary step would have stepped once on their sum. Use "
+    "torch.utils.checkpoint.checkpoint(..., use_reentrant=False) (torch's "
+    "recommendation, same memory: one pass accumulates the whole gradient), or "
+    "step_in_backward=False.")
+_NORM_FUNCTIONS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_",
+                   "clip_grads_with_norm_")
+
+# The parameters of optimizers stepping in backward, each with its optimizer's state:
+# torch's gradient clipping over them is refused (their gradients are gone), and a
+# parameter already stepping in backward for another optimizer is refused.
+_PARAMS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# The models initialize set up to step in backward: an optimizer built over them later
+# (after FSDP2 sharding) is made to step in backward by ampkit.fsdp.prepare_optimizer.
+_MODELS: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
+# torch's gradient-clipping functions as torch.nn.utils exports them, by name, once
+# replaced there by the refusing ones (:func:`_guard_norm_functions`): once per process.
+_NORM_ORIGINALS: dict[str, Callable[..., Any]] = {}
+
+
+def _ddp_holders(params: list[torch.Tensor]) -> str | None:
+    """The data-parallel wrapper holding one of ``params`` whose gradient averaging
+    runs after the gradient hooks (DDP, the FSDP of ``torch.distributed.fsdp``), named,
+    or ``None``. Such wrappers mark nothing on the parameters: the live modules are
+    searched, once per layout of the optimizer."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    wanted = {id(p) for p in params}
+    kinds = (DistributedDataParallel, FullyShardedDataParallel)
+    for obj in gc.get_objects():
+        # type(), not isinstance(): an object's __class__ may be a deprecation proxy
+        if (issubclass(type(obj), kinds)
+                and any(id(p) in wanted for p in obj.parameters())):
+            return type(obj).__name__
+    return None
 
 
 def _distributed_reason(params: list[torch.Tensor]) -> str | None:
-    """Why stepping in backward cannot work here, or ``None``."""
-    from ampkit.pure.rounding import is_dtensor
-
-    if any(is_dtensor(p) for p in params):
-        return ("its parameters are sharded DTensors (FSDP2): each would step on its "
-                "unsharded gradient before the reduce-scatter")
+    """Why stepping in backward cannot work for ``params`` here, or ``None``: under a
+    wrapper that averages (DistributedDataParallel) or reduces (FSDP1) gradients after
+    the gradient hooks fire. FSDP2's sharded parameters and tensor parallelism's
+    DTensors step on their reduced gradients (FSDP2 runs their hooks after the
+    reduce-scatter) and plain parameters of a process that no such wrapper holds step
+    on what the ordinary step would see."""
     dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return (f"a process group of {dist.get_world_size()} ranks is initialized: under "
-                f"DistributedDataParallel each parameter would step on its local "
-                f"gradient before the ranks' gradients are averaged")
-    return None
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    holder = _ddp_holders(params)
+    if holder is None:
+        return None
+    return (f"its parameters are held by {holder}, which averages the ranks' gradients "
+            f"after the gradient hooks have run: each parameter would step on its own "
+            f"rank's gradient and the replicas would drift apart. FSDP2 "
+            f"(torch.distributed.fsdp.fully_shard, ampkit.fsdp.fully_shard) and tensor "
+            f"parallelism step in backward on the reduced gradients")
 
 
 def check_step_in_backward(optimizer: Any, *, loss_scale: Any = None,
@@ -86,8 +167,10 @@ def check_step_in_backward(optimizer: Any, *, loss_scale: Any = None,
 
     Raises:
         TypeError: ``optimizer`` is not an optimizer.
-        ValueError: loss scaling is on, or the optimizer's step needs a closure.
-        RuntimeError: more than one process, or sharded (DTensor) parameters.
+        ValueError: loss scaling is on, or the optimizer's step needs a closure, or a
+            parameter already steps in backward for another optimizer.
+        RuntimeError: a data-parallel wrapper that averages gradients after the hooks
+            (DistributedDataParallel) holds the parameters.
 
     Example:
         >>> import torch
@@ -114,48 +197,224 @@ def check_step_in_backward(optimizer: Any, *, loss_scale: Any = None,
         raise ValueError(f"step_in_backward: {optimizer_class_name(optimizer)}'s step "
                          f"needs a closure, which re-evaluates the loss over all "
                          f"parameters; use step_in_backward=False")
-    reason = _distributed_reason([p for g in optimizer.param_groups for p in g["params"]])
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    _check_not_taken(optimizer, params)
+    reason = _distributed_reason(params)
     if reason is not None:
         raise RuntimeError(f"step_in_backward cannot work here: {reason}. Use "
                            f"step_in_backward=False")
 
 
+def _check_not_taken(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> None:
+    for p in params:
+        owner = _PARAMS.get(p)
+        live = None if owner is None else owner()
+        if live is not None and live.opt() is not optimizer:
+            raise ValueError(f"step_in_backward: a parameter of shape {tuple(p.shape)} "
+                             f"already steps inside backward for another optimizer; "
+                             f"each parameter can step in backward for one optimizer only")
+
+
+def _reentrant() -> bool:
+    """Whether this gradient hook runs in a backward started inside another backward
+    (reentrant checkpointing): walking out from here, a call of
+    ``torch.autograd.backward``/``grad`` is met, and beyond it the backward of a
+    Python autograd Function. (FSDP2 calls the hooks from a Function's backward too,
+    but of the outer pass: no ``backward``/``grad`` call lies between.)"""
+    engine = {torch.autograd.backward.__code__, torch.autograd.grad.__code__}
+    function_backward = torch.autograd.function.BackwardCFunction.apply.__code__
+    frame = sys._getframe(2)
+    called = False
+    while frame is not None:
+        code = frame.f_code
+        if code in engine:
+            called = True
+        elif called and code is function_backward:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 class _InBackward:
     """What an optimizer stepping in backward keeps: the hooks' handles, the
-    per-parameter clipping, and the pure optimizer's rounding keys (the whole
-    optimizer's, cached while its groups keep their parameters)."""
+    per-parameter clipping, the pure optimizer's rounding keys (the whole optimizer's,
+    cached while its groups keep their parameters) and the backward pass under way
+    (its graph tasks, what stepped in it), so that a pass stopped by an exception is
+    told at the next use."""
 
-    __slots__ = ("__weakref__", "clip", "handles", "indices", "layout", "opt")
+    __slots__ = ("__weakref__", "broken", "checked", "clip", "fresh", "had_grad", "handles",
+                 "hook", "hooked", "indices", "keep_zeros", "layout", "open", "opt",
+                 "partial", "pass_max", "stepped")
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.opt = weakref.ref(optimizer)
         self.handles: list[Any] = []
+        self.hooked: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.fresh: set[int] = set()  # hooked since the last pass ended
         self.clip: tuple[float | None, float | None, float] = (None, None, 2.0)
         self.layout: tuple[tuple[int, ...], ...] = ()
+        self.checked: tuple[tuple[int, ...], ...] | None = None
         self.indices: dict[int, tuple[int, int]] = {}
+        self.open: set[int] = set()  # graph tasks of the pass under way
+        self.stepped: set[int] = set()  # ids of the parameters stepped in it
+        self.broken: str | None = None  # a pass stopped part-way: the next use says so
+        self.keep_zeros = False  # zero_grad(set_to_none=False) was the last zeroing
+        self.had_grad: set[int] = set()  # stepped since the last zeroing to None
+        self.hook: Callable[[torch.Tensor], None] | None = None
+        self.partial: tuple[int, int] | None = None  # (stepped, total) of a stopped pass
+        self.pass_max = -1  # the newest graph task seen in the pass (reentrant ones too)
+
+    def params(self) -> list[torch.Tensor]:
+        opt = self.opt()
+        return [] if opt is None else [p for g in opt.param_groups for p in g["params"]]
+
+    def hook_params(self) -> None:
+        """Register the hook on each parameter that trains and has none yet (frozen
+        parameters get theirs once unfrozen, as torch skips them until then)."""
+        assert self.hook is not None
+        for p in self.params():
+            if p.requires_grad and p not in self.hooked:
+                handle = p.register_post_accumulate_grad_hook(self.hook)
+                self.hooked[p] = handle
+                self.fresh.add(id(p))  # its gradient so far came before its hook
+                self.handles.append(handle)
+                _PARAMS[p] = weakref.ref(self)
+
+    def check_broken(self) -> None:
+        """Raise if the last backward pass stopped part-way (seen from outside it)."""
+        from ampkit.torch_internals import graph_task_id
+
+        if self.open and graph_task_id() == -1:
+            self.stopped()
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+
+    def stopped(self) -> None:
+        """The pass under way will never finish (an exception left it): say so at
+        every next use, if it stepped anything."""
+        done, total = len(self.stepped), len(self.params())
+        self.open.clear()
+        self.stepped = set()
+        if done:
+            self.partial = (done, total)
+            self.broken = (
+                f"step_in_backward: the last backward stopped with an exception after "
+                f"{done} of the optimizer's {total} parameters had stepped inside it, so "
+                f"the model is part-way through a step. Reload the last checkpoint "
+                f"(model.load_state_dict and optimizer.load_state_dict), or call "
+                f"ampkit.step_in_backward.accept_partial_step(optimizer) to go on from "
+                f"these parameters (the gradients the others had are dropped)")
+
+    def check_all_stepped(self) -> None:
+        """Between passes every gradient has been stepped and freed; one left means its
+        hook never ran (a wrapper or torch release that does not call a parameter's
+        post-accumulate-grad hooks), and the ordinary step would have stepped it."""
+        from ampkit.torch_internals import graph_task_id
+
+        if graph_task_id() != -1:
+            return  # a forward inside backward (checkpointing's recomputation)
+        left = [tuple(p.shape) for p in self.params()
+                if p.grad is not None and p in self.hooked and id(p) not in self.fresh]
+        self.fresh.clear()  # from this forward on, their gradients come through hooks
+        if left:
+            raise RuntimeError(
+                f"step_in_backward: {len(left)} parameter(s) (shapes {left[:3]}) hold a "
+                f"gradient that was never stepped: their post-accumulate-grad hooks did "
+                f"not run in the last backward (FSDP2 runs a sharded parameter's hooks "
+                f"after its reduce-scatter on torch 2.11 to 2.14; this is torch "
+                f"{torch.__version__}), or a gradient was set by hand. Use "
+                f"step_in_backward=False here")
+
+    def hook_fired(self, p: torch.Tensor) -> None:
+        from ampkit.torch_internals import at_backward_end, graph_task_id
+
+        if self.opt() is None:
+            return
+        task = graph_task_id()
+        if task not in self.open:
+            if _reentrant():
+                # a backward inside this pass (reentrant checkpointing): its gradients
+                # are whole for the parameters used only inside it; the pass goes on
+                if self.broken is not None:
+                    raise RuntimeError(self.broken)
+                self.pass_max = max(self.pass_max, task)
+            else:
+                if self.open:  # the last pass stopped part-way
+                    self.stopped()
+                elif not (self.stepped and task < self.pass_max):
+                    # (a task older than a reentrant backward seen is the pass that
+                    # encloses it, hooking late: the same pass)
+                    self.stepped = set()
+                if self.broken is not None:
+                    raise RuntimeError(self.broken)
+                self.open.add(task)
+                self.pass_max = max(self.pass_max, task)
+                ref = weakref.ref(self)
+
+                def end() -> None:
+                    live = ref()
+                    if live is not None:
+                        live.pass_ended(task)
+
+                at_backward_end(end)
+        if id(p) in self.stepped:
+            # a second gradient for a parameter that has stepped in this pass
+            shape = tuple(p.shape)
+            self.stopped()
+            told = "" if self.broken is None else f" Also: {self.broken}"
+            raise RuntimeError(_REENTRANT.format(shape=shape) + told)
+        self.step_one(p)
+
+    def pass_ended(self, task: int) -> None:
+        """The end of a backward pass: step what the ordinary step would also have
+        stepped and no hook did (a parameter unfrozen or added without its hook
+        firing; zero gradients kept by ``zero_grad(set_to_none=False)``)."""
+        self.open.discard(task)
+        if self.open:
+            return
+        try:
+            self.hook_params()
+            for p in self.params():
+                if id(p) in self.stepped or not p.requires_grad:
+                    continue
+                if p.grad is not None:
+                    self.step_one(p)
+                elif self.keep_zeros and id(p) in self.had_grad:
+                    p.grad = torch.zeros_like(p)
+                    self.step_one(p)
+        finally:
+            self.stepped = set()
+
+    def layout_changed(self) -> None:
+        opt = self.opt()
+        assert opt is not None
+        layout = tuple(tuple(map(id, g["params"])) for g in opt.param_groups)
+        if layout == self.layout:
+            return
+        from ampkit.pure.optimizer import rounding_keys
+
+        params = self.params()
+        if self.checked != layout:
+            reason = _distributed_reason(params)
+            if reason is not None:
+                raise RuntimeError(f"step_in_backward cannot work here: {reason}. Use "
+                                   f"step_in_backward=False")
+            self.checked = layout
+        self.layout, self.indices = layout, rounding_keys(opt)
 
     def step_one(self, p: torch.Tensor) -> None:
         opt = self.opt()
         if opt is None or p.grad is None:
             return
-        reason = _distributed_reason([p])
-        if reason is not None:
-            raise RuntimeError(f"step_in_backward cannot work here: {reason}. Use "
-                               f"step_in_backward=False")
+        self.layout_changed()
         max_norm, max_value, norm_type = self.clip
         if max_value is not None:
-            torch.nn.utils.clip_grad_value_([p], max_value)
+            torch.nn.utils.clip_grad.clip_grad_value_([p], max_value)
         if max_norm is not None:
-            torch.nn.utils.clip_grad_norm_([p], max_norm, norm_type)
-        groups = opt.param_groups
-        lists = [g["params"] for g in groups]
-        layout = tuple(tuple(map(id, ps)) for ps in lists)
-        if layout != self.layout:  # groups added or changed since the last hook
-            from ampkit.pure.optimizer import rounding_keys
-
-            self.layout, self.indices = layout, rounding_keys(opt)
+            torch.nn.utils.clip_grad.clip_grad_norm_([p], max_norm, norm_type)
+        lists = [g["params"] for g in opt.param_groups]
         saved = [list(ps) for ps in lists]
-        mine = next(i for i, ids in enumerate(layout) if id(p) in ids)
+        mine = next(i for i, ids in enumerate(self.layout) if id(p) in ids)
         opt.__dict__["_ampkit_indices"] = self.indices
         try:
             for i, ps in enumerate(lists):
@@ -166,7 +425,47 @@ class _InBackward:
                 ps[:] = original
             del opt.__dict__["_ampkit_indices"]
         opt._opt_called = True  # type: ignore[attr-defined]  # LR schedulers' flag
+        self.stepped.add(id(p))
+        self.had_grad.add(id(p))
         p.grad = None
+
+
+def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def refuse_or_clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        for p in params:
+            owner = _PARAMS.get(p) if isinstance(p, torch.Tensor) else None
+            if owner is not None and owner() is not None:
+                raise RuntimeError(
+                    f"torch.nn.utils.{name}: these parameters step inside backward "
+                    f"(step_in_backward=True): each gradient was used by its step and "
+                    f"freed during backward, so none is left to measure or clip (the call "
+                    f"would see no gradient and return 0). Clip each gradient before its "
+                    f"step with ampkit.step_in_backward.clip_each_gradient(optimizer, "
+                    f"max_norm=..., max_value=...), or use step_in_backward=False for a "
+                    f"norm over all parameters")
+        return original(params, *args, **kwargs)
+
+    refuse_or_clip.__name__ = refuse_or_clip.__qualname__ = name
+    refuse_or_clip.__doc__ = original.__doc__
+    refuse_or_clip.__wrapped__ = original  # type: ignore[attr-defined]
+    return refuse_or_clip
+
+
+def _guard_norm_functions() -> None:
+    """Make torch's gradient-clipping functions refuse parameters that step in
+    backward (they would see no gradient and report a norm of 0): replaced in
+    ``torch.nn.utils``, where users and trainers call them, once per process; the same
+    functions for every other parameter. ``torch.nn.utils.clip_grad``'s own names stay
+    torch's (the per-parameter clipping inside backward calls them)."""
+    if _NORM_ORIGINALS:
+        return
+    for name in _NORM_FUNCTIONS:
+        original = getattr(torch.nn.utils, name, None)
+        if original is None:
+            continue
+        _NORM_ORIGINALS[name] = original
+        setattr(torch.nn.utils, name, _refusing(name, original))
 
 
 def steps_in_backward(optimizer: torch.optim.Optimizer) -> bool:
@@ -213,11 +512,11 @@ def enable_step_in_backward(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
     def hook(p: torch.Tensor) -> None:
         live = ref()
         if live is not None:
-            live.step_one(p)
+            live.hook_fired(p)
 
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state.handles.append(p.register_post_accumulate_grad_hook(hook))
+    state.hook = hook
+    state.hook_params()
+    _guard_norm_functions()
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(_REFUSED_STEP)
@@ -230,7 +529,158 @@ def enable_step_in_backward(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
     # A loss scaler then hands the step its found_inf instead of asserting that it saw
     # no gradients: the call reaches this step, which refuses in words.
     optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
+    cls = type(optimizer)
+
+    def add_param_group(param_group: dict[str, Any]) -> None:
+        # a group added later (progressive unfreezing) steps in backward like the rest
+        live = ref()
+        if live is not None:
+            _check_not_taken(optimizer, param_group["params"]
+                             if not isinstance(param_group["params"], torch.Tensor)
+                             else [param_group["params"]])
+        cls.add_param_group(optimizer, param_group)
+        if live is not None:
+            live.hook_params()
+
+    def zero_grad(set_to_none: bool = True) -> None:
+        # set_to_none=False keeps a zero gradient on every parameter that had one, and
+        # the ordinary step steps those the next backward leaves out (momentum, weight
+        # decay): the end of each pass does the same
+        live = ref()
+        if live is not None:
+            live.keep_zeros = not set_to_none
+            if set_to_none:
+                live.had_grad.clear()
+        cls.zero_grad(optimizer, set_to_none)
+
+    optimizer.add_param_group = add_param_group  # type: ignore[method-assign]
+    optimizer.zero_grad = zero_grad  # type: ignore[method-assign]
+
+    def loaded(opt: torch.optim.Optimizer) -> None:
+        live = ref()
+        if live is not None:  # a checkpoint reloaded: the partial step is undone
+            live.broken = live.partial = None
+            live.open.clear()
+            live.stepped = set()
+
+    def saving(opt: torch.optim.Optimizer) -> None:
+        live = ref()
+        if live is not None:
+            live.check_broken()
+
+    state.handles.append(optimizer.register_load_state_dict_post_hook(loaded))
+    state.handles.append(optimizer.register_state_dict_pre_hook(saving))
     return optimizer
+
+
+def watch_models(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Module]) -> None:
+    """Check, before each forward of ``models``, that the last backward finished: one
+    stopped by an exception after some parameters stepped raises there
+    (``initialize`` and ``ampkit.fsdp.prepare_optimizer`` watch the models they get).
+
+    Example:
+        >>> import torch
+        >>> from ampkit.step_in_backward import enable_step_in_backward, watch_models
+        >>> net = torch.nn.Linear(2, 1)
+        >>> opt = enable_step_in_backward(torch.optim.SGD(net.parameters(), lr=0.1))
+        >>> watch_models(opt, [net])
+        >>> net(torch.ones(1, 2)).shape
+        torch.Size([1, 1])
+    """
+    state = optimizer.__dict__.get(_KEY)
+    if not isinstance(state, _InBackward):
+        raise ValueError("watch_models: this optimizer does not step in backward")
+    ref = weakref.ref(state)
+
+    def before_forward(module: torch.nn.Module, args: Any) -> None:
+        live = ref()
+        if live is not None:
+            if live.open or live.broken is not None:
+                live.check_broken()
+            live.hook_params()  # a parameter unfrozen since: hooked before its backward
+            live.check_all_stepped()
+
+    for model in models:
+        state.handles.append(model.register_forward_pre_hook(before_forward))
+
+
+def mark_step_in_backward(models: Iterable[torch.nn.Module]) -> None:
+    """Record that ``models`` step their optimizers in backward
+    (``initialize(..., step_in_backward=True)``): ``ampkit.fsdp.prepare_optimizer``
+    then makes an optimizer built over them later (after sharding) step in backward.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.step_in_backward import marked_step_in_backward, mark_step_in_backward
+        >>> net = torch.nn.Linear(2, 1)
+        >>> mark_step_in_backward([net])
+        >>> marked_step_in_backward(net), marked_step_in_backward(torch.nn.Linear(2, 1))
+        (True, False)
+    """
+    for model in models:
+        _MODELS[model] = True
+
+
+def marked_step_in_backward(model: torch.nn.Module) -> bool:
+    """Whether ``initialize`` set ``model`` up to step in backward.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.step_in_backward import marked_step_in_backward
+        >>> marked_step_in_backward(torch.nn.Linear(2, 1))
+        False
+    """
+    return bool(_MODELS.get(model, False))
+
+
+def partial_step(optimizer: torch.optim.Optimizer) -> tuple[int, int] | None:
+    """``(stepped, total)`` when the last backward stopped with an exception after
+    ``stepped`` of the optimizer's ``total`` parameters had stepped inside it (the
+    model is part-way through a step), else ``None``.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.step_in_backward import enable_step_in_backward, partial_step
+        >>> w = torch.nn.Parameter(torch.ones(2))
+        >>> opt = enable_step_in_backward(torch.optim.SGD([w], lr=0.5))
+        >>> (w * w).sum().backward()
+        >>> partial_step(opt) is None
+        True
+    """
+    state = _state(optimizer, "partial_step")
+    from ampkit.torch_internals import graph_task_id
+
+    if state.open and graph_task_id() == -1:
+        state.stopped()
+    return None if state.broken is None else state.partial
+
+
+def accept_partial_step(optimizer: torch.optim.Optimizer) -> None:
+    """Go on after a backward that stopped part-way: the parameters that stepped keep
+    their step, the others keep their values and lose what gradient they had, and the
+    next backward steps every parameter again. (Reloading a checkpoint with
+    ``optimizer.load_state_dict`` also clears the refusal.)
+
+    Example:
+        >>> import torch
+        >>> from ampkit.step_in_backward import accept_partial_step, enable_step_in_backward
+        >>> w = torch.nn.Parameter(torch.ones(2))
+        >>> opt = enable_step_in_backward(torch.optim.SGD([w], lr=0.5))
+        >>> accept_partial_step(opt)  # nothing to accept: no effect
+    """
+    state = _state(optimizer, "accept_partial_step")
+    state.open.clear()
+    state.stepped = set()
+    state.broken = state.partial = None
+    for p in state.params():
+        p.grad = None
+
+
+def _state(optimizer: torch.optim.Optimizer, function: str) -> _InBackward:
+    state = optimizer.__dict__.get(_KEY)
+    if not isinstance(state, _InBackward):
+        raise ValueError(f"{function}: this optimizer does not step in backward")
+    return state
 
 
 def clip_each_gradient(optimizer: torch.optim.Optimizer, *, max_norm: float | None = None,

@@ -20,9 +20,8 @@ ranks with each other and with the twin, which it trains itself.
   seed is a parameter-group hyper-parameter and the counts are per-parameter state, the
   only parts of an optimizer state_dict that DCP keeps.
 
-* ``step_in_backward`` (issue 48) is refused with its reason under DDP (each parameter
-  would step on its local gradient before the ranks' average) and for an FSDP2-sharded
-  model's optimizer, changing nothing.
+* ``step_in_backward`` under DDP, FSDP2 and tensor parallelism: see
+  ``test_distributed_step_in_backward.py``.
 * Wrong orders (issue 34) are errors before anything trains, each naming the order:
   ``DistributedDataParallel(net)`` then ``ampkit.initialize(net, master_weights=...)``
   is refused at ``initialize``; with ``ampkit.fsdp.fully_shard``, an optimizer built
@@ -269,39 +268,9 @@ def _orders_run(rank: int) -> dict[str, Any] | None:
     return out
 
 
-def _in_backward_run(rank: int) -> dict[str, Any]:
-    """step_in_backward with more than one rank: refused at initialize (DDP would
-    average the gradients only after each parameter stepped on its own), and for an
-    FSDP2-sharded model's optimizer; nothing changed either time."""
-    import ampkit
-    from ampkit.step_in_backward import enable_step_in_backward, steps_in_backward
-
-    out: dict[str, Any] = {}
-    net = _order_model()
-    opt = torch.optim.AdamW(net.parameters())
-    out["ddp"] = _refused(lambda: ampkit.initialize(
-        net, opt, level="O2", dtype=BF16, master_weights="stochastic",
-        step_in_backward=True))
-    out["ddp_untouched"] = ({p.dtype for p in net.parameters()} == {torch.float32}
-                            and not steps_in_backward(opt))
-    try:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:  # torch < 2.6 has no public FSDP2
-        out["fsdp2"] = None
-        return out
-    model = _fsdp2_model()
-    for module in (model[0], model[2], model):
-        fully_shard(module, mesh=init_device_mesh("cpu", (WORLD,)))
-    opt = _pure_adamw(model, "stochastic", seed=3)
-    out["fsdp2"] = _refused(lambda: enable_step_in_backward(opt))
-    out["fsdp2_untouched"] = not steps_in_backward(opt)
-    return out
-
-
 def _worker(rank: int, out_dir: str) -> dict[str, Any]:
     out = Path(out_dir)
-    results: dict[str, Any] = {"in_backward": _in_backward_run(rank)}
+    results: dict[str, Any] = {}
     for mode in MODES:
         results[f"ddp_{mode}"] = _ddp_run(rank, mode, out)
         results[f"fsdp2_{mode}"] = _fsdp2_run(rank, mode, out)
@@ -363,18 +332,6 @@ def test_fsdp2_trains_like_the_unsharded_twin_and_resumes_through_dcp(
     for key, value in state.items():  # the moments (and Kahan's compensation) too
         assert torch.equal(got[key], value) if isinstance(value, torch.Tensor) \
             else got[key] == value, key
-
-
-def test_step_in_backward_is_refused_with_the_reason_under_ddp_and_fsdp2(
-        rank_results: list[dict[str, Any]]) -> None:
-    for run in (r["in_backward"] for r in rank_results):
-        assert run["ddp_untouched"], run
-        assert "a process group of 2 ranks is initialized" in run["ddp"]
-        assert "before the ranks' gradients are averaged" in run["ddp"]
-        if run["fsdp2"] is None:
-            pytest.skip("FSDP2 (torch.distributed.fsdp.fully_shard) needs torch >= 2.6")
-        assert run["fsdp2_untouched"]
-        assert "sharded DTensors (FSDP2)" in run["fsdp2"]
 
 
 def _orders(rank_results: list[dict[str, Any]]) -> list[dict[str, Any]]:

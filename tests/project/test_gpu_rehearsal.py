@@ -129,6 +129,9 @@ def test_the_memory_and_fp8_scripts_reported_their_rows(rehearsal):
     pure = _rows_of(out / "memory-pure.txt")
     assert {"fp32", "O2 stochastic", "O2 kahan"} <= set(pure)
     assert re.search(r"\d ms$", pure["O2 stochastic"][-1]), pure  # --time-steps timed it
+    # pure bf16 stepping inside backward: measured and timed (its step is the backward)
+    for config in ("O2 stochastic, step in backward", "O2 kahan, step in backward"):
+        assert re.search(r"\d ms$", pure[config][-1]), pure
     fp8 = (out / "fp8.txt").read_text(encoding="utf-8")
     if _benchmark("gpu_throughput").fp8_unavailable("tensorwise", _cpu()) is None:
         assert "| fp8 O2 tensorwise |" in fp8, fp8

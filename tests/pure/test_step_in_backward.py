@@ -214,11 +214,27 @@ def test_an_optimizer_that_needs_a_closure_is_refused():
     assert all(p.dtype is torch.float32 for p in net.parameters())
 
 
-def test_no_optimizer_and_a_bad_value_are_refused():
-    with pytest.raises(ValueError, match="pass them"):
-        ampkit.initialize(_net(), level="O2", dtype=BF16, step_in_backward=True)
+def test_a_bad_value_is_refused():
     with pytest.raises(TypeError, match="step_in_backward must be True or False"):
         ampkit.AmpConfig(level="O2", dtype=BF16, step_in_backward="yes")
+
+
+@pytest.mark.parametrize("mode", MODES, ids=IDS)
+def test_an_optimizer_built_later_steps_in_backward_through_prepare_optimizer(mode):
+    # the FSDP2 order (the optimizer comes after sharding), on one process: initialize
+    # takes step_in_backward=True without an optimizer; prepare_optimizer applies it
+    import ampkit.fsdp
+
+    batches = _batches(3)
+    net, opt = _setup(mode, False)
+    _train(net, opt, batches, False)
+    want = _state(net, opt)
+    net = ampkit.initialize(_net(), level="O2", dtype=BF16, step_in_backward=True, **mode)
+    opt = ampkit.fsdp.prepare_optimizer(
+        net, torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01))
+    assert steps_in_backward(opt)
+    _train(net, opt, batches, True)
+    assert _same(_state(net, opt), want)
 
 
 def test_clipping_an_optimizer_that_steps_after_backward_or_nothing_is_refused():
@@ -233,16 +249,23 @@ def test_clipping_an_optimizer_that_steps_after_backward_or_nothing_is_refused()
         clip_each_gradient(opt, max_norm=-1.0)
 
 
-def test_a_process_group_made_after_enabling_is_refused_at_the_first_hook(monkeypatch):
-    # DDP would average the gradients only after each parameter stepped on its own:
-    # the hook refuses before stepping anything (the 2-rank case at initialize is in
-    # tests/distributed/test_distributed_pure.py).
-    net, opt = _setup(MODES[0], True)
-    before = [p.detach().clone() for p in net.parameters()]
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a, **k: 2)
-    x, y = _batches(1)[0]
-    with pytest.raises(RuntimeError, match="a process group of 2 ranks is initialized"):
-        _loss(net, x, y).backward()
-    assert _same([p.detach() for p in net.parameters()], before)
-    assert not opt.state
+def test_ddp_is_refused_at_the_first_hook_before_anything_steps(monkeypatch):
+    # DDP averages the gradients only after each parameter's hook: each rank would
+    # step on its own gradient. A 1-rank group makes a real DDP; the world size is
+    # then reported as 2 (the 2-rank case is in tests/distributed/).
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        net, opt = _setup(MODES[0], True)
+        ddp = torch.nn.parallel.DistributedDataParallel(net)
+        before = [p.detach().clone() for p in net.parameters()]
+        monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 2)
+        x, y = _batches(1)[0]
+        with pytest.raises(RuntimeError, match=r"held by DistributedDataParallel, which "
+                           r"averages the ranks' gradients after the gradient hooks"):
+            _loss(ddp, x, y).backward()
+        assert _same([p.detach() for p in net.parameters()], before)
+        assert not opt.state
+    finally:
+        dist.destroy_process_group()

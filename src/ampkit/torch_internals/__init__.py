@@ -27,6 +27,7 @@ Example:
 
 import sys
 
+from ampkit.torch_internals.autograd import at_backward_end, graph_task_id
 from ampkit.torch_internals.dispatch import (
     DisableTorchFunction as DisableTorchFunction,
 )
@@ -124,23 +125,23 @@ from ampkit.torch_internals.tracing import (
 __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", "OpOverload",
            "OpOverloadPacket", "STEP_SUPPORTS_AMP_SCALING", "TorchDispatchMode",
            "TorchInternalsError", "Unavailable", "after_compile",
-           "amp_foreach_non_finite_check_and_unscale_", "amp_update_scale_", "available",
-           "backward_hooks", "backward_pre_hooks", "check", "check_compile_session_in_a_backend",
-           "compiled_call_impl", "compiling", "convolution", "current_autograd_node",
-           "destroy_library", "disable_current_modes", "disabled_torch_function_impl",
-           "dynamo_loaded", "fail", "fake_tensor_mode", "foreach_add_", "foreach_copy_",
-           "foreach_max", "forward_hooks", "forward_pre_hooks", "fsdp_managed",
-           "global_backward_hooks", "global_backward_pre_hooks", "global_forward_hooks",
-           "global_forward_pre_hooks", "has_kernel", "in_graph", "init_flat_weights",
-           "install_checkpoint_carry", "install_compile_hooks", "is_fake", "is_view",
-           "lazy_check_dispatch_mode", "local_shape_and_offset", "make_wrapper_subclass",
-           "mark_dynamo_disabled", "mark_optimizer_called", "mark_wrapped_by_lr_scheduler",
-           "module_buffers", "module_parameters", "native_kernel", "nn_builtins", "op_builtin",
-           "op_object_qualname", "op_schema", "redispatch_keysets", "register_state_dict_hook",
-           "registrations", "saved_tensors_hooks_free", "scaled_mm", "schema_exists",
-           "schemas_of", "set_step_supports_amp_scaling", "skip_code", "sparse_values",
-           "step_supports_amp_scaling", "tensor_version", "tree_leaves", "tree_map",
-           "unavailable", "wrapped_by_lr_scheduler"]
+           "amp_foreach_non_finite_check_and_unscale_", "amp_update_scale_", "at_backward_end",
+           "available", "backward_hooks", "backward_pre_hooks", "check",
+           "check_compile_session_in_a_backend", "compiled_call_impl", "compiling", "convolution",
+           "current_autograd_node", "destroy_library", "disable_current_modes",
+           "disabled_torch_function_impl", "dynamo_loaded", "fail", "fake_tensor_mode",
+           "foreach_add_", "foreach_copy_", "foreach_max", "forward_hooks", "forward_pre_hooks",
+           "fsdp_managed", "global_backward_hooks", "global_backward_pre_hooks",
+           "global_forward_hooks", "global_forward_pre_hooks", "graph_task_id", "has_kernel",
+           "in_graph", "init_flat_weights", "install_checkpoint_carry", "install_compile_hooks",
+           "is_fake", "is_view", "lazy_check_dispatch_mode", "local_shape_and_offset",
+           "make_wrapper_subclass", "mark_dynamo_disabled", "mark_optimizer_called",
+           "mark_wrapped_by_lr_scheduler", "module_buffers", "module_parameters", "native_kernel",
+           "nn_builtins", "op_builtin", "op_object_qualname", "op_schema", "redispatch_keysets",
+           "register_state_dict_hook", "registrations", "saved_tensors_hooks_free", "scaled_mm",
+           "schema_exists", "schemas_of", "set_step_supports_amp_scaling", "skip_code",
+           "sparse_values", "step_supports_amp_scaling", "tensor_version", "tree_leaves",
+           "tree_map", "unavailable", "wrapped_by_lr_scheduler"]
 
 # The cheap checks, now: an entry a torch lacks or that behaves otherwise is disabled
 # (a RuntimeWarning names it), so a moved internal costs the feature that needs it, not
