@@ -185,7 +185,7 @@ def release() -> None:
                                f"lists would silently stop applying. Call it after "
                                f"those regions exit")
         for library in _libraries.values():
-            library._destroy()
+            torch_internals.destroy_library(library)
         _libraries.clear()
         _registered.clear()
         _generation += 1
@@ -242,7 +242,8 @@ def _kernel(device: str, key: str, name: str, op: Any, schema: Any) -> Callable[
     exclude = torch_internals.ExcludeKeys
     get_dtype = torch.get_autocast_dtype
     is_compiling = torch_internals.compiling
-    call = op._op  # the bound builtin, without OpOverload.__call__'s Python frame
+    # the bound builtin, without OpOverload.__call__'s Python frame
+    call = torch_internals.op_builtin(op)
 
     def cast(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype,
              cache: WeightCastCache | None) -> tuple[tuple[Any, ...], dict[str, Any]]:

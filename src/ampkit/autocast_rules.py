@@ -57,7 +57,7 @@ def _call_positions(fn: Any, name: str) -> tuple[tuple[int, ...], int]:
             p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)),
             names.index("inplace") if "inplace" in names else -1)
     if isinstance(fn, torch_internals.OpOverload):
-        schemas: tuple[Any, ...] = (fn._schema,)
+        schemas: tuple[Any, ...] = (torch_internals.op_schema(fn),)
     else:
         schemas = _op_schemas(name)
     return tuple(sorted({i for s in schemas for i, a in enumerate(s.arguments)

@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ampkit import torch_internals
 from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
 from ampkit.containers import iter_tensors, map_tensors
 
@@ -256,11 +257,12 @@ class WeightCastCache:
     def cast(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``t.to(dtype)``, cached when ``t`` is an fp32 leaf that requires grad (see the
         class example)."""
-        if not (t.requires_grad and t.is_leaf and t.dtype is torch.float32) or t._is_view():
+        if not (t.requires_grad and t.is_leaf and t.dtype is torch.float32) or \
+                torch_internals.is_view(t):
             return t.to(dtype)
         key = (id(t), dtype)
         hit = self._casts.get(key)
-        if hit is not None and hit[0] is t and hit[1] == t._version:
+        if hit is not None and hit[0] is t and hit[1] == torch_internals.tensor_version(t):
             # A cast with history serves no_grad / inference_mode uses as well.
             return hit[2]
         out = t.to(dtype)
@@ -268,7 +270,7 @@ class WeightCastCache:
         # graph included (made with grad mode on, outside inference_mode): a hit then
         # needs no grad-mode check.
         if copy_serves(out, dtype, t, grad_mode=True):
-            self._casts[key] = (t, t._version, out)
+            self._casts[key] = (t, torch_internals.tensor_version(t), out)
         return out
 
     def clear(self) -> None:

@@ -63,7 +63,7 @@ def not_traced(fn: F) -> F:
 
     skipped = skip_recursively(wrapper.__code__)  # type: ignore[attr-defined]
     if skipped:
-        wrapper._torchdynamo_disable = True  # type: ignore[attr-defined]
+        torch_internals.mark_dynamo_disabled(wrapper)
     return wrapper  # type: ignore[return-value]
 
 

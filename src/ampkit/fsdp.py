@@ -76,6 +76,7 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit import torch_internals
 from ampkit.conversion import (
     OWN_PARAMETER_CASTS,
     ConversionConfig,
@@ -289,7 +290,7 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
     low = mixed_precision_policy(model)
     fp32 = mixed_precision_policy(model, kept=True)
     before = [(f"{m}.{n}" if m else n, module, n, p) for m, module in model.named_modules()
-              for n, p in module._parameters.items() if p is not None]
+              for n, p in torch_internals.module_parameters(module).items() if p is not None]
     for owner, kept, owner_fp32 in groups:
         if kept:
             torch_fully_shard(kept if len(kept) > 1 else kept[0], mp_policy=fp32,
@@ -305,7 +306,7 @@ def _record_replaced(model: nn.Module, before: list[tuple[str, nn.Module, str, A
     its first step. (A plain optimizer over a pure model's new parameters raises too:
     :mod:`ampkit.pure` knows the model.)"""
     for full, module, name, p in before:
-        if module._parameters.get(name) is not p:
+        if torch_internals.module_parameters(module).get(name) is not p:
             _REPLACED[p] = full
     check_at_first_step(_check_not_replaced)
 

@@ -71,6 +71,7 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit import torch_internals
 from ampkit.casting import copy_serves
 from ampkit.compile_frames import skip_recursively
 from ampkit.containers import iter_tensors
@@ -259,7 +260,7 @@ def _check_not_replaced(optimizer: torch.optim.Optimizer) -> None:
             module = None if owner is None else owner[0]()
             if module is None or _is_sharded(p):
                 continue
-            now = module._parameters.get(owner[1])
+            now = torch_internals.module_parameters(module).get(owner[1])
             if now is not None and now is not p and _is_sharded(now):
                 raise RuntimeError(
                     f"this optimizer steps a parameter ({type(module).__name__}."
@@ -398,7 +399,7 @@ class CastParametersOnUse:
             (torch.float32, True)
         """
         max_norm = module.__dict__.get("max_norm")
-        weight = module._parameters.get("weight")
+        weight = torch_internals.module_parameters(module).get("weight")
         if (max_norm is not None and weight is not None and weight.dtype is torch.float32
                 and "weight" not in self.keep):
             indices = args[0] if args else kwargs.get("input")
@@ -421,7 +422,7 @@ class CastParametersOnUse:
 
     def install(self, module: nn.Module) -> None:
         check_at_first_step(_check_not_replaced)
-        for name, p in module._parameters.items():
+        for name, p in torch_internals.module_parameters(module).items():
             if p is not None and p.is_floating_point():
                 _OWNERS.setdefault(p, (weakref.ref(module), name))
         # The cast is the last of the module's forward pre-hooks (and stays last: see
@@ -462,9 +463,9 @@ def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
     """
     own = module.__dict__.get(_CAST_HOOKS)
     # (own[-1]: True where the fast call may stand in; an older pickle has no flag)
-    if (own is None or own[-1] is not True or len(module._forward_pre_hooks) != 1
-            or len(module._forward_hooks) != 1 or own[1] not in module._forward_pre_hooks
-            or own[2] not in module._forward_hooks):
+    pre, post = torch_internals.forward_pre_hooks(module), torch_internals.forward_hooks(module)
+    if (own is None or own[-1] is not True or len(pre) != 1 or len(post) != 1
+            or own[1] not in pre or own[2] not in post):
         return None
     cast: CastParametersOnUse = own[0]
     return cast
@@ -489,7 +490,7 @@ def swap_params(module: nn.Module, swapped: Swapped,
         >>> restore_swapped(lin, swapped)
     """
     # Any: the low-precision copies put here are plain tensors, not Parameters.
-    params: dict[str, Any] = module._parameters
+    params: dict[str, Any] = torch_internals.module_parameters(module)
     if bare_fp32 and not compiling and _pass.depth == 0 and not _region_on(params) and (
             not _has_low(inputs)):
         return  # (called_on_its_own, for the device of the module's parameters)
@@ -522,7 +523,7 @@ def swap_params(module: nn.Module, swapped: Swapped,
             # forward, which would otherwise land on the copy and never reach p;
             # recorded before the copy goes in, so that a reader on another thread
             # that finds the copy in _parameters finds its parameter in the record)
-            append((name, p, -1 if unchecked else low._version))
+            append((name, p, -1 if unchecked else torch_internals.tensor_version(low)))
             params[name] = low
 
 
@@ -601,7 +602,7 @@ def true_parameter(module: nn.Module, name: str) -> Any:
             for held_name, param, _ in held[1]:
                 if held_name == name:
                     return param
-        value = module._parameters.get(name)
+        value = torch_internals.module_parameters(module).get(name)
         if value is None or isinstance(value, nn.Parameter):
             return value
     return truth_of(value)
@@ -649,7 +650,7 @@ def truth_in_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: s
     """
     stack = _keep_vars.stack
     keep_vars = stack.pop() if stack else False
-    for name in list(module._parameters):
+    for name in list(torch_internals.module_parameters(module)):
         key = prefix + name
         value = state_dict.get(key)
         if value is None:
@@ -733,14 +734,15 @@ def restore_swapped(module: nn.Module, swapped: Swapped, where: str = "") -> Non
         >>> from ampkit.parameter_casts import restore_swapped
         >>> restore_swapped(torch.nn.Linear(1, 1), [])
     """
-    params: dict[str, Any] = module._parameters
+    params: dict[str, Any] = torch_internals.module_parameters(module)
     edited = None
     # (traced, a copy swapped in eagerly has a symbolic version: not checked there)
     checked = not torch.compiler.is_compiling()
     for name, p, version in swapped:
         low = params[name]
         params[name] = p
-        if checked and version >= 0 and low is not p and low._version != version:
+        if checked and version >= 0 and low is not p and (
+                torch_internals.tensor_version(low) != version):
             edited = edited or []
             edited.append((name, p, low))
     if swapped and isinstance(module, nn.RNNBase):
@@ -748,7 +750,7 @@ def restore_swapped(module: nn.Module, swapped: Swapped, where: str = "") -> Non
         # they changed (it then held the copies): refresh them back to the parameters,
         # or the module would keep the low-precision copies (non-leaf tensors, which
         # neither pickle nor deepcopy) past its forward.
-        module._init_flat_weights()
+        torch_internals.init_flat_weights(module)
     # (last: another thread may swap the module the moment the mark is gone)
     _release(module, swapped)
     if edited:
@@ -865,7 +867,7 @@ def truth_of(tensor: torch.Tensor) -> torch.Tensor:
     if isinstance(tensor, nn.Parameter):
         return tensor
     for module, swapped in reversed(_swaps.stack):
-        params = module._parameters
+        params = torch_internals.module_parameters(module)
         for name, param, _ in swapped:
             if params.get(name) is tensor:
                 return param
@@ -876,7 +878,7 @@ def truth_of(tensor: torch.Tensor) -> torch.Tensor:
                 return param
     for module in list(_held.values()):  # another thread's forward holds it
         held = module.__dict__.get(_HELD)
-        params = module._parameters
+        params = torch_internals.module_parameters(module)
         record: Swapped = [] if held is None else held[1]
         for name, truth, _ in record:
             if params.get(name) is tensor:
@@ -898,6 +900,6 @@ def keep_cast_last(module: nn.Module) -> None:
         torch.float32
     """
     own = module.__dict__.get(_CAST_HOOKS)
-    hooks = module._forward_pre_hooks
+    hooks = torch_internals.forward_pre_hooks(module)
     if own is not None and own[1] in hooks:
         hooks.move_to_end(own[1])  # type: ignore[attr-defined]

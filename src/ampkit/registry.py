@@ -116,7 +116,7 @@ def _tables() -> tuple[Mapping[str, tuple[Callable[..., Any], ...]], Mapping[Any
     for name, fn in _public_callables(F):
         if not name.endswith("_"):
             add(name, fn)
-    for name, fn in _public_callables(torch._C._nn):  # the builtins behind F.*
+    for name, fn in _public_callables(torch_internals.nn_builtins):  # the builtins behind F.*
         if not name.endswith("_"):
             add(name, fn)
     for ns_name, prefix in PREFIXED:
@@ -134,7 +134,7 @@ def _tables() -> tuple[Mapping[str, tuple[Callable[..., Any], ...]], Mapping[Any
     for dunder, name in DUNDERS.items():
         add(name, getattr(torch.Tensor, dunder))
     # The composite entry point native autocast lists by this name.
-    add("_convolution", torch._convolution)
+    add("_convolution", torch_internals.convolution)
 
     # One name per group: the aten op's name when there is one (native autocast's lists
     # use those), else the first name met.

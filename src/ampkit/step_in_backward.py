@@ -85,6 +85,8 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit import torch_internals
+
 __all__ = ["accept_partial_step", "check_step_in_backward", "clip_each_gradient",
            "enable_step_in_backward", "mark_step_in_backward", "marked_step_in_backward",
            "partial_step", "steps_in_backward", "watch_models"]
@@ -424,7 +426,7 @@ class _InBackward:
             for ps, original in zip(lists, saved):
                 ps[:] = original
             del opt.__dict__["_ampkit_indices"]
-        opt._opt_called = True  # type: ignore[attr-defined]  # LR schedulers' flag
+        torch_internals.mark_optimizer_called(opt)  # LR schedulers' flag
         self.stepped.add(id(p))
         self.had_grad.add(id(p))
         p.grad = None
@@ -523,12 +525,12 @@ def enable_step_in_backward(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
 
     # An LR scheduler wraps optimizer.step to see it called: mark this one as such, so
     # that a scheduler neither warns about it nor wraps it (the hooks set the flag).
-    refuse._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    torch_internals.mark_wrapped_by_lr_scheduler(refuse)
     optimizer.__dict__[_KEY] = state
     optimizer.step = refuse  # type: ignore[method-assign]
     # A loss scaler then hands the step its found_inf instead of asserting that it saw
     # no gradients: the call reaches this step, which refuses in words.
-    optimizer._step_supports_amp_scaling = True  # type: ignore[attr-defined]
+    torch_internals.set_step_supports_amp_scaling(optimizer, True)
     cls = type(optimizer)
 
     def add_param_group(param_group: dict[str, Any]) -> None:

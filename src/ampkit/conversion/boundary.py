@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ampkit import torch_internals
 from ampkit.arguments import LOW_PRECISION
 from ampkit.autocast_mode import autocast, enter_in_graph, exit_in_graph, in_graph_key
 from ampkit.casting import cast_tree, map_floating
@@ -109,7 +110,8 @@ def compute_device_type(module: nn.Module, args: Any) -> str:
     first tensor input's."""
     # The module's own tensors first: cheap, and almost always there (norms, the root's
     # first layer is usually reached after one or two children).
-    for store in (module._parameters, module._buffers):
+    for store in (torch_internals.module_parameters(module),
+                  torch_internals.module_buffers(module)):
         for tensor in store.values():
             if tensor is not None:
                 return tensor.device.type
@@ -124,7 +126,7 @@ def _check_gathered_fp32(module: nn.Module) -> None:
     """A kept-fp32 module in an FSDP2 group: its parameters, as FSDP gathered them for
     this forward, must be fp32, or the group's ``MixedPrecisionPolicy`` rounds what the
     level keeps in fp32."""
-    low = next(((n, p.dtype) for n, p in module._parameters.items()
+    low = next(((n, p.dtype) for n, p in torch_internals.module_parameters(module).items()
                 if p is not None and p.is_floating_point() and p.dtype is not torch.float32),
                None)
     if low is None:
@@ -266,8 +268,7 @@ class Boundary:
         region (and, for the root, the forward pass) only, for a method of the model
         other than its call (:data:`ampkit.conversion.classes.ENTRY_METHODS`), whose
         calls of the model cast their own inputs."""
-        if not self.root and self.region is Region.FP32 and getattr(
-                module, "_is_fsdp_managed_module", False):
+        if not self.root and self.region is Region.FP32 and torch_internals.fsdp_managed(module):
             _check_gathered_fp32(module)
         swaps = swap_depth()
         device_type = compute_device_type(module, (args, kwargs))
@@ -293,7 +294,8 @@ class Boundary:
                     cast = cast_tree((args, kwargs), self.input_dtype)
                     if (self.region is Region.FP32 and torch.is_grad_enabled()
                             and saved_tensor_hooks_free()):
-                        upcasts = {id(new): (new, old, new._version) for old, new in zip(
+                        upcasts = {id(new): (new, old, torch_internals.tensor_version(new))
+                                   for old, new in zip(
                             iter_tensors((args, kwargs)), iter_tensors(cast))
                             if new is not old and old.dtype in _LOW}
                         if upcasts:
@@ -305,7 +307,7 @@ class Boundary:
                         # caller's tensor again)
                         # (an inference tensor has no version counter: -1)
                         _given.stack.append({id(new): (new, old, -1 if new.is_inference()
-                                                       else new._version)
+                                                       else torch_internals.tensor_version(new))
                                              for old, new in zip(
                                                  iter_tensors((args, kwargs)),
                                                  iter_tensors(cast)) if new is not old})
@@ -350,7 +352,7 @@ class Boundary:
             found = given.get(id(t))
             # (an inference tensor's edits cannot be seen: it is cast, as any output)
             if found is not None and found[0] is t and found[2] >= 0 and (
-                    t._version == found[2]):
+                    torch_internals.tensor_version(t) == found[2]):
                 return found[1]  # the caller's own input, handed back untouched
             if t.dtype is dtype or t.dtype is torch.float64:
                 return t
@@ -407,7 +409,8 @@ def _region_outside_the_graph() -> None:
     the graph breaks here, and ``fullgraph=True`` fails with the reason below."""
 
 
-_region_outside_the_graph._torchdynamo_disable_msg = (  # type: ignore[attr-defined]
+torch_internals.mark_dynamo_disabled(
+    _region_outside_the_graph,
     "ampkit: a converted module's region, called inside compiled code, has a policy "
     "that intercepts a Python-level composite (an op with no dispatcher op, such as "
     "F.interpolate, on its lists, or an unlisted rule other than 'native', such as "

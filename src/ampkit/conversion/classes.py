@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
+from ampkit import torch_internals
 from ampkit.casting import cast_tree
 from ampkit.compile_frames import skip_frame_only
 from ampkit.conversion.config import record_of
@@ -163,8 +164,8 @@ def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     # a frame of its own) is never reached inside a graph.
     own = None if torch.compiler.is_compiling() else own_cast_hooks(self)
     if (own is None or torch.jit.is_tracing()
-            or self._backward_pre_hooks or self._backward_hooks
-            or self._compiled_call_impl is not None
+            or torch_internals.backward_pre_hooks(self) or torch_internals.backward_hooks(self)
+            or torch_internals.compiled_call_impl(self) is not None
             or _global_forward_pre_hooks or _global_forward_hooks
             or _global_backward_pre_hooks or _global_backward_hooks):
         return super(_converted_in(type(self)), self).__call__(  # type: ignore[arg-type]
@@ -285,7 +286,7 @@ def _true_named_parameters(self: nn.Module, prefix: str, recurse: bool,
                if recurse else [(prefix, self)])
     seen: set[int] = set()
     for module_prefix, module in modules:
-        for name in list(module._parameters):
+        for name in list(torch_internals.module_parameters(module)):
             param = true_parameter(module, name)
             if param is None:
                 continue

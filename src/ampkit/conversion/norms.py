@@ -53,7 +53,7 @@ class _LowCopy:
 
     def __init__(self, low: torch.Tensor) -> None:
         self.low = low
-        self.version = low._version
+        self.version = torch_internals.tensor_version(low)
 
 
 class SaveLowCopies:
@@ -73,7 +73,8 @@ class SaveLowCopies:
     def _pack(self, tensor: torch.Tensor) -> Any:
         entry = self.upcasts.get(id(tensor))
         # Only the untouched upcast itself: a view or an in-place-modified copy differs.
-        if entry is not None and entry[0] is tensor and tensor._version == entry[2]:
+        if entry is not None and entry[0] is tensor and \
+                torch_internals.tensor_version(tensor) == entry[2]:
             return _LowCopy(entry[1])
         return tensor
 
@@ -89,7 +90,7 @@ def _unpack_low_copy(packed: Any) -> torch.Tensor:
     if not isinstance(packed, _LowCopy):
         unchanged: torch.Tensor = packed
         return unchanged
-    if packed.low._version != packed.version:
+    if torch_internals.tensor_version(packed.low) != packed.version:
         raise RuntimeError("one of the variables needed for gradient computation has been "
                            "modified by an inplace operation: the low-precision input of a "
                            "kept-fp32 module (ampkit saved it in place of its fp32 copy)")
@@ -234,7 +235,8 @@ def takes_low_input(module: nn.Module, device_type: str,
     cls = module_type or original_class(type(module))
     return (cls in MIXED_INPUT_NORMS.get(device_type, ()) or (
         cls is nn.LayerNorm and device_type in LOW_INPUT_LAYER_NORM_DEVICES)) and any(
-        p is not None and p.dtype is torch.float32 for p in module._parameters.values())
+        p is not None and p.dtype is torch.float32
+        for p in torch_internals.module_parameters(module).values())
 
 
 
@@ -257,5 +259,6 @@ def updates_float_buffers(module: nn.Module) -> bool:
     parameters even when norms are not kept (``keep_norms_fp32=False``), taking the
     low-precision activation as it is."""
     return isinstance(module, torch_internals.NormBase) and any(
-        b is not None and b.is_floating_point() for b in module._buffers.values())
+        b is not None and b.is_floating_point()
+        for b in torch_internals.module_buffers(module).values())
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ampkit import torch_internals
 from ampkit.arguments import LOW_PRECISION
 from ampkit.conversion.boundary import Boundary, Region, install_boundary
 from ampkit.conversion.classes import cast_inputs_to, give_cast_call
@@ -119,7 +120,8 @@ class ReportDtype:
 
     def __call__(self, module: nn.Module, state_dict: dict[str, Any], prefix: str,
                  local_metadata: Any) -> None:
-        for store in (module._parameters, module._buffers):
+        for store in (torch_internals.module_parameters(module),
+                      torch_internals.module_buffers(module)):
             for name, tensor in store.items():
                 key = prefix + name
                 value = state_dict.get(key)
@@ -211,9 +213,9 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
         if dtype is None:
             return
         stores: list[tuple[str, torch.Tensor | None, bool]] = [
-            (n, t, True) for n, t in module._parameters.items()]
+            (n, t, True) for n, t in torch_internals.module_parameters(module).items()]
         if config.cast_buffers:
-            stores += [(n, t, False) for n, t in module._buffers.items()]
+            stores += [(n, t, False) for n, t in torch_internals.module_buffers(module).items()]
         # A legacy spectral_norm/weight_norm hook's sources stay fp32 when parameters go
         # low (O3, pure): the hook computes the weight from them in fp32 (spectral norm's
         # power iteration meets its fp32 u and v) and hands it on in the low dtype.
@@ -258,7 +260,7 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
             assign(module, name, None if white is not None else config.param_dtype)
             if config.param_dtype in _LOW and not config.cast_buffers and any(
                     b is not None and b.is_floating_point()
-                    for b in module._buffers.values()):
+                    for b in torch_internals.module_buffers(module).values()):
                 plan.keeps_float_buffers = True
         if id(module) in seen:  # a module reachable twice: its tensors were checked above
             return
@@ -277,7 +279,7 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
                                  config.compute_dtype, module_type=type(module))
         if boundary is not None:
             plan.boundaries[id(module)] = (module, boundary)
-        if module._parameters or module._buffers:
+        if torch_internals.module_parameters(module) or torch_internals.module_buffers(module):
             plan.owners.append(module)
         if not kept and white is None and config.param_dtype in _LOW:
             low_owners.append(module)
@@ -285,7 +287,7 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
                 and not updates_float_buffers(module)
                 and not getattr(module, OWN_PARAMETER_CASTS, False) and any(
                     p is not None and p.is_floating_point()
-                    for p in module._parameters.values())):
+                    for p in torch_internals.module_parameters(module).values())):
             plan.cast_on_use.append(module)
         for child_name, child in module.named_children():
             walk(child, f"{name}.{child_name}" if name else child_name, kept, whitelisted)
@@ -296,7 +298,8 @@ def _plan(model: nn.Module, config: ConversionConfig) -> _Plan:
         plan.cast_dtype = config.param_dtype
         plan.cast_on_use = [
             m for m in low_owners if not getattr(m, OWN_PARAMETER_CASTS, False) and any(
-                p is not None and id(p) in shared_fp32 for p in m._parameters.values())]
+                p is not None and id(p) in shared_fp32
+                for p in torch_internals.module_parameters(m).values())]
     _cast_inputs_past_buffers(model, config, plan)
     _merge_root(model, config, plan)
     return plan
@@ -319,7 +322,7 @@ def _cast_inputs_past_buffers(model: nn.Module, config: ConversionConfig, plan: 
         if module is model or id(module) in plan.boundaries:
             continue  # the model's boundary casts its inputs; kept modules go to fp32
         if any(p is not None and plan.tensor_dtype.get(id(p), (None,))[0] is low
-               for p in module._parameters.values()):
+               for p in torch_internals.module_parameters(module).values()):
             plan.input_casts.append(module)
 
 
@@ -365,7 +368,7 @@ def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> No
     done: dict[int, torch.Tensor] = {}  # old tensor id -> tensor now in its place
     with torch.no_grad():
         for module in plan.owners:
-            for param in module._parameters.values():
+            for param in torch_internals.module_parameters(module).values():
                 target = None if param is None else plan.tensor_dtype.get(id(param))
                 if param is None or target is None or id(param) in done or (
                         param.dtype is target[0]):
@@ -379,18 +382,18 @@ def _cast_tensors(model: nn.Module, config: ConversionConfig, plan: _Plan) -> No
                     if param.grad is not None:
                         param.grad = param.grad.to(target[0])
                 done[id(param)] = param
-            for name, buf in list(module._buffers.items()):
+            for name, buf in list(torch_internals.module_buffers(module).items()):
                 if buf is None:
                     continue
                 if id(buf) in done:
-                    module._buffers[name] = done[id(buf)]
+                    torch_internals.module_buffers(module)[name] = done[id(buf)]
                     continue
                 target = plan.tensor_dtype.get(id(buf))
                 if target is None or buf.dtype is target[0]:
                     continue
                 new = buf.to(target[0])
                 done[id(buf)] = new
-                module._buffers[name] = new
+                torch_internals.module_buffers(module)[name] = new
 
 
 def _holds_inner_tensors(param: torch.Tensor) -> bool:
@@ -431,7 +434,7 @@ def _register_state_dict_hook(module: nn.Module, hook: Any) -> None:
     if public is not None:
         public(hook)
     else:
-        module._register_state_dict_hook(hook)
+        torch_internals.register_state_dict_hook(module, hook)
 
 
 class CastPerSampleWeights:
@@ -466,7 +469,7 @@ def _cast_per_sample_weights(plan: _Plan) -> None:
     for module in plan.owners:
         if not isinstance(module, nn.EmbeddingBag):
             continue
-        weight = module._parameters.get("weight")
+        weight = torch_internals.module_parameters(module).get("weight")
         if weight is None:
             continue
         dtype = plan.cast_dtype if id(module) in on_use else None
@@ -510,7 +513,8 @@ def _install(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None:
         for module in plan.owners:
             for hook in legacy_reparametrizations(module):
                 if any(plan.tensor_dtype.get(id(p), (None,))[0] is config.param_dtype
-                       for p in module._parameters.values() if p is not None):
+                       for p in torch_internals.module_parameters(module).values()
+                       if p is not None):
                     reparametrize_in_fp32(hook, config.param_dtype)
     for module, boundary in plan.boundaries.values():
         install_boundary(module, boundary)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ampkit import torch_internals
 from ampkit.conversion.boundary import compute_device_type, region_autocast
 
 __all__ = ["SpectralNormInFp32", "WeightNormInFp32", "legacy_reparametrizations",
@@ -32,7 +33,7 @@ def legacy_reparametrizations(module: nn.Module) -> list[Any]:
     from torch.nn.utils.spectral_norm import SpectralNorm
     from torch.nn.utils.weight_norm import WeightNorm
 
-    return [hook for hook in module._forward_pre_hooks.values()
+    return [hook for hook in torch_internals.forward_pre_hooks(module).values()
             if isinstance(hook, SpectralNorm | WeightNorm)]
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from ampkit import torch_internals
+
 __all__ = ["FP8_EXTRA", "FP8_RECIPES", "TORCHAO_TESTED", "check_fp8_device",
            "cpu_scaled_mm_takes_rowwise_scales", "float8_linear_config", "parse_fp8",
            "recipe_name", "require_torchao", "uses_rowwise_scales"]
@@ -163,7 +165,7 @@ def cpu_scaled_mm_takes_rowwise_scales() -> bool:
     """
     a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
     try:
-        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16),
+        torch_internals.scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16),
                          out_dtype=torch.bfloat16)
     except RuntimeError:
         return False

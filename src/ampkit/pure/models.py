@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit import torch_internals
 from ampkit.levels import MasterWeights
 from ampkit.pure.optimizer import (
     PureLowPrecisionOptimizer,
@@ -53,7 +54,7 @@ class _PureRecord:
         """The model now holds a sharded parameter where ``p`` was (FSDP2's
         ``fully_shard`` replaced it)."""
         module = self.module()
-        now = None if module is None else module._parameters.get(self.name)
+        now = None if module is None else torch_internals.module_parameters(module).get(self.name)
         return now is not None and now is not p and is_dtensor(now) and not is_dtensor(p)
 
 
@@ -144,7 +145,7 @@ def mark_pure_models(models: list[nn.Module], rounding: str | MasterWeights,
     for model in models:
         _PURE_MODELS[model] = (rounding, seed)
         for prefix, module in model.named_modules():
-            for name, p in module._parameters.items():
+            for name, p in torch_internals.module_parameters(module).items():
                 if p is not None and p.dtype is torch.bfloat16:
                     _PURE_PARAMS[p] = _PureRecord(rounding, seed, module, name,
                                                   f"{prefix}.{name}" if prefix else name)

@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit import torch_internals
 from ampkit.levels import PURE_MASTER_WEIGHTS, MasterWeights
 from ampkit.pure.rounding import local_tensor
 from ampkit.pure.step import COMP as _COMP
@@ -275,7 +276,7 @@ torch.bfloat16)
         if pure_rounding(optimizer) is not None:  # already pure, with this rounding
             return optimizer
         patched = optimizer.__dict__.get("step")
-        if patched is not None and not getattr(patched, "_wrapped_by_lr_sched", False):
+        if patched is not None and not torch_internals.wrapped_by_lr_scheduler(patched):
             raise RuntimeError("optimizer.step was replaced on this optimizer instance; "
                                "make the optimizer pure before patching its step")
         seed = 0 if seed is None else seed
@@ -283,7 +284,7 @@ torch.bfloat16)
         # Loss scalers hand fused optimizers found_inf and let them skip on the device;
         # here the rounding would still run. Make scalers unscale, check and skip the
         # call instead, so a skipped step changes nothing at all.
-        optimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
+        torch_internals.set_step_supports_amp_scaling(optimizer, False)
         optimizer.defaults[_SEED] = seed  # what add_param_group fills in
         for group in optimizer.param_groups:
             group[_SEED] = seed
@@ -300,10 +301,10 @@ torch.bfloat16)
             def step(*args: Any, **kwargs: Any) -> Any:
                 opt = ref()
                 assert opt is not None
-                opt._opt_called = True  # type: ignore[attr-defined]  # the scheduler's flag
+                torch_internals.mark_optimizer_called(opt)  # the scheduler's flag
                 return type(opt).step(opt, *args, **kwargs)
 
-            step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+            torch_internals.mark_wrapped_by_lr_scheduler(step)
             optimizer.step = step  # type: ignore[method-assign]
         return optimizer
 
@@ -352,7 +353,7 @@ torch.bfloat16)
         # (the torch optimizer class is this class's second base only at run time)
         state: dict[str, Any] = super().__getstate__()  # type: ignore[misc]
         state["_ampkit_pure"] = self._ampkit_pure
-        state["_step_supports_amp_scaling"] = False
+        state[torch_internals.STEP_SUPPORTS_AMP_SCALING] = False
         return state
 
     # -- one step ---------------------------------------------------------------------
@@ -576,7 +577,7 @@ torch.bfloat16)
 PureLowPrecisionOptimizer.step = torch.optim.Optimizer.profile_hook_step(  # type: ignore[method-assign]
     PureLowPrecisionOptimizer.step)
 PureLowPrecisionOptimizer.step.hooked = True  # type: ignore[attr-defined]
-PureLowPrecisionOptimizer._step_supports_amp_scaling = False  # type: ignore[attr-defined]
+torch_internals.set_step_supports_amp_scaling(PureLowPrecisionOptimizer, False)
 
 
 def rounding_keys(optimizer: torch.optim.Optimizer) -> dict[int, tuple[int, int]]:

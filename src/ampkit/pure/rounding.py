@@ -245,7 +245,7 @@ def _truncate_pairs(outs: list[torch.Tensor], values: list[torch.Tensor]) -> Non
         return
     for value in values:
         value.view(torch.int32).bitwise_right_shift_(16)
-    torch._foreach_copy_([out.view(torch.int16) for out in outs],
+    torch_internals.foreach_copy_([out.view(torch.int16) for out in outs],
                          [value.view(torch.int32) for value in values])
 
 
@@ -273,15 +273,15 @@ def round_stochastic(params: list[StochasticJob]) -> None:
         if not bits:
             return
         live = [v for v in pieces[1] if v.numel()]
-        nan = bool(live) and bool(torch.stack(torch._foreach_max(live)).isnan().any())
+        nan = bool(live) and bool(torch.stack(torch_internals.foreach_max(live)).isnan().any())
         kept = [(out, v.isnan(), v[v.isnan()]) for out, v in zip(*pieces)] if nan else []
         # first 2**15, then the signed noise: no signed overflow for any non-NaN
-        torch._foreach_add_(bits, 1 << 15)
+        torch_internals.foreach_add_(bits, 1 << 15)
         for b, noise in zip(bits, noises):  # per piece: mixed int dtypes are slow in
             b.add_(noise)                   # torch's multi-tensor add on CPU (3.8x)
             # the high half, shifted down arithmetically: it fits int16, sign included
             b.bitwise_right_shift_(16)
-        torch._foreach_copy_(pieces[0], bits)  # narrowed into the bf16 outputs' bits
+        torch_internals.foreach_copy_(pieces[0], bits)  # narrowed into the bf16 outputs' bits
         for out, mask, original in kept:
             out.view(torch.bfloat16)[mask] = original.to(torch.bfloat16)
         for lst in (bits, noises, *pieces):
@@ -369,7 +369,7 @@ def round_kahan_foreach(outs: list[torch.Tensor], values: list[torch.Tensor],
             out.copy_(new)  # exact: the low 16 bits are zero
             comp.copy_(_truncated(value - new))
         return
-    torch._foreach_copy_(outs, values)
+    torch_internals.foreach_copy_(outs, values)
     for value, out in zip(values, outs):
         # per tensor: torch's multi-tensor subtraction of a bf16 from an fp32 list takes
         # a slow path on CPU (measured 1.9x the loop)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ampkit import torch_internals
 from ampkit.pure.rounding import (
     BLOCK,
     Positions,
@@ -191,7 +192,7 @@ def fingerprint(p: torch.Tensor) -> tuple[int, int]:
     """What changes when ``p`` is changed by anything but the step: its version counter
     (bumped by in-place ops such as ``load_state_dict``'s ``copy_``) and its storage
     (``p.data = ...``). In-place edits through ``p.data`` change neither."""
-    return p._version, local_tensor(p.detach()).data_ptr()
+    return torch_internals.tensor_version(p), local_tensor(p.detach()).data_ptr()
 
 
 class _Copies:
@@ -213,7 +214,7 @@ class _Copies:
 
     def run(self) -> None:
         for dsts, srcs in self.by_device.values():
-            torch._foreach_copy_(dsts, srcs)
+            torch_internals.foreach_copy_(dsts, srcs)
 
 
 def stand_ins(opt: Any, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, Any]]:
@@ -254,7 +255,7 @@ def stand_ins(opt: Any, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, 
             pairs.append((p, w))
         copies.run()
         for works, comps in kahan.values():
-            torch._foreach_add_(works, comps)
+            torch_internals.foreach_add_(works, comps)
     return pairs
 
 

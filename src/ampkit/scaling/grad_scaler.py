@@ -70,6 +70,7 @@ from typing import Any, overload
 
 import torch
 
+from ampkit import torch_internals
 from ampkit.arguments import parse_device_type
 from ampkit.containers import map_leaves
 from ampkit.scaling.distributed import agree_on_overflow_, check_process_group
@@ -384,7 +385,7 @@ class GradScaler(ScalerState):
             raise RuntimeError("step() has already been called for this optimizer in this "
                                "iteration; call scaler.update() before stepping again")
         self._require_scale("step")
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
+        if torch_internals.step_supports_amp_scaling(optimizer):
             if _takes_grad_scaler(optimizer):
                 # torch's older contract: the optimizer gets the scaler itself and does
                 # the unscaling and the overflow check on its own.
@@ -444,7 +445,7 @@ class GradScaler(ScalerState):
             >>> GradScaler.skips_on_device(torch.optim.SGD([w], lr=0.1))
             False
         """
-        return (getattr(optimizer, "_step_supports_amp_scaling", False)
+        return (torch_internals.step_supports_amp_scaling(optimizer)
                 and GradScaler._has_state(optimizer))
 
     def _step_on_device(self, optimizer: torch.optim.Optimizer, record: OptimizerRecord,

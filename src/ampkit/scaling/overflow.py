@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ampkit import torch_internals
 from ampkit.containers import iter_leaves
 
 __all__ = ["all_finite", "local_tensor", "unscale_grads_"]
@@ -64,7 +65,7 @@ def _kernel_accepts(device: torch.device, dtype: torch.dtype) -> bool:
     probe = [torch.ones(1, dtype=dtype, device=device)]
     found = torch.zeros((), dtype=torch.float32, device=device)
     try:
-        torch._amp_foreach_non_finite_check_and_unscale_(
+        torch_internals.amp_foreach_non_finite_check_and_unscale_(
             probe, found, torch.ones((), dtype=torch.float32, device=device))
     except (RuntimeError, NotImplementedError):
         return False
@@ -109,7 +110,7 @@ def unscale_grads_(grads: Iterable[torch.Tensor | None], inv_scale: torch.Tensor
             continue
         g = local_tensor(grad)
         if g.is_sparse:
-            g = g._values()
+            g = torch_internals.sparse_values(g)
         groups.setdefault((g.device, g.dtype), []).append(g)
     if not groups:
         return
@@ -122,7 +123,7 @@ def unscale_grads_(grads: Iterable[torch.Tensor | None], inv_scale: torch.Tensor
                 local_inv = (torch.ones((), dtype=torch.float32, device=device)
                              if inv_scale is None
                              else inv_scale.to(device, non_blocking=True))
-                torch._amp_foreach_non_finite_check_and_unscale_(tensors, local_found,
+                torch_internals.amp_foreach_non_finite_check_and_unscale_(tensors, local_found,
                                                                  local_inv)
             else:
                 _check_and_unscale_by_ops(

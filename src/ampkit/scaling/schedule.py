@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from ampkit import torch_internals
 from ampkit.arguments import positive_int, positive_number
 
 __all__ = ["ScaleSchedule", "check_scale_value", "update_scale_"]
@@ -186,7 +187,7 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor,
     if not schedule.dynamic:
         return
     if schedule.uses_native_rule:
-        torch._amp_update_scale_(scale, growth_tracker, found_inf, schedule.growth_factor,
+        torch_internals.amp_update_scale_(scale, growth_tracker, found_inf, schedule.growth_factor,
                                  schedule.backoff_factor, schedule.growth_interval)
     else:
         _update_by_ops(scale, growth_tracker, overflow_tracker, found_inf, schedule)

@@ -174,7 +174,7 @@ class _Kept:
 
     def _one(self, t: torch.Tensor) -> torch.Tensor:
         try:
-            version = t._version
+            version = torch_internals.tensor_version(t)
         except RuntimeError:  # an inference tensor: no version counter to trust
             return t.detach().clone()
         hit = self._by_id.get(id(t))

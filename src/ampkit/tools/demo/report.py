@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ampkit import torch_internals
 from ampkit._text import finite_or_none
 from ampkit.tools.pages.html import check_output_dir, render_page
 from ampkit.tools.pages.plotting import new_figure, png_data_uri, timestamp
@@ -166,7 +167,8 @@ def _op_kind(name: str) -> str:
     packet = getattr(torch.ops.aten, name, None) if "::" not in name else None
     if packet is None:
         return "compute"
-    schemas = [getattr(packet, overload)._schema for overload in packet.overloads()]
+    schemas = [torch_internals.op_schema(getattr(packet, overload))
+               for overload in packet.overloads()]
     if schemas and all(s.returns and all(r.alias_info is not None and not r.alias_info.is_write
                                          for r in s.returns) for s in schemas):
         return "view"

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from ampkit import torch_internals
 from ampkit.tools.ops.tracing import DispatchRegion
 from ampkit.torch_internals import tree_leaves
 
@@ -108,7 +109,7 @@ def _op_name(func: Any) -> str:
     # Overloads (add.Tensor, add.Scalar) are one op to a reader; the aten namespace is
     # implied, other namespaces are kept so custom ops stay recognisable.
     namespace = func.namespace
-    name = func._schema.name.split("::", 1)[-1]
+    name = torch_internals.op_schema(func).name.split("::", 1)[-1]
     return name if namespace == "aten" else f"{namespace}::{name}"
 
 
@@ -125,7 +126,7 @@ def _precision_of_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         dtype = _first_floating_dtype(out)
     else:
         written = []
-        for position, argument in enumerate(func._schema.arguments):
+        for position, argument in enumerate(torch_internals.op_schema(func).arguments):
             if argument.alias_info is None or not argument.alias_info.is_write:
                 continue
             if argument.name in kwargs:
