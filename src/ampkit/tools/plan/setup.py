@@ -322,6 +322,12 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
         if policy is not None and settings["level"] != "O3":  # O3 casts every op
             keywords["policy"] = policy
     if not sharded:
+        if parallel == "ddp" and keywords.get("step_in_backward"):
+            # DDP refuses it at the first gradient hook; the plan never wraps DDP
+            # (above), so it asks ampkit for that refusal before converting
+            from ampkit.step_in_backward import check_step_in_backward
+
+            check_step_in_backward(None, held_by="DistributedDataParallel")
         with inside():
             opt = make_optimizer(model.parameters())
             if settings is not None:
