@@ -114,3 +114,9 @@ def _real_ddp_refusal() -> None:
         ddp(inputs()).float().sum().backward()
     finally:
         dist.destroy_process_group()
+
+
+def test_fsdp2_with_tensor_parallelism_is_refused_naming_the_accepted_layouts() -> None:
+    with pytest.raises(ValueError, match=r"parallel='fsdp2\+tp' is not supported yet") as no:
+        ampkit.plan(Net, inputs, world_size=4, parallel="fsdp2+tp", modes=["O2"])
+    assert all(f"'{layout}'" in str(no.value) for layout in ("none", "ddp", "fsdp2", "hsdp"))

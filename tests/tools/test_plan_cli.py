@@ -101,3 +101,11 @@ def test_device_memory_gives_the_fitting_modes_and_the_largest_batch_of_each(
         # the largest batch that fits, found here by planning it and the next one
         assert peaks(batch)[mode] <= device < peaks(batch + 1)[mode], (mode, batch)
     assert data["largest_batch"]["O2"] == 6
+
+
+def test_the_command_refuses_fsdp2_with_tensor_parallelism_in_the_planner_s_words(
+        user: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    status = _run(["plan", "planmodels:Net", "--inputs", "planmodels:inputs",
+                   "--world-size", "4", "--parallel", "fsdp2+tp"])
+    assert status == 2
+    assert "parallel='fsdp2+tp' is not supported yet" in capsys.readouterr().err
