@@ -154,6 +154,12 @@ def _distributed_reason(params: list[torch.Tensor]) -> str | None:
     holder = _ddp_holders(params)
     if holder is None:
         return None
+    return _held_reason(holder)
+
+
+def _held_reason(holder: str) -> str:
+    """The refusal's reason when ``holder`` (a wrapper's class name) holds the
+    parameters."""
     return (f"its parameters are held by {holder}, which averages the ranks' gradients "
             f"after the gradient hooks have run: each parameter would step on its own "
             f"rank's gradient and the replicas would drift apart. FSDP2 "
@@ -162,10 +168,14 @@ def _distributed_reason(params: list[torch.Tensor]) -> str | None:
 
 
 def check_step_in_backward(optimizer: Any, *, loss_scale: Any = None,
-                           argument: str = "optimizer") -> None:
+                           argument: str = "optimizer", held_by: str | None = None) -> None:
     """Raise the error :func:`enable_step_in_backward` would raise, changing nothing
     (``initialize`` checks before converting anything; ``loss_scale``: the run's
     loss scaling, ``None`` when off). ``optimizer=None`` checks the settings alone.
+    ``held_by``: the class name of a data-parallel wrapper that is to hold the
+    parameters (``"DistributedDataParallel"``), to learn before wrapping what the first
+    hook would raise once it does (``ampkit.plan`` checks DDP this way: it never builds
+    one).
 
     Raises:
         TypeError: ``optimizer`` is not an optimizer.
@@ -182,7 +192,14 @@ def check_step_in_backward(optimizer: Any, *, loss_scale: Any = None,
         Traceback (most recent call last):
         ...
         ValueError: step_in_backward: LBFGS's step needs a closure, which re-evaluates ...
+        >>> check_step_in_backward(None, held_by="DistributedDataParallel")
+        Traceback (most recent call last):
+        ...
+        RuntimeError: step_in_backward cannot work here: its parameters are held by ...
     """
+    if held_by in ("DistributedDataParallel", "FullyShardedDataParallel"):
+        raise RuntimeError(f"step_in_backward cannot work here: {_held_reason(held_by)}. "
+                           f"Use step_in_backward=False")
     if loss_scale is not None:
         raise ValueError(f"step_in_backward: loss_scale={loss_scale!r} cannot work with "
                          f"it: an overflow is known only once every gradient exists, and "

@@ -1,5 +1,6 @@
 """ampkit.plan's exact rows: parameters, gradients and optimizer state per rank, to the
-byte, for every mode under none, ddp and fsdp2, against sizes computed here from the
+byte, for every mode under none, ddp and fsdp2 (stepping in backward included under
+FSDP2; refused under DDP, as ampkit refuses it), against sizes computed here from the
 model's shapes (FSDP2 shards dim 0 in ceil(rows / ranks) rows per rank, padding the
 last ranks' shards; DDP keeps one flat bucket element per gradient element)."""
 
@@ -81,11 +82,11 @@ def plans() -> dict[str, ampkit.tools.plan.Plan]:
 def test_each_exact_row_equals_the_arithmetic_of_shapes_shards_and_dtypes(
         plans: dict[str, ampkit.tools.plan.Plan], parallel: str, mode: str) -> None:
     row = next(r for r in plans[parallel].rows if r["mode"] == mode)
-    if mode.endswith("step-in-backward") and parallel != "none":
-        # stepping inside backward is ampkit's refusal under more than one process
-        # today: the row follows the library and says so
+    if mode.endswith("step-in-backward") and parallel == "ddp":
+        # DDP averages after the gradient hooks: ampkit refuses stepping in backward
+        # at the first hook, and the row follows the library and says so
         with pytest.raises(RuntimeError, match="step_in_backward") as refused:
-            _real_refusal(parallel)
+            _real_ddp_refusal()
         assert row["note"] == f"refused: {' '.join(str(refused.value).split())}"
         assert row["peak"] is None
         return
@@ -96,30 +97,26 @@ def test_each_exact_row_equals_the_arithmetic_of_shapes_shards_and_dtypes(
     assert row["activations"] > 0
 
 
-def _real_refusal(parallel: str) -> None:
-    """What ampkit says when asked for step_in_backward with a process group of
-    several ranks (a fake one: no communication is needed to be refused)."""
+def _real_ddp_refusal() -> None:
+    """What ampkit says when a real DistributedDataParallel (on a fake process group of
+    several ranks: no communication is needed to be refused) holds parameters that
+    step in backward: raised at the first gradient hook of the first backward."""
     import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
 
     dist.init_process_group("fake", rank=0, world_size=WORLD)
     try:
-        model = Net()
-        if parallel == "ddp":
-            ampkit.initialize(model, torch.optim.AdamW(model.parameters()), level="O2",
-                              dtype=torch.bfloat16, master_weights="stochastic",
-                              step_in_backward=True)
-        else:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            from ampkit.fsdp import fully_shard, prepare_optimizer
-            from ampkit.step_in_backward import enable_step_in_backward
-
-            # initialize takes step_in_backward with the optimizer only, which FSDP2
-            # builds after sharding: the optimizer is made to step in backward then
-            model = ampkit.initialize(model, level="O2", dtype=torch.bfloat16,
-                                      master_weights="stochastic")
-            fully_shard(model, blocks=list(model.layers), mesh=init_device_mesh("cpu", (WORLD,)))
-            enable_step_in_backward(prepare_optimizer(model, torch.optim.AdamW(
-                model.parameters())))
+        net = Net()
+        net, _ = ampkit.initialize(net, torch.optim.AdamW(net.parameters()), level="O2",
+                                   dtype=torch.bfloat16, master_weights="stochastic",
+                                   step_in_backward=True)
+        ddp = DistributedDataParallel(net)  # alive through backward, as in training
+        ddp(inputs()).float().sum().backward()
     finally:
         dist.destroy_process_group()
+
+
+def test_fsdp2_with_tensor_parallelism_is_refused_naming_the_accepted_layouts() -> None:
+    with pytest.raises(ValueError, match=r"parallel='fsdp2\+tp' is not supported yet") as no:
+        ampkit.plan(Net, inputs, world_size=4, parallel="fsdp2+tp", modes=["O2"])
+    assert all(f"'{layout}'" in str(no.value) for layout in ("none", "ddp", "fsdp2", "hsdp"))

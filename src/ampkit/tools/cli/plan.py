@@ -62,6 +62,16 @@ def _modes(text: str) -> list[str]:
     return names
 
 
+def _parallel(text: str) -> str:
+    from ampkit.tools.plan.setup import check_parallel
+
+    try:
+        check_parallel(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def _memory(text: str) -> int:
     from ampkit.tools.plan.report import parse_bytes
 
@@ -94,8 +104,8 @@ def add_parser(commands: Any) -> argparse.ArgumentParser:
                            "a batch argument, --device-memory finds the largest batch")
     plan.add_argument("--world-size", type=positive_int, default=1,
                       help="ranks of the simulated job (default: 1)")
-    plan.add_argument("--parallel", choices=LAYOUTS, default="none",
-                      help="parallel layout (default: none)")
+    plan.add_argument("--parallel", type=_parallel, default="none",
+                      help=f"parallel layout: {', '.join(LAYOUTS)} (default: none)")
     plan.add_argument("--shard-size", type=positive_int,
                       help="with --parallel hsdp: the ranks that shard one replica")
     plan.add_argument("--modes", type=_modes, help="comma-separated modes (default: all)")

@@ -43,8 +43,8 @@ import torch.nn as nn
 from ampkit.torch_internals import tree_leaves
 
 __all__ = ["LAYOUTS", "MODES", "OPTIMIZERS", "FactoryError", "Step", "build_step",
-           "cuda_lists_policy", "ddp_bucket_bytes", "default_blocks", "default_loss",
-           "settings_of", "takes_batch"]
+           "check_parallel", "cuda_lists_policy", "ddp_bucket_bytes", "default_blocks",
+           "default_loss", "settings_of", "takes_batch"]
 
 #: The precision modes, in the order a plan lists them.
 MODES: tuple[str, ...] = (
@@ -53,6 +53,31 @@ MODES: tuple[str, ...] = (
 
 #: The parallel layouts.
 LAYOUTS: tuple[str, ...] = ("none", "ddp", "fsdp2", "hsdp")
+
+
+def check_parallel(parallel: str) -> None:
+    """Raise ``ValueError`` unless ``parallel`` is one of :data:`LAYOUTS`; for
+    ``"fsdp2+tp"`` say that it is not supported yet, and why.
+
+    Example:
+        >>> from ampkit.tools.plan.setup import check_parallel
+        >>> check_parallel("fsdp2+tp")
+        Traceback (most recent call last):
+        ...
+        ValueError: parallel='fsdp2+tp' is not supported yet by ampkit.plan: ...
+    """
+    if parallel in LAYOUTS:
+        return
+    accepted = ", ".join(repr(layout) for layout in LAYOUTS)
+    if parallel == "fsdp2+tp":
+        # a tensor-parallel plan is per model (which Linear is split by columns, which
+        # by rows); the planner has none to apply yet, and a plan that guessed one
+        # would size a layout the user does not run
+        raise ValueError(f"parallel='fsdp2+tp' is not supported yet by ampkit.plan: it "
+                         f"does not apply a tensor-parallel plan. Accepted values: "
+                         f"{accepted}; plan FSDP2 over the data-parallel degree alone "
+                         f"(world_size divided by the TP degree) for the sharded state")
+    raise ValueError(f"parallel must be one of {accepted}, got {parallel!r}")
 
 #: The optimizers a plan may name (or pass a callable: parameters -> optimizer).
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -282,8 +307,7 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
     import ampkit
 
     settings = settings_of(mode)
-    if parallel not in LAYOUTS:
-        raise ValueError(f"parallel must be one of {', '.join(LAYOUTS)}, got {parallel!r}")
+    check_parallel(parallel)
     if device_policy not in ("cuda", "cpu"):
         raise ValueError(f"device_policy must be 'cuda' or 'cpu', got {device_policy!r}")
     make_optimizer = OPTIMIZERS.get(optimizer) if isinstance(optimizer, str) else optimizer
@@ -322,6 +346,12 @@ def build_step(mode: str, parallel: str, model_factory: Callable[[], nn.Module],
         if policy is not None and settings["level"] != "O3":  # O3 casts every op
             keywords["policy"] = policy
     if not sharded:
+        if parallel == "ddp" and keywords.get("step_in_backward"):
+            # DDP refuses it at the first gradient hook; the plan never wraps DDP
+            # (above), so it asks ampkit for that refusal before converting
+            from ampkit.step_in_backward import check_step_in_backward
+
+            check_step_in_backward(None, held_by="DistributedDataParallel")
         with inside():
             opt = make_optimizer(model.parameters())
             if settings is not None:

@@ -47,11 +47,11 @@ import torch.nn as nn
 from ampkit.tools.plan.memory import LiveBytes, storage_bytes
 from ampkit.tools.plan.report import ROW_KEYS, Plan
 from ampkit.tools.plan.setup import (
-    LAYOUTS,
     MODES,
     FactoryError,
     Step,
     build_step,
+    check_parallel,
     takes_batch,
 )
 from ampkit.torch_internals import fake_tensor_mode, tree_leaves
@@ -63,8 +63,7 @@ _PLANNER_ROOT = Path(__file__).resolve().parent
 
 
 def _check_layout(parallel: str, world_size: int, shard_size: int | None) -> None:
-    if parallel not in LAYOUTS:
-        raise ValueError(f"parallel must be one of {', '.join(LAYOUTS)}, got {parallel!r}")
+    check_parallel(parallel)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if parallel == "none" and world_size != 1:
@@ -215,7 +214,7 @@ def plan(model_factory: Callable[[], nn.Module], inputs_factory: Callable[..., A
             ``batch`` is given.
         world_size: ranks of the simulated job.
         parallel: ``"none"``, ``"ddp"``, ``"fsdp2"`` or ``"hsdp"`` (with
-            ``shard_size``).
+            ``shard_size``); ``"fsdp2+tp"`` is refused (not supported yet).
         modes: among :data:`ampkit.tools.plan.setup.MODES` (default: all).
         optimizer: ``"adamw"``, ``"adam"``, ``"sgd"`` or a callable building one from
             the parameters.
