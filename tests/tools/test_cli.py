@@ -847,7 +847,7 @@ def test_a_bad_option_is_a_one_line_error_listing_the_choices(
 def test_a_command_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     assert _status([]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "ampkit: error: the following arguments are required: {demo,compare,tune} "
+        "ampkit: error: the following arguments are required: {demo,compare,tune,plan} "
         "(see: ampkit --help)"]
 
 

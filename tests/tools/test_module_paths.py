@@ -48,7 +48,7 @@ def test_the_tools_room_holds_subpackages_not_prefixed_files():
     flat = sorted(p.name for p in TOOLS.glob("*.py"))
     assert flat == ["__init__.py", "compare.py", "tune.py"]
     packages = sorted(p.parent.name for p in TOOLS.glob("*/__init__.py"))
-    assert packages == ["accuracy", "cli", "demo", "fp8", "ops", "pages"]
+    assert packages == ["accuracy", "cli", "demo", "fp8", "ops", "pages", "plan"]
 
 
 def test_console_script_and_templates_are_packaged_from_the_new_place():
