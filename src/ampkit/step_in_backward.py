@@ -537,6 +537,11 @@ def enable_step_in_backward(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
         # a group added later (progressive unfreezing) steps in backward like the rest
         live = ref()
         if live is not None:
+            params = param_group["params"]
+            if not isinstance(params, torch.Tensor):
+                # any iterable torch accepts (module.parameters(), a generator): read
+                # once here and handed on as the list, so torch still sees every one
+                param_group = {**param_group, "params": list(params)}
             _check_not_taken(optimizer, param_group["params"]
                              if not isinstance(param_group["params"], torch.Tensor)
                              else [param_group["params"]])

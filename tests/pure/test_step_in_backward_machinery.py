@@ -273,3 +273,13 @@ def test_a_gradient_no_hook_stepped_is_refused_at_the_next_forward():
     with pytest.raises(RuntimeError, match=r"1 parameter\(s\) .* hold a gradient that "
                        r"was never stepped.*torch 2\."):
         net(x)
+
+
+# -- a parameter group given as a generator -------------------------------------------------
+
+def test_a_group_added_from_a_generator_keeps_every_parameter():
+    # before: the check read the generator and torch added an empty group
+    for in_backward in (False, True):
+        net, opt = _setup(MODES[0], in_backward, lambda n: n.head.parameters())
+        opt.add_param_group({"params": net.mid.parameters()})
+        assert [p.shape for p in opt.param_groups[1]["params"]] == [(16, 16), (16,)]
