@@ -78,6 +78,7 @@ from __future__ import annotations
 import gc
 import math
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -108,6 +109,13 @@ _REENTRANT = (
     "torch.utils.checkpoint.checkpoint(..., use_reentrant=False) (torch's "
     "recommendation, same memory: one pass accumulates the whole gradient), or "
     "step_in_backward=False.")
+_SECOND_PASS = (
+    "step_in_backward: a parameter of shape {shape} received a gradient in a second "
+    "backward pass over the same forward, after it had stepped in the first "
+    "(loss.backward(retain_graph=True) then another backward, or two losses backwarded "
+    "one after the other). The ordinary step would have stepped once on the sum of "
+    "their gradients; here the first pass has already stepped and freed its gradient. "
+    "Sum the losses and call backward once, or use step_in_backward=False.")
 _NORM_FUNCTIONS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_",
                    "clip_grads_with_norm_")
 
@@ -244,9 +252,29 @@ class _InBackward:
     (its graph tasks, what stepped in it), so that a pass stopped by an exception is
     told at the next use."""
 
-    __slots__ = ("__weakref__", "broken", "checked", "clip", "fresh", "had_grad", "handles",
-                 "hook", "hooked", "indices", "keep_zeros", "layout", "open", "opt",
-                 "partial", "pass_max", "stepped")
+    __slots__ = (
+        "__weakref__",
+        "broken",
+        "checked",
+        "clip",
+        "covered",
+        "fresh",
+        "had_grad",
+        "handles",
+        "hook",
+        "hooked",
+        "indices",
+        "keep_zeros",
+        "layout",
+        "lock",
+        "open",
+        "opt",
+        "partial",
+        "pass_max",
+        "since_forward",
+        "stepped",
+        "steps",
+    )
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.opt = weakref.ref(optimizer)
@@ -265,10 +293,20 @@ class _InBackward:
         self.hook: Callable[[torch.Tensor], None] | None = None
         self.partial: tuple[int, int] | None = None  # (stepped, total) of a stopped pass
         self.pass_max = -1  # the newest graph task seen in the pass (reentrant ones too)
+        # held while a step narrows the optimizer's groups, so that no reader of ours in
+        # another thread sees the narrowed groups
+        self.lock = threading.RLock()
+        self.steps = 0  # parameters stepped so far, all passes
+        # parameters whose module's forward is watched, and those of them stepped since
+        # their module's last forward: a gradient for one of those comes from a second
+        # backward over the same forward
+        self.covered: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.since_forward: set[int] = set()
 
     def params(self) -> list[torch.Tensor]:
         opt = self.opt()
-        return [] if opt is None else [p for g in opt.param_groups for p in g["params"]]
+        with self.lock:
+            return [] if opt is None else [p for g in opt.param_groups for p in g["params"]]
 
     def hook_params(self) -> None:
         """Register the hook on each parameter that trains and has none yet (frozen
@@ -283,13 +321,48 @@ class _InBackward:
                 _PARAMS[p] = weakref.ref(self)
 
     def check_broken(self) -> None:
-        """Raise if the last backward pass stopped part-way (seen from outside it)."""
-        from ampkit.torch_internals import graph_task_id
-
-        if self.open and graph_task_id() == -1:
-            self.stopped()
+        """Raise if the last backward pass stopped part-way. (A pass that stops drops
+        its end callback, which tells :meth:`dropped`; a pass still running in another
+        thread is not a stopped one.)"""
         if self.broken is not None:
             raise RuntimeError(self.broken)
+
+    def dropped(self, task: int) -> None:
+        """The end callback of pass ``task`` was freed: if it never ran, the pass
+        stopped with an exception."""
+        if task in self.open:
+            self.stopped()
+
+    def before_forward(self) -> None:
+        """A forward of a watched model: the last pass must have finished, every
+        gradient been stepped, and a pass of reentrant backwards only (no hook outside
+        them, so no end callback) is ended here."""
+        from ampkit.torch_internals import graph_task_id
+
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return  # serving or evaluation, maybe in another thread: no training step
+        if graph_task_id() != -1:
+            self.recomputed()
+            return
+        with self.lock:
+            self.check_broken()
+            if self.stepped and not self.open:
+                self.pass_ended(None)
+            self.hook_params()  # a parameter unfrozen since: hooked before its backward
+            self.check_all_stepped()
+
+    def forwarded(self, module: torch.nn.Module) -> None:
+        """A forward of ``module`` (a watched model or one of its modules): a later
+        backward may step its own parameters again."""
+        from ampkit.torch_internals import graph_task_id
+
+        if not torch.is_grad_enabled():
+            return
+        if self.since_forward:
+            for p in module.parameters(recurse=False):
+                self.since_forward.discard(id(p))
+        if graph_task_id() != -1:
+            self.recomputed()
 
     def stopped(self) -> None:
         """The pass under way will never finish (an exception left it): say so at
@@ -311,10 +384,6 @@ class _InBackward:
         """Between passes every gradient has been stepped and freed; one left means its
         hook never ran (a wrapper or torch release that does not call a parameter's
         post-accumulate-grad hooks), and the ordinary step would have stepped it."""
-        from ampkit.torch_internals import graph_task_id
-
-        if graph_task_id() != -1:
-            return  # a forward inside backward (checkpointing's recomputation)
         left = [tuple(p.shape) for p in self.params()
                 if p.grad is not None and p in self.hooked and id(p) not in self.fresh]
         self.fresh.clear()  # from this forward on, their gradients come through hooks
@@ -327,8 +396,40 @@ class _InBackward:
                 f"{torch.__version__}), or a gradient was set by hand. Use "
                 f"step_in_backward=False here")
 
+    def open_pass(self, task: int) -> None:
+        """Backward pass ``task`` (not a reentrant one) reaches these parameters."""
+        from ampkit.torch_internals import at_backward_end
+
+        if self.open:  # the last pass stopped part-way
+            self.stopped()
+        elif not (self.stepped and task < self.pass_max):
+            # (a task older than a reentrant backward seen is the pass that
+            # encloses it, hooking late: the same pass)
+            self.stepped = set()
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+        self.open.add(task)
+        self.pass_max = max(self.pass_max, task)
+        # the engine holds the callback until the pass is over: freed without
+        # having run, the pass stopped with an exception (told in any thread)
+        end = _PassEnd(self, task)
+        weakref.finalize(end, _pass_dropped, weakref.ref(self), task)
+        at_backward_end(end)
+
+    def recomputed(self) -> None:
+        """A forward inside backward (checkpointing's recomputation). Outside any
+        reentrant backward it runs in the pass that will reach these parameters: the
+        pass is opened here, so that its end is known even where every parameter gets
+        its gradient in a reentrant backward (no hook of theirs fires in the pass)."""
+        from ampkit.torch_internals import graph_task_id
+
+        task = graph_task_id()
+        if self.opt() is not None and task not in self.open and not _reentrant():
+            with self.lock:
+                self.open_pass(task)
+
     def hook_fired(self, p: torch.Tensor) -> None:
-        from ampkit.torch_internals import at_backward_end, graph_task_id
+        from ampkit.torch_internals import graph_task_id
 
         if self.opt() is None:
             return
@@ -341,24 +442,13 @@ class _InBackward:
                     raise RuntimeError(self.broken)
                 self.pass_max = max(self.pass_max, task)
             else:
-                if self.open:  # the last pass stopped part-way
-                    self.stopped()
-                elif not (self.stepped and task < self.pass_max):
-                    # (a task older than a reentrant backward seen is the pass that
-                    # encloses it, hooking late: the same pass)
-                    self.stepped = set()
-                if self.broken is not None:
-                    raise RuntimeError(self.broken)
-                self.open.add(task)
-                self.pass_max = max(self.pass_max, task)
-                ref = weakref.ref(self)
-
-                def end() -> None:
-                    live = ref()
-                    if live is not None:
-                        live.pass_ended(task)
-
-                at_backward_end(end)
+                self.open_pass(task)
+        if id(p) in self.since_forward and id(p) not in self.stepped:
+            # stepped in an earlier pass, and its module ran no forward since
+            shape = tuple(p.shape)
+            self.stopped()
+            told = "" if self.broken is None else f" Also: {self.broken}"
+            raise RuntimeError(_SECOND_PASS.format(shape=shape) + told)
         if id(p) in self.stepped:
             # a second gradient for a parameter that has stepped in this pass
             shape = tuple(p.shape)
@@ -367,11 +457,12 @@ class _InBackward:
             raise RuntimeError(_REENTRANT.format(shape=shape) + told)
         self.step_one(p)
 
-    def pass_ended(self, task: int) -> None:
+    def pass_ended(self, task: int | None) -> None:
         """The end of a backward pass: step what the ordinary step would also have
         stepped and no hook did (a parameter unfrozen or added without its hook
         firing; zero gradients kept by ``zero_grad(set_to_none=False)``)."""
-        self.open.discard(task)
+        if task is not None:
+            self.open.discard(task)
         if self.open:
             return
         try:
@@ -414,22 +505,115 @@ class _InBackward:
             torch.nn.utils.clip_grad.clip_grad_value_([p], max_value)
         if max_norm is not None:
             torch.nn.utils.clip_grad.clip_grad_norm_([p], max_norm, norm_type)
-        lists = [g["params"] for g in opt.param_groups]
-        saved = [list(ps) for ps in lists]
-        mine = next(i for i, ids in enumerate(self.layout) if id(p) in ids)
-        opt.__dict__["_ampkit_indices"] = self.indices
-        try:
-            for i, ps in enumerate(lists):
-                ps[:] = [p] if i == mine else []
-            type(opt).step(opt)  # the class's step: the instance's refuses
-        finally:
-            for ps, original in zip(lists, saved):
-                ps[:] = original
-            del opt.__dict__["_ampkit_indices"]
+        with self.lock:
+            lists = [g["params"] for g in opt.param_groups]
+            saved = [list(ps) for ps in lists]
+            mine = next(i for i, ids in enumerate(self.layout) if id(p) in ids)
+            opt.__dict__["_ampkit_indices"] = self.indices
+            try:
+                for i, ps in enumerate(lists):
+                    ps[:] = [p] if i == mine else []
+                type(opt).step(opt)  # the class's step: the instance's refuses
+            finally:
+                for ps, original in zip(lists, saved):
+                    ps[:] = original
+                del opt.__dict__["_ampkit_indices"]
         torch_internals.mark_optimizer_called(opt)  # LR schedulers' flag
+        self.steps += 1
         self.stepped.add(id(p))
+        if p in self.covered:
+            self.since_forward.add(id(p))
         self.had_grad.add(id(p))
         p.grad = None
+
+
+class _PassEnd:
+    """The end-of-pass callback handed to the engine (its freeing unrun tells that
+    the pass stopped)."""
+
+    __slots__ = ("__weakref__", "state", "task")
+
+    def __init__(self, state: _InBackward, task: int) -> None:
+        self.state, self.task = weakref.ref(state), task
+
+    def __call__(self) -> None:
+        live = self.state()
+        if live is not None:
+            live.pass_ended(self.task)
+
+
+def _pass_dropped(ref: weakref.ref[_InBackward], task: int) -> None:
+    live = ref()
+    if live is not None:
+        live.dropped(task)
+
+
+class _Inert:
+    """What a watched model's hooks become in a pickled or deep-copied model: its
+    parameters are new ones that no optimizer steps in backward (an optimizer over
+    them set up with ``initialize`` or :func:`watch_models` adds its own hooks)."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
+class _Watch:
+    """The hooks of a watched model, as module-level objects holding the optimizer's
+    state weakly, so that the model still pickles (``torch.save(model)``)."""
+
+    __slots__ = ("kind", "state")
+
+    def __init__(self, state: _InBackward, kind: str) -> None:
+        self.state, self.kind = weakref.ref(state), kind
+
+    def __call__(self, module: torch.nn.Module, args: Any, *output: Any) -> None:
+        live = self.state()
+        if live is None:
+            return
+        if self.kind == "before":
+            live.before_forward()
+        elif self.kind == "module":
+            live.forwarded(module)
+        elif torch.is_grad_enabled():  # "after": the outputs of the model's forward
+            outs = output[0]
+            items = (outs.values() if isinstance(outs, dict)
+                     else outs if isinstance(outs, (tuple, list)) else (outs,))
+            for out in items:
+                # one per output: two outputs backwarded one after the other may reach
+                # different parameters (the parameters' own check covers shared ones)
+                if isinstance(out, torch.Tensor) and out.requires_grad:
+                    out.register_hook(_Reached(live))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Inert, ())
+
+
+class _Reached:
+    """A tensor hook on a watched model's output: a second backward pass through the
+    same output (``retain_graph=True``) after the first stepped is refused before it
+    reaches any parameter (torch would otherwise fail on a stale saved weight, or,
+    where none is saved, step again)."""
+
+    __slots__ = ("first", "state", "steps")
+
+    def __init__(self, state: _InBackward) -> None:
+        self.state = weakref.ref(state)
+        self.first: int | None = None
+        self.steps = 0
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        from ampkit.torch_internals import graph_task_id
+
+        live = self.state()
+        if live is None:
+            return
+        task = graph_task_id()
+        if self.first is None:
+            self.first, self.steps = task, live.steps
+        elif task != self.first and live.steps != self.steps:
+            raise RuntimeError(_SECOND_PASS.format(shape="").replace(
+                "a parameter of shape  received a gradient",
+                "a model's output was reached"))
 
 
 def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -568,6 +752,7 @@ def enable_step_in_backward(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
         if live is not None:  # a checkpoint reloaded: the partial step is undone
             live.broken = live.partial = None
             live.open.clear()
+            live.since_forward.clear()
             live.stepped = set()
 
     def saving(opt: torch.optim.Optimizer) -> None:
@@ -597,18 +782,17 @@ def watch_models(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Mod
     state = optimizer.__dict__.get(_KEY)
     if not isinstance(state, _InBackward):
         raise ValueError("watch_models: this optimizer does not step in backward")
-    ref = weakref.ref(state)
-
-    def before_forward(module: torch.nn.Module, args: Any) -> None:
-        live = ref()
-        if live is not None:
-            if live.open or live.broken is not None:
-                live.check_broken()
-            live.hook_params()  # a parameter unfrozen since: hooked before its backward
-            live.check_all_stepped()
-
+    mine = {id(p) for p in state.params()}
     for model in models:
-        state.handles.append(model.register_forward_pre_hook(before_forward))
+        state.handles.append(model.register_forward_pre_hook(_Watch(state, "before")))
+        state.handles.append(model.register_forward_hook(_Watch(state, "after")))
+        for module in model.modules():
+            own = [p for p in module.parameters(recurse=False) if id(p) in mine]
+            if own:
+                state.handles.append(module.register_forward_pre_hook(
+                    _Watch(state, "module")))
+                for p in own:
+                    state.covered[p] = True
 
 
 def mark_step_in_backward(models: Iterable[torch.nn.Module]) -> None:
@@ -655,10 +839,6 @@ def partial_step(optimizer: torch.optim.Optimizer) -> tuple[int, int] | None:
         True
     """
     state = _state(optimizer, "partial_step")
-    from ampkit.torch_internals import graph_task_id
-
-    if state.open and graph_task_id() == -1:
-        state.stopped()
     return None if state.broken is None else state.partial
 
 
@@ -677,6 +857,7 @@ def accept_partial_step(optimizer: torch.optim.Optimizer) -> None:
     """
     state = _state(optimizer, "accept_partial_step")
     state.open.clear()
+    state.since_forward.clear()
     state.stepped = set()
     state.broken = state.partial = None
     for p in state.params():
