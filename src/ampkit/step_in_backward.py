@@ -428,6 +428,18 @@ class _InBackward:
             with self.lock:
                 self.open_pass(task)
 
+    def zeroed(self, module: torch.nn.Module | None, set_to_none: bool) -> None:
+        """``zero_grad`` of the optimizer (``module`` None) or of a watched model:
+        ``set_to_none=False`` keeps a zero gradient on every parameter that had one,
+        and the ordinary step steps those the next backward leaves out (momentum,
+        weight decay): the end of each pass does the same."""
+        self.keep_zeros = not set_to_none
+        if set_to_none:
+            if module is None:
+                self.had_grad.clear()
+            else:
+                self.had_grad.difference_update(id(p) for p in module.parameters())
+
     def hook_fired(self, p: torch.Tensor) -> None:
         from ampkit.torch_internals import graph_task_id
 
@@ -468,7 +480,9 @@ class _InBackward:
         try:
             self.hook_params()
             for p in self.params():
-                if id(p) in self.stepped or not p.requires_grad:
+                # frozen ones too: torch steps any parameter holding a gradient (a
+                # kept zero one included: weight decay, moments)
+                if id(p) in self.stepped:
                     continue
                 if p.grad is not None:
                     self.step_one(p)
@@ -616,6 +630,38 @@ class _Reached:
                 "a model's output was reached"))
 
 
+class _ZeroGrad:
+    """A watched model's ``zero_grad``, set on the instance: tells the optimizer's
+    state whether zero gradients are kept, then runs the class's."""
+
+    __slots__ = ("module", "state")
+
+    def __init__(self, state: _InBackward, module: torch.nn.Module) -> None:
+        self.state, self.module = weakref.ref(state), module
+
+    def __call__(self, set_to_none: bool = True) -> None:
+        live = self.state()
+        if live is not None:
+            live.zeroed(self.module, set_to_none)
+        type(self.module).zero_grad(self.module, set_to_none)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a pickled or copied model's parameters step for no optimizer: torch's own
+        return (_PlainZeroGrad, (self.module,))
+
+
+class _PlainZeroGrad:
+    """What :class:`_ZeroGrad` becomes in a pickled or deep-copied model."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, set_to_none: bool = True) -> None:
+        type(self.module).zero_grad(self.module, set_to_none)
+
+
 def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def refuse_or_clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
@@ -734,14 +780,9 @@ def enable_step_in_backward(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
             live.hook_params()
 
     def zero_grad(set_to_none: bool = True) -> None:
-        # set_to_none=False keeps a zero gradient on every parameter that had one, and
-        # the ordinary step steps those the next backward leaves out (momentum, weight
-        # decay): the end of each pass does the same
         live = ref()
         if live is not None:
-            live.keep_zeros = not set_to_none
-            if set_to_none:
-                live.had_grad.clear()
+            live.zeroed(None, set_to_none)
         cls.zero_grad(optimizer, set_to_none)
 
     optimizer.add_param_group = add_param_group  # type: ignore[method-assign]
@@ -784,6 +825,8 @@ def watch_models(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Mod
         raise ValueError("watch_models: this optimizer does not step in backward")
     mine = {id(p) for p in state.params()}
     for model in models:
+        # its zero_grad(set_to_none=False) keeps zero gradients, as the optimizer's does
+        model.zero_grad = _ZeroGrad(state, model)  # type: ignore[method-assign]
         state.handles.append(model.register_forward_pre_hook(_Watch(state, "before")))
         state.handles.append(model.register_forward_hook(_Watch(state, "after")))
         for module in model.modules():

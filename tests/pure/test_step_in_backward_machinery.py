@@ -410,3 +410,31 @@ def test_two_losses_on_separate_parameters_backwarded_one_after_the_other_are_eq
                 opt.step()
                 opt.zero_grad()
     _both(MODES[0], loop)
+
+
+# -- kept zero gradients on frozen parameters, and the model's own zero_grad ----------------
+
+def test_a_parameter_frozen_while_zero_gradients_are_kept_steps_like_the_ordinary_step():
+    # before: torch steps a frozen parameter holding a kept zero gradient (weight decay,
+    # moments); in backward it was skipped
+    def loop(net: Net, opt: torch.optim.Optimizer, in_backward: bool) -> None:
+        for i, (x, y) in enumerate(_batches()[:4]):
+            if i == 2:
+                net.mid.weight.requires_grad_(False)
+            _loss(net(x), y).backward()
+            if not in_backward:
+                opt.step()
+            opt.zero_grad(set_to_none=False)
+    _both(MODES[0], loop)
+
+
+def test_the_models_zero_grad_keeping_zeros_steps_an_unused_branch_like_the_ordinary_step():
+    # before: only the optimizer's zero_grad was seen, so the unused branch never stepped
+    def loop(net: Net, opt: torch.optim.Optimizer, in_backward: bool) -> None:
+        for i, (x, y) in enumerate(_batches()[:4]):
+            net.use_branch = i < 2
+            _loss(net(x), y).backward()
+            if not in_backward:
+                opt.step()
+            net.zero_grad(set_to_none=False)
+    _both(MODES[0], loop)
