@@ -117,7 +117,7 @@ _SECOND_PASS = (
     "their gradients; here the first pass has already stepped and freed its gradient. "
     "Sum the losses and call backward once, or use step_in_backward=False.")
 _NORM_FUNCTIONS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_",
-                   "clip_grads_with_norm_")
+                   "clip_grads_with_norm_", "get_total_norm")
 
 # The parameters of optimizers stepping in backward, each with its optimizer's state:
 # torch's gradient clipping over them is refused (their gradients are gone), and a
@@ -515,10 +515,12 @@ class _InBackward:
             return
         self.layout_changed()
         max_norm, max_value, norm_type = self.clip
+        # torch's own functions (the public names refuse these parameters)
         if max_value is not None:
-            torch.nn.utils.clip_grad.clip_grad_value_([p], max_value)
+            _NORM_ORIGINALS["clip_grad_value_"]([p], max_value)
         if max_norm is not None:
-            torch.nn.utils.clip_grad.clip_grad_norm_([p], max_norm, norm_type)
+            total = _NORM_ORIGINALS["get_total_norm"]([p.grad], norm_type)
+            _NORM_ORIGINALS["clip_grads_with_norm_"]([p], max_norm, total)
         with self.lock:
             lists = [g["params"] for g in opt.param_groups]
             saved = [list(ps) for ps in lists]
@@ -662,9 +664,25 @@ class _PlainZeroGrad:
         type(self.module).zero_grad(self.module, set_to_none)
 
 
+def _any_live() -> bool:
+    return any(owner() is not None for owner in list(_PARAMS.values()))
+
+
 def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def refuse_or_clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if name == "get_total_norm":
+            # it takes gradients, which are gone: an empty list here is most likely
+            # [p.grad for p in params if p.grad is not None] after backward
+            if not params and _any_live():
+                raise RuntimeError(
+                    "torch.nn.utils.get_total_norm: no gradient given, and an optimizer "
+                    "in this process steps inside backward (step_in_backward=True), "
+                    "which frees each gradient during backward: the norm would read 0. "
+                    "Clip each gradient before its step with "
+                    "ampkit.step_in_backward.clip_each_gradient, or use "
+                    "step_in_backward=False for a norm over all parameters")
+            return original(params, *args, **kwargs)
         for p in params:
             owner = _PARAMS.get(p) if isinstance(p, torch.Tensor) else None
             if owner is not None and owner() is not None:
@@ -687,17 +705,25 @@ def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 def _guard_norm_functions() -> None:
     """Make torch's gradient-clipping functions refuse parameters that step in
     backward (they would see no gradient and report a norm of 0): replaced in
-    ``torch.nn.utils``, where users and trainers call them, once per process; the same
-    functions for every other parameter. ``torch.nn.utils.clip_grad``'s own names stay
-    torch's (the per-parameter clipping inside backward calls them)."""
+    ``torch.nn.utils`` and ``torch.nn.utils.clip_grad``, once per process; the same
+    functions for every other parameter. ``clip_grad_norm_`` bound before this (an
+    import at the top of a script) reaches the refusal through the scaling step it
+    looks up at each call; the per-parameter clipping inside backward calls torch's
+    functions kept here."""
     if _NORM_ORIGINALS:
         return
+    clip_grad = torch.nn.utils.clip_grad
     for name in _NORM_FUNCTIONS:
         original = getattr(torch.nn.utils, name, None)
         if original is None:
             continue
         _NORM_ORIGINALS[name] = original
-        setattr(torch.nn.utils, name, _refusing(name, original))
+        refusing = _refusing(name, original)
+        setattr(torch.nn.utils, name, refusing)
+        if getattr(clip_grad, name, None) is original:
+            setattr(clip_grad, name, refusing)
+    torch_internals.replace_clip_grads_with_norm(
+        lambda original: _refusing("clip_grad_norm_", original))
 
 
 def steps_in_backward(optimizer: torch.optim.Optimizer) -> bool:

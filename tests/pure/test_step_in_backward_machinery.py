@@ -438,3 +438,33 @@ def test_the_models_zero_grad_keeping_zeros_steps_an_unused_branch_like_the_ordi
                 opt.step()
             net.zero_grad(set_to_none=False)
     _both(MODES[0], loop)
+
+
+# -- torch's clipping reached by other paths --------------------------------------------------
+
+def test_clipping_reached_by_every_public_path_is_refused_not_a_silent_zero():
+    # before: torch.nn.utils.clip_grad's names, a clip_grad_norm_ bound before initialize
+    # and get_total_norm of the (freed) gradients read 0 or failed in torch's words
+    import inspect
+
+    from torch.nn.utils import clip_grad
+
+    # torch's function itself, as an import before initialize binds it (the guard is
+    # installed once per process, maybe by an earlier test)
+    bound_early = inspect.unwrap(clip_grad.clip_grad_norm_)
+
+    net, _ = _setup(MODES[0], True)
+    x, y = _batches()[0]
+    _loss(net(x), y).backward()
+    calls = [lambda: bound_early(net.parameters(), 1.0),
+             lambda: clip_grad.clip_grad_norm_(net.parameters(), 1.0),
+             lambda: clip_grad.clip_grad_value_(net.parameters(), 1.0),
+             lambda: torch.nn.utils.get_total_norm(
+                 [p.grad for p in net.parameters() if p.grad is not None])]
+    for call in calls:
+        with pytest.raises(RuntimeError, match=r"step.* inside backward.*clip_each_gradient"):
+            call()
+    other = torch.nn.Parameter(torch.ones(3))  # any other parameter: torch's own result
+    other.grad = torch.full((3,), 4.0)
+    assert bound_early([other], 1.0).item() == pytest.approx(48 ** 0.5)
+    assert other.grad.norm().item() == pytest.approx(1.0, rel=1e-4)
