@@ -20,11 +20,14 @@ optimizer after sharding and hand it to ``ampkit.fsdp.prepare_optimizer``, which
 applies ``initialize``'s ``step_in_backward=True``.
 
 Where it matches the ordinary step without being asked: parameter groups added later
-(``add_param_group``), frozen parameters (skipped, as torch skips them, and stepped
-once unfrozen), ``zero_grad(set_to_none=False)`` (a parameter left out of a later
-backward steps on its kept zero gradient, as the ordinary step does),
-non-reentrant checkpointing, and reentrant checkpointing where each parameter gets
-its gradient from one backward.
+(``add_param_group``, any iterable of parameters), frozen parameters (skipped while
+they hold no gradient, as torch skips them, and stepped once unfrozen),
+``zero_grad(set_to_none=False)`` of the optimizer or of a watched model (a parameter
+left out of a later backward, frozen or not, steps on its kept zero gradient, as the
+ordinary step does), non-reentrant checkpointing, reentrant checkpointing where each
+parameter gets its gradient from one backward (one checkpoint around the whole model
+too), no-grad forwards in other threads during backward, and pickling the model (the
+copy's hooks do nothing).
 
 What it refuses (each with a message):
 
@@ -44,7 +47,11 @@ What it refuses (each with a message):
   they average the gradients after the hooks have run, so each rank would step on its
   own gradient. Refused at the first hook, before anything steps;
 * a parameter that gets a second gradient in one backward after it stepped (reentrant
-  checkpointing with a weight used inside and outside the block).
+  checkpointing with a weight used inside and outside the block);
+* a second backward over the same forward (``retain_graph=True``, or two losses
+  backwarded one after the other through a shared parameter); a backward the ordinary
+  loop would have thrown away (a GAN's generator loss reaching D) cannot be told from
+  a real one: see the docs.
 
 **An exception in the middle of backward** (a user's hook that finds a NaN) leaves the
 parameters whose hooks already ran stepped and the others not: nothing can be undone
