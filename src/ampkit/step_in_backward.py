@@ -358,16 +358,16 @@ class _InBackward:
             self.hook_params()  # a parameter unfrozen since: hooked before its backward
             self.check_all_stepped()
 
-    def forwarded(self, module: torch.nn.Module) -> None:
-        """A forward of ``module`` (a watched model or one of its modules): a later
-        backward may step its own parameters again."""
+    def forwarded(self, ids: frozenset[int]) -> None:
+        """A forward of a module of a watched model, owning the parameters ``ids``
+        (as they were when watched: FSDP2 swaps in unsharded ones during forward): a
+        later backward may step them again."""
         from ampkit.torch_internals import graph_task_id
 
         if not torch.is_grad_enabled():
             return
         if self.since_forward:
-            for p in module.parameters(recurse=False):
-                self.since_forward.discard(id(p))
+            self.since_forward.difference_update(ids)
         if graph_task_id() != -1:
             self.recomputed()
 
@@ -584,10 +584,11 @@ class _Watch:
     """The hooks of a watched model, as module-level objects holding the optimizer's
     state weakly, so that the model still pickles (``torch.save(model)``)."""
 
-    __slots__ = ("kind", "state")
+    __slots__ = ("ids", "kind", "state")
 
-    def __init__(self, state: _InBackward, kind: str) -> None:
-        self.state, self.kind = weakref.ref(state), kind
+    def __init__(self, state: _InBackward, kind: str, ids: frozenset[int] = frozenset(),
+                 ) -> None:
+        self.state, self.kind, self.ids = weakref.ref(state), kind, ids
 
     def __call__(self, module: torch.nn.Module, args: Any, *output: Any) -> None:
         live = self.state()
@@ -596,7 +597,7 @@ class _Watch:
         if self.kind == "before":
             live.before_forward()
         elif self.kind == "module":
-            live.forwarded(module)
+            live.forwarded(self.ids)
         elif torch.is_grad_enabled():  # "after": the outputs of the model's forward
             outs = output[0]
             items = (outs.values() if isinstance(outs, dict)
@@ -866,7 +867,7 @@ def watch_models(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Mod
             own = [p for p in module.parameters(recurse=False) if id(p) in mine]
             if own:
                 state.handles.append(module.register_forward_pre_hook(
-                    _Watch(state, "module")))
+                    _Watch(state, "module", frozenset(id(p) for p in own))))
                 for p in own:
                     state.covered[p] = True
 
