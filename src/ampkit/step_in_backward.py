@@ -20,11 +20,14 @@ optimizer after sharding and hand it to ``ampkit.fsdp.prepare_optimizer``, which
 applies ``initialize``'s ``step_in_backward=True``.
 
 Where it matches the ordinary step without being asked: parameter groups added later
-(``add_param_group``), frozen parameters (skipped, as torch skips them, and stepped
-once unfrozen), ``zero_grad(set_to_none=False)`` (a parameter left out of a later
-backward steps on its kept zero gradient, as the ordinary step does),
-non-reentrant checkpointing, and reentrant checkpointing where each parameter gets
-its gradient from one backward.
+(``add_param_group``, any iterable of parameters), frozen parameters (skipped while
+they hold no gradient, as torch skips them, and stepped once unfrozen),
+``zero_grad(set_to_none=False)`` of the optimizer or of a watched model (a parameter
+left out of a later backward, frozen or not, steps on its kept zero gradient, as the
+ordinary step does), non-reentrant checkpointing, reentrant checkpointing where each
+parameter gets its gradient from one backward (one checkpoint around the whole model
+too), no-grad forwards in other threads during backward, and pickling the model (the
+copy's hooks do nothing).
 
 What it refuses (each with a message):
 
@@ -44,7 +47,11 @@ What it refuses (each with a message):
   they average the gradients after the hooks have run, so each rank would step on its
   own gradient. Refused at the first hook, before anything steps;
 * a parameter that gets a second gradient in one backward after it stepped (reentrant
-  checkpointing with a weight used inside and outside the block).
+  checkpointing with a weight used inside and outside the block);
+* a second backward over the same forward (``retain_graph=True``, or two losses
+  backwarded one after the other through a shared parameter); a backward the ordinary
+  loop would have thrown away (a GAN's generator loss reaching D) cannot be told from
+  a real one: see the docs.
 
 **An exception in the middle of backward** (a user's hook that finds a NaN) leaves the
 parameters whose hooks already ran stepped and the others not: nothing can be undone
@@ -78,6 +85,7 @@ from __future__ import annotations
 import gc
 import math
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -108,8 +116,15 @@ _REENTRANT = (
     "torch.utils.checkpoint.checkpoint(..., use_reentrant=False) (torch's "
     "recommendation, same memory: one pass accumulates the whole gradient), or "
     "step_in_backward=False.")
+_SECOND_PASS = (
+    "step_in_backward: a parameter of shape {shape} received a gradient in a second "
+    "backward pass over the same forward, after it had stepped in the first "
+    "(loss.backward(retain_graph=True) then another backward, or two losses backwarded "
+    "one after the other). The ordinary step would have stepped once on the sum of "
+    "their gradients; here the first pass has already stepped and freed its gradient. "
+    "Sum the losses and call backward once, or use step_in_backward=False.")
 _NORM_FUNCTIONS = ("clip_grad_norm_", "clip_grad_norm", "clip_grad_value_",
-                   "clip_grads_with_norm_")
+                   "clip_grads_with_norm_", "get_total_norm")
 
 # The parameters of optimizers stepping in backward, each with its optimizer's state:
 # torch's gradient clipping over them is refused (their gradients are gone), and a
@@ -261,9 +276,29 @@ class _InBackward:
     (its graph tasks, what stepped in it), so that a pass stopped by an exception is
     told at the next use."""
 
-    __slots__ = ("__weakref__", "broken", "checked", "clip", "fresh", "had_grad", "handles",
-                 "hook", "hooked", "indices", "keep_zeros", "layout", "open", "opt",
-                 "partial", "pass_max", "stepped")
+    __slots__ = (
+        "__weakref__",
+        "broken",
+        "checked",
+        "clip",
+        "covered",
+        "fresh",
+        "had_grad",
+        "handles",
+        "hook",
+        "hooked",
+        "indices",
+        "keep_zeros",
+        "layout",
+        "lock",
+        "open",
+        "opt",
+        "partial",
+        "pass_max",
+        "since_forward",
+        "stepped",
+        "steps",
+    )
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.opt = weakref.ref(optimizer)
@@ -282,10 +317,20 @@ class _InBackward:
         self.hook: Callable[[torch.Tensor], None] | None = None
         self.partial: tuple[int, int] | None = None  # (stepped, total) of a stopped pass
         self.pass_max = -1  # the newest graph task seen in the pass (reentrant ones too)
+        # held while a step narrows the optimizer's groups, so that no reader of ours in
+        # another thread sees the narrowed groups
+        self.lock = threading.RLock()
+        self.steps = 0  # parameters stepped so far, all passes
+        # parameters whose module's forward is watched, and those of them stepped since
+        # their module's last forward: a gradient for one of those comes from a second
+        # backward over the same forward
+        self.covered: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.since_forward: set[int] = set()
 
     def params(self) -> list[torch.Tensor]:
         opt = self.opt()
-        return [] if opt is None else [p for g in opt.param_groups for p in g["params"]]
+        with self.lock:
+            return [] if opt is None else [p for g in opt.param_groups for p in g["params"]]
 
     def hook_params(self) -> None:
         """Register the hook on each parameter that trains and has none yet (frozen
@@ -300,13 +345,48 @@ class _InBackward:
                 _PARAMS[p] = weakref.ref(self)
 
     def check_broken(self) -> None:
-        """Raise if the last backward pass stopped part-way (seen from outside it)."""
-        from ampkit.torch_internals import graph_task_id
-
-        if self.open and graph_task_id() == -1:
-            self.stopped()
+        """Raise if the last backward pass stopped part-way. (A pass that stops drops
+        its end callback, which tells :meth:`dropped`; a pass still running in another
+        thread is not a stopped one.)"""
         if self.broken is not None:
             raise RuntimeError(self.broken)
+
+    def dropped(self, task: int) -> None:
+        """The end callback of pass ``task`` was freed: if it never ran, the pass
+        stopped with an exception."""
+        if task in self.open:
+            self.stopped()
+
+    def before_forward(self) -> None:
+        """A forward of a watched model: the last pass must have finished, every
+        gradient been stepped, and a pass of reentrant backwards only (no hook outside
+        them, so no end callback) is ended here."""
+        from ampkit.torch_internals import graph_task_id
+
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return  # serving or evaluation, maybe in another thread: no training step
+        if graph_task_id() != -1:
+            self.recomputed()
+            return
+        with self.lock:
+            self.check_broken()
+            if self.stepped and not self.open:
+                self.pass_ended(None)
+            self.hook_params()  # a parameter unfrozen since: hooked before its backward
+            self.check_all_stepped()
+
+    def forwarded(self, ids: frozenset[int]) -> None:
+        """A forward of a module of a watched model, owning the parameters ``ids``
+        (as they were when watched: FSDP2 swaps in unsharded ones during forward): a
+        later backward may step them again."""
+        from ampkit.torch_internals import graph_task_id
+
+        if not torch.is_grad_enabled():
+            return
+        if self.since_forward:
+            self.since_forward.difference_update(ids)
+        if graph_task_id() != -1:
+            self.recomputed()
 
     def stopped(self) -> None:
         """The pass under way will never finish (an exception left it): say so at
@@ -328,10 +408,6 @@ class _InBackward:
         """Between passes every gradient has been stepped and freed; one left means its
         hook never ran (a wrapper or torch release that does not call a parameter's
         post-accumulate-grad hooks), and the ordinary step would have stepped it."""
-        from ampkit.torch_internals import graph_task_id
-
-        if graph_task_id() != -1:
-            return  # a forward inside backward (checkpointing's recomputation)
         left = [tuple(p.shape) for p in self.params()
                 if p.grad is not None and p in self.hooked and id(p) not in self.fresh]
         self.fresh.clear()  # from this forward on, their gradients come through hooks
@@ -344,8 +420,52 @@ class _InBackward:
                 f"{torch.__version__}), or a gradient was set by hand. Use "
                 f"step_in_backward=False here")
 
+    def open_pass(self, task: int) -> None:
+        """Backward pass ``task`` (not a reentrant one) reaches these parameters."""
+        from ampkit.torch_internals import at_backward_end
+
+        if self.open:  # the last pass stopped part-way
+            self.stopped()
+        elif not (self.stepped and task < self.pass_max):
+            # (a task older than a reentrant backward seen is the pass that
+            # encloses it, hooking late: the same pass)
+            self.stepped = set()
+        if self.broken is not None:
+            raise RuntimeError(self.broken)
+        self.open.add(task)
+        self.pass_max = max(self.pass_max, task)
+        # the engine holds the callback until the pass is over: freed without
+        # having run, the pass stopped with an exception (told in any thread)
+        end = _PassEnd(self, task)
+        weakref.finalize(end, _pass_dropped, weakref.ref(self), task)
+        at_backward_end(end)
+
+    def recomputed(self) -> None:
+        """A forward inside backward (checkpointing's recomputation). Outside any
+        reentrant backward it runs in the pass that will reach these parameters: the
+        pass is opened here, so that its end is known even where every parameter gets
+        its gradient in a reentrant backward (no hook of theirs fires in the pass)."""
+        from ampkit.torch_internals import graph_task_id
+
+        task = graph_task_id()
+        if self.opt() is not None and task not in self.open and not _reentrant():
+            with self.lock:
+                self.open_pass(task)
+
+    def zeroed(self, module: torch.nn.Module | None, set_to_none: bool) -> None:
+        """``zero_grad`` of the optimizer (``module`` None) or of a watched model:
+        ``set_to_none=False`` keeps a zero gradient on every parameter that had one,
+        and the ordinary step steps those the next backward leaves out (momentum,
+        weight decay): the end of each pass does the same."""
+        self.keep_zeros = not set_to_none
+        if set_to_none:
+            if module is None:
+                self.had_grad.clear()
+            else:
+                self.had_grad.difference_update(id(p) for p in module.parameters())
+
     def hook_fired(self, p: torch.Tensor) -> None:
-        from ampkit.torch_internals import at_backward_end, graph_task_id
+        from ampkit.torch_internals import graph_task_id
 
         if self.opt() is None:
             return
@@ -358,24 +478,13 @@ class _InBackward:
                     raise RuntimeError(self.broken)
                 self.pass_max = max(self.pass_max, task)
             else:
-                if self.open:  # the last pass stopped part-way
-                    self.stopped()
-                elif not (self.stepped and task < self.pass_max):
-                    # (a task older than a reentrant backward seen is the pass that
-                    # encloses it, hooking late: the same pass)
-                    self.stepped = set()
-                if self.broken is not None:
-                    raise RuntimeError(self.broken)
-                self.open.add(task)
-                self.pass_max = max(self.pass_max, task)
-                ref = weakref.ref(self)
-
-                def end() -> None:
-                    live = ref()
-                    if live is not None:
-                        live.pass_ended(task)
-
-                at_backward_end(end)
+                self.open_pass(task)
+        if id(p) in self.since_forward and id(p) not in self.stepped:
+            # stepped in an earlier pass, and its module ran no forward since
+            shape = tuple(p.shape)
+            self.stopped()
+            told = "" if self.broken is None else f" Also: {self.broken}"
+            raise RuntimeError(_SECOND_PASS.format(shape=shape) + told)
         if id(p) in self.stepped:
             # a second gradient for a parameter that has stepped in this pass
             shape = tuple(p.shape)
@@ -384,17 +493,20 @@ class _InBackward:
             raise RuntimeError(_REENTRANT.format(shape=shape) + told)
         self.step_one(p)
 
-    def pass_ended(self, task: int) -> None:
+    def pass_ended(self, task: int | None) -> None:
         """The end of a backward pass: step what the ordinary step would also have
         stepped and no hook did (a parameter unfrozen or added without its hook
         firing; zero gradients kept by ``zero_grad(set_to_none=False)``)."""
-        self.open.discard(task)
+        if task is not None:
+            self.open.discard(task)
         if self.open:
             return
         try:
             self.hook_params()
             for p in self.params():
-                if id(p) in self.stepped or not p.requires_grad:
+                # frozen ones too: torch steps any parameter holding a gradient (a
+                # kept zero one included: weight decay, moments)
+                if id(p) in self.stepped:
                     continue
                 if p.grad is not None:
                     self.step_one(p)
@@ -427,31 +539,175 @@ class _InBackward:
             return
         self.layout_changed()
         max_norm, max_value, norm_type = self.clip
+        # torch's own functions (the public names refuse these parameters)
         if max_value is not None:
-            torch.nn.utils.clip_grad.clip_grad_value_([p], max_value)
+            _NORM_ORIGINALS["clip_grad_value_"]([p], max_value)
         if max_norm is not None:
-            torch.nn.utils.clip_grad.clip_grad_norm_([p], max_norm, norm_type)
-        lists = [g["params"] for g in opt.param_groups]
-        saved = [list(ps) for ps in lists]
-        mine = next(i for i, ids in enumerate(self.layout) if id(p) in ids)
-        opt.__dict__["_ampkit_indices"] = self.indices
-        try:
-            for i, ps in enumerate(lists):
-                ps[:] = [p] if i == mine else []
-            type(opt).step(opt)  # the class's step: the instance's refuses
-        finally:
-            for ps, original in zip(lists, saved):
-                ps[:] = original
-            del opt.__dict__["_ampkit_indices"]
+            total = _NORM_ORIGINALS["get_total_norm"]([p.grad], norm_type)
+            _NORM_ORIGINALS["clip_grads_with_norm_"]([p], max_norm, total)
+        with self.lock:
+            lists = [g["params"] for g in opt.param_groups]
+            saved = [list(ps) for ps in lists]
+            mine = next(i for i, ids in enumerate(self.layout) if id(p) in ids)
+            opt.__dict__["_ampkit_indices"] = self.indices
+            try:
+                for i, ps in enumerate(lists):
+                    ps[:] = [p] if i == mine else []
+                type(opt).step(opt)  # the class's step: the instance's refuses
+            finally:
+                for ps, original in zip(lists, saved):
+                    ps[:] = original
+                del opt.__dict__["_ampkit_indices"]
         torch_internals.mark_optimizer_called(opt)  # LR schedulers' flag
+        self.steps += 1
         self.stepped.add(id(p))
+        if p in self.covered:
+            self.since_forward.add(id(p))
         self.had_grad.add(id(p))
         p.grad = None
+
+
+class _PassEnd:
+    """The end-of-pass callback handed to the engine (its freeing unrun tells that
+    the pass stopped)."""
+
+    __slots__ = ("__weakref__", "state", "task")
+
+    def __init__(self, state: _InBackward, task: int) -> None:
+        self.state, self.task = weakref.ref(state), task
+
+    def __call__(self) -> None:
+        live = self.state()
+        if live is not None:
+            live.pass_ended(self.task)
+
+
+def _pass_dropped(ref: weakref.ref[_InBackward], task: int) -> None:
+    live = ref()
+    if live is not None:
+        live.dropped(task)
+
+
+class _Inert:
+    """What a watched model's hooks become in a pickled or deep-copied model: its
+    parameters are new ones that no optimizer steps in backward (an optimizer over
+    them set up with ``initialize`` or :func:`watch_models` adds its own hooks)."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
+class _Watch:
+    """The hooks of a watched model, as module-level objects holding the optimizer's
+    state weakly, so that the model still pickles (``torch.save(model)``)."""
+
+    __slots__ = ("ids", "kind", "state")
+
+    def __init__(self, state: _InBackward, kind: str, ids: frozenset[int] = frozenset(),
+                 ) -> None:
+        self.state, self.kind, self.ids = weakref.ref(state), kind, ids
+
+    def __call__(self, module: torch.nn.Module, args: Any, *output: Any) -> None:
+        live = self.state()
+        if live is None:
+            return
+        if self.kind == "before":
+            live.before_forward()
+        elif self.kind == "module":
+            live.forwarded(self.ids)
+        elif torch.is_grad_enabled():  # "after": the outputs of the model's forward
+            outs = output[0]
+            items = (outs.values() if isinstance(outs, dict)
+                     else outs if isinstance(outs, (tuple, list)) else (outs,))
+            for out in items:
+                # one per output: two outputs backwarded one after the other may reach
+                # different parameters (the parameters' own check covers shared ones)
+                if isinstance(out, torch.Tensor) and out.requires_grad:
+                    out.register_hook(_Reached(live))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Inert, ())
+
+
+class _Reached:
+    """A tensor hook on a watched model's output: a second backward pass through the
+    same output (``retain_graph=True``) after the first stepped is refused before it
+    reaches any parameter (torch would otherwise fail on a stale saved weight, or,
+    where none is saved, step again)."""
+
+    __slots__ = ("first", "state", "steps")
+
+    def __init__(self, state: _InBackward) -> None:
+        self.state = weakref.ref(state)
+        self.first: int | None = None
+        self.steps = 0
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        from ampkit.torch_internals import graph_task_id
+
+        live = self.state()
+        if live is None:
+            return
+        task = graph_task_id()
+        if self.first is None:
+            self.first, self.steps = task, live.steps
+        elif task != self.first and live.steps != self.steps:
+            raise RuntimeError(_SECOND_PASS.format(shape="").replace(
+                "a parameter of shape  received a gradient",
+                "a model's output was reached"))
+
+
+class _ZeroGrad:
+    """A watched model's ``zero_grad``, set on the instance: tells the optimizer's
+    state whether zero gradients are kept, then runs the class's."""
+
+    __slots__ = ("module", "state")
+
+    def __init__(self, state: _InBackward, module: torch.nn.Module) -> None:
+        self.state, self.module = weakref.ref(state), module
+
+    def __call__(self, set_to_none: bool = True) -> None:
+        live = self.state()
+        if live is not None:
+            live.zeroed(self.module, set_to_none)
+        type(self.module).zero_grad(self.module, set_to_none)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # a pickled or copied model's parameters step for no optimizer: torch's own
+        return (_PlainZeroGrad, (self.module,))
+
+
+class _PlainZeroGrad:
+    """What :class:`_ZeroGrad` becomes in a pickled or deep-copied model."""
+
+    __slots__ = ("module",)
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, set_to_none: bool = True) -> None:
+        type(self.module).zero_grad(self.module, set_to_none)
+
+
+def _any_live() -> bool:
+    return any(owner() is not None for owner in list(_PARAMS.values()))
 
 
 def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def refuse_or_clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if name == "get_total_norm":
+            # it takes gradients, which are gone: an empty list here is most likely
+            # [p.grad for p in params if p.grad is not None] after backward
+            if not params and _any_live():
+                raise RuntimeError(
+                    "torch.nn.utils.get_total_norm: no gradient given, and an optimizer "
+                    "in this process steps inside backward (step_in_backward=True), "
+                    "which frees each gradient during backward: the norm would read 0. "
+                    "Clip each gradient before its step with "
+                    "ampkit.step_in_backward.clip_each_gradient, or use "
+                    "step_in_backward=False for a norm over all parameters")
+            return original(params, *args, **kwargs)
         for p in params:
             owner = _PARAMS.get(p) if isinstance(p, torch.Tensor) else None
             if owner is not None and owner() is not None:
@@ -474,17 +730,25 @@ def _refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 def _guard_norm_functions() -> None:
     """Make torch's gradient-clipping functions refuse parameters that step in
     backward (they would see no gradient and report a norm of 0): replaced in
-    ``torch.nn.utils``, where users and trainers call them, once per process; the same
-    functions for every other parameter. ``torch.nn.utils.clip_grad``'s own names stay
-    torch's (the per-parameter clipping inside backward calls them)."""
+    ``torch.nn.utils`` and ``torch.nn.utils.clip_grad``, once per process; the same
+    functions for every other parameter. ``clip_grad_norm_`` bound before this (an
+    import at the top of a script) reaches the refusal through the scaling step it
+    looks up at each call; the per-parameter clipping inside backward calls torch's
+    functions kept here."""
     if _NORM_ORIGINALS:
         return
+    clip_grad = torch.nn.utils.clip_grad
     for name in _NORM_FUNCTIONS:
         original = getattr(torch.nn.utils, name, None)
         if original is None:
             continue
         _NORM_ORIGINALS[name] = original
-        setattr(torch.nn.utils, name, _refusing(name, original))
+        refusing = _refusing(name, original)
+        setattr(torch.nn.utils, name, refusing)
+        if getattr(clip_grad, name, None) is original:
+            setattr(clip_grad, name, refusing)
+    torch_internals.replace_clip_grads_with_norm(
+        lambda original: _refusing("clip_grad_norm_", original))
 
 
 def steps_in_backward(optimizer: torch.optim.Optimizer) -> bool:
@@ -554,6 +818,11 @@ def enable_step_in_backward(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
         # a group added later (progressive unfreezing) steps in backward like the rest
         live = ref()
         if live is not None:
+            params = param_group["params"]
+            if not isinstance(params, torch.Tensor):
+                # any iterable torch accepts (module.parameters(), a generator): read
+                # once here and handed on as the list, so torch still sees every one
+                param_group = {**param_group, "params": list(params)}
             _check_not_taken(optimizer, param_group["params"]
                              if not isinstance(param_group["params"], torch.Tensor)
                              else [param_group["params"]])
@@ -562,14 +831,9 @@ def enable_step_in_backward(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
             live.hook_params()
 
     def zero_grad(set_to_none: bool = True) -> None:
-        # set_to_none=False keeps a zero gradient on every parameter that had one, and
-        # the ordinary step steps those the next backward leaves out (momentum, weight
-        # decay): the end of each pass does the same
         live = ref()
         if live is not None:
-            live.keep_zeros = not set_to_none
-            if set_to_none:
-                live.had_grad.clear()
+            live.zeroed(None, set_to_none)
         cls.zero_grad(optimizer, set_to_none)
 
     optimizer.add_param_group = add_param_group  # type: ignore[method-assign]
@@ -580,6 +844,7 @@ def enable_step_in_backward(optimizer: torch.optim.Optimizer) -> torch.optim.Opt
         if live is not None:  # a checkpoint reloaded: the partial step is undone
             live.broken = live.partial = None
             live.open.clear()
+            live.since_forward.clear()
             live.stepped = set()
 
     def saving(opt: torch.optim.Optimizer) -> None:
@@ -609,18 +874,19 @@ def watch_models(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Mod
     state = optimizer.__dict__.get(_KEY)
     if not isinstance(state, _InBackward):
         raise ValueError("watch_models: this optimizer does not step in backward")
-    ref = weakref.ref(state)
-
-    def before_forward(module: torch.nn.Module, args: Any) -> None:
-        live = ref()
-        if live is not None:
-            if live.open or live.broken is not None:
-                live.check_broken()
-            live.hook_params()  # a parameter unfrozen since: hooked before its backward
-            live.check_all_stepped()
-
+    mine = {id(p) for p in state.params()}
     for model in models:
-        state.handles.append(model.register_forward_pre_hook(before_forward))
+        # its zero_grad(set_to_none=False) keeps zero gradients, as the optimizer's does
+        model.zero_grad = _ZeroGrad(state, model)  # type: ignore[method-assign]
+        state.handles.append(model.register_forward_pre_hook(_Watch(state, "before")))
+        state.handles.append(model.register_forward_hook(_Watch(state, "after")))
+        for module in model.modules():
+            own = [p for p in module.parameters(recurse=False) if id(p) in mine]
+            if own:
+                state.handles.append(module.register_forward_pre_hook(
+                    _Watch(state, "module", frozenset(id(p) for p in own))))
+                for p in own:
+                    state.covered[p] = True
 
 
 def mark_step_in_backward(models: Iterable[torch.nn.Module]) -> None:
@@ -667,10 +933,6 @@ def partial_step(optimizer: torch.optim.Optimizer) -> tuple[int, int] | None:
         True
     """
     state = _state(optimizer, "partial_step")
-    from ampkit.torch_internals import graph_task_id
-
-    if state.open and graph_task_id() == -1:
-        state.stopped()
     return None if state.broken is None else state.partial
 
 
@@ -689,6 +951,7 @@ def accept_partial_step(optimizer: torch.optim.Optimizer) -> None:
     """
     state = _state(optimizer, "accept_partial_step")
     state.open.clear()
+    state.since_forward.clear()
     state.stepped = set()
     state.broken = state.partial = None
     for p in state.params():

@@ -273,3 +273,198 @@ def test_a_gradient_no_hook_stepped_is_refused_at_the_next_forward():
     with pytest.raises(RuntimeError, match=r"1 parameter\(s\) .* hold a gradient that "
                        r"was never stepped.*torch 2\."):
         net(x)
+
+
+# -- a parameter group given as a generator -------------------------------------------------
+
+def test_a_group_added_from_a_generator_keeps_every_parameter():
+    # before: the check read the generator and torch added an empty group
+    for in_backward in (False, True):
+        net, opt = _setup(MODES[0], in_backward, lambda n: n.head.parameters())
+        opt.add_param_group({"params": net.mid.parameters()})
+        assert [p.shape for p in opt.param_groups[1]["params"]] == [(16, 16), (16,)]
+
+
+# -- another thread using the model during backward -----------------------------------------
+
+def test_a_forward_in_another_thread_during_backward_changes_nothing():
+    # before: the other thread's forward took the pass under way for one stopped by an
+    # exception, so training and the other thread both raised
+    import threading
+
+    def loop(net: Net, opt: torch.optim.Optimizer, in_backward: bool) -> None:
+        errors: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                with torch.no_grad():
+                    net(torch.randn(2, 8).to(BF16))
+                net(torch.randn(2, 8).to(BF16))  # with grad: no backward of its own
+            except BaseException as e:  # collected and checked below
+                errors.append(e)
+
+        def mid_backward(grad: torch.Tensor) -> None:
+            t = threading.Thread(target=serve)  # runs while the head has stepped
+            t.start()
+            t.join()
+
+        for x, y in _batches()[:3]:
+            h = torch.relu(net.mid(torch.relu(net.first(x.to(BF16)))))
+            h.register_hook(mid_backward)
+            _loss(net.head(h + net.branch(h)), y).backward()
+            if not in_backward:
+                opt.step()
+                opt.zero_grad()
+        assert errors == []
+    _both(MODES[0], loop)
+
+
+# -- the whole model inside one reentrant checkpoint --------------------------------------------
+
+@pytest.mark.parametrize("keep_zeros", [False, True], ids=["to-none", "keep-zeros"])
+def test_the_whole_model_in_one_reentrant_checkpoint_steps_like_the_ordinary_step(keep_zeros):
+    # before: refused at the second step (no hook outside the reentrant backward, so the
+    # first pass was never ended)
+    def loop(net: Net, opt: torch.optim.Optimizer, in_backward: bool) -> None:
+        for i, (x, y) in enumerate(_batches()[:4]):
+            net.use_branch = i < 2
+            out = checkpoint(net, x.to(BF16).requires_grad_(), use_reentrant=True)
+            _loss(out, y).backward()
+            if not in_backward:
+                opt.step()
+            opt.zero_grad(set_to_none=not keep_zeros)
+    _both(MODES[0], loop)
+
+
+# -- pickling a model that steps in backward ---------------------------------------------------
+
+def test_a_model_stepping_in_backward_pickles_and_its_copy_runs():
+    # before: "Can't pickle local object 'watch_models.<locals>.before_forward'"
+    import io
+
+    net, _ = _setup(MODES[0], True)
+    x, y = _batches()[0]
+    _loss(net(x), y).backward()
+    buffer = io.BytesIO()
+    torch.save(net, buffer)
+    buffer.seek(0)
+    copy_ = torch.load(buffer, weights_only=False)
+    assert _same(_weights(copy_), _weights(net))
+    _loss(copy_(x), y).backward()  # the copy's parameters are its own: plain gradients
+    assert copy_.head.weight.grad is not None
+    before = _weights(net)
+    _loss(net(x), y).backward()  # the original still steps in backward
+    assert net.head.weight.grad is None and not _same(_weights(net), before)
+
+
+# -- a second backward over the same forward -------------------------------------------------
+
+def test_a_second_backward_through_the_same_output_is_refused_in_words():
+    # before: torch's "modified by an inplace operation" from the second backward
+    net, opt = _setup(MODES[0], True)
+    x, y = _batches()[0]
+    loss = _loss(net(x), y)
+    loss.backward(retain_graph=True)
+    stepped = _weights(net)
+    with pytest.raises(RuntimeError, match=r"second backward pass over the same forward"
+                       r".*Sum the losses.*step_in_backward=False"):
+        loss.backward()
+    assert _same(_weights(net), stepped) and partial_step(opt) is None
+
+
+class TwoTasks(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(10, 8)  # its backward saves indices, not weights
+        self.h1 = torch.nn.Linear(8, 3)
+        self.h2 = torch.nn.Linear(8, 3)
+
+    def forward(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        e = self.emb(t)
+        return self.h1(e), self.h2(e)
+
+
+def test_two_losses_backwarded_one_after_the_other_through_a_shared_weight_are_refused():
+    # before: the shared embedding stepped twice per forward, silently
+    net = TwoTasks()
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    net, opt = ampkit.initialize(net, opt, level="O2", dtype=BF16, step_in_backward=True,
+                                 master_weights="stochastic", rounding_seed=5)
+    t, y = torch.randint(0, 10, (6,)), torch.randint(0, 3, (6,))
+    a, b = net(t)
+    _loss(a, y).backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match=r"shape \(10, 8\) received a gradient in a second "
+                       r"backward pass"):
+        _loss(b, y).backward()
+
+
+def test_two_losses_on_separate_parameters_backwarded_one_after_the_other_are_equal():
+    # no parameter gets two gradients: nothing to refuse
+    def loop(net: Net, opt: torch.optim.Optimizer, in_backward: bool) -> None:
+        for x, y in _batches()[:3]:
+            h = torch.relu(net.mid(torch.relu(net.first(x.to(BF16)))))
+            _loss(net.head(h), y).backward(retain_graph=True)
+            _loss(net.branch(h.detach()), y % 4).backward()
+            if not in_backward:
+                opt.step()
+                opt.zero_grad()
+    _both(MODES[0], loop)
+
+
+# -- kept zero gradients on frozen parameters, and the model's own zero_grad ----------------
+
+def test_a_parameter_frozen_while_zero_gradients_are_kept_steps_like_the_ordinary_step():
+    # before: torch steps a frozen parameter holding a kept zero gradient (weight decay,
+    # moments); in backward it was skipped
+    def loop(net: Net, opt: torch.optim.Optimizer, in_backward: bool) -> None:
+        for i, (x, y) in enumerate(_batches()[:4]):
+            if i == 2:
+                net.mid.weight.requires_grad_(False)
+            _loss(net(x), y).backward()
+            if not in_backward:
+                opt.step()
+            opt.zero_grad(set_to_none=False)
+    _both(MODES[0], loop)
+
+
+def test_the_models_zero_grad_keeping_zeros_steps_an_unused_branch_like_the_ordinary_step():
+    # before: only the optimizer's zero_grad was seen, so the unused branch never stepped
+    def loop(net: Net, opt: torch.optim.Optimizer, in_backward: bool) -> None:
+        for i, (x, y) in enumerate(_batches()[:4]):
+            net.use_branch = i < 2
+            _loss(net(x), y).backward()
+            if not in_backward:
+                opt.step()
+            net.zero_grad(set_to_none=False)
+    _both(MODES[0], loop)
+
+
+# -- torch's clipping reached by other paths --------------------------------------------------
+
+def test_clipping_reached_by_every_public_path_is_refused_not_a_silent_zero():
+    # before: torch.nn.utils.clip_grad's names, a clip_grad_norm_ bound before initialize
+    # and get_total_norm of the (freed) gradients read 0 or failed in torch's words
+    import inspect
+
+    from torch.nn.utils import clip_grad
+
+    # torch's function itself, as an import before initialize binds it (the guard is
+    # installed once per process, maybe by an earlier test)
+    bound_early = inspect.unwrap(clip_grad.clip_grad_norm_)
+
+    net, _ = _setup(MODES[0], True)
+    x, y = _batches()[0]
+    _loss(net(x), y).backward()
+    calls = [lambda: bound_early(net.parameters(), 1.0),
+             lambda: clip_grad.clip_grad_norm_(net.parameters(), 1.0),
+             lambda: clip_grad.clip_grad_value_(net.parameters(), 1.0),
+             lambda: torch.nn.utils.get_total_norm(
+                 [p.grad for p in net.parameters() if p.grad is not None])]
+    for call in calls:
+        with pytest.raises(RuntimeError, match=r"step.* inside backward.*clip_each_gradient"):
+            call()
+    other = torch.nn.Parameter(torch.ones(3))  # any other parameter: torch's own result
+    other.grad = torch.full((3,), 4.0)
+    assert bound_early([other], 1.0).item() == pytest.approx(48 ** 0.5)
+    assert other.grad.norm().item() == pytest.approx(1.0, rel=1e-4)

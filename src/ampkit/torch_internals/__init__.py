@@ -27,7 +27,11 @@ Example:
 
 import sys
 
-from ampkit.torch_internals.autograd import at_backward_end, graph_task_id
+from ampkit.torch_internals.autograd import (
+    at_backward_end,
+    graph_task_id,
+    replace_clip_grads_with_norm,
+)
 from ampkit.torch_internals.dispatch import (
     DisableTorchFunction as DisableTorchFunction,
 )
@@ -138,7 +142,8 @@ __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", 
            "make_wrapper_subclass", "mark_dynamo_disabled", "mark_optimizer_called",
            "mark_wrapped_by_lr_scheduler", "module_buffers", "module_parameters", "native_kernel",
            "nn_builtins", "op_builtin", "op_object_qualname", "op_schema", "redispatch_keysets",
-           "register_state_dict_hook", "registrations", "saved_tensors_hooks_free", "scaled_mm",
+           "register_state_dict_hook", "registrations", "replace_clip_grads_with_norm",
+           "saved_tensors_hooks_free", "scaled_mm",
            "schema_exists", "schemas_of", "set_step_supports_amp_scaling", "skip_code",
            "sparse_values", "step_supports_amp_scaling", "tensor_version", "tree_leaves",
            "tree_map", "unavailable", "wrapped_by_lr_scheduler"]

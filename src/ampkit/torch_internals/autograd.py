@@ -15,13 +15,15 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ampkit.torch_internals.entries import fail, register_entry
 
-__all__ = ["at_backward_end", "graph_task_id"]
+__all__ = ["at_backward_end", "graph_task_id", "replace_clip_grads_with_norm"]
 
 
 def graph_task_id() -> int:
@@ -64,3 +66,29 @@ def _check_backward_pass() -> None:
         handle.remove()
     if len(log) != 2 or not isinstance(log[0], int) or log[0] < 0 or log[1] != "end":
         raise fail("backward_pass", f"did not run the hook, then the end callback ({log})")
+
+
+def replace_clip_grads_with_norm(make: Callable[[Callable[..., Any]], Callable[..., Any]],
+                                 ) -> None:
+    """Replace the scaling step that ``torch.nn.utils.clip_grad.clip_grad_norm_`` looks
+    up by name at each call with ``make(original)``: a ``clip_grad_norm_`` bound before
+    (``from torch.nn.utils import clip_grad_norm_``) then reaches the replacement."""
+    module = torch.nn.utils.clip_grad
+    module._clip_grads_with_norm_ = make(module._clip_grads_with_norm_)
+
+
+@register_entry("clip_grad_norm_scaling", ("torch.nn.utils.clip_grad._clip_grads_with_norm_",),
+                "torch's clip_grad_norm_ bound before the optimizer steps in backward (an "
+                "import at the top of a script) refuses its parameters instead of "
+                "reporting a norm of 0: it reaches this name at each call",
+                "none: a function object bound by an import cannot be replaced; the "
+                "public names in torch.nn.utils and torch.nn.utils.clip_grad are",
+                provides=("replace_clip_grads_with_norm",),
+                fallbacks={"replace_clip_grads_with_norm": lambda make: None})
+def _check_clip_grad_norm_scaling() -> None:
+    module = torch.nn.utils.clip_grad
+    body = inspect.unwrap(module.clip_grad_norm_).__code__
+    if ("_clip_grads_with_norm_" not in body.co_names
+            or not callable(getattr(module, "_clip_grads_with_norm_", None))):
+        raise fail("clip_grad_norm_scaling", "clip_grad_norm_ no longer calls "
+                   "_clip_grads_with_norm_ from its module")
