@@ -21,8 +21,13 @@ def _live_tensor_bytes() -> int:
     storages: dict[int, int] = {}
     for obj in gc.get_objects():
         if issubclass(type(obj), torch.Tensor):  # type(): proxies warn on isinstance
-            storage = obj.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
+            if obj.device.type != "cpu":
+                continue  # (meta or fake tensors an earlier test of this process left)
+            try:
+                storage = obj.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+            except RuntimeError:
+                continue  # (a fake tensor or a freed storage: holds no memory here)
     return sum(storages.values())
 
 
