@@ -11,6 +11,7 @@ writes it, independently of the planner's own."""
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Any
 
 import pytest
@@ -86,6 +87,9 @@ def measured_peak(mode: str, layout: str) -> int | str:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.manual_seed(0)
+    # garbage an earlier run in this process left is collected before the profile, not
+    # inside it, where its frees would count against memory this run allocated
+    gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         try:
             model, opt, x, in_backward = _real_step(mode, layout)
@@ -111,13 +115,17 @@ def measured_peak(mode: str, layout: str) -> int | str:
 
 def _worker(rank: int) -> dict[str, Any]:
     torch.set_num_threads(1)
+    # one process's runs first, in this fresh process: measured inside a pytest worker,
+    # memory that earlier tests left and that was freed during the measured step counted
+    # as a negative allocation (O2 measured 1.94 MB against 2.74 MB, in CI only)
+    alone = {f"none/{mode}": measured_peak(mode, "none") for mode in MODES}
     # the refused run (DDP, stepping in backward) last: a DDP whose backward raised
     # keeps its parameters alive outside Python (gc does not free them), and their
     # release inside a later run's profile would count as frees of memory that run never
     # allocated
     runs = [(layout, mode) for layout in ("ddp", "fsdp2") for mode in MODES]
     runs.sort(key=lambda run: run == ("ddp", "pure-stochastic+step-in-backward"))
-    return {f"{layout}/{mode}": measured_peak(mode, layout) for layout, mode in runs}
+    return alone | {f"{layout}/{mode}": measured_peak(mode, layout) for layout, mode in runs}
 
 
 def _planned(layout: str) -> dict[str, Any]:
@@ -144,12 +152,10 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return run_ranks(tmp_path_factory.mktemp("plan"), _worker, timeout=240.0)
 
 
-@pytest.mark.xfail(torch.__version__ >= "2.15", strict=False, reason=(
-    "known failure on torch 2.15 in the whole suite: O2's one-process peak measured "
-    "1.94 MB against 2.74 MB planned (passes on 2.13)"))
-def test_the_planned_peak_of_one_process_is_within_ten_percent_of_the_measured() -> None:
-    real = {f"none/{mode}": measured_peak(mode, "none") for mode in MODES}
-    assert all(isinstance(v, int) for v in real.values())  # none of them is refused
+def test_the_planned_peak_of_one_process_is_within_ten_percent_of_the_measured(
+        ranks: list[dict[str, Any]]) -> None:
+    real = ranks[0]  # measured in a fresh process, before any process group was used
+    assert all(isinstance(real[f"none/{mode}"], int) for mode in MODES)  # none refused
     _check(_planned("none"), real, "none")
 
 
