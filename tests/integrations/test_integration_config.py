@@ -242,7 +242,7 @@ def test_lightning_logs_scale_and_skips_keeps_the_scheduler_and_records_config(
     assert hparams == {"ampkit/level": "O2", "ampkit/dtype": "float16",
                        "ampkit/policy": "torch", "ampkit/init_scale": 2.0 ** 24,
                        "ampkit/log_skipped_steps": False, "ampkit/fp8_first_last": False,
-                       "ampkit/step_in_backward": False}
+                       "ampkit/step_in_backward": False, "ampkit/compile_step": False}
     ckpt_dir = os.path.join(log_dir, "checkpoints")
     ckpt = torch.load(os.path.join(ckpt_dir, os.listdir(ckpt_dir)[0]), weights_only=False)
     saved = ckpt["AmpkitPrecision"]["ampkit_config"]

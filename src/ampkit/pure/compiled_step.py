@@ -63,7 +63,7 @@ from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ampkit.pure.rounding import Positions, is_dtensor, local_tensor, nearest_bits
+from ampkit.pure.rounding import Positions, local_tensor, nearest_bits
 from ampkit.pure.step import COMP, COUNT, OWN_STATE, fingerprint
 
 __all__ = ["COMPILED_OPTIMIZERS", "CompiledStepFallbackWarning", "check_compile_step",

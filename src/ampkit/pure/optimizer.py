@@ -166,10 +166,10 @@ def _check_pure_optimizer(optimizer: Any, rounding: str, seed: Any, seed_name: s
 
 class PureState:
     """What a pure optimizer keeps besides torch's own ``param_groups`` and ``state``:
-    its rounding, chunk budget and whether its step is compiled (pickled with it), and, with Kahan, each parameter's
-    :func:`~ampkit.pure.step.fingerprint` as the last step left it (not pickled: a
-    copy's parameters are new tensors, and a compensation without a record is taken as
-    it is)."""
+    its rounding, chunk budget and whether its step is compiled (pickled with it), and,
+    with Kahan, each parameter's :func:`~ampkit.pure.step.fingerprint` as the last step
+    left it (not pickled: a copy's parameters are new tensors, and a compensation
+    without a record is taken as it is)."""
 
     __slots__ = ("chunk_bytes", "compile_step", "rounding", "versions")
 
@@ -242,12 +242,17 @@ class PureLowPrecisionOptimizer:
             budget is a chunk of its own (its working copies take 16 bytes per
             element), or, with an element-wise torch optimizer, is stepped in slices
             of the budget's size (at least 262,144 elements).
+        compile_step: run each bf16 parameter's update (upcast, the optimizer's own
+            update math from its torch functional form, rounding back) as
+            ``torch.compile``d code, with the random bits stated in
+            :mod:`ampkit.pure.compiled_step`; only with ``"stochastic"`` or
+            ``"kahan"``. Optimizers it cannot take step eagerly, said once.
 
     ``add_param_group`` refuses float16 parameters too.
 
     Raises:
-        TypeError: ``optimizer`` is not an optimizer, or ``seed`` or ``chunk_bytes``
-            not an int.
+        TypeError: ``optimizer`` is not an optimizer, ``seed`` or ``chunk_bytes``
+            not an int, or ``compile_step`` not a bool.
         ValueError: an unknown ``rounding`` (the accepted ones are listed), a float16
             parameter, or an optimizer already made pure with another rounding.
         RuntimeError: ``optimizer.step`` was replaced on the instance by something
