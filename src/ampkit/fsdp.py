@@ -321,7 +321,8 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
     other levels it hands it back as it is. Where ``initialize`` had
     ``step_in_backward=True``, it also makes the optimizer step each parameter inside
     backward (:mod:`ampkit.step_in_backward`): under FSDP2 each sharded parameter
-    steps on its reduce-scattered gradient shard. Build the optimizer after :func:`fully_shard`, over ``model.parameters()``.
+    steps on its reduce-scattered gradient shard. Build the optimizer after
+    :func:`fully_shard`, over ``model.parameters()``.
 
     Returns:
         ``optimizer`` itself (made pure where the model trains purely; stepping in
