@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -164,10 +165,15 @@ def _update(p: torch.Tensor, g: torch.Tensor, states: list[torch.Tensor],
 
 
 @functools.cache
-def _compiled() -> Callable[..., None]:
-    """The compiled update: one ``torch.compile`` wrapper per process (its graphs are
-    torch's cache, keyed by guards on the arguments)."""
-    return torch.compile(_update, dynamic=True)
+def _compiled(kind: str, rounding: str) -> Callable[..., None]:
+    """The compiled update of one optimizer kind and rounding, made once per process.
+    torch keeps compiled graphs per code object, up to a small number of them: a code
+    object of its own per kind and rounding (the same code, renamed) keeps one kind's
+    graphs from taking another's places."""
+    code = _update.__code__.replace(co_name=f"_update_{kind}_{rounding}")
+    fn = types.FunctionType(code, _update.__globals__, code.co_name, _update.__defaults__)
+    fn.__kwdefaults__ = _update.__kwdefaults__
+    return torch.compile(fn, dynamic=True)
 
 
 #: The optimizer classes the compiled step takes, with the functional form whose math
@@ -334,7 +340,7 @@ def _step_one(opt: Any, p: torch.Tensor, kind: str, group: dict[str, Any],
         flat = [local_tensor(own[name]).view(-1) for name in names]
         grad = p.grad
         assert grad is not None
-        _compiled()(local.view(-1), local_tensor(grad).view(-1), flat,
+        _compiled(kind, pure.rounding)(local.view(-1), local_tensor(grad).view(-1), flat,
                     None if comp is None else local_tensor(comp).view(-1), step, offset,
                     where, keys, hyper, kind=kind, first=first, wide=wide)
         own[COUNT] = count + 1
