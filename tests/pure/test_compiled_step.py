@@ -265,7 +265,7 @@ def test_a_skipped_step_changes_nothing() -> None:
 def test_groups_added_later_and_frozen_parameters() -> None:
     params = _params()
     frozen = torch.nn.Parameter(torch.ones(7, dtype=torch.bfloat16), requires_grad=False)
-    opt = PureLowPrecisionOptimizer(torch.optim.SGD(params[:2] + [frozen], **SGD),
+    opt = PureLowPrecisionOptimizer(torch.optim.SGD([*params[:2], frozen], **SGD),
                                     "stochastic", seed=0, compile_step=True)
     _grads(params[:2], 0)
     opt.step()
