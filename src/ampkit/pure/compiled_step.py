@@ -50,7 +50,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import types
@@ -164,16 +163,22 @@ def _update(p: torch.Tensor, g: torch.Tensor, states: list[torch.Tensor],
         _round_stochastic(value, noise, out)
 
 
-@functools.cache
+_COMPILED: dict[tuple[str, str], Callable[..., None]] = {}  # (kind, rounding) -> wrapper
+
+
 def _compiled(kind: str, rounding: str) -> Callable[..., None]:
     """The compiled update of one optimizer kind and rounding, made once per process.
     torch keeps compiled graphs per code object, up to a small number of them: a code
     object of its own per kind and rounding (the same code, renamed) keeps one kind's
     graphs from taking another's places."""
-    code = _update.__code__.replace(co_name=f"_update_{kind}_{rounding}")
-    fn = types.FunctionType(code, _update.__globals__, code.co_name, _update.__defaults__)
-    fn.__kwdefaults__ = _update.__kwdefaults__
-    return torch.compile(fn, dynamic=True)
+    fn = _COMPILED.get((kind, rounding))
+    if fn is None:
+        code = _update.__code__.replace(co_name=f"_update_{kind}_{rounding}")
+        plain = types.FunctionType(code, _update.__globals__, code.co_name,
+                                   _update.__defaults__)
+        plain.__kwdefaults__ = _update.__kwdefaults__
+        fn = _COMPILED[kind, rounding] = torch.compile(plain, dynamic=True)
+    return fn
 
 
 #: The optimizer classes the compiled step takes, with the functional form whose math
