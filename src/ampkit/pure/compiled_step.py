@@ -18,22 +18,34 @@ sparse or non-contiguous tensors), the optimizer takes the eager pure step inste
 one :class:`CompiledStepFallbackWarning` names the optimizer and the reason.
 
 **Random bits.** The 16 bits that stochastic rounding adds below bf16's mantissa come
-from a counter-based hash computed inside the compiled kernel, with no generator: for
+from a counter-based hash computed inside the compiled kernel, with no generator. For
 the element at flat position ``i`` of the *whole* parameter (row-major; a DTensor
-shard uses its elements' positions in the whole parameter), ``h = mix32(i XOR k)``,
-where ``mix32`` is a 32-bit integer permutation (xor-shift / multiply rounds) and ``k``
-is a 32-bit key from a BLAKE2b digest of (the group's ``rounding_seed``, the
-parameter's index in the optimizer, its ``rounding_step`` count, the shard tag of
-:class:`~ampkit.pure.rounding.Positions`, and the job's pair number). The weight and
-the state entries (in the order of their names) are the jobs; two consecutive jobs
-share one hash, the first taking its low 16 bits, the second its high 16 bits.
-Parameters of 2**31 elements or more hash the high part of the position too. So the
-bits are the same on every run, every replica, every chunking and every sharding of
-the parameter; for a fixed key ``mix32`` permutes the positions, so each 16-bit field
-is uniform and the rounding unbiased. They are not the bits of the eager step (which
-draws from the device's generator): a compiled and an eager run round differently,
-each reproducibly. Kahan's rounding to nearest is done on the bit pattern
+shard uses its elements' positions in the whole parameter) the hash is
+``h = mix32(i XOR k)`` in 32-bit arithmetic, where ``mix32`` is Wellons' "lowbias32"
+permutation (``x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b;
+x ^= x >> 16``, logical shifts, products modulo 2**32) and ``k`` is the 32-bit key
+read (little-endian) from the 4-byte BLAKE2b digest of the ``repr`` of
+``("compiled pure step", seed, index, count, tag, pair)``: the group's
+``rounding_seed``, the parameter's index in the optimizer, its ``rounding_step``
+count, the shard tag of :class:`~ampkit.pure.rounding.Positions` (empty but for
+``_StridedShard`` placements) and the pair number. The jobs are the weight (not with
+Kahan) and then the per-element state entries in the order of their names; jobs
+``2j`` and ``2j + 1`` share pair ``j``'s hash, the first taking its low 16 bits, the
+second its high 16 bits. A parameter of 2**31 elements or more also hashes the high
+part of each position (``mix32(low31(i) XOR k_j XOR mix32(high(i) XOR k_last))``).
+So the bits are the same on every run, every replica, every chunking and every
+sharding of the parameter; for a fixed key ``mix32`` permutes the positions, so each
+16-bit field is uniform and the rounding unbiased. They are not the bits of the eager
+step (which draws from the device's generator): a compiled and an eager run round
+differently, each reproducibly. Kahan's rounding to nearest is done on the bit pattern
 (:func:`ampkit.pure.rounding.nearest_bits`), which inductor cannot fuse away.
+
+**Arithmetic.** The update is torch's single-tensor functional form, compiled:
+inductor fuses its element-wise operations (multiply-adds among them), so a compiled
+update may differ from torch's eager kernels in the last fp32 bit where terms cancel;
+the step count enters in float64, as the eager step reads it. A group's
+``foreach``/``fused`` choice picks among torch's implementations of the same update
+and is not used here.
 
 Example:
     >>> import torch
@@ -278,7 +290,7 @@ def _why_not(opt: Any, kwargs: dict[str, Any]) -> str | None:
 
 def _key(*parts: Any) -> int:
     """A 32-bit key (as a signed int32 value) from ``parts``, the same everywhere."""
-    digest = hashlib.blake2b(repr(("ampkit.compiled_step", *parts)).encode(),
+    digest = hashlib.blake2b(repr(("compiled pure step", *parts)).encode(),
                              digest_size=4).digest()
     value = int.from_bytes(digest, "little")
     return value - (1 << 32) if value >= 1 << 31 else value
