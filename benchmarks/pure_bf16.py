@@ -25,7 +25,8 @@ baseline that stalls when updates are below half a bf16 ulp.
    ``--step-time-only`` skips the convergence runs.
 
 Run: ``python benchmarks/pure_bf16.py [--seeds 5] [--epochs 5] [--steps 300]
-[--step-time [--step-time-only] [--sizes 42k,600k,2.5M,10M] [--rounds 5]]``
+[--step-time [--step-time-only] [--sizes 42k,600k,2.5M,10M] [--rounds 5]]
+[--compile-step]``
 """
 
 from __future__ import annotations
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--step-time", action="store_true")
+    parser.add_argument("--compile-step", action="store_true",
+                        help="digits: the pure modes' step compiled (compile_step=True)")
     parser.add_argument("--step-time-only", action="store_true")
     parser.add_argument("--sizes", default="42k,600k,2.5M,10M",
                         help=f"comma-separated, of {list(SIZES)}")
@@ -175,12 +178,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     if not args.skip_digits:
         print(f"\ndigits CNN, {args.epochs} epochs, test accuracy over seeds "
-              f"0..{args.seeds - 1}")
+              f"0..{args.seeds - 1}" + (", pure step compiled" if args.compile_step else ""))
         print("| mode | mean accuracy | vs fp32 (points) | per seed |")
         print("|---|---|---|---|")
         fp32 = None
         for mode in MODES:
-            accs = [digits_accuracy(mode, seed=s, epochs=args.epochs)
+            accs = [digits_accuracy(mode, seed=s, epochs=args.epochs,
+                                    compile_step=args.compile_step)
                     for s in range(args.seeds)]
             mean = statistics.fmean(accs)
             fp32 = mean if fp32 is None else fp32
