@@ -230,6 +230,7 @@ def test_a_checkpoint_resumes_bit_for_bit() -> None:
         _grads(params, step)
         opt.step()
     saved, weights = copy.deepcopy(opt.state_dict()), [p.detach().clone() for p in params]
+    assert copy.deepcopy(opt)._ampkit_pure.compile_step is True  # pickled with it
     _grads(params, 2)
     opt.step()
     after = [p.detach().clone() for p in params]
