@@ -257,7 +257,8 @@ class AmpConfig:
             is accumulated, and free the gradient (:mod:`ampkit.step_in_backward`);
             refused with loss scaling.
         compile_step: run the pure bfloat16 step (``master_weights="stochastic"`` or
-            ``"kahan"``) as ``torch.compile``d code (:mod:`ampkit.pure.compiled_step`);
+            ``"kahan"``) as code compiled by ``torch.compile``
+            (:mod:`ampkit.pure.compiled_step`);
             refused with any other ``master_weights``.
 
     Raises:

@@ -1,6 +1,7 @@
 """The compiled pure step (``compile_step=True``): each bf16 parameter's update (upcast
 of the weight, gradient and moments, the user's optimizer's own update math, rounding
-back to bf16 of the weight and the moments) runs as one ``torch.compile``d function.
+back to bf16 of the weight and the moments) runs as one function compiled by
+``torch.compile``.
 
 The update math is torch's: the single-tensor functional form of the optimizer's class
 (``torch.optim.adamw.adamw``, ``torch.optim.adam.adam``, ``torch.optim.sgd.sgd``) with

@@ -244,7 +244,7 @@ class PureLowPrecisionOptimizer:
             of the budget's size (at least 262,144 elements).
         compile_step: run each bf16 parameter's update (upcast, the optimizer's own
             update math from its torch functional form, rounding back) as
-            ``torch.compile``d code, with the random bits stated in
+            code compiled by ``torch.compile``, with the random bits stated in
             :mod:`ampkit.pure.compiled_step`; only with ``"stochastic"`` or
             ``"kahan"``. Optimizers it cannot take step eagerly, said once.
 
