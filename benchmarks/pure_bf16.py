@@ -18,12 +18,15 @@ baseline that stalls when updates are below half a bf16 ulp.
    parameters (42k to 10M), every configuration in this process, interleaved round by
    round; the median *thread CPU time* of one ``optimizer.step()`` (1 thread: the
    figure other jobs on a shared machine do not inflate), and of a whole training step
-   (forward, backward, step). torchao compiles each parameter shape at its first step:
-   that happens in the warm-up, outside the timings, and its time is reported apart.
+   (forward, backward, step). torchao compiles each parameter shape at its first step,
+   ampkit's ``compile_step=True`` ("compiled") its few graphs: that happens in the
+   warm-up, outside the timings, and its time is reported apart (inductor's on-disk
+   cache makes a second run's warm-up shorter).
    ``--step-time-only`` skips the convergence runs.
 
 Run: ``python benchmarks/pure_bf16.py [--seeds 5] [--epochs 5] [--steps 300]
-[--step-time [--step-time-only] [--sizes 42k,600k,2.5M,10M] [--rounds 5]]``
+[--step-time [--step-time-only] [--sizes 42k,600k,2.5M,10M] [--rounds 5]]
+[--compile-step]``
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ import ampkit
 from ampkit.tools.demo.pure_curves import digits_accuracy, train_curves
 
 MODES = ("fp32", "nearest", "stochastic", "kahan")
-STEP_CONFIGS = ("ampkit stochastic", "ampkit kahan", "torchao SR AdamW", "fp32 AdamW")
+STEP_CONFIGS = ("ampkit stochastic", "ampkit kahan", "ampkit stochastic compiled",
+                "ampkit kahan compiled", "torchao SR AdamW", "fp32 AdamW")
 # hidden width of a 3-layer MLP (64 -> h -> h -> 10) for each named size
 SIZES = {"42k": 180, "600k": 740, "2.5M": 1550, "10M": 3140}
 
@@ -91,7 +95,8 @@ def _step_runs(config: str, hidden: int) -> tuple[Callable[[], None], Callable[[
         rounding = config.split()[1]
         model, opt = ampkit.initialize(
             model, torch.optim.AdamW(model.parameters(), lr=1e-3), level="O2",
-            dtype=torch.bfloat16, master_weights=rounding, rounding_seed=0)
+            dtype=torch.bfloat16, master_weights=rounding, rounding_seed=0,
+            compile_step=config.endswith("compiled"))
     dtype = next(model.parameters()).dtype
 
     def backward() -> None:
@@ -152,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--step-time", action="store_true")
+    parser.add_argument("--compile-step", action="store_true",
+                        help="digits: the pure modes' step compiled (compile_step=True)")
     parser.add_argument("--step-time-only", action="store_true")
     parser.add_argument("--sizes", default="42k,600k,2.5M,10M",
                         help=f"comma-separated, of {list(SIZES)}")
@@ -171,12 +178,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     if not args.skip_digits:
         print(f"\ndigits CNN, {args.epochs} epochs, test accuracy over seeds "
-              f"0..{args.seeds - 1}")
+              f"0..{args.seeds - 1}" + (", pure step compiled" if args.compile_step else ""))
         print("| mode | mean accuracy | vs fp32 (points) | per seed |")
         print("|---|---|---|---|")
         fp32 = None
         for mode in MODES:
-            accs = [digits_accuracy(mode, seed=s, epochs=args.epochs)
+            accs = [digits_accuracy(mode, seed=s, epochs=args.epochs,
+                                    compile_step=args.compile_step)
                     for s in range(args.seeds)]
             mean = statistics.fmean(accs)
             fp32 = mean if fp32 is None else fp32

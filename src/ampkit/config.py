@@ -256,6 +256,10 @@ class AmpConfig:
         step_in_backward: step each parameter inside backward as soon as its gradient
             is accumulated, and free the gradient (:mod:`ampkit.step_in_backward`);
             refused with loss scaling.
+        compile_step: run the pure bfloat16 step (``master_weights="stochastic"`` or
+            ``"kahan"``) as code compiled by ``torch.compile``
+            (:mod:`ampkit.pure.compiled_step`);
+            refused with any other ``master_weights``.
 
     Raises:
         ValueError: a bad value or a combination that means nothing (the message names
@@ -319,6 +323,8 @@ class AmpConfig:
         "dtype of the model's floating outputs; unset: the level's", _float_dtypes))
     step_in_backward: bool = dataclasses.field(default=False, metadata=_about(
         "step each parameter inside backward as its gradient is ready (frees gradients)"))
+    compile_step: bool = dataclasses.field(default=False, metadata=_about(
+        "run the pure bf16 optimizer step (master_weights stochastic|kahan) compiled"))
 
     def __post_init__(self) -> None:
         # Every check is one that initialize, the level table or GradScaler already
@@ -386,6 +392,14 @@ class AmpConfig:
         if not isinstance(self.step_in_backward, bool):
             raise TypeError(f"step_in_backward must be True or False, got "
                             f"{self.step_in_backward!r}")
+        if not isinstance(self.compile_step, bool):
+            raise TypeError(f"compile_step must be True or False, got "
+                            f"{self.compile_step!r}")
+        if self.compile_step and not props.master_weights.pure:
+            raise ValueError(f"compile_step=True compiles the pure bfloat16 optimizer "
+                             f"step, which needs master_weights='stochastic' or 'kahan' "
+                             f"(at level O2 or O3 with dtype bfloat16); this config keeps "
+                             f"master_weights={props.master_weights.spelled()!r}")
         if self.step_in_backward and self.dtype is not None and props.loss_scale is not None:
             from ampkit.step_in_backward import check_step_in_backward
 

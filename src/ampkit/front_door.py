@@ -296,9 +296,11 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             ``Conv1D`` layers train in fp8 through torchao, needs ``ampkit[fp8]``; a
             request that converts no layer is a ``ValueError``, layers left out are
             said once in an ``ampkit.fp8.Fp8SkipWarning``), ``fp8_exclude_modules``,
-            ``fp8_first_last`` (see :mod:`ampkit.fp8`), ``cast_model_outputs`` and
+            ``fp8_first_last`` (see :mod:`ampkit.fp8`), ``cast_model_outputs``,
             ``step_in_backward`` (each parameter steps inside backward as its
-            gradient is ready, see :mod:`ampkit.step_in_backward`).
+            gradient is ready, see :mod:`ampkit.step_in_backward`) and
+            ``compile_step`` (the pure bfloat16 step runs compiled, see
+            :mod:`ampkit.pure.compiled_step`).
             Here a field may also hold what a config file cannot: module classes or
             instances among ``keep_fp32_modules``, a ``Policy``, a torchao
             ``Float8LinearConfig``. Then the apex overrides
@@ -443,10 +445,12 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
     mode, rounding_seed = props.master_weights, cfg.rounding_seed
     if mode.pure:
         from ampkit.pure import check_pure_optimizer
+        from ampkit.pure.compiled_step import check_compile_step
 
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
             check_pure_optimizer(opt, mode, seed=rounding_seed,
                                  seed_name="rounding_seed")
+            check_compile_step(cfg.compile_step, mode.value, opt)
     if settings.config.step_in_backward:  # before anything changes
         from ampkit.step_in_backward import check_step_in_backward
 
@@ -476,7 +480,12 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
 
         # the member, checked where the user's text became it: checked once per call
         mark_pure_models(model_list, mode, rounding_seed)
-        opt_list = [pure_low_precision(opt, mode, seed=rounding_seed)
+        if cfg.compile_step:  # an optimizer built later: ampkit.fsdp.prepare_optimizer
+            from ampkit.pure.compiled_step import mark_compiled_step_models
+
+            mark_compiled_step_models(model_list)
+        opt_list = [pure_low_precision(opt, mode, seed=rounding_seed,
+                                       compile_step=cfg.compile_step)
                     for opt in opt_list]
     return Prepared(props, converting, opt_list, fp8_skip_message(named_fp8))
 

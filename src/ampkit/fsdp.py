@@ -317,11 +317,12 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
     or ``"kahan"``) it makes ``optimizer`` pure
     (:class:`ampkit.pure.PureLowPrecisionOptimizer`, in place) with the
     rounding and ``rounding_seed`` that ``ampkit.initialize`` recorded on ``model``, so
-    nothing given to ``initialize`` is repeated; at the other levels it hands it back as
-    it is. Where ``initialize`` had ``step_in_backward=True``, it also makes the
-    optimizer step each parameter inside backward (:mod:`ampkit.step_in_backward`):
-    under FSDP2 each sharded parameter steps on its reduce-scattered gradient shard.
-    Build the optimizer after :func:`fully_shard`, over ``model.parameters()``.
+    nothing given to ``initialize`` is repeated (``compile_step`` included); at the
+    other levels it hands it back as it is. Where ``initialize`` had
+    ``step_in_backward=True``, it also makes the optimizer step each parameter inside
+    backward (:mod:`ampkit.step_in_backward`): under FSDP2 each sharded parameter
+    steps on its reduce-scattered gradient shard. Build the optimizer after
+    :func:`fully_shard`, over ``model.parameters()``.
 
     Returns:
         ``optimizer`` itself (made pure where the model trains purely; stepping in
@@ -384,8 +385,11 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
 
         check_step_in_backward(optimizer)
     if pure is not None:
+        from ampkit.pure.compiled_step import compiled_step_models
+
         rounding, seed = pure
-        optimizer = pure_low_precision(optimizer, rounding, seed=seed)
+        optimizer = pure_low_precision(optimizer, rounding, seed=seed,
+                                       compile_step=compiled_step_models(model))
     if in_backward:
         enable_step_in_backward(optimizer)
         watch_models(optimizer, [model])

@@ -143,6 +143,42 @@ def test_the_fp8_and_output_fields_reach_every_integration(tmp_path) -> None:
     assert net(torch.randn(4, 16)).dtype is torch.bfloat16  # O2 alone: float32
 
 
+def test_compile_step_reaches_every_entry_point(tmp_path) -> None:
+    # one field, the same value from the command line, LightningCLI YAML, the Hugging
+    # Face flags, accelerate's keywords and a config file; refused without pure weights
+    import argparse
+
+    from ampkit.tools.cli.args import add_config_options, config_from_args
+
+    expected = AmpConfig(level="O2", dtype="bfloat16", master_weights="kahan",
+                         compile_step=True)
+    parser = argparse.ArgumentParser()
+    add_config_options(parser)
+    args = parser.parse_args(["--level", "O2", "--dtype", "bf16", "--master-weights",
+                              "kahan", "--compile-step"])
+    assert config_from_args(args) == expected
+    (tmp_path / "cli.yaml").write_text(_CLI_YAML + """\
+        level: O2
+        dtype: bfloat16
+        master_weights: kahan
+        compile_step: true
+""")
+    cli = LightningCLI(Classifier, run=False, args=["--config", str(tmp_path / "cli.yaml")])
+    assert cli.trainer.precision_plugin.config == expected
+    (amp,) = transformers.HfArgumentParser(AmpkitArguments).parse_args_into_dataclasses([
+        "--ampkit_level", "O2", "--ampkit_dtype", "bfloat16", "--ampkit_master_weights",
+        "kahan", "--ampkit_compile_step"])
+    assert amp.to_config() == expected
+    accelerator = AmpkitAccelerator(level="O2", dtype="bfloat16", cpu=True,
+                                    master_weights="kahan", compile_step=True)
+    assert accelerator.ampkit_config == expected
+    expected.to_file(tmp_path / "amp.json")
+    assert AmpkitPrecision(config=str(tmp_path / "amp.json")).config == expected
+    with pytest.raises(ValueError, match=r"compile_step=True compiles the pure bfloat16 "
+                                         r"optimizer step"):
+        AmpkitPrecision(level="O2", dtype="bfloat16", compile_step=True)
+
+
 _SPELLINGS = [
     ("level", "O2", "O2"), ("level", "o2", "O2"), ("level", "o1", "O1"),
     ("dtype", "bf16", torch.bfloat16), ("dtype", "BF16", torch.bfloat16),
@@ -242,7 +278,7 @@ def test_lightning_logs_scale_and_skips_keeps_the_scheduler_and_records_config(
     assert hparams == {"ampkit/level": "O2", "ampkit/dtype": "float16",
                        "ampkit/policy": "torch", "ampkit/init_scale": 2.0 ** 24,
                        "ampkit/log_skipped_steps": False, "ampkit/fp8_first_last": False,
-                       "ampkit/step_in_backward": False}
+                       "ampkit/step_in_backward": False, "ampkit/compile_step": False}
     ckpt_dir = os.path.join(log_dir, "checkpoints")
     ckpt = torch.load(os.path.join(ckpt_dir, os.listdir(ckpt_dir)[0]), weights_only=False)
     saved = ckpt["AmpkitPrecision"]["ampkit_config"]

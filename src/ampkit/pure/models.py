@@ -173,9 +173,10 @@ def pure_settings(model: nn.Module) -> tuple[str, int] | None:
 
 
 def pure_low_precision(optimizer: torch.optim.Optimizer, rounding: str | MasterWeights, *,
-                       seed: int | None = None) -> Any:
+                       seed: int | None = None, compile_step: bool = False) -> Any:
     """Make ``optimizer`` pure (:class:`PureLowPrecisionOptimizer`); what
-    ``ampkit.initialize(..., master_weights="stochastic" | "kahan")`` does. The models
+    ``ampkit.initialize(..., master_weights="stochastic" | "kahan")`` does
+    (``compile_step``: :mod:`ampkit.pure.compiled_step`). The models
     need nothing: their ``state_dict`` holds their bf16 parameters, and the Kahan
     compensation is optimizer state. Calling it again on the same optimizer changes
     nothing.
@@ -199,4 +200,4 @@ def pure_low_precision(optimizer: torch.optim.Optimizer, rounding: str | MasterW
     """
     # The class checks everything and leaves an optimizer already pure with this
     # rounding as it is.
-    return PureLowPrecisionOptimizer(optimizer, rounding, seed=seed)
+    return PureLowPrecisionOptimizer(optimizer, rounding, seed=seed, compile_step=compile_step)

@@ -166,23 +166,27 @@ def _check_pure_optimizer(optimizer: Any, rounding: str, seed: Any, seed_name: s
 
 class PureState:
     """What a pure optimizer keeps besides torch's own ``param_groups`` and ``state``:
-    its rounding and chunk budget (pickled with it), and, with Kahan, each parameter's
-    :func:`~ampkit.pure.step.fingerprint` as the last step left it (not pickled: a
-    copy's parameters are new tensors, and a compensation without a record is taken as
-    it is)."""
+    its rounding, chunk budget and whether its step is compiled (pickled with it), and,
+    with Kahan, each parameter's :func:`~ampkit.pure.step.fingerprint` as the last step
+    left it (not pickled: a copy's parameters are new tensors, and a compensation
+    without a record is taken as it is)."""
 
-    __slots__ = ("chunk_bytes", "rounding", "versions")
+    __slots__ = ("chunk_bytes", "compile_step", "rounding", "versions")
 
-    def __init__(self, rounding: str, chunk_bytes: int | None) -> None:
+    def __init__(self, rounding: str, chunk_bytes: int | None,
+                 compile_step: bool = False) -> None:
         self.rounding = rounding
         self.chunk_bytes = chunk_bytes
+        self.compile_step = compile_step  # steps through ampkit.pure.compiled_step
         self.versions: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"rounding": self.rounding, "chunk_bytes": self.chunk_bytes}
+        return {"rounding": self.rounding, "chunk_bytes": self.chunk_bytes,
+                "compile_step": self.compile_step}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["rounding"], state["chunk_bytes"])  # type: ignore[misc]
+        self.__init__(state["rounding"], state["chunk_bytes"],  # type: ignore[misc]
+                      state.get("compile_step", False))
 
 
 def _as_saved(value: Any, device: torch.device) -> Any:
@@ -238,12 +242,17 @@ class PureLowPrecisionOptimizer:
             budget is a chunk of its own (its working copies take 16 bytes per
             element), or, with an element-wise torch optimizer, is stepped in slices
             of the budget's size (at least 262,144 elements).
+        compile_step: run each bf16 parameter's update (upcast, the optimizer's own
+            update math from its torch functional form, rounding back) as
+            code compiled by ``torch.compile``, with the random bits stated in
+            :mod:`ampkit.pure.compiled_step`; only with ``"stochastic"`` or
+            ``"kahan"``. Optimizers it cannot take step eagerly, said once.
 
     ``add_param_group`` refuses float16 parameters too.
 
     Raises:
-        TypeError: ``optimizer`` is not an optimizer, or ``seed`` or ``chunk_bytes``
-            not an int.
+        TypeError: ``optimizer`` is not an optimizer, ``seed`` or ``chunk_bytes``
+            not an int, or ``compile_step`` not a bool.
         ValueError: an unknown ``rounding`` (the accepted ones are listed), a float16
             parameter, or an optimizer already made pure with another rounding.
         RuntimeError: ``optimizer.step`` was replaced on the instance by something
@@ -266,9 +275,13 @@ torch.bfloat16)
 
     def __new__(cls, optimizer: torch.optim.Optimizer,
                 rounding: str | MasterWeights = "stochastic", *,
-                seed: int | None = None, chunk_bytes: int | None = None) -> Any:
+                seed: int | None = None, chunk_bytes: int | None = None,
+                compile_step: bool = False) -> Any:
         rounding = rounding_name(rounding)
         _check_pure_optimizer(optimizer, rounding, seed, "seed")
+        from ampkit.pure.compiled_step import check_compile_step
+
+        check_compile_step(compile_step, rounding, optimizer)
         if chunk_bytes is not None and (not isinstance(chunk_bytes, int)
                                         or isinstance(chunk_bytes, bool) or chunk_bytes <= 0):
             raise TypeError(f"chunk_bytes must be a positive int or None, got "
@@ -280,7 +293,8 @@ torch.bfloat16)
             raise RuntimeError("optimizer.step was replaced on this optimizer instance; "
                                "make the optimizer pure before patching its step")
         seed = 0 if seed is None else seed
-        object.__setattr__(optimizer, "_ampkit_pure", PureState(rounding, chunk_bytes))
+        object.__setattr__(optimizer, "_ampkit_pure", PureState(rounding, chunk_bytes,
+                                                                compile_step))
         # Loss scalers hand fused optimizers found_inf and let them skip on the device;
         # here the rounding would still run. Make scalers unscale, check and skip the
         # call instead, so a skipped step changes nothing at all.
@@ -310,7 +324,8 @@ torch.bfloat16)
 
     def __init__(self, optimizer: torch.optim.Optimizer,
                  rounding: str | MasterWeights = "stochastic", *,
-                 seed: int | None = None, chunk_bytes: int | None = None) -> None:
+                 seed: int | None = None, chunk_bytes: int | None = None,
+                 compile_step: bool = False) -> None:
         # Everything happened in __new__, which returns the optimizer itself.
         pass
 
@@ -398,6 +413,11 @@ torch.bfloat16)
         # parameter and hands the whole optimizer's indices here.
         where = self.__dict__.get("_ampkit_indices") or rounding_keys(self)  # type: ignore[arg-type]
         pure = self._ampkit_pure
+        if pure.compile_step and closure is None:
+            from ampkit.pure.compiled_step import compiled_step
+
+            if compiled_step(self, inner, where, kwargs):  # else: eager, said once
+                return loss
         budget = pure.chunk_bytes
         if budget is None:
             budget = sum(16 * p.numel() for ps in saved for p in ps) // 16

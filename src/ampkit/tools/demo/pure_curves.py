@@ -133,7 +133,8 @@ def _check_modes(modes: Iterable[str]) -> tuple[str, ...]:
 
 
 def _make_pure(model: nn.Module, opt: torch.optim.Optimizer, mode: str,
-               rounding_seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+               rounding_seed: int, compile_step: bool = False
+               ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """``mode``'s model and optimizer (fp32: as they are)."""
     import ampkit
     from ampkit.pure import PureLowPrecisionOptimizer
@@ -145,14 +146,17 @@ def _make_pure(model: nn.Module, opt: torch.optim.Optimizer, mode: str,
         opt = PureLowPrecisionOptimizer(opt, "nearest", seed=rounding_seed)  # type: ignore[assignment]
     elif mode != "fp32":
         model, opt = ampkit.initialize(model, opt, level="O2", dtype=torch.bfloat16,
-                                       master_weights=mode, rounding_seed=rounding_seed)
+                                       master_weights=mode, rounding_seed=rounding_seed,
+                                       compile_step=compile_step)
     return model, opt
 
 
 def digits_accuracy(mode: str, *, seed: int = 0, epochs: int = 5, lr: float = 0.05,
-                    batch_size: int = 64) -> float:
+                    batch_size: int = 64, compile_step: bool = False) -> float:
     """Test accuracy of the demo's :class:`~ampkit.tools.demo.digits.DigitsCNN` trained like
-    the demo (SGD with momentum 0.9, its data split and batch order) in ``mode``.
+    the demo (SGD with momentum 0.9, its data split and batch order) in ``mode``
+    (``compile_step``: the pure modes' step compiled, see
+    :mod:`ampkit.pure.compiled_step`).
 
     Example:
         >>> from ampkit.tools.demo.pure_curves import digits_accuracy
@@ -166,7 +170,8 @@ def digits_accuracy(mode: str, *, seed: int = 0, epochs: int = 5, lr: float = 0.
     torch.manual_seed(seed)
     model: nn.Module = DigitsCNN()
     opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    model, opt = _make_pure(model, opt, mode, seed)
+    model, opt = _make_pure(model, opt, mode, seed,
+                            compile_step=compile_step and mode in ("stochastic", "kahan"))
     for epoch in batch_order(len(data.y_train), batch_size, epochs, seed):
         for index in epoch:
             opt.zero_grad(set_to_none=True)
