@@ -339,7 +339,7 @@ class Boundary:
         them (:mod:`ampkit.containers`: same types, no user code run again, an
         untouched one the same object)."""
         if self.output_dtype is None or output is None or (
-                self.on_use and not torch.compiler.is_compiling() and not casting_on_use()):
+                self.on_use and not torch_internals.compiling_here() and not casting_on_use()):
             return None
         if self.bare_fp32 and _on_its_own.modules and _on_its_own.modules[-1] is module:
             return None
