@@ -160,3 +160,54 @@ def test_input_handed_back_at_o2_is_the_callers_tensor():
     model = _converted(lambda y, x: (y, x), "O2")
     y, back = model(X)
     assert back is X and y.dtype is torch.float32
+
+
+# -- compiled code that calls the model: the same rule ------------------------------------
+
+@dataclasses.dataclass
+class _Derived:
+    logits: torch.Tensor
+    shifted: torch.Tensor = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        # a field left out of __init__, computed from another: recomputed from the cast
+        # field, it would differ
+        self.shifted = self.logits + 100
+
+
+def _compiled_call(model: nn.Module, fullgraph: bool = True) -> Any:
+    torch._dynamo.reset()
+    return torch.compile(lambda t: model(t), backend="aot_eager", fullgraph=fullgraph)
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_compiled_function_calling_the_model_rebuilds_outputs_without_user_code(level):
+    # The traced output cast rebuilt a dataclass through dataclasses.replace (its
+    # __post_init__ ran again: the logits scaled twice; an init=False field recomputed
+    # from the cast field) and a defaultdict through its type (the factory lost).
+    scaled = _compiled_call(_converted(lambda y, x: _Scaled(y), level))(X)
+    ref = _native(lambda y, x: _Scaled(y), X)
+    assert type(scaled) is _Scaled and scaled.calls == 1
+    assert torch.equal(scaled.logits, ref.logits.float())
+    derived = _compiled_call(_converted(lambda y, x: _Derived(y), level))(X)
+    ref_derived = _native(lambda y, x: _Derived(y), X)
+    assert torch.equal(derived.shifted, ref_derived.shifted.float())
+    factory = _compiled_call(_converted(
+        lambda y, x: collections.defaultdict(list, logits=y), level))(X)
+    assert type(factory) is collections.defaultdict and factory.default_factory is list
+    assert factory["not there"] == []
+    pair = _compiled_call(_converted(lambda y, x: _Pair(y, "a"), level))(X)
+    assert type(pair) is _Pair and pair.tag == "a"
+    tied = _compiled_call(_converted(lambda y, x: (y, y), level))(X)
+    assert tied[0] is tied[1] and tied[0].dtype is torch.float32
+
+
+def test_compiled_function_rebuilds_a_subclass_container_outside_the_graph():
+    # A dict subclass of the user's cannot be rebuilt inside a graph without its own
+    # code: it is rebuilt as in eager mode (a graph break), and fullgraph=True names it.
+    model = _converted(lambda y, x: _Tagged(logits=y), "O2")
+    tagged = _compiled_call(model, fullgraph=False)(X)
+    assert type(tagged) is _Tagged and tagged.inits == 1
+    assert tagged["logits"].dtype is torch.float32
+    with pytest.raises(Exception, match="cannot rebuild without running its class"):
+        _compiled_call(model)(X)
