@@ -261,6 +261,7 @@ def _map_traced(obj: Any, fn: Callable[[Any], Any], tensors_only: bool,
         pairs = [_map_traced(obj[k], fn, tensors_only, memo) for k in keys]
         if not any(changed for _, changed in pairs):
             return obj, False
+        new: dict[Any, Any]
         if cls is collections.defaultdict:
             new = collections.defaultdict(obj.default_factory)
         else:

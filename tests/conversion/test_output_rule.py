@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 from typing import Any, NamedTuple
 
 import pytest
@@ -211,3 +212,78 @@ def test_compiled_function_rebuilds_a_subclass_container_outside_the_graph():
     assert tagged["logits"].dtype is torch.float32
     with pytest.raises(Exception, match="cannot rebuild without running its class"):
         _compiled_call(model)(X)
+
+
+# -- inputs edited or viewed by the forward -----------------------------------------------
+
+class _Edits(nn.Module):
+    """Edits its input in place (a whole tensor, a row through a view, a keyword's)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.how = how
+
+    def forward(self, x: torch.Tensor, extra: dict | None = None) -> Any:
+        if self.how == "whole":
+            x.add_(1)
+            return x
+        if self.how == "row":
+            x[0].mul_(2)
+            return self.lin(x)
+        assert extra is not None
+        extra["scale"].add_(1)
+        return self.lin(x) * extra["scale"]
+
+
+@pytest.mark.parametrize("level", ["O2", "O3"])
+@pytest.mark.parametrize(("how", "named"), [("whole", "'x'"), ("row", "'x'"),
+                                            ("keyword", "\"extra['scale']\"")])
+def test_an_input_edited_in_place_is_refused_naming_it(level, how, named):
+    # Native autocast's forward edits the caller's tensor; at O2/O3 the edit landed on
+    # the boundary's low-precision copy and the caller's tensor stayed as it was.
+    native_x, native_scale = X.clone(), torch.zeros(4)
+    with torch.autocast("cpu", BF16):
+        _Edits(how)(native_x, {"scale": native_scale})
+    assert not torch.equal(native_x, X) or native_scale.sum() == 4  # native edits them
+    model = ampkit.initialize(_Edits(how), level=level, dtype="bfloat16")
+    x = X.clone()
+    with pytest.raises(RuntimeError, match=rf"edited its input {re.escape(named)} in "
+                                           r"place.*(?s:.*)out of place"):
+        model(x, extra={"scale": torch.zeros(4)})
+    assert torch.equal(x, X)
+
+
+def test_an_input_edited_in_place_at_o1_reaches_the_caller_as_native():
+    native_x, x = X.clone(), X.clone()
+    with torch.autocast("cpu", BF16):
+        ref = _Edits("whole")(native_x)
+    out = ampkit.initialize(_Edits("whole"), level="O1", dtype="bfloat16")(x)
+    assert out is x and torch.equal(x, native_x) and torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+@pytest.mark.parametrize("view", ["row", "transpose", "gapped"])
+def test_a_view_of_an_input_comes_back_exact_as_native(level, view):
+    # At O2/O3 a view of the input came back rounded to bf16 (a view of the cast copy),
+    # while the input itself came back as the caller's tensor.
+    def take(y, x):
+        if view == "row":
+            return y, x[0]
+        if view == "transpose":
+            return y, x.t()
+        return y, x[1:, ::2]
+
+    base = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    x = (base[:, ::2] if view == "gapped" else base[:, :8].contiguous()).requires_grad_()
+    with torch.autocast("cpu", BF16):
+        _, ref_view = _Net(take)(x)
+    (ref_view.sum() * 3).backward()
+    ref_grad, x.grad = x.grad, None
+    y, got = _converted(take, level)(x)
+    assert y.dtype is torch.float32 and got.dtype is torch.float32
+    assert torch.equal(got, ref_view)
+    if view != "gapped":  # a view of the caller's tensor, as native's is
+        assert got._base is x or got._base is x._base
+    (got.sum() * 3).backward()
+    assert torch.equal(x.grad, ref_grad)

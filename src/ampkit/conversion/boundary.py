@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import inspect
 import threading
 from typing import Any
 
@@ -169,6 +170,65 @@ _GIVEN = _PopGiven()
 
 def _not_double(t: torch.Tensor) -> bool:
     return t.dtype is not torch.float64
+
+
+def _same_view(view: torch.Tensor, cast: torch.Tensor, given: torch.Tensor) -> torch.Tensor:
+    """``view``, a view of ``cast`` (the boundary's copy of the caller's ``given``), taken
+    of ``given`` instead: the caller's exact values, as a view of the caller's tensor,
+    as native autocast hands it back (the cast copy has ``given``'s shape, and its
+    strides where ``given`` is dense)."""
+    offset = view.storage_offset() - cast.storage_offset()
+    if cast.stride() == given.stride():
+        return given.as_strided(view.size(), view.stride(), given.storage_offset() + offset)
+    # A gapped or broadcast input, whose copy is contiguous: the same elements, picked
+    # by their place in the copy (exact values, but not a view of the caller's tensor)
+    places = torch.arange(cast.numel(), device=cast.device).view(cast.shape)
+    return given.reshape(-1)[places.as_strided(view.size(), view.stride(), offset)]
+
+
+def _input_path(obj: Any, target: torch.Tensor, path: str) -> str | None:
+    """Where ``target`` sits inside ``obj`` (``path`` names ``obj``), or ``None``."""
+    if obj is target:
+        return path
+    items: Any = ()
+    if isinstance(obj, list | tuple):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    elif isinstance(obj, dict):
+        items = ((f"{path}[{k!r}]", v) for k, v in obj.items())
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        items = ((f"{path}.{f.name}", getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    for name, value in items:
+        found = _input_path(value, target, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _refuse_edited_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         cast: torch.Tensor, given: torch.Tensor) -> None:
+    """The model's forward edited in place the copy its boundary made of a caller's
+    input: native autocast's forward edits the caller's own tensor, and copying the
+    edit back would round every element of it, so the call is refused."""
+    try:
+        names = [p.name for p in inspect.signature(module.forward).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    where = None
+    for i, value in enumerate(args):
+        where = _input_path(value, cast, names[i] if i < len(names) else f"args[{i}]")
+        if where is not None:
+            break
+    for key, value in kwargs.items():
+        where = where or _input_path(value, cast, key)
+    raise RuntimeError(
+        f"the forward of the converted model {original_class(type(module)).__name__!r} "
+        f"edited its input {where or 'an input'!r} in place: the model's boundary hands "
+        f"the forward a {cast.dtype} copy of your {given.dtype} tensor, so the edit "
+        f"reached the copy, not your tensor (native torch.autocast edits yours, and "
+        f"copying the edit back would round all of it to {cast.dtype}). Make the edit "
+        f"out of place in the forward (x = x + 1, not x.add_(1)), make it before calling "
+        f"the model, or convert at O1, which hands the forward your own tensors")
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -329,7 +389,8 @@ class Boundary:
             while entered:
                 entered.pop().__exit__(None, None, None)
 
-    def cast_output(self, module: nn.Module, args: Any, output: Any) -> Any:
+    def cast_output(self, module: nn.Module, args: Any, kwargs: dict[str, Any],
+                    output: Any) -> Any:
         """A forward hook, the first of the module's: the output cast. A hook, so that
         forward hooks the user registered on the module see what it hands back.
 
@@ -337,7 +398,9 @@ class Boundary:
         float64 output stays float64, as native autocast leaves it (it never computes
         in float64 with lower precision). The containers come back as the model built
         them (:mod:`ampkit.containers`: same types, no user code run again, an
-        untouched one the same object)."""
+        untouched one the same object). At the model's own boundary, an input the
+        forward hands back, or a view of one, is the caller's tensor (a view of it), and
+        an input the forward edited in place is refused (:func:`_refuse_edited_input`)."""
         if self.output_dtype is None or output is None or (
                 self.on_use and not torch.compiler.is_compiling() and not casting_on_use()):
             return None
@@ -346,14 +409,21 @@ class Boundary:
         given = _given.stack[-1] if self.root and _given.stack else None
         if not given:
             return cast_tree(output, self.output_dtype, _not_double)
+        for new, old, version in given.values():
+            # (an inference tensor has no version counter: its edits cannot be seen)
+            if version >= 0 and torch_internals.tensor_version(new) != version:
+                _refuse_edited_input(module, args, kwargs, new, old)
         dtype = self.output_dtype
 
         def cast(t: torch.Tensor) -> torch.Tensor:
             found = given.get(id(t))
-            # (an inference tensor's edits cannot be seen: it is cast, as any output)
-            if found is not None and found[0] is t and found[2] >= 0 and (
-                    torch_internals.tensor_version(t) == found[2]):
+            if found is not None and found[0] is t and found[2] >= 0:
                 return found[1]  # the caller's own input, handed back untouched
+            base = torch_internals.view_base(t)
+            if base is not None:
+                found = given.get(id(base))
+                if found is not None and found[0] is base and found[2] >= 0:
+                    return _same_view(t, base, found[1])
             if t.dtype is dtype or t.dtype is torch.float64:
                 return t
             return t.to(dtype)
@@ -432,4 +502,4 @@ def install_boundary(module: nn.Module, boundary: Boundary) -> None:
     give_boundary(module, boundary)
     boundary.prepare_graph_region(compute_device_type(module, ()))
     if boundary.output_dtype is not None:
-        module.register_forward_hook(boundary.cast_output, prepend=True)
+        module.register_forward_hook(boundary.cast_output, prepend=True, with_kwargs=True)
