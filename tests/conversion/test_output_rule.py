@@ -287,3 +287,67 @@ def test_a_view_of_an_input_comes_back_exact_as_native(level, view):
         assert got._base is x or got._base is x._base
     (got.sum() * 3).backward()
     assert torch.equal(x.grad, ref_grad)
+
+
+# -- full backward hooks ------------------------------------------------------------------
+
+class _Two(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def _hooked(model: nn.Module) -> list[tuple[str, Any, Any]]:
+    """Each module's full backward hook records (name, grad_input[0], the dtype of the
+    input it was called with)."""
+    seen: list[tuple[str, Any, Any]] = []
+    called: dict[str, torch.dtype] = {}
+    for name, module in (("model", model), ("a", model.a)):
+        module.register_forward_pre_hook(
+            lambda m, args, name=name: called.__setitem__(name, args[0].dtype))
+        module.register_full_backward_hook(
+            lambda m, gi, go, name=name: seen.append((name, gi[0], called[name])))
+    return seen
+
+
+@pytest.mark.parametrize("level", ["O1", "O2", "O3"])
+def test_the_models_full_backward_hook_gets_the_callers_input_gradient(level):
+    # At O2/O3 the model's grad_input was bf16 (the gradient of the boundary's cast
+    # copy); native autocast's is the fp32 gradient of the caller's tensor.
+    x = X.clone().requires_grad_()
+    native = _Two()
+    ref = _hooked(native)
+    with torch.autocast("cpu", BF16):
+        native(x).float().sum().backward()
+    model = ampkit.initialize(_Two(), level=level, dtype="bfloat16")
+    got = _hooked(model)
+    model(x).sum().backward()
+    ref_root = next(g for n, g, _ in ref if n == "model")
+    root = next(g for n, g, _ in got if n == "model")
+    assert root.dtype is ref_root.dtype is torch.float32
+    if level == "O1":
+        assert torch.equal(root, ref_root)
+    # one rule for every module: a gradient has the dtype of the tensor the module was
+    # called with (inside an O2/O3 model, the level's low-precision activations)
+    assert all(g.dtype is dtype for _, g, dtype in got)
+    assert "forward" not in model.__dict__  # the deferred cast leaves nothing behind
+
+
+def test_a_compiled_model_with_a_full_backward_hook_compiles_once():
+    from torch._dynamo.testing import CompileCounter
+
+    model = ampkit.initialize(_Two(), level="O2", dtype="bfloat16")
+    got: list[torch.dtype] = []
+    model.register_full_backward_hook(lambda m, gi, go: got.append(gi[0].dtype))
+    counter = CompileCounter()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counter)
+    for _ in range(3):
+        compiled(X.clone().requires_grad_()).sum().backward()
+    assert counter.frame_count == 1
+    assert got == [torch.float32] * 3

@@ -19,6 +19,7 @@ import enum
 import functools
 import inspect
 import threading
+import types
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from ampkit import torch_internals
 from ampkit.arguments import LOW_PRECISION
 from ampkit.autocast_mode import autocast, enter_in_graph, exit_in_graph, in_graph_key
 from ampkit.casting import cast_tree, map_floating
-from ampkit.compile_frames import not_traced, skip_recursively
+from ampkit.compile_frames import not_traced, skip_frame_only, skip_recursively
 from ampkit.containers import iter_tensors
 from ampkit.conversion.classes import give_boundary, original_class
 from ampkit.conversion.config import record_of
@@ -168,6 +169,76 @@ class _PopGiven:
 _GIVEN = _PopGiven()
 
 
+def _has_backward_hooks(module: nn.Module) -> bool:
+    """Whether torch wraps ``module``'s inputs for backward hooks when it is called."""
+    return bool(torch_internals.backward_hooks(module)
+                or torch_internals.backward_pre_hooks(module)
+                or torch_internals.global_backward_hooks
+                or torch_internals.global_backward_pre_hooks)
+
+
+_NO_FORWARD = object()
+
+
+class _Deferred(threading.local):
+    """This thread's model calls whose input cast is made in the forward, innermost
+    last."""
+
+    def __init__(self) -> None:
+        self.stack: list[_CastInForward] = []
+
+
+_deferred = _Deferred()
+
+
+class _CastInForward:
+    """While entered: the module's ``forward`` (its instance attribute, for this call)
+    is :func:`_cast_then_forward`, which casts the inputs it is given, then runs the
+    module's own forward. The model's input cast, made there instead of before
+    ``nn.Module.__call__``, comes after torch has wrapped the caller's tensors for the
+    module's full backward hooks."""
+
+    __slots__ = ("boundary", "entered", "forward", "module", "saved")
+
+    def __init__(self, boundary: Boundary, module: nn.Module, entered: list[Any]) -> None:
+        self.boundary, self.module, self.entered = boundary, module, entered
+        self.saved: Any = _NO_FORWARD
+        self.forward: Any = None
+
+    def __enter__(self) -> None:
+        module = self.module
+        self.saved = module.__dict__.get("forward", _NO_FORWARD)
+        self.forward = module.forward
+        _deferred.stack.append(self)
+        # (a bound method of one function: torch.compile of the model guards on that
+        # function, so a later call reuses its graph)
+        module.__dict__["forward"] = types.MethodType(_cast_then_forward, module)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is _NO_FORWARD:
+            self.module.__dict__.pop("forward", None)
+        else:
+            self.module.__dict__["forward"] = self.saved
+        _deferred.stack.remove(self)
+
+
+def _cast_then_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The forward of a model whose input cast waits for it (:class:`_CastInForward`)."""
+    deferred = next(d for d in reversed(_deferred.stack) if d.module is module)
+    device_type = compute_device_type(module, (args, kwargs))
+    args, kwargs = deferred.boundary._cast_inputs(module, device_type, args, kwargs,
+                                                  deferred.entered)
+    return deferred.forward(*args, **kwargs)
+
+
+def _own_forward(module: nn.Module) -> Any:
+    """``module.forward`` as its class (or the user) defined it."""
+    forward = module.forward
+    if getattr(forward, "__func__", None) is _cast_then_forward:
+        return next(d.forward for d in reversed(_deferred.stack) if d.module is module)
+    return forward
+
+
 def _not_double(t: torch.Tensor) -> bool:
     return t.dtype is not torch.float64
 
@@ -210,7 +281,7 @@ def _refuse_edited_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
     input: native autocast's forward edits the caller's own tensor, and copying the
     edit back would round every element of it, so the call is refused."""
     try:
-        names = [p.name for p in inspect.signature(module.forward).parameters.values()
+        names = [p.name for p in inspect.signature(_own_forward(module)).parameters.values()
                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
         names = []
@@ -346,37 +417,56 @@ class Boundary:
                 context.__enter__()
                 entered.append(context)
             if self.input_dtype is not None and cast_inputs:
-                if self._low_input(module, device_type, (args, kwargs)):
-                    if issubclass(self.module_type or type(module), nn.LayerNorm):
-                        LOW_INPUT_LAYER_NORM.__enter__()  # type: ignore[no-untyped-call]
-                        entered.append(LOW_INPUT_LAYER_NORM)
+                if self.root and _has_backward_hooks(module):
+                    # torch wraps a module's inputs for its full backward hooks after
+                    # the pre-hooks, just before the forward: cast there, so that the
+                    # hooks' grad_input are the gradients of the caller's tensors (as
+                    # under native autocast, which casts inside the ops).
+                    deferred = _CastInForward(self, module, entered)
+                    deferred.__enter__()
+                    entered.append(deferred)
                 else:
-                    cast = cast_tree((args, kwargs), self.input_dtype)
-                    if (self.region is Region.FP32 and torch.is_grad_enabled()
-                            and saved_tensor_hooks_free()):
-                        upcasts = {id(new): (new, old, torch_internals.tensor_version(new))
-                                   for old, new in zip(
-                            iter_tensors((args, kwargs)), iter_tensors(cast))
-                            if new is not old and old.dtype in _LOW}
-                        if upcasts:
-                            hooks = SaveLowCopies(upcasts)
-                            hooks.__enter__()
-                            entered.append(hooks)
-                    if self.root and self.output_dtype is not None:
-                        # (for the output cast: an input handed back untouched is the
-                        # caller's tensor again)
-                        # (an inference tensor has no version counter: -1)
-                        _given.stack.append({id(new): (new, old, -1 if new.is_inference()
-                                                       else torch_internals.tensor_version(new))
-                                             for old, new in zip(
-                                                 iter_tensors((args, kwargs)),
-                                                 iter_tensors(cast)) if new is not old})
-                        entered.append(_GIVEN)
-                    args, kwargs = cast
+                    args, kwargs = self._cast_inputs(module, device_type, args, kwargs,
+                                                     entered)
         except BaseException:
             self.leave(entered, swaps)
             raise
         return entered, swaps, args, kwargs
+
+    def _cast_inputs(self, module: nn.Module, device_type: str, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], entered: list[Any]
+                     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The input cast (and what it needs entered, appended to ``entered``)."""
+        if self.input_dtype is None:
+            return args, kwargs
+        if self._low_input(module, device_type, (args, kwargs)):
+            if issubclass(self.module_type or type(module), nn.LayerNorm):
+                LOW_INPUT_LAYER_NORM.__enter__()  # type: ignore[no-untyped-call]
+                entered.append(LOW_INPUT_LAYER_NORM)
+        else:
+            cast = cast_tree((args, kwargs), self.input_dtype)
+            if (self.region is Region.FP32 and torch.is_grad_enabled()
+                    and saved_tensor_hooks_free()):
+                upcasts = {id(new): (new, old, torch_internals.tensor_version(new))
+                           for old, new in zip(
+                    iter_tensors((args, kwargs)), iter_tensors(cast))
+                    if new is not old and old.dtype in _LOW}
+                if upcasts:
+                    hooks = SaveLowCopies(upcasts)
+                    hooks.__enter__()
+                    entered.append(hooks)
+            if self.root and self.output_dtype is not None:
+                # (for the output cast: an input handed back untouched is the
+                # caller's tensor again)
+                # (an inference tensor has no version counter: -1)
+                _given.stack.append({id(new): (new, old, -1 if new.is_inference()
+                                               else torch_internals.tensor_version(new))
+                                     for old, new in zip(
+                                         iter_tensors((args, kwargs)),
+                                         iter_tensors(cast)) if new is not old})
+                entered.append(_GIVEN)
+            args, kwargs = cast
+        return args, kwargs
 
     def leave(self, entered: list[Any], swaps: int) -> None:
         """Eager: put swapped parameters back and close the contexts, in that order,
@@ -489,7 +579,10 @@ torch_internals.mark_dynamo_disabled(
     "or leave that op off the lists to get one graph")
 
 
-for _eager in (Boundary.enter, Boundary.leave, Boundary.cast_output):
+# The deferred input cast as Python, the forward it calls compiled (as converted_call).
+skip_frame_only(_cast_then_forward.__code__)
+
+for _eager in (Boundary.enter, Boundary.leave, Boundary.cast_output, Boundary._cast_inputs):
     # The boundary's eager bookkeeping and everything it calls: plain Python when
     # dynamo meets it as a frame of its own (the model's hooks, which torch.compile of
     # the model runs outside the graph); traced where compiled code calls it.
