@@ -117,6 +117,7 @@ from ampkit.torch_internals.objects import (
     sparse_values,
     step_supports_amp_scaling,
     tensor_version,
+    view_base,
     wrapped_by_lr_scheduler,
 )
 from ampkit.torch_internals.simulation import fake_tensor_mode, is_fake
@@ -149,7 +150,7 @@ __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", 
            "saved_tensors_hooks_free", "scaled_mm",
            "schema_exists", "schemas_of", "set_step_supports_amp_scaling", "skip_code",
            "sparse_values", "step_supports_amp_scaling", "tensor_version", "tree_leaves",
-           "tree_map", "unavailable", "wrapped_by_lr_scheduler"]
+           "tree_map", "unavailable", "view_base", "wrapped_by_lr_scheduler"]
 
 # The cheap checks, now: an entry a torch lacks or that behaves otherwise is disabled
 # (a RuntimeWarning names it), so a moved internal costs the feature that needs it, not
