@@ -49,7 +49,7 @@ from ampkit.parameter_casts import (
 from ampkit.policy import Policy
 
 __all__ = ["ALL_LOW_PRECISION", "Boundary", "Region", "compute_device_type",
-           "install_boundary", "region_autocast"]
+           "install_boundary", "region_autocast", "upcast_inside"]
 
 _LOW = LOW_PRECISION
 
@@ -169,6 +169,73 @@ _GIVEN = _PopGiven()
 
 def _not_double(t: torch.Tensor) -> bool:
     return t.dtype is not torch.float64
+
+
+# Autograd nodes of ops that hand their input on in its own dtype, reshaped, sliced or
+# copied (``logits[..., :-1, :].contiguous()``): between a model's output and the
+# upcast of it that its own loss makes (names without their numeric suffix).
+_SAME_DTYPE_NODES = frozenset({
+    "ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "SliceBackward",
+    "SelectBackward", "NarrowBackward", "TBackward", "TransposeBackward",
+    "PermuteBackward", "SqueezeBackward", "UnsqueezeBackward", "ExpandBackward",
+    "AsStridedBackward", "CloneBackward", "AliasBackward"})
+
+
+def _node_kind(node: Any) -> str:
+    return str(node.name()).rstrip("0123456789")
+
+
+def upcast_inside(output: Any) -> set[tuple[Any, int]]:
+    """The low-precision floating tensors of ``output`` that the model itself upcast on
+    the way to a wider floating tensor it also returns (the loss a Hugging Face model
+    computes from its logits: ``logits.float()``, then cross entropy), as autograd
+    identities ``(grad_fn, output_nr)``. Read from the autograd graph the forward
+    recorded, from the returned wider tensors down to a ``_to_copy`` of such an output
+    (or of a view or same-dtype copy of it); empty where autograd recorded nothing
+    (``no_grad``, inference) or inside compiled code.
+
+    Example:
+        >>> import torch
+        >>> from ampkit.conversion.boundary import upcast_inside
+        >>> w = torch.ones(2, 3, requires_grad=True)
+        >>> logits = w.bfloat16() * 2
+        >>> loss = logits.float().logsumexp(-1).mean()
+        >>> [t is logits for t in (logits,)
+        ...  if (t.grad_fn, t.output_nr) in upcast_inside((loss, logits))]
+        [True]
+    """
+    if torch.compiler.is_compiling():
+        return set()
+    low: set[tuple[Any, int]] = set()
+    wide: list[Any] = []
+    for t in iter_tensors(output):
+        if t.grad_fn is None or not t.is_floating_point():
+            continue
+        if t.dtype in _LOW:
+            low.add((t.grad_fn, t.output_nr))
+        else:
+            wide.append(t.grad_fn)
+    found: set[tuple[Any, int]] = set()
+    if not low or not wide:
+        return found
+    seen = {id(node) for node in wide}
+    todo = list(wide)
+    while todo and len(found) < len(low):
+        node = todo.pop()
+        if _node_kind(node) == "ToCopyBackward":
+            # the cast's input, followed back through reshapes, slices and copies
+            chain = [edge for edge in node.next_functions if edge[0] is not None]
+            while chain:
+                edge = chain.pop()
+                if edge in low:
+                    found.add(edge)
+                elif _node_kind(edge[0]) in _SAME_DTYPE_NODES:
+                    chain.extend(e for e in edge[0].next_functions if e[0] is not None)
+        for nxt, _ in node.next_functions:
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                todo.append(nxt)
+    return found
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -344,8 +411,17 @@ class Boundary:
         if self.bare_fp32 and _on_its_own.modules and _on_its_own.modules[-1] is module:
             return None
         given = _given.stack[-1] if self.root and _given.stack else None
+        # The model's own fp32 loss already read these in full precision: handed back
+        # as computed, as native does, not held a second time in fp32.
+        consumed = (upcast_inside(output) if self.root and self.output_dtype is torch.float32
+                    else set())
+
+        def keep(t: torch.Tensor) -> bool:
+            return bool(consumed) and (t.grad_fn, t.output_nr) in consumed
+
         if not given:
-            return cast_tree(output, self.output_dtype, _not_double)
+            return cast_tree(output, self.output_dtype,
+                             lambda t: _not_double(t) and not keep(t))
         dtype = self.output_dtype
 
         def cast(t: torch.Tensor) -> torch.Tensor:
@@ -354,7 +430,7 @@ class Boundary:
             if found is not None and found[0] is t and found[2] >= 0 and (
                     torch_internals.tensor_version(t) == found[2]):
                 return found[1]  # the caller's own input, handed back untouched
-            if t.dtype is dtype or t.dtype is torch.float64:
+            if t.dtype is dtype or t.dtype is torch.float64 or keep(t):
                 return t
             return t.to(dtype)
 
