@@ -185,24 +185,34 @@ def _node_kind(node: Any) -> str:
     return str(node.name()).rstrip("0123456789")
 
 
+def _is_loss(kind: str) -> bool:
+    # torch's loss kernels: NllLoss, MseLoss, BinaryCrossEntropyWithLogits, HuberLoss, ...
+    return "Loss" in kind or "CrossEntropy" in kind
+
+
 def upcast_inside(output: Any) -> set[tuple[Any, int]]:
-    """The low-precision floating tensors of ``output`` that the model itself upcast on
-    the way to a wider floating tensor it also returns (the loss a Hugging Face model
-    computes from its logits: ``logits.float()``, then cross entropy), as autograd
-    identities ``(grad_fn, output_nr)``. Read from the autograd graph the forward
-    recorded, from the returned wider tensors down to a ``_to_copy`` of such an output
-    (or of a view or same-dtype copy of it); empty where autograd recorded nothing
-    (``no_grad``, inference) or inside compiled code.
+    """The low-precision floating tensors of ``output`` that the model itself upcast
+    for a loss it also returns (a Hugging Face model given labels: ``logits.float()``,
+    then cross entropy), as autograd identities ``(grad_fn, output_nr)``.
+
+    Read from the autograd graph the forward recorded: from each returned tensor of a
+    wider floating dtype down through a loss kernel (``nll_loss``, ``mse_loss``,
+    ``binary_cross_entropy_with_logits``, ...) to a ``_to_copy`` of such an output, or
+    of a view or same-dtype copy of it. Empty where autograd recorded nothing
+    (``no_grad``, inference mode) and inside compiled code.
 
     Example:
         >>> import torch
+        >>> import torch.nn.functional as F
         >>> from ampkit.conversion.boundary import upcast_inside
         >>> w = torch.ones(2, 3, requires_grad=True)
         >>> logits = w.bfloat16() * 2
-        >>> loss = logits.float().logsumexp(-1).mean()
-        >>> [t is logits for t in (logits,)
-        ...  if (t.grad_fn, t.output_nr) in upcast_inside((loss, logits))]
-        [True]
+        >>> loss = F.cross_entropy(logits.float(), torch.tensor([0, 2]))
+        >>> (logits.grad_fn, logits.output_nr) in upcast_inside((loss, logits))
+        True
+        >>> norm = logits.float().norm()  # no loss: a loss outside still needs fp32
+        >>> upcast_inside((norm, logits))
+        set()
     """
     if torch.compiler.is_compiling():
         return set()
@@ -218,6 +228,27 @@ def upcast_inside(output: Any) -> set[tuple[Any, int]]:
     found: set[tuple[Any, int]] = set()
     if not low or not wide:
         return found
+    # (node, below a loss kernel): a node is walked at most once in each state
+    todo = [(node, False) for node in wide]
+    seen = {(id(node), False) for node in wide}
+    while todo and len(found) < len(low):
+        node, below = todo.pop()
+        kind = _node_kind(node)
+        if below and kind == "ToCopyBackward":
+            # the cast's input, followed back through reshapes, slices and copies
+            chain = [edge for edge in node.next_functions if edge[0] is not None]
+            while chain:
+                edge = chain.pop()
+                if edge in low:
+                    found.add(edge)
+                elif _node_kind(edge[0]) in _SAME_DTYPE_NODES:
+                    chain.extend(e for e in edge[0].next_functions if e[0] is not None)
+        below = below or _is_loss(kind)
+        for nxt, _ in node.next_functions:
+            if nxt is not None and (id(nxt), below) not in seen:
+                seen.add((id(nxt), below))
+                todo.append((nxt, below))
+    return found
     seen = {id(node) for node in wide}
     todo = list(wide)
     while todo and len(found) < len(low):
@@ -411,8 +442,8 @@ class Boundary:
         if self.bare_fp32 and _on_its_own.modules and _on_its_own.modules[-1] is module:
             return None
         given = _given.stack[-1] if self.root and _given.stack else None
-        # The model's own fp32 loss already read these in full precision: handed back
-        # as computed, as native does, not held a second time in fp32.
+        # The model's own loss already read these in fp32: handed back as computed, as
+        # native does, rather than held a second time in fp32 through the backward.
         consumed = (upcast_inside(output) if self.root and self.output_dtype is torch.float32
                     else set())
 
