@@ -197,3 +197,30 @@ def test_as_computed_is_a_config_value_that_round_trips():
     assert AmpConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match=r"cast_model_outputs must be .*'as_computed'"):
         AmpConfig(cast_model_outputs="computed")
+
+
+def test_hugging_face_causal_lm_with_labels_hands_its_logits_back_as_native():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=False)
+    base = transformers.LlamaForCausalLM(config).train()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(2))
+    native = copy.deepcopy(base)
+    with _native_region():
+        ref = native(ids, labels=ids)
+    ref.loss.backward()
+    model = ampkit.initialize(copy.deepcopy(base), level="O1", dtype=BF16)
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    assert type(out) is type(ref)
+    assert out.logits.dtype is BF16 and torch.equal(out.logits, ref.logits)
+    assert out.loss.dtype is torch.float32 and torch.equal(out.loss, ref.loss)
+    for name, grad in _grads(model).items():
+        assert torch.equal(grad, _grads(native)[name]), name
+    # without labels the logits are fp32, native's values
+    again = model(ids)
+    assert again.logits.dtype is torch.float32
+    assert torch.equal(again.logits, ref.logits.float())
