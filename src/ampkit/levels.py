@@ -339,6 +339,10 @@ class LevelProperties:
     loss_scale: str | float | None
     patch_ops: bool
     cast_model_outputs: torch.dtype | str | None
+    # The level's own output cast, not one asked for: an output the model's own loss
+    # read in fp32 keeps its dtype (docs/levels.md, "What the fp32 outputs cost"). An
+    # explicit cast_model_outputs casts every low-precision output, as apex does.
+    outputs_by_level: bool = dataclasses.field(default=True, compare=False, repr=False)
 
     @property
     def casts_parameters(self) -> bool:
@@ -491,7 +495,8 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
             checked[name] = _optional_bool(value, name)
     props = {**_defaults(lvl, low), **checked}
     _refuse(lvl, props, given)
-    return LevelProperties(level=lvl, dtype=low, **props)
+    return LevelProperties(level=lvl, dtype=low, **props,
+                           outputs_by_level="cast_model_outputs" not in checked)
 
 
 #: ``cast_model_outputs``'s value for outputs handed back exactly as the model computed
@@ -629,6 +634,7 @@ def conversion_config(props: LevelProperties, *,
         input_dtype=model_dtype if low else None,
         output_dtype=(props.cast_model_outputs
                       if isinstance(props.cast_model_outputs, torch.dtype) else None),
+        outputs_read_by_loss_as_computed=props.outputs_by_level,
         state_dict_dtype=parse_dtype(state_dict_dtype, "state_dict_dtype",
                                      accept=FLOAT_DTYPES, allow_none=True),
         params_as_given=as_given,

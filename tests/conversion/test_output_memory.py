@@ -163,6 +163,10 @@ def test_outputs_the_model_did_not_upcast_still_come_back_fp32_for_a_loss_outsid
     # under no_grad autograd records nothing to read the model's use from: fp32
     with torch.no_grad():
         assert model(IDS, labels=IDS)["logits"].dtype is torch.float32
+    # asked for by name, the cast is made on every low-precision output (apex's rule)
+    explicit = ampkit.initialize(copy.deepcopy(base), level="O1", dtype=BF16,
+                                 cast_model_outputs=torch.float32)
+    assert explicit(IDS, labels=IDS)["logits"].dtype is torch.float32
     # a loss outside on those fp32 logits: native's loss in its region, bit for bit
     native = copy.deepcopy(base)
     _, ref_loss = _step(native, _native_region, False, _native_region)

@@ -305,6 +305,9 @@ class Boundary:
     # (parameter_casts.called_on_its_own), its output stays fp32, as every module
     # around it then computes in fp32.
     bare_fp32: bool = False
+    # The root's output cast skips a low-precision output the model's own loss read in
+    # fp32 (ConversionConfig.outputs_read_by_loss_as_computed).
+    loss_read_as_computed: bool = False
     # Device type -> key of the region's policy for autocast_mode.enter_in_graph (made
     # when the boundary is installed, for the module's device: compiled code enters
     # the region through it); a missing or None key: entered as an ampkit.autocast.
@@ -444,8 +447,8 @@ class Boundary:
         given = _given.stack[-1] if self.root and _given.stack else None
         # The model's own loss already read these in fp32: handed back as computed, as
         # native does, rather than held a second time in fp32 through the backward.
-        consumed = (upcast_inside(output) if self.root and self.output_dtype is torch.float32
-                    else set())
+        consumed = (upcast_inside(output) if self.loss_read_as_computed
+                    and self.output_dtype is torch.float32 else set())
 
         def keep(t: torch.Tensor) -> bool:
             return bool(consumed) and (t.grad_fn, t.output_nr) in consumed
