@@ -51,7 +51,7 @@ from ampkit.parameter_casts import (
 from ampkit.policy import Policy
 
 __all__ = ["ALL_LOW_PRECISION", "Boundary", "Region", "compute_device_type",
-           "install_boundary", "region_autocast"]
+           "install_boundary", "region_autocast", "upcast_inside"]
 
 _LOW = LOW_PRECISION
 
@@ -302,6 +302,86 @@ def _refuse_edited_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
         f"the model, or convert at O1, which hands the forward your own tensors")
 
 
+# Autograd nodes of ops that hand their input on in its own dtype, reshaped, sliced or
+# copied (``logits[..., :-1, :].contiguous()``): between a model's output and the
+# upcast of it that its own loss makes (names without their numeric suffix).
+_SAME_DTYPE_NODES = frozenset({
+    "ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "SliceBackward",
+    "SelectBackward", "NarrowBackward", "TBackward", "TransposeBackward",
+    "PermuteBackward", "SqueezeBackward", "UnsqueezeBackward", "ExpandBackward",
+    "AsStridedBackward", "CloneBackward", "AliasBackward"})
+
+
+def _node_kind(node: Any) -> str:
+    return str(node.name()).rstrip("0123456789")
+
+
+def _is_loss(kind: str) -> bool:
+    # torch's loss kernels: NllLoss, MseLoss, BinaryCrossEntropyWithLogits, HuberLoss, ...
+    return "Loss" in kind or "CrossEntropy" in kind
+
+
+def upcast_inside(output: Any) -> set[tuple[Any, int]]:
+    """The low-precision floating tensors of ``output`` that the model itself upcast
+    for a loss it also returns (a Hugging Face model given labels: ``logits.float()``,
+    then cross entropy), as autograd identities ``(grad_fn, output_nr)``.
+
+    Read from the autograd graph the forward recorded: from each returned tensor of a
+    wider floating dtype down through a loss kernel (``nll_loss``, ``mse_loss``,
+    ``binary_cross_entropy_with_logits``, ...) to a ``_to_copy`` of such an output, or
+    of a view or same-dtype copy of it. Empty where autograd recorded nothing
+    (``no_grad``, inference mode) and inside compiled code.
+
+    Example:
+        >>> import torch
+        >>> import torch.nn.functional as F
+        >>> from ampkit.conversion.boundary import upcast_inside
+        >>> w = torch.ones(2, 3, requires_grad=True)
+        >>> logits = w.bfloat16() * 2
+        >>> loss = F.cross_entropy(logits.float(), torch.tensor([0, 2]))
+        >>> (logits.grad_fn, logits.output_nr) in upcast_inside((loss, logits))
+        True
+        >>> norm = logits.float().norm()  # no loss: a loss outside still needs fp32
+        >>> upcast_inside((norm, logits))
+        set()
+    """
+    if torch.compiler.is_compiling():
+        return set()
+    low: set[tuple[Any, int]] = set()
+    wide: list[Any] = []
+    for t in iter_tensors(output):
+        if t.grad_fn is None or not t.is_floating_point():
+            continue
+        if t.dtype in _LOW:
+            low.add((t.grad_fn, t.output_nr))
+        else:
+            wide.append(t.grad_fn)
+    found: set[tuple[Any, int]] = set()
+    if not low or not wide:
+        return found
+    # (node, below a loss kernel): a node is walked at most once in each state
+    todo = [(node, False) for node in wide]
+    seen = {(id(node), False) for node in wide}
+    while todo and len(found) < len(low):
+        node, below = todo.pop()
+        kind = _node_kind(node)
+        if below and kind == "ToCopyBackward":
+            # the cast's input, followed back through reshapes, slices and copies
+            chain = [edge for edge in node.next_functions if edge[0] is not None]
+            while chain:
+                edge = chain.pop()
+                if edge in low:
+                    found.add(edge)
+                elif _node_kind(edge[0]) in _SAME_DTYPE_NODES:
+                    chain.extend(e for e in edge[0].next_functions if e[0] is not None)
+        below = below or _is_loss(kind)
+        for nxt, _ in node.next_functions:
+            if nxt is not None and (id(nxt), below) not in seen:
+                seen.add((id(nxt), below))
+                todo.append((nxt, below))
+    return found
+
+
 @dataclasses.dataclass(slots=True, eq=False)
 class Boundary:
     """One module's boundary: casts on the way in, a region around the forward, casts
@@ -338,6 +418,9 @@ class Boundary:
     # (parameter_casts.called_on_its_own), its output stays fp32, as every module
     # around it then computes in fp32.
     bare_fp32: bool = False
+    # The root's output cast skips a low-precision output the model's own loss read in
+    # fp32 (ConversionConfig.outputs_read_by_loss_as_computed).
+    loss_read_as_computed: bool = False
     # Device type -> key of the region's policy for autocast_mode.enter_in_graph (made
     # when the boundary is installed, for the module's device: compiled code enters
     # the region through it); a missing or None key: entered as an ampkit.autocast.
@@ -497,8 +580,17 @@ class Boundary:
         if self.bare_fp32 and _on_its_own.modules and _on_its_own.modules[-1] is module:
             return None
         given = _given.stack[-1] if self.root and _given.stack else None
+        # The model's own loss already read these in fp32: handed back as computed, as
+        # native does, rather than held a second time in fp32 through the backward.
+        consumed = (upcast_inside(output) if self.loss_read_as_computed
+                    and self.output_dtype is torch.float32 else set())
+
+        def keep(t: torch.Tensor) -> bool:
+            return bool(consumed) and (t.grad_fn, t.output_nr) in consumed
+
         if not given:
-            return cast_tree(output, self.output_dtype, _not_double)
+            return cast_tree(output, self.output_dtype,
+                             lambda t: _not_double(t) and not keep(t))
         for new, old, version in given.values():
             # (an inference tensor has no version counter: its edits cannot be seen)
             if version >= 0 and torch_internals.tensor_version(new) != version:
@@ -514,7 +606,7 @@ class Boundary:
                 found = given.get(id(base))
                 if found is not None and found[0] is base and found[2] >= 0:
                     return _same_view(t, base, found[1])
-            if t.dtype is dtype or t.dtype is torch.float64:
+            if t.dtype is dtype or t.dtype is torch.float64 or keep(t):
                 return t
             return t.to(dtype)
 
