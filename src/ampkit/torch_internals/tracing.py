@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
+from ampkit.torch_internals.dynamo import skip_code
 from ampkit.torch_internals.entries import (
     TorchInternalsError,
     disabled,
@@ -64,8 +65,9 @@ def compiling_here() -> bool:
     compile session sets: while one thread compiles, code that another thread runs
     eagerly (a converted model's call under ``torch.compile(model)``, which runs as
     Python) would take itself for traced. Dynamo answers
-    ``torch.compiler.is_dynamo_compiling()`` True in what it traces; the compile
-    context, per thread, covers the rest of the session.
+    ``torch.compiler.is_dynamo_compiling()`` True in what it traces; for the rest of
+    the session the flag must be set and the compile context, per thread, be this
+    thread's.
 
     Example:
         >>> from ampkit.torch_internals import compiling_here
@@ -74,13 +76,25 @@ def compiling_here() -> bool:
     """
     if torch.compiler.is_dynamo_compiling():
         return True
-    return _CompileContext.current_compile_id() is not None
+    # (both: the process's flag says a session is open somewhere; the context, that
+    # it is this thread's)
+    return torch.compiler.is_compiling() and _CompileContext.current_compile_id() is not None
+
+
+# Called from a frame dynamo runs as plain Python (a converted model's call under
+# torch.compile(model)), this function would be compiled as a frame of its own, where
+# is_dynamo_compiling() is True: it runs as plain Python there (inlined, as ever, where
+# compiled code calls it).
+skip_code(compiling_here.__code__, recursive=True)
 
 
 def _compiling_here_by_public_api() -> bool:
     """:func:`compiling_here` where the compile context is unavailable: the public flag,
     which another thread's compilation sets too."""
     return torch.compiler.is_compiling()
+
+
+skip_code(_compiling_here_by_public_api.__code__, recursive=True)
 
 
 def _compiling_by_public_api() -> bool:
