@@ -257,9 +257,9 @@ def _same_view(view: torch.Tensor, cast: torch.Tensor, given: torch.Tensor) -> t
     return given.reshape(-1)[places.as_strided(view.size(), view.stride(), offset)]
 
 
-def _input_path(obj: Any, target: torch.Tensor, path: str) -> str | None:
-    """Where ``target`` sits inside ``obj`` (``path`` names ``obj``), or ``None``."""
-    if obj is target:
+def _input_path(obj: Any, targets: tuple[torch.Tensor, ...], path: str) -> str | None:
+    """Where one of ``targets`` sits inside ``obj`` (``path`` names ``obj``), or ``None``."""
+    if any(obj is target for target in targets):
         return path
     items: Any = ()
     if isinstance(obj, list | tuple):
@@ -269,7 +269,7 @@ def _input_path(obj: Any, target: torch.Tensor, path: str) -> str | None:
     elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         items = ((f"{path}.{f.name}", getattr(obj, f.name)) for f in dataclasses.fields(obj))
     for name, value in items:
-        found = _input_path(value, target, name)
+        found = _input_path(value, targets, name)
         if found is not None:
             return found
     return None
@@ -285,16 +285,20 @@ def _refuse_edited_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[
                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     except (TypeError, ValueError):
         names = []
+    # (the forward hook's arguments: the cast copies, or the caller's tensors as torch
+    # wrapped them for backward hooks where the cast is made in the forward)
+    wrapped = (cast, given)
     where = None
     for i, value in enumerate(args):
-        where = _input_path(value, cast, names[i] if i < len(names) else f"args[{i}]")
+        where = _input_path(value, wrapped, names[i] if i < len(names) else f"args[{i}]")
         if where is not None:
             break
     for key, value in kwargs.items():
-        where = where or _input_path(value, cast, key)
+        where = where or _input_path(value, wrapped, key)
     raise RuntimeError(
         f"the forward of the converted model {original_class(type(module)).__name__!r} "
-        f"edited its input {where or 'an input'!r} in place: the model's boundary hands "
+        f"edited {'one of its inputs' if where is None else f'its input {where!r}'} in "
+        f"place: the model's boundary hands "
         f"the forward a {cast.dtype} copy of your {given.dtype} tensor, so the edit "
         f"reached the copy, not your tensor (native torch.autocast edits yours, and "
         f"copying the edit back would round all of it to {cast.dtype}). Make the edit "
