@@ -25,7 +25,7 @@ import ampkit
 from ampkit.config import AmpConfig
 
 BF16 = torch.bfloat16
-VOCAB, HIDDEN, BATCH, SEQ = 8192, 16, 4, 64
+VOCAB, HIDDEN, BATCH, SEQ = 8192, 16, 4, 32
 
 
 class _TinyLM(nn.Module):
