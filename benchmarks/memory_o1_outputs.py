@@ -13,8 +13,11 @@ same fp32 step in every mode and is left out). Two ways to compute the loss:
   reference for precision and memory. ``native-bf16`` computes it after the region, on
   the bf16 logits: less memory, a bf16 loss (shown for comparison only).
 
-Modes: ``native`` (``torch.autocast("cpu", bfloat16)`` around the step's forward) and
-``O1`` (``ampkit.initialize(level="O1", dtype=torch.bfloat16)``). Peak = parameters held
+Modes: ``native`` (``torch.autocast("cpu", bfloat16)`` around the step's forward),
+``O1`` (``ampkit.initialize(level="O1", dtype=torch.bfloat16)``: outputs the model did
+not upcast for its own loss come back fp32) and ``O1-as_computed`` (the same with
+``cast_model_outputs="as_computed"``: outputs as native hands them back; a loss outside
+is computed in a ``torch.autocast`` region, as native computes it). Peak = parameters held
 + the highest point of the allocations made during the step (the PyTorch profiler's
 memory events, as ``memory_o2.py`` measures the CPU); each configuration runs in this
 one process, one after the other, from the same weights.
@@ -66,7 +69,11 @@ def step(mode: str, loss_at: str, model: torch.nn.Module, ids: torch.Tensor) -> 
             if mode == "native":
                 loss = F.cross_entropy(out.logits[:, :-1].reshape(-1, vocab),
                                        ids[:, 1:].reshape(-1))
-        if mode != "native":
+        if mode == "O1-as_computed":
+            with torch.autocast("cpu", torch.bfloat16):
+                loss = F.cross_entropy(out.logits[:, :-1].reshape(-1, vocab),
+                                       ids[:, 1:].reshape(-1))
+        elif mode != "native":
             loss = F.cross_entropy(out.logits[:, :-1].reshape(-1, vocab),
                                    ids[:, 1:].reshape(-1))
     loss.backward()
@@ -81,6 +88,9 @@ def measure(mode: str, loss_at: str, base: torch.nn.Module, ids: torch.Tensor
     model = copy.deepcopy(base)
     if mode == "O1":
         model = ampkit.initialize(model, level="O1", dtype=torch.bfloat16)
+    elif mode == "O1-as_computed":
+        model = ampkit.initialize(model, level="O1", dtype=torch.bfloat16,
+                                  cast_model_outputs="as_computed")
     step(mode, loss_at, model, ids)  # warm-up
     held = _storage_bytes(model.parameters())
     with peak_memory(torch.device("cpu"), held) as result:
@@ -101,14 +111,14 @@ def main(argv: list[str] | None = None) -> None:
                         generator=torch.Generator().manual_seed(0))
     print(f"torch {torch.__version__}; Llama vocab {args.vocab}, hidden {args.hidden}, "
           f"batch {args.batch} x {args.seq}")
-    print(f"{'loss':8} {'mode':12} {'peak MiB':>9} {'/ native':>9} {'loss value':>12}")
-    for loss_at, modes in (("inside", ("native", "O1")),
-                           ("outside", ("native", "O1", "native-bf16"))):
+    print(f"{'loss':8} {'mode':15} {'peak MiB':>9} {'/ native':>9} {'loss value':>12}")
+    for loss_at, modes in (("inside", ("native", "O1", "O1-as_computed")),
+                           ("outside", ("native", "O1", "O1-as_computed", "native-bf16"))):
         native = None
         for mode in modes:
             peak, value = measure(mode, loss_at, base, ids)
             native = native or peak
-            print(f"{loss_at:8} {mode:12} {peak / 2**20:9.1f} {peak / native:8.3f}x "
+            print(f"{loss_at:8} {mode:15} {peak / 2**20:9.1f} {peak / native:8.3f}x "
                   f"{value:12.6f}")
 
 

@@ -84,6 +84,12 @@ def _float_dtypes() -> str:
     return _dtype_values(FLOAT_DTYPES)
 
 
+def _output_values() -> str:
+    from ampkit.levels import AS_COMPUTED
+
+    return f"{_float_dtypes()}, or {AS_COMPUTED}"
+
+
 def _policies() -> str:
     from ampkit.presets import available_policies
 
@@ -250,9 +256,10 @@ class AmpConfig:
             level instead); needs ``fp8``.
         fp8_first_last: also train the model's first and last Linear in fp8; needs
             ``fp8``.
-        cast_model_outputs: the dtype the model's floating outputs are cast to
-            (``float16``, ``bfloat16`` or ``float32``, names accepted, stored as the
-            dtype); ``None`` keeps the level's default.
+        cast_model_outputs: the dtype the model's low-precision floating outputs are
+            cast to (``float16``, ``bfloat16`` or ``float32``, names accepted, stored as
+            the dtype), or ``"as_computed"`` (as the model computed them, as native
+            autocast hands them back); ``None`` keeps the level's default.
         step_in_backward: step each parameter inside backward as soon as its gradient
             is accumulated, and free the gradient (:mod:`ampkit.step_in_backward`);
             refused with loss scaling.
@@ -319,8 +326,10 @@ class AmpConfig:
         default=(), metadata=_about("qualified module names kept out of fp8"))
     fp8_first_last: bool = dataclasses.field(
         default=False, metadata=_about("train the first and last Linear in fp8 too"))
-    cast_model_outputs: torch.dtype | None = dataclasses.field(default=None, metadata=_about(
-        "dtype of the model's floating outputs; unset: the level's", _float_dtypes))
+    cast_model_outputs: torch.dtype | str | None = dataclasses.field(
+        default=None, metadata=_about(
+            "dtype of the model's low-precision floating outputs, or as_computed; unset: "
+            "the level's", _output_values))
     step_in_backward: bool = dataclasses.field(default=False, metadata=_about(
         "step each parameter inside backward as its gradient is ready (frees gradients)"))
     compile_step: bool = dataclasses.field(default=False, metadata=_about(

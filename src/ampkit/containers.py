@@ -31,6 +31,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from ampkit import torch_internals
+from ampkit.compile_frames import not_traced
+
 __all__ = ["is_container", "iter_leaves", "iter_tensors", "map_leaves", "map_tensors"]
 
 T = TypeVar("T")
@@ -213,27 +216,84 @@ def _map(obj: Any, fn: Callable[[Any], Any], tensors_only: bool,
     return obj if tensors_only else fn(obj)
 
 
-def _map_traced(obj: Any, fn: Callable[[Any], Any], tensors_only: bool) -> Any:
-    # What torch.compile traces (dynamo follows neither identity tests on containers
-    # nor the library-level construction above): every container rebuilt, through its
-    # own constructor, a dataclass through dataclasses.replace.
+def _plain_namedtuple(cls: type) -> bool:
+    # A class collections.namedtuple or typing.NamedTuple made, not a subclass of one
+    # (which may add a __new__, an __init__ or instance attributes of its own).
+    # (getattr, not hasattr: dynamo on torch 2.11 traces only the one on a class)
+    return cls.__bases__ == (tuple,) and getattr(cls, "_fields", None) is not None
+
+
+def _map_traced(obj: Any, fn: Callable[[Any], Any], tensors_only: bool,
+                memo: list[tuple[torch.Tensor, Any]]) -> tuple[Any, bool]:
+    # What torch.compile traces: the walk above in the constructions dynamo follows,
+    # with the same results (an unchanged container handed back itself, a tensor reached
+    # twice mapped once, no user code run); (the result, whether anything in it
+    # changed), since dynamo compares tensors by identity but not containers. A
+    # container that dynamo cannot rebuild that way (a dict, list or tuple subclass of
+    # the user's, a Hugging Face ModelOutput) is rebuilt by the eager walk outside the
+    # graph, never approximately inside it.
     if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, list):
-        return [_map_traced(v, fn, tensors_only) for v in obj]
-    if isinstance(obj, tuple):
-        items = [_map_traced(v, fn, tensors_only) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, dict):
-        out = type(obj)() if type(obj) is not dict else {}
-        for k, v in obj.items():
-            out[k] = _map_traced(v, fn, tensors_only)
-        return out
-    if _is_dataclass_instance(obj):
-        return dataclasses.replace(obj, **{
-            f.name: _map_traced(getattr(obj, f.name), fn, tensors_only)
-            for f in dataclasses.fields(obj) if f.init})
-    return obj if tensors_only else fn(obj)
+        # (a list searched by identity: dynamo cannot take the id() of a tensor made
+        # inside the graph)
+        for seen, mapped in memo:
+            if seen is obj:
+                return mapped, mapped is not obj
+        mapped = fn(obj)
+        memo.append((obj, mapped))
+        return mapped, mapped is not obj
+    cls = type(obj)
+    if cls is list or cls is tuple or (isinstance(obj, tuple) and (
+            _plain_namedtuple(cls) or cls.__module__ == "torch.return_types")):
+        pairs = [_map_traced(v, fn, tensors_only, memo) for v in obj]
+        if not any(changed for _, changed in pairs):
+            return obj, False
+        items = [v for v, _ in pairs]
+        if cls is list:
+            return items, True
+        if cls is tuple:
+            return tuple(items), True
+        if cls.__module__ == "torch.return_types":  # a C struct sequence
+            return cls(items), True
+        # (the __new__ namedtuple generated: typing.NamedTuple forbids one of the user's)
+        return cls(*items), True
+    if cls is dict or cls is collections.OrderedDict or cls is collections.defaultdict:
+        keys = list(obj.keys())
+        pairs = [_map_traced(obj[k], fn, tensors_only, memo) for k in keys]
+        if not any(changed for _, changed in pairs):
+            return obj, False
+        new: dict[Any, Any]
+        if cls is collections.defaultdict:
+            new = collections.defaultdict(obj.default_factory)
+        else:
+            new = {} if cls is dict else collections.OrderedDict()
+        for k, (v, _) in zip(keys, pairs, strict=True):
+            new[k] = v
+        return new, True
+    if _is_dataclass_instance(obj) and not isinstance(obj, list | tuple | dict):
+        names = _fields(obj)
+        pairs = [_map_traced(getattr(obj, n), fn, tensors_only, memo) for n in names]
+        if not any(changed for _, changed in pairs):
+            return obj, False
+        new = object.__new__(cls)
+        state = getattr(obj, "__dict__", None)
+        if state is not None:
+            for n, v in state.items():  # attributes beyond the fields, as they are
+                if n not in names:
+                    object.__setattr__(new, n, v)
+        for n, (v, _) in zip(names, pairs, strict=True):
+            object.__setattr__(new, n, v)  # (a frozen or slotted dataclass's too)
+        return new, True
+    if is_container(obj):
+        return _rebuilt_outside_the_graph(obj, fn, tensors_only), True
+    # (another leaf: dynamo compares only tensors by identity)
+    return (obj, False) if tensors_only else (fn(obj), True)
+
+
+@not_traced
+def _rebuilt_outside_the_graph(obj: Any, fn: Callable[[Any], Any], tensors_only: bool) -> Any:
+    """Where compiled code hands a container it cannot rebuild to the walk: the eager
+    walk, run as Python (a graph break; ``fullgraph=True``: the error naming this)."""
+    return _map(obj, fn, tensors_only, {})
 
 
 def map_leaves(obj: T, fn: Callable[[Any], Any]) -> T:
@@ -247,7 +307,7 @@ def map_leaves(obj: T, fn: Callable[[Any], Any]) -> T:
         Pair(a=10, b=[20, {'k': 30}])
     """
     if torch.compiler.is_compiling():
-        return _map_traced(obj, fn, False)  # type: ignore[no-any-return]
+        return _map_traced(obj, fn, False, [])[0]  # type: ignore[no-any-return]
     return _map(obj, fn, False, {})  # type: ignore[no-any-return]
 
 
@@ -261,5 +321,14 @@ def map_tensors(obj: T, fn: Callable[[torch.Tensor], Any]) -> T:
         {'x': tensor([2.]), 'tag': 'a'}
     """
     if torch.compiler.is_compiling():
-        return _map_traced(obj, fn, True)  # type: ignore[no-any-return]
+        return _map_traced(obj, fn, True, [])[0]  # type: ignore[no-any-return]
     return _map(obj, fn, True, {})  # type: ignore[no-any-return]
+
+
+torch_internals.mark_dynamo_disabled(
+    _rebuilt_outside_the_graph,
+    "ampkit: a container that compiled code cannot rebuild without running its class's "
+    "code (a dict, list or tuple subclass, such as a Hugging Face ModelOutput) holds a "
+    "tensor the model's boundary casts; it is rebuilt as Python, outside the graph, as "
+    "in eager mode. Compile the model itself (torch.compile(model)), or return a "
+    "dataclass, a dict, an OrderedDict, a defaultdict or a named tuple, to get one graph")

@@ -45,10 +45,13 @@ point:
 * ``loss_scale``: ``"dynamic"``, a static scale (a positive number) or ``None``;
 * ``patch_ops``: the model's forward runs inside :class:`ampkit.autocast`, so each op
   is cast by the policy's lists;
-* ``cast_model_outputs``: the dtype the model's floating outputs are cast to
-  (``None``: as computed). float32 at O1, O2 and O3: a loss computed outside the model
-  is then never computed in lower precision than native autocast computes it inside
-  its region.
+* ``cast_model_outputs``: the dtype the model's low-precision floating outputs are cast
+  to (``None`` or ``"as_computed"``: as computed, as native autocast hands them back).
+  float32 at O1, O2 and O3: a loss computed outside the model is then never computed
+  in lower precision than native autocast computes it inside its region. An output the
+  model itself upcast for an fp32 tensor it also returns (its own loss) comes back as
+  computed: it was already read in full precision, and a second fp32 copy of the
+  logits would cost memory native does not spend.
 
 =====  ==========  ==========  =======  ============  =========  ==========
 level  cast_model  keep_norms  master   loss_scale    patch_ops  cast_model
@@ -105,6 +108,7 @@ from ampkit.registry import OpEntry, autocast_fp32_ops
 
 __all__ = [
     "APEX_OVERRIDES",
+    "AS_COMPUTED",
     "LEVEL_PROPERTY_NAMES",
     "PURE_MASTER_WEIGHTS",
     "MasterWeights",
@@ -334,7 +338,11 @@ class LevelProperties:
     master_weights: MasterWeights
     loss_scale: str | float | None
     patch_ops: bool
-    cast_model_outputs: torch.dtype | None
+    cast_model_outputs: torch.dtype | str | None
+    # The level's own output cast, not one asked for: an output the model's own loss
+    # read in fp32 keeps its dtype (docs/levels.md, "What the fp32 outputs cost"). An
+    # explicit cast_model_outputs casts every low-precision output, as apex does.
+    outputs_by_level: bool = dataclasses.field(default=True, compare=False, repr=False)
 
     @property
     def casts_parameters(self) -> bool:
@@ -478,7 +486,7 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
         if name == "cast_model_type":
             checked[name] = _cast_model_type(value)
         elif name == "cast_model_outputs":
-            checked[name] = parse_dtype(value, name, accept=FLOAT_DTYPES, allow_none=True)
+            checked[name] = _cast_model_outputs(value)
         elif name == "loss_scale":
             checked[name] = parse_loss_scale(value)
         elif name == "master_weights":
@@ -487,7 +495,23 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
             checked[name] = _optional_bool(value, name)
     props = {**_defaults(lvl, low), **checked}
     _refuse(lvl, props, given)
-    return LevelProperties(level=lvl, dtype=low, **props)
+    return LevelProperties(level=lvl, dtype=low, **props,
+                           outputs_by_level="cast_model_outputs" not in checked)
+
+
+#: ``cast_model_outputs``'s value for outputs handed back exactly as the model computed
+#: them (native autocast's outputs), whatever the level's default.
+AS_COMPUTED = "as_computed"
+
+
+def _cast_model_outputs(value: Any) -> torch.dtype | str | None:
+    if isinstance(value, str) and value.strip().lower() == AS_COMPUTED:
+        return AS_COMPUTED
+    try:
+        return parse_dtype(value, "cast_model_outputs", accept=FLOAT_DTYPES, allow_none=True)
+    except ValueError as error:
+        raise ValueError(f"{error}; or {AS_COMPUTED!r} to hand the model's outputs back "
+                         f"as computed") from None
 
 
 def describe_levels(dtype: torch.dtype | str | None = None) -> str:
@@ -608,7 +632,9 @@ def conversion_config(props: LevelProperties, *,
                                                                     custom_black_list)
                 if props.patch_ops else None),
         input_dtype=model_dtype if low else None,
-        output_dtype=props.cast_model_outputs,
+        output_dtype=(props.cast_model_outputs
+                      if isinstance(props.cast_model_outputs, torch.dtype) else None),
+        outputs_read_by_loss_as_computed=props.outputs_by_level,
         state_dict_dtype=parse_dtype(state_dict_dtype, "state_dict_dtype",
                                      accept=FLOAT_DTYPES, allow_none=True),
         params_as_given=as_given,

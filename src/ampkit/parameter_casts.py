@@ -62,7 +62,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -289,7 +291,7 @@ def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = Tru
         False
     """
     copies = _pass.copies
-    if (not cache or copies is None or torch.compiler.is_compiling()
+    if (not cache or copies is None or torch_internals.compiling_here()
             or torch.is_inference_mode_enabled()):
         return param.to(dtype)
     return _cached_cast(param, dtype, torch.is_grad_enabled(), copies)
@@ -371,7 +373,7 @@ class CastParametersOnUse:
             >>> lin.weight.dtype
             torch.float32
         """
-        swap_params(module, swapped, self.dtype, torch.compiler.is_compiling(), self.keep,
+        swap_params(module, swapped, self.dtype, torch_internals.compiling_here(), self.keep,
                     self.bare_fp32, inputs)
 
     def before(self, module: nn.Module, args: Any) -> None:
@@ -440,6 +442,10 @@ class CastParametersOnUse:
         # truth)
         module.register_state_dict_pre_hook(_state_dict_begins)
         module.register_state_dict_post_hook(truth_in_state_dict)
+        # load_state_dict waits for a forward another thread runs in the module, and
+        # holds it while loading: the values land in the fp32 parameters
+        module.register_load_state_dict_pre_hook(_load_begins)
+        module.register_load_state_dict_post_hook(_load_ends)
 
 
 def own_cast_hooks(module: nn.Module) -> CastParametersOnUse | None:
@@ -534,7 +540,8 @@ _HELD = "_ampkit_held_by"
 
 def _hold(module: nn.Module, swapped: Swapped) -> None:
     """Mark ``module``'s ``_parameters`` as holding this thread's copies for the swap
-    recorded in ``swapped``, or raise when another thread's forward holds them.
+    recorded in ``swapped``; where another thread's forward (or ``load_state_dict``)
+    holds them, wait until it is done (:func:`_wait_to_hold`).
 
     The copies live in the module's own ``_parameters``, which every thread shares: a
     second thread's forward of the same module would compute with the first's copies
@@ -548,31 +555,186 @@ def _hold(module: nn.Module, swapped: Swapped) -> None:
     if held[1] is swapped:
         _held[id(module)] = module
     elif held[0] != me:
-        raise RuntimeError(_two_threads_message(module, held[0]))
+        _wait_to_hold(module, swapped, me)
+    elif held[1] is _LOADING and not _loading_here():
+        # (this thread's load_state_dict ended by an exception before its post-hook)
+        module.__dict__[_HELD] = (me, swapped)
+        _held[id(module)] = module
 
 
-def _two_threads_message(module: nn.Module, other: int) -> str:
-    name = next((t.name for t in threading.enumerate() if t.ident == other), str(other))
+# One condition for every wait: a module's release notifies it when a thread waits.
+_wait = threading.Condition(threading.Lock())
+# thread ident -> the module it waits to hold (only while it waits; under _wait)
+_waiting: dict[int, nn.Module] = {}
+# How often a waiting thread looks again at what the holder does (a release wakes it
+# at once): whether the wait could still end.
+_POLL_S = 0.02
+# How long a holder may stay blocked in a wait of Python's threading, queue or
+# concurrent.futures (or in a backward) inside its forward before a thread waiting for
+# the module is refused: the holder may be waiting for that very thread.
+_BLOCKED_S = 0.5
+#: The Swapped list of a mark made by ``load_state_dict`` (no copies are in place).
+_LOADING: Swapped = []
+
+
+def _wait_to_hold(module: nn.Module, swapped: Swapped, me: int) -> None:
+    """Wait until no other thread holds ``module``, then hold it; raise
+    ``RuntimeError`` instead where the wait could never end (:func:`_never_ends`)."""
+    blocked_since: dict[tuple[int, int], float] = {}
+    with _wait:
+        _waiting[me] = module
+        try:
+            while True:
+                held = module.__dict__.setdefault(_HELD, (me, swapped))
+                if held[1] is _LOADING and held[0] != me and not _loading_in(held[0]):
+                    # (that thread's load_state_dict ended by an exception before its
+                    # post-hook: nothing is in place, the mark is stale)
+                    module.__dict__[_HELD] = held = (me, swapped)
+                if held[1] is swapped:
+                    if swapped is not _LOADING:
+                        _held[id(module)] = module
+                    return
+                refusal = _never_ends(module, held[0], me, blocked_since)
+                if refusal is not None:
+                    raise RuntimeError(refusal)
+                _wait.wait(_POLL_S)
+        finally:
+            del _waiting[me]
+
+
+_WAITS = {("threading", "wait"), ("threading", "join"), ("threading", "acquire"),
+          ("threading", "_wait_for_tstate_lock"), ("queue", "get"), ("queue", "put"),
+          ("_base", "result"), ("_base", "wait"), ("_base", "exception"),
+          ("graph", "_engine_run_backward")}
+
+
+def _blocked_in(ident: int) -> str | None:
+    """What thread ``ident`` is blocked in, where its innermost Python frame is a wait
+    of ``threading``, ``queue`` or ``concurrent.futures``, or autograd's run of a
+    backward (a backward called inside a forward): ``"module.function"``; else None."""
+    frame = sys._current_frames().get(ident)
+    if frame is None:
+        return None
+    code = frame.f_code
+    module_name = code.co_filename.rsplit("/", 1)[-1].removesuffix(".py")
+    if (module_name, code.co_name) in _WAITS:
+        return f"{module_name}.{code.co_name}"
+    return None
+
+
+def _never_ends(module: nn.Module, holder: int, me: int,
+                blocked_since: dict[tuple[int, int], float]) -> str | None:
+    """Why this thread's wait for ``module``, held by thread ``holder``, might never
+    end, or None. Follows the chain of waits (the holder waiting for a module another
+    thread holds, ...): a chain back to this thread is a deadlock; a chain ending in a
+    thread blocked (for ``_BLOCKED_S``) in a wait inside its forward may be one, if
+    what it waits for is this thread."""
+    thread, seen = holder, set()
+    while thread not in seen:
+        seen.add(thread)
+        waits_for = _waiting.get(thread)
+        if waits_for is None:
+            where = _blocked_in(thread)
+            if where is None:
+                blocked_since.pop((thread, 0), None)
+                return None
+            since = blocked_since.setdefault((thread, 0), time.monotonic())
+            if time.monotonic() - since < _BLOCKED_S:
+                return None
+            return _wait_refused(module, holder, (
+                f"thread {_thread_name(thread)} has been blocked in {where} for "
+                f"{_BLOCKED_S} s while inside a forward: it may be waiting for this "
+                f"thread, which would then wait for ever"))
+        held = waits_for.__dict__.get(_HELD)
+        if held is None:
+            return None  # about to be released: the waiter is woken
+        if held[0] == me:
+            return _wait_refused(module, holder, (
+                f"thread {_thread_name(thread)} waits for {type(waits_for).__name__!r}, "
+                f"which this thread is inside: the two would wait for each other (the "
+                f"modules are entered in opposite orders)"))
+        thread = held[0]
+    return None
+
+
+def _thread_name(ident: int) -> str:
+    name = next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
+    return repr(name)
+
+
+def _wait_refused(module: nn.Module, holder: int, why: str) -> str:
     return (
         f"two threads ran the forward of one O2-converted module at once: thread "
         f"{threading.current_thread().name!r} entered {type(module).__name__!r} while "
-        f"thread {name!r} is inside its forward. At O2 a module computes with "
-        f"low-precision copies of its fp32 parameters, which its forward puts in the "
-        f"module's own _parameters, shared by every thread: the two forwards would "
-        f"compute with, and send gradients through, each other's copies. Give each "
-        f"thread a converted model of its own (serve from a copy, "
-        f"serving = copy.deepcopy(model), refreshed with "
-        f"serving.load_state_dict(model.state_dict()) between steps), or convert at "
-        f"O1, whose casts are per thread")
+        f"thread {_thread_name(holder)} is inside its forward (or its load_state_dict). "
+        f"At O2 a module computes with low-precision copies of its fp32 parameters, "
+        f"which its forward puts in the module's own _parameters, shared by every "
+        f"thread, so a second thread waits until the first is done; this wait is "
+        f"refused because {why}. Give each thread a converted model of its own "
+        f"(serving = copy.deepcopy(model), refreshed with "
+        f"serving.load_state_dict(model.state_dict())), or convert at O1, whose casts "
+        f"are per thread")
 
 
 def _release(module: nn.Module, swapped: Swapped) -> None:
-    # Only the swap that made the mark removes it (a nested one on the same thread, or
-    # another thread's refused one, leaves it).
+    # Only the swap that made the mark removes it (a nested one on the same thread
+    # leaves it).
     held = module.__dict__.get(_HELD)
     if held is not None and held[1] is swapped:
         _held.pop(id(module), None)
         del module.__dict__[_HELD]
+        # (a waiter registers before it looks at the mark: one that has not yet
+        # registered will find the mark gone)
+        if _waiting:
+            with _wait:
+                _wait.notify_all()
+
+
+class _Loads(threading.local):
+    def __init__(self) -> None:
+        # the modules this thread's load_state_dict holds, innermost last
+        self.stack: list[nn.Module] = []
+
+
+_loads = _Loads()
+
+
+def _loading_here() -> bool:
+    """Whether this thread runs ``nn.Module.load_state_dict`` now."""
+    return _loading_in(threading.get_ident())
+
+
+def _loading_in(ident: int) -> bool:
+    """Whether thread ``ident`` runs ``nn.Module.load_state_dict`` now."""
+    frame: Any = sys._current_frames().get(ident)
+    load = nn.Module.load_state_dict.__code__
+    while frame is not None:
+        if frame.f_code is load:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _load_begins(module: nn.Module, *args: Any) -> None:
+    """``load_state_dict`` pre-hook of a module cast on use: hold the module (waiting
+    for a forward another thread runs in it) until its own entries are loaded, so that
+    they land in the fp32 parameters, not in a forward's low-precision copies."""
+    me = threading.get_ident()
+    held = module.__dict__.setdefault(_HELD, (me, _LOADING))
+    if held[1] is _LOADING and held[0] == me:
+        pass
+    elif held[0] != me:
+        _wait_to_hold(module, _LOADING, me)
+    else:
+        return  # inside this thread's own forward of the module: its rule applies
+    _loads.stack.append(module)
+
+
+def _load_ends(module: nn.Module, incompatible: Any) -> None:
+    stack = _loads.stack
+    if stack and stack[-1] is module:
+        stack.pop()
+        _release(module, _LOADING)
 
 
 # id(module) -> module, for every module whose _parameters hold copies now, whichever
@@ -737,7 +899,7 @@ def restore_swapped(module: nn.Module, swapped: Swapped, where: str = "") -> Non
     params: dict[str, Any] = torch_internals.module_parameters(module)
     edited = None
     # (traced, a copy swapped in eagerly has a symbolic version: not checked there)
-    checked = not torch.compiler.is_compiling()
+    checked = not torch_internals.compiling_here()
     for name, p, version in swapped:
         low = params[name]
         params[name] = p

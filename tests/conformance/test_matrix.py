@@ -17,6 +17,7 @@ import re
 import warnings
 from typing import Any
 
+import conformance_boundary
 import conformance_cells as C
 import conformance_truth
 import pytest
@@ -60,6 +61,10 @@ SUBSET = {
     *(("truth_probe", m, mach) for m in ("O0", "O1_bf16", "O1_fp16_scaler", "O2_bf16",
                                          "O2_fp16_scaler", "O3_bf16", "pure_bf16_kahan")
       for mach in conformance_truth.MACHINERY),
+    # the boundary's output rule: containers, float64, views and in-place edits of
+    # inputs, backward hooks, eager and in a compiled function (a tiny model)
+    *(("boundary_probe", m, mach) for m in ("O1_bf16", "O2_bf16", "O3_bf16")
+      for mach in conformance_boundary.MACHINERY),
 }
 
 
@@ -113,8 +118,9 @@ def _cells(everything: bool) -> list[Any]:
             for mach in machinery:
                 if mach == "torch_compile" and mode.name not in COMPILED_MODES:
                     continue  # not crossed (see COMPILED_MODES)
-                if mach in conformance_truth.MACHINERY and crossed is None:
-                    continue  # truth_probe's own (an architecture that lists it)
+                if (mach in conformance_truth.MACHINERY
+                        or mach in conformance_boundary.MACHINERY) and crossed is None:
+                    continue  # a probe's own (an architecture that lists it)
                 if crossed is not None and mach not in crossed:
                     continue  # not crossed (the architecture's own list)
                 if not everything and (arch, mode.name, mach) not in SUBSET:

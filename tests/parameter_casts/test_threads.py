@@ -1,21 +1,24 @@
 """One O2 model, two threads: a training thread and a serving thread (predictions under
-``no_grad``), the pattern of evaluating or serving while fine-tuning.
+``no_grad``), the pattern of evaluating or serving while fine-tuning; a thread loading a
+state_dict while another predicts; a compiled model beside another thread's compile.
 
 At O2 a module's forward puts low-precision copies of its parameters in the module's
 own ``_parameters``, which both threads share. A forward entered while another thread
-is inside the same module is refused (``RuntimeError`` naming the rule and what to do);
-nothing else changes, so a training loop that retries a refused step trains exactly as
-a single thread does, and a read of the parameters from either thread gives the fp32
-truth. Oracle: the same training run on one thread, grads and parameters bit for bit;
-the serving thread's predictions against a plain ``no_grad`` forward of the same model.
+is inside the same module waits until that forward is done, so each forward computes
+with its own copies and the run trains as one thread does; a wait that could never end
+(the threads waiting for each other) is refused with ``RuntimeError`` naming the rule.
+Oracle: the same training run on one thread, grads and parameters bit for bit; the
+values a load put in, read back as the fp32 parameters.
 
-A *gate* makes the overlap deterministic: a layer whose forward, on the serving
-thread, waits inside (its copies swapped in) until the test lets it go."""
+A *gate* makes the overlap deterministic: a layer whose forward, on one thread, stays
+inside (its copies swapped in) until the test lets it go."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -35,11 +38,22 @@ class _Gate(nn.Linear):
         super().__init__(n, n)
         self.inside = threading.Event()
         self.release = threading.Event()
+        # spin: hold the thread busy (as a long forward does) rather than blocked in
+        # Event.wait (a holder blocked in a wait may be waiting for the waiter)
+        self.spin = False
+        self.log: list[str] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if threading.current_thread().name == "serving" and not self.release.is_set():
+        me = threading.current_thread().name
+        if me == "serving" and not self.release.is_set():
             self.inside.set()
-            assert self.release.wait(30)
+            if self.spin:
+                deadline = time.monotonic() + 30
+                while not self.release.is_set() and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            else:
+                assert self.release.wait(30)
+        self.log.append(me)
         return super().forward(x)
 
 
@@ -94,36 +108,156 @@ def _assert_same(a, b) -> None:
             ga, list) else torch.equal(ga, gb)
 
 
-def test_training_forward_while_serving_inside_is_refused_then_trains_as_one_thread():
+@contextlib.contextmanager
+def _compiling_elsewhere():
+    """A third thread inside a torch.compile session (its backend held open) for the
+    block: torch.compiler.is_compiling() is a flag of the whole process, set then."""
+    entered, release = threading.Event(), threading.Event()
+
+    def backend(gm, example_inputs):
+        entered.set()
+        assert release.wait(60)
+        return gm
+
+    thread = threading.Thread(target=lambda: torch.compile(
+        lambda t: t * 2, backend=backend)(torch.ones(3)), name="compiling")
+    thread.start()
+    try:
+        assert entered.wait(60)
+        assert torch.compiler.is_compiling()  # (seen from this thread too)
+        yield
+    finally:
+        release.set()
+        thread.join(60)
+
+
+@pytest.mark.parametrize("compiling_elsewhere", [False, True])
+def test_training_forward_waits_for_the_serving_forward_then_trains_as_one_thread(
+        compiling_elsewhere):
+    # The serving thread is inside the gate with its copies in place, busy. The training
+    # forward reaching the gate waits (no refusal) until the serving forward has left
+    # it, then computes with its own copies: the run equals one thread's. So too while
+    # a third thread compiles something (torch's is_compiling() flag is then set for
+    # every thread: the eager forwards must not take themselves for traced).
     batches = _batches(3)
     ref_grads, ref_params = _train(_model(), batches)
 
     model = _model()
     gate = model[2]
+    gate.spin = True
     x_serve = torch.randn(4, 16)
     with torch.no_grad():
         gate.release.set()
         expected = model(x_serve)  # the serving thread's prediction, on its own
         gate.release.clear()
+    gate.log.clear()
     out: dict = {}
     serving = _serving_thread(model, x_serve, out)
     serving.start()
     assert gate.inside.wait(30)
-    # The serving thread is inside the gate with its copies in place: the training
-    # forward reaches the gate and is refused, naming the rule and the way out.
-    with pytest.raises(RuntimeError, match=r"two threads.*_parameters.*copy\.deepcopy"
-                       r".*O1") as refused:
-        model(batches[0][0])
-    assert "'_Gate'" in str(refused.value) and "'serving'" in str(refused.value)
-    # The refusal touched nothing: no grads, parameters back in every module.
-    assert all(p.grad is None for p in model.parameters())
-    gate.release.set()
-    serving.join(30)
+    timer = threading.Timer(0.3, gate.release.set)
+    try:
+        with _compiling_elsewhere() if compiling_elsewhere else contextlib.nullcontext():
+            timer.start()
+            grads, params = _train(model, batches)  # its first forward waits at the gate
+    finally:
+        gate.release.set()
+        timer.cancel()
+        serving.join(30)
+    assert not serving.is_alive()
     assert "error" not in out
     assert torch.equal(out["y"], expected)
+    assert gate.log[0] == "serving" and gate.log[1] == "MainThread"  # it did wait
+    _assert_same(grads, ref_grads)
+    _assert_same(params, ref_params)
+
+
+def test_forward_waiting_for_a_holder_blocked_in_a_wait_is_refused_and_changes_nothing():
+    # The serving thread is inside the gate, blocked in Event.wait: it may be waiting
+    # for the training thread (which sets the event only after its own forward), so
+    # waiting could be for ever. The training forward is refused, naming the rule and
+    # the way out; the refusal touched nothing, and a retry trains as one thread.
+    batches = _batches(3)
+    ref_grads, ref_params = _train(_model(), batches)
+
+    model = _model()
+    gate = model[2]
+    out: dict = {}
+    serving = _serving_thread(model, torch.randn(4, 16), out)
+    serving.start()
+    try:
+        assert gate.inside.wait(30)
+        with pytest.raises(RuntimeError, match=r"two threads.*'_Gate'.*'serving'.*blocked "
+                           r"in threading\.wait.*waiting for this thread.*copy\.deepcopy"
+                           r".*O1") as refused:
+            model(batches[0][0])
+        assert "'MainThread'" in str(refused.value)
+        assert all(p.grad is None for p in model.parameters())
+        assert all(type(p) is nn.Parameter and p.dtype is torch.float32
+                   for m in model.modules() if m is not gate
+                   for p in m._parameters.values())
+    finally:
+        gate.release.set()
+        serving.join(30)
+    assert "error" not in out
     grads, params = _train(model, batches)
     _assert_same(grads, ref_grads)
     _assert_same(params, ref_params)
+
+
+def test_two_threads_entering_modules_in_opposite_orders_are_refused_not_deadlocked():
+    # Thread "a" is inside module A and calls B; thread "b" is inside B and calls A.
+    # Each would wait for the other for ever: the second to wait is refused, and the
+    # first then proceeds.
+    inside = {"a": threading.Event(), "b": threading.Event()}
+
+    class _Calls(nn.Linear):
+        def __init__(self, me: str, other: str) -> None:
+            super().__init__(8, 8)
+            self.me, self.other = me, other
+            self.next: list[nn.Module] = []  # (not a child: no cycle among modules)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = super().forward(x)
+            if threading.current_thread().name == self.me:
+                inside[self.me].set()
+                deadline = time.monotonic() + 30
+                while not inside[self.other].is_set() and time.monotonic() < deadline:
+                    time.sleep(0.001)  # busy, not blocked in a wait
+                y = self.next[0](y)
+            return y
+
+    torch.manual_seed(0)
+    model = ampkit.initialize(nn.Sequential(_Calls("a", "b"), _Calls("b", "a")),
+                              level="O2", dtype="bfloat16")
+    a, b = model[0], model[1]
+    a.next.append(b)
+    b.next.append(a)
+    x = torch.randn(2, 8)
+    results: dict = {}
+
+    def run(name: str, module: nn.Module) -> None:
+        try:
+            with torch.no_grad():
+                results[name] = module(x.to(torch.bfloat16))
+        except RuntimeError as e:
+            results[name] = e
+
+    threads = [threading.Thread(target=run, args=("a", a), name="a"),
+               threading.Thread(target=run, args=("b", b), name="b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    errors = [r for r in results.values() if isinstance(r, RuntimeError)]
+    assert len(errors) == 1, results
+    assert "wait for each other" in str(errors[0]) and "opposite orders" in str(errors[0])
+    done = next(r for r in results.values() if isinstance(r, torch.Tensor))
+    assert done.dtype is torch.bfloat16
+    # every module has its fp32 parameters back
+    assert all(type(p) is nn.Parameter and p.dtype is torch.float32
+               for p in [*a._parameters.values(), *b._parameters.values()])
 
 
 def test_serving_forward_while_training_inside_is_refused():
@@ -195,26 +329,36 @@ def test_parameters_and_state_dict_read_from_another_thread_give_the_truth():
     assert "error" not in out
 
 
-def test_training_with_a_serving_thread_trains_as_one_thread():
+def test_training_with_a_serving_thread_trains_as_one_thread(monkeypatch):
     # The pattern as users run it, with no gate: a serving thread predicting in a loop
-    # while the training thread trains, retrying a refused forward. Bit for bit the
-    # single-thread run; every completed prediction is a plain no_grad forward.
+    # while the training thread trains. No forward is refused (each waits for the
+    # module the other is inside), and the training run is bit for bit the
+    # single-thread run.
     batches = _batches(40)
     ref_grads, ref_params = _train(_model(), batches)
     model = _model()
     model[2].release.set()
     stop = threading.Event()
-    refused = {"serving": 0, "training": 0}
+    served, errors, waits = [0], [], []
+    wait_to_hold = ampkit.parameter_casts._wait_to_hold
+
+    def counted(*args):
+        waits.append(threading.current_thread().name)
+        return wait_to_hold(*args)
+
+    monkeypatch.setattr(ampkit.parameter_casts, "_wait_to_hold", counted, raising=False)
 
     def serve() -> None:
         x = torch.randn(4, 16)
         while not stop.is_set():
             try:
                 with torch.no_grad():
-                    model(x)
-            except RuntimeError as e:
-                assert "two threads" in str(e)
-                refused["serving"] += 1
+                    y = model(x)
+                assert y.dtype is torch.float32 and bool(torch.isfinite(y).all())
+                served[0] += 1
+            except BaseException as e:  # handed to the test thread
+                errors.append(e)
+                return
 
     serving = threading.Thread(target=serve, name="serving")
     # (threads switch every 10 us instead of 5 ms: the two forwards overlap in every
@@ -223,12 +367,192 @@ def test_training_with_a_serving_thread_trains_as_one_thread():
     sys.setswitchinterval(1e-5)
     serving.start()
     try:
-        grads, params = _train(model, batches, on_refused=lambda: refused.__setitem__(
-            "training", refused["training"] + 1))
+        grads, params = _train(model, batches)
     finally:
         stop.set()
         serving.join(30)
         sys.setswitchinterval(interval)
-    assert refused["serving"] + refused["training"] > 0  # the threads did meet
+    assert not serving.is_alive()
+    assert errors == []
+    assert served[0] > 0 and waits  # the threads did meet, and waited
+    _assert_same(grads, ref_grads)
+    _assert_same(params, ref_params)
+
+
+def test_load_state_dict_from_another_thread_waits_and_lands_in_the_fp32_parameters():
+    # The serving thread is inside the gate (its low-precision copies in the gate's
+    # _parameters). A refresh, serving.load_state_dict(trained.state_dict()), from the
+    # training thread waits for that forward, then loads into the fp32 parameters.
+    model = _model()
+    gate = model[2]
+    gate.spin = True
+    new = {k: torch.full_like(v, 0.03125) for k, v in model.state_dict().items()}
+    out: dict = {}
+    serving = _serving_thread(model, torch.randn(4, 16), out)
+    serving.start()
+    assert gate.inside.wait(30)
+    timer = threading.Timer(0.3, gate.release.set)
+    timer.start()
+    try:
+        model.load_state_dict(new)
+    finally:
+        gate.release.set()
+        timer.cancel()
+        serving.join(30)
+    assert not serving.is_alive() and "error" not in out
+    for name, p in model.named_parameters():
+        assert type(p) is nn.Parameter and p.dtype is torch.float32
+        assert torch.equal(p.detach(), new[name]), name
+    assert all(torch.equal(v, new[k]) for k, v in model.state_dict().items())
+
+
+def test_every_load_state_dict_from_another_thread_lands_during_forwards():
+    # A loader thread refreshes the model (load_state_dict) again and again while the
+    # main thread predicts: each load is, right after it returns, what the parameters
+    # hold in fp32, and no forward fails.
+    torch.manual_seed(0)
+    model = ampkit.initialize(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4)),
+                              level="O2", dtype="bfloat16")
+    keys = list(model.state_dict())
+    dicts = [{k: torch.full_like(v, 0.01 * (i + 1)) for k, v in model.state_dict().items()}
+             for i in range(7)]
+    lost, errors, loads = [], [], [0]
+    stop = threading.Event()
+
+    def loader() -> None:
+        try:
+            while not stop.is_set():
+                sd = dicts[loads[0] % 7]
+                model.load_state_dict(sd)
+                loads[0] += 1
+                now = dict(model.named_parameters())
+                if not all(now[k].dtype is torch.float32 and torch.equal(now[k], sd[k])
+                           for k in keys):
+                    lost.append(loads[0])
+        except BaseException as e:  # handed to the test thread
+            errors.append(e)
+
+    x = torch.randn(8, 16)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    thread = threading.Thread(target=loader, name="loader")
+    thread.start()
+    try:
+        for _ in range(300):
+            with torch.no_grad():
+                model(x)
+    finally:
+        stop.set()
+        thread.join(30)
+        sys.setswitchinterval(interval)
+    assert not thread.is_alive()
+    assert errors == [] and lost == [] and loads[0] > 0
+    model.load_state_dict(dicts[0])
+    assert all(torch.equal(v, dicts[0][k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.slow  # (two inductor compilations of a small model: ~50 s on 2 loaded cores)
+def test_compiled_model_beside_another_threads_compilation_trains_as_alone():
+    # torch.compile(model) runs the model's call (its boundary) as Python and compiles
+    # its forward. While another thread compiles (a backend held open here), torch's
+    # flag torch.compiler.is_compiling() is set for the whole process: the model's
+    # eager call must not take itself for traced. A step then equals the step alone.
+    def run(step_during_other_compile: bool):
+        torch.manual_seed(0)
+        model = ampkit.initialize(nn.Sequential(nn.Linear(16, 32), nn.ReLU(),
+                                                nn.Linear(32, 4)),
+                                  level="O2", dtype="bfloat16")
+        # (inductor: the graph the model's forward gets then fuses its casts
+        # otherwise than the one it gets alone)
+        compiled = torch.compile(model)
+        x = torch.randn(8, 16)
+        compiled(x).square().mean().backward()  # compiled, warm
+        model.zero_grad()
+        entered, release = threading.Event(), threading.Event()
+
+        def backend(gm, example_inputs):
+            entered.set()
+            assert release.wait(30)
+            return gm
+
+        other = threading.Thread(target=lambda: torch.compile(
+            lambda t: t * 2, backend=backend)(torch.ones(3)), name="compiling")
+        if step_during_other_compile:
+            other.start()
+            assert entered.wait(30)
+        try:
+            out = compiled(x)
+            out.square().mean().backward()
+        finally:
+            release.set()
+            if step_during_other_compile:
+                other.join(30)
+        return out.detach(), [p.grad.clone() for p in model.parameters()]
+
+    out_alone, grads_alone = run(False)
+    out, grads = run(True)
+    assert torch.equal(out, out_alone)
+    assert all(torch.equal(g, h) for g, h in zip(grads, grads_alone, strict=True))
+
+
+class _Checkpointed(nn.Module):
+    """A block run under torch.utils.checkpoint: its backward recomputes its forward
+    (the block's copies swapped in again) while the serving thread may be inside it."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        # (pre: the block's input requires grad, which reentrant checkpointing needs)
+        self.pre = nn.Linear(16, 16)
+        self.block = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pre(x)
+        if torch.is_grad_enabled():
+            h = torch.utils.checkpoint.checkpoint(self.block, x,
+                                                  use_reentrant=self.reentrant)
+        else:
+            h = self.block(x)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_training_with_a_serving_thread_trains_as_one_thread(reentrant):
+    # The recomputation in backward takes its turn with the serving thread's forwards
+    # like any forward: no refusal, and the training equals one thread's bit for bit.
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return ampkit.initialize(_Checkpointed(reentrant), level="O2", dtype="bfloat16")
+
+    batches = _batches(20)
+    ref_grads, ref_params = _train(model(), batches)
+    trained = model()
+    stop = threading.Event()
+    served, errors = [0], []
+
+    def serve() -> None:
+        x = torch.randn(4, 16)
+        while not stop.is_set():
+            try:
+                with torch.no_grad():
+                    trained(x)
+                served[0] += 1
+            except BaseException as e:  # handed to the test thread
+                errors.append(e)
+                return
+
+    serving = threading.Thread(target=serve, name="serving")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    serving.start()
+    try:
+        grads, params = _train(trained, batches)
+    finally:
+        stop.set()
+        serving.join(30)
+        sys.setswitchinterval(interval)
+    assert not serving.is_alive()
+    assert errors == [] and served[0] > 0
     _assert_same(grads, ref_grads)
     _assert_same(params, ref_params)

@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import inspect
 import threading
+import types
 from typing import Any
 
 import torch
@@ -27,7 +29,7 @@ from ampkit import torch_internals
 from ampkit.arguments import LOW_PRECISION
 from ampkit.autocast_mode import autocast, enter_in_graph, exit_in_graph, in_graph_key
 from ampkit.casting import cast_tree, map_floating
-from ampkit.compile_frames import not_traced, skip_recursively
+from ampkit.compile_frames import not_traced, skip_frame_only, skip_recursively
 from ampkit.containers import iter_tensors
 from ampkit.conversion.classes import give_boundary, original_class
 from ampkit.conversion.config import record_of
@@ -49,7 +51,7 @@ from ampkit.parameter_casts import (
 from ampkit.policy import Policy
 
 __all__ = ["ALL_LOW_PRECISION", "Boundary", "Region", "compute_device_type",
-           "install_boundary", "region_autocast"]
+           "install_boundary", "region_autocast", "upcast_inside"]
 
 _LOW = LOW_PRECISION
 
@@ -167,8 +169,221 @@ class _PopGiven:
 _GIVEN = _PopGiven()
 
 
+def _has_backward_hooks(module: nn.Module) -> bool:
+    """Whether torch wraps ``module``'s inputs for backward hooks when it is called."""
+    return bool(torch_internals.backward_hooks(module)
+                or torch_internals.backward_pre_hooks(module)
+                or torch_internals.global_backward_hooks
+                or torch_internals.global_backward_pre_hooks)
+
+
+_NO_FORWARD = object()
+
+
+class _Deferred(threading.local):
+    """This thread's model calls whose input cast is made in the forward, innermost
+    last."""
+
+    def __init__(self) -> None:
+        self.stack: list[_CastInForward] = []
+
+
+_deferred = _Deferred()
+
+
+class _CastInForward:
+    """While entered: the module's ``forward`` (its instance attribute, for this call)
+    is :func:`_cast_then_forward`, which casts the inputs it is given, then runs the
+    module's own forward. The model's input cast, made there instead of before
+    ``nn.Module.__call__``, comes after torch has wrapped the caller's tensors for the
+    module's full backward hooks."""
+
+    __slots__ = ("boundary", "entered", "forward", "module", "saved")
+
+    def __init__(self, boundary: Boundary, module: nn.Module, entered: list[Any]) -> None:
+        self.boundary, self.module, self.entered = boundary, module, entered
+        self.saved: Any = _NO_FORWARD
+        self.forward: Any = None
+
+    def __enter__(self) -> None:
+        module = self.module
+        self.saved = module.__dict__.get("forward", _NO_FORWARD)
+        self.forward = module.forward
+        _deferred.stack.append(self)
+        # (a bound method of one function: torch.compile of the model guards on that
+        # function, so a later call reuses its graph)
+        module.__dict__["forward"] = types.MethodType(_cast_then_forward, module)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.saved is _NO_FORWARD:
+            self.module.__dict__.pop("forward", None)
+        else:
+            self.module.__dict__["forward"] = self.saved
+        _deferred.stack.remove(self)
+
+
+def _cast_then_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The forward of a model whose input cast waits for it (:class:`_CastInForward`)."""
+    deferred = next(d for d in reversed(_deferred.stack) if d.module is module)
+    device_type = compute_device_type(module, (args, kwargs))
+    args, kwargs = deferred.boundary._cast_inputs(module, device_type, args, kwargs,
+                                                  deferred.entered)
+    return deferred.forward(*args, **kwargs)
+
+
+def _own_forward(module: nn.Module) -> Any:
+    """``module.forward`` as its class (or the user) defined it."""
+    forward = module.forward
+    if getattr(forward, "__func__", None) is _cast_then_forward:
+        return next(d.forward for d in reversed(_deferred.stack) if d.module is module)
+    return forward
+
+
 def _not_double(t: torch.Tensor) -> bool:
     return t.dtype is not torch.float64
+
+
+def _same_view(view: torch.Tensor, cast: torch.Tensor, given: torch.Tensor) -> torch.Tensor:
+    """``view``, a view of ``cast`` (the boundary's copy of the caller's ``given``), taken
+    of ``given`` instead: the caller's exact values, as a view of the caller's tensor,
+    as native autocast hands it back (the cast copy has ``given``'s shape, and its
+    strides where ``given`` is dense)."""
+    offset = view.storage_offset() - cast.storage_offset()
+    if cast.stride() == given.stride():
+        return given.as_strided(view.size(), view.stride(), given.storage_offset() + offset)
+    # A gapped or broadcast input, whose copy is contiguous: the same elements, picked
+    # by their place in the copy (exact values, but not a view of the caller's tensor)
+    places = torch.arange(cast.numel(), device=cast.device).view(cast.shape)
+    return given.reshape(-1)[places.as_strided(view.size(), view.stride(), offset)]
+
+
+def _input_path(obj: Any, targets: tuple[torch.Tensor, ...], path: str) -> str | None:
+    """Where one of ``targets`` sits inside ``obj`` (``path`` names ``obj``), or ``None``."""
+    if any(obj is target for target in targets):
+        return path
+    items: Any = ()
+    if isinstance(obj, list | tuple):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(obj))
+    elif isinstance(obj, dict):
+        items = ((f"{path}[{k!r}]", v) for k, v in obj.items())
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        items = ((f"{path}.{f.name}", getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    for name, value in items:
+        found = _input_path(value, targets, name)
+        if found is not None:
+            return found
+    return None
+
+
+def _refuse_edited_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         cast: torch.Tensor, given: torch.Tensor) -> None:
+    """The model's forward edited in place the copy its boundary made of a caller's
+    input: native autocast's forward edits the caller's own tensor, and copying the
+    edit back would round every element of it, so the call is refused."""
+    try:
+        names = [p.name for p in inspect.signature(_own_forward(module)).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    # (the forward hook's arguments: the cast copies, or the caller's tensors as torch
+    # wrapped them for backward hooks where the cast is made in the forward)
+    wrapped = (cast, given)
+    where = None
+    for i, value in enumerate(args):
+        where = _input_path(value, wrapped, names[i] if i < len(names) else f"args[{i}]")
+        if where is not None:
+            break
+    for key, value in kwargs.items():
+        where = where or _input_path(value, wrapped, key)
+    raise RuntimeError(
+        f"the forward of the converted model {original_class(type(module)).__name__!r} "
+        f"edited {'one of its inputs' if where is None else f'its input {where!r}'} in "
+        f"place: the model's boundary hands "
+        f"the forward a {cast.dtype} copy of your {given.dtype} tensor, so the edit "
+        f"reached the copy, not your tensor (native torch.autocast edits yours, and "
+        f"copying the edit back would round all of it to {cast.dtype}). Make the edit "
+        f"out of place in the forward (x = x + 1, not x.add_(1)), make it before calling "
+        f"the model, or convert at O1, which hands the forward your own tensors")
+
+
+# Autograd nodes of ops that hand their input on in its own dtype, reshaped, sliced or
+# copied (``logits[..., :-1, :].contiguous()``): between a model's output and the
+# upcast of it that its own loss makes (names without their numeric suffix).
+_SAME_DTYPE_NODES = frozenset({
+    "ViewBackward", "UnsafeViewBackward", "ReshapeAliasBackward", "SliceBackward",
+    "SelectBackward", "NarrowBackward", "TBackward", "TransposeBackward",
+    "PermuteBackward", "SqueezeBackward", "UnsqueezeBackward", "ExpandBackward",
+    "AsStridedBackward", "CloneBackward", "AliasBackward"})
+
+
+def _node_kind(node: Any) -> str:
+    return str(node.name()).rstrip("0123456789")
+
+
+def _is_loss(kind: str) -> bool:
+    # torch's loss kernels: NllLoss, MseLoss, BinaryCrossEntropyWithLogits, HuberLoss, ...
+    return "Loss" in kind or "CrossEntropy" in kind
+
+
+def upcast_inside(output: Any) -> set[tuple[Any, int]]:
+    """The low-precision floating tensors of ``output`` that the model itself upcast
+    for a loss it also returns (a Hugging Face model given labels: ``logits.float()``,
+    then cross entropy), as autograd identities ``(grad_fn, output_nr)``.
+
+    Read from the autograd graph the forward recorded: from each returned tensor of a
+    wider floating dtype down through a loss kernel (``nll_loss``, ``mse_loss``,
+    ``binary_cross_entropy_with_logits``, ...) to a ``_to_copy`` of such an output, or
+    of a view or same-dtype copy of it. Empty where autograd recorded nothing
+    (``no_grad``, inference mode) and inside compiled code.
+
+    Example:
+        >>> import torch
+        >>> import torch.nn.functional as F
+        >>> from ampkit.conversion.boundary import upcast_inside
+        >>> w = torch.ones(2, 3, requires_grad=True)
+        >>> logits = w.bfloat16() * 2
+        >>> loss = F.cross_entropy(logits.float(), torch.tensor([0, 2]))
+        >>> (logits.grad_fn, logits.output_nr) in upcast_inside((loss, logits))
+        True
+        >>> norm = logits.float().norm()  # no loss: a loss outside still needs fp32
+        >>> upcast_inside((norm, logits))
+        set()
+    """
+    if torch.compiler.is_compiling():
+        return set()
+    low: set[tuple[Any, int]] = set()
+    wide: list[Any] = []
+    for t in iter_tensors(output):
+        if t.grad_fn is None or not t.is_floating_point():
+            continue
+        if t.dtype in _LOW:
+            low.add((t.grad_fn, t.output_nr))
+        else:
+            wide.append(t.grad_fn)
+    found: set[tuple[Any, int]] = set()
+    if not low or not wide:
+        return found
+    # (node, below a loss kernel): a node is walked at most once in each state
+    todo = [(node, False) for node in wide]
+    seen = {(id(node), False) for node in wide}
+    while todo and len(found) < len(low):
+        node, below = todo.pop()
+        kind = _node_kind(node)
+        if below and kind == "ToCopyBackward":
+            # the cast's input, followed back through reshapes, slices and copies
+            chain = [edge for edge in node.next_functions if edge[0] is not None]
+            while chain:
+                edge = chain.pop()
+                if edge in low:
+                    found.add(edge)
+                elif _node_kind(edge[0]) in _SAME_DTYPE_NODES:
+                    chain.extend(e for e in edge[0].next_functions if e[0] is not None)
+        below = below or _is_loss(kind)
+        for nxt, _ in node.next_functions:
+            if nxt is not None and (id(nxt), below) not in seen:
+                seen.add((id(nxt), below))
+                todo.append((nxt, below))
+    return found
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -207,6 +422,9 @@ class Boundary:
     # (parameter_casts.called_on_its_own), its output stays fp32, as every module
     # around it then computes in fp32.
     bare_fp32: bool = False
+    # The root's output cast skips a low-precision output the model's own loss read in
+    # fp32 (ConversionConfig.outputs_read_by_loss_as_computed).
+    loss_read_as_computed: bool = False
     # Device type -> key of the region's policy for autocast_mode.enter_in_graph (made
     # when the boundary is installed, for the module's device: compiled code enters
     # the region through it); a missing or None key: entered as an ampkit.autocast.
@@ -286,37 +504,56 @@ class Boundary:
                 context.__enter__()
                 entered.append(context)
             if self.input_dtype is not None and cast_inputs:
-                if self._low_input(module, device_type, (args, kwargs)):
-                    if issubclass(self.module_type or type(module), nn.LayerNorm):
-                        LOW_INPUT_LAYER_NORM.__enter__()  # type: ignore[no-untyped-call]
-                        entered.append(LOW_INPUT_LAYER_NORM)
+                if self.root and _has_backward_hooks(module):
+                    # torch wraps a module's inputs for its full backward hooks after
+                    # the pre-hooks, just before the forward: cast there, so that the
+                    # hooks' grad_input are the gradients of the caller's tensors (as
+                    # under native autocast, which casts inside the ops).
+                    deferred = _CastInForward(self, module, entered)
+                    deferred.__enter__()
+                    entered.append(deferred)
                 else:
-                    cast = cast_tree((args, kwargs), self.input_dtype)
-                    if (self.region is Region.FP32 and torch.is_grad_enabled()
-                            and saved_tensor_hooks_free()):
-                        upcasts = {id(new): (new, old, torch_internals.tensor_version(new))
-                                   for old, new in zip(
-                            iter_tensors((args, kwargs)), iter_tensors(cast))
-                            if new is not old and old.dtype in _LOW}
-                        if upcasts:
-                            hooks = SaveLowCopies(upcasts)
-                            hooks.__enter__()
-                            entered.append(hooks)
-                    if self.root and self.output_dtype is not None:
-                        # (for the output cast: an input handed back untouched is the
-                        # caller's tensor again)
-                        # (an inference tensor has no version counter: -1)
-                        _given.stack.append({id(new): (new, old, -1 if new.is_inference()
-                                                       else torch_internals.tensor_version(new))
-                                             for old, new in zip(
-                                                 iter_tensors((args, kwargs)),
-                                                 iter_tensors(cast)) if new is not old})
-                        entered.append(_GIVEN)
-                    args, kwargs = cast
+                    args, kwargs = self._cast_inputs(module, device_type, args, kwargs,
+                                                     entered)
         except BaseException:
             self.leave(entered, swaps)
             raise
         return entered, swaps, args, kwargs
+
+    def _cast_inputs(self, module: nn.Module, device_type: str, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], entered: list[Any]
+                     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The input cast (and what it needs entered, appended to ``entered``)."""
+        if self.input_dtype is None:
+            return args, kwargs
+        if self._low_input(module, device_type, (args, kwargs)):
+            if issubclass(self.module_type or type(module), nn.LayerNorm):
+                LOW_INPUT_LAYER_NORM.__enter__()  # type: ignore[no-untyped-call]
+                entered.append(LOW_INPUT_LAYER_NORM)
+        else:
+            cast = cast_tree((args, kwargs), self.input_dtype)
+            if (self.region is Region.FP32 and torch.is_grad_enabled()
+                    and saved_tensor_hooks_free()):
+                upcasts = {id(new): (new, old, torch_internals.tensor_version(new))
+                           for old, new in zip(
+                    iter_tensors((args, kwargs)), iter_tensors(cast))
+                    if new is not old and old.dtype in _LOW}
+                if upcasts:
+                    hooks = SaveLowCopies(upcasts)
+                    hooks.__enter__()
+                    entered.append(hooks)
+            if self.root and self.output_dtype is not None:
+                # (for the output cast: an input handed back untouched is the
+                # caller's tensor again)
+                # (an inference tensor has no version counter: -1)
+                _given.stack.append({id(new): (new, old, -1 if new.is_inference()
+                                               else torch_internals.tensor_version(new))
+                                     for old, new in zip(
+                                         iter_tensors((args, kwargs)),
+                                         iter_tensors(cast)) if new is not old})
+                entered.append(_GIVEN)
+            args, kwargs = cast
+        return args, kwargs
 
     def leave(self, entered: list[Any], swaps: int) -> None:
         """Eager: put swapped parameters back and close the contexts, in that order,
@@ -329,7 +566,8 @@ class Boundary:
             while entered:
                 entered.pop().__exit__(None, None, None)
 
-    def cast_output(self, module: nn.Module, args: Any, output: Any) -> Any:
+    def cast_output(self, module: nn.Module, args: Any, kwargs: dict[str, Any],
+                    output: Any) -> Any:
         """A forward hook, the first of the module's: the output cast. A hook, so that
         forward hooks the user registered on the module see what it hands back.
 
@@ -337,24 +575,42 @@ class Boundary:
         float64 output stays float64, as native autocast leaves it (it never computes
         in float64 with lower precision). The containers come back as the model built
         them (:mod:`ampkit.containers`: same types, no user code run again, an
-        untouched one the same object)."""
+        untouched one the same object). At the model's own boundary, an input the
+        forward hands back, or a view of one, is the caller's tensor (a view of it), and
+        an input the forward edited in place is refused (:func:`_refuse_edited_input`)."""
         if self.output_dtype is None or output is None or (
-                self.on_use and not torch.compiler.is_compiling() and not casting_on_use()):
+                self.on_use and not torch_internals.compiling_here() and not casting_on_use()):
             return None
         if self.bare_fp32 and _on_its_own.modules and _on_its_own.modules[-1] is module:
             return None
         given = _given.stack[-1] if self.root and _given.stack else None
+        # The model's own loss already read these in fp32: handed back as computed, as
+        # native does, rather than held a second time in fp32 through the backward.
+        consumed = (upcast_inside(output) if self.loss_read_as_computed
+                    and self.output_dtype is torch.float32 else set())
+
+        def keep(t: torch.Tensor) -> bool:
+            return bool(consumed) and (t.grad_fn, t.output_nr) in consumed
+
         if not given:
-            return cast_tree(output, self.output_dtype, _not_double)
+            return cast_tree(output, self.output_dtype,
+                             lambda t: _not_double(t) and not keep(t))
+        for new, old, version in given.values():
+            # (an inference tensor has no version counter: its edits cannot be seen)
+            if version >= 0 and torch_internals.tensor_version(new) != version:
+                _refuse_edited_input(module, args, kwargs, new, old)
         dtype = self.output_dtype
 
         def cast(t: torch.Tensor) -> torch.Tensor:
             found = given.get(id(t))
-            # (an inference tensor's edits cannot be seen: it is cast, as any output)
-            if found is not None and found[0] is t and found[2] >= 0 and (
-                    torch_internals.tensor_version(t) == found[2]):
+            if found is not None and found[0] is t and found[2] >= 0:
                 return found[1]  # the caller's own input, handed back untouched
-            if t.dtype is dtype or t.dtype is torch.float64:
+            base = torch_internals.view_base(t)
+            if base is not None:
+                found = given.get(id(base))
+                if found is not None and found[0] is base and found[2] >= 0:
+                    return _same_view(t, base, found[1])
+            if t.dtype is dtype or t.dtype is torch.float64 or keep(t):
                 return t
             return t.to(dtype)
 
@@ -419,7 +675,10 @@ torch_internals.mark_dynamo_disabled(
     "or leave that op off the lists to get one graph")
 
 
-for _eager in (Boundary.enter, Boundary.leave, Boundary.cast_output):
+# The deferred input cast as Python, the forward it calls compiled (as converted_call).
+skip_frame_only(_cast_then_forward.__code__)
+
+for _eager in (Boundary.enter, Boundary.leave, Boundary.cast_output, Boundary._cast_inputs):
     # The boundary's eager bookkeeping and everything it calls: plain Python when
     # dynamo meets it as a frame of its own (the model's hooks, which torch.compile of
     # the model runs outside the graph); traced where compiled code calls it.
@@ -432,4 +691,4 @@ def install_boundary(module: nn.Module, boundary: Boundary) -> None:
     give_boundary(module, boundary)
     boundary.prepare_graph_region(compute_device_type(module, ()))
     if boundary.output_dtype is not None:
-        module.register_forward_hook(boundary.cast_output, prepend=True)
+        module.register_forward_hook(boundary.cast_output, prepend=True, with_kwargs=True)

@@ -34,8 +34,6 @@ from ampkit.compile_frames import skip_frame_only
 from ampkit.conversion.config import record_of
 from ampkit.parameter_casts import (
     Swapped,
-    casting_on_use,
-    copies_held,
     keep_cast_last,
     own_cast_hooks,
     restore_swapped,
@@ -92,7 +90,7 @@ def converted_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     call = super(_converted_in(type(self)), self).__call__  # type: ignore[arg-type]
     if boundary is None:  # a copy made without the record: a plain module again
         return call(*args, **kwargs)
-    if torch.compiler.is_compiling():
+    if torch_internals.compiling_here():
         return boundary.call_traced(self, call, args, kwargs)
     entered, swaps, args, kwargs = boundary.enter(self, args, kwargs)
     try:
@@ -130,7 +128,7 @@ def _entry_method(method: Any) -> Any:
         boundary: BoundaryCall | None = self.__dict__.get(_BOUNDARY)
         if boundary is None or not boundary.root:
             return method(self, *args, **kwargs)
-        if torch.compiler.is_compiling():
+        if torch_internals.compiling_here():
             return boundary.call_traced(self, functools.partial(method, self), args,
                                         kwargs, cast_inputs=False)
         entered, swaps, args, kwargs = boundary.enter(self, args, kwargs,
@@ -162,7 +160,7 @@ def cast_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     with ``module.compile()``, the module's ordinary call runs, hooks and all."""
     # Compiling first: traced, the ordinary call, and own_cast_hooks (plain Python when
     # a frame of its own) is never reached inside a graph.
-    own = None if torch.compiler.is_compiling() else own_cast_hooks(self)
+    own = None if torch_internals.compiling_here() else own_cast_hooks(self)
     if (own is None or torch.jit.is_tracing()
             or torch_internals.backward_pre_hooks(self) or torch_internals.backward_hooks(self)
             or torch_internals.compiled_call_impl(self) is not None
@@ -272,7 +270,9 @@ def _named_parameters(self: nn.Module, prefix: str = "", recurse: bool = True,
     """``named_parameters`` of a converted module: inside a converted forward, the fp32
     parameters where a module's ``_parameters`` hold low-precision copies
     (:func:`ampkit.parameter_truth.truths`); ``parameters()`` goes through it."""
-    if torch.compiler.is_compiling() or not (casting_on_use() or copies_held()):
+    # (the true walk whenever copies may be held: a forward on another thread may
+    # swap a module's copies in after a check made before the walk)
+    if torch_internals.compiling_here():
         return super(_converted_in(type(self)), self).named_parameters(  # type: ignore[arg-type]
             prefix, recurse, remove_duplicate)
     return _true_named_parameters(self, prefix, recurse, remove_duplicate)

@@ -61,6 +61,13 @@ class ConversionConfig:
             policy (a :class:`~ampkit.policy.Policy` or a preset name).
         input_dtype: the model's floating inputs are cast to it (``None``: as given).
         output_dtype: the model's floating outputs are cast to it (``None``: as computed).
+        outputs_read_by_loss_as_computed: with ``output_dtype`` float32, a
+            low-precision output that the model itself upcast for a loss it also
+            returns (a Hugging Face model given labels) keeps its dtype: that loss read
+            it in fp32 already, and an fp32 copy held through the backward costs
+            memory native autocast does not spend
+            (:func:`ampkit.conversion.boundary.upcast_inside`). The levels' own output
+            cast sets it; ``False``: every low-precision output is cast.
         cast_buffers: floating buffers follow their module's parameter dtype
             (``param_dtype``); ``False``: they keep their own, and a module that
             updates float32 running statistics (BatchNorm, InstanceNorm with
@@ -112,6 +119,7 @@ class ConversionConfig:
     policy: Policy | None = None
     input_dtype: torch.dtype | None = None
     output_dtype: torch.dtype | None = None
+    outputs_read_by_loss_as_computed: bool = False
     cast_buffers: bool = True
     param_compute_dtype: torch.dtype | None = None
     state_dict_dtype: torch.dtype | None = None

@@ -343,9 +343,10 @@ def _merge_root(model: nn.Module, config: ConversionConfig, plan: _Plan) -> None
     if (region is Region.UNCHANGED and input_dtype is None and output_dtype is None
             and config.param_compute_dtype is None and not plan.cast_on_use):
         return
-    plan.boundaries[id(model)] = (model, Boundary(region, input_dtype, output_dtype,
-                                                   compute, config.policy, root=True,
-                                                   module_type=type(model)))
+    plan.boundaries[id(model)] = (model, Boundary(
+        region, input_dtype, output_dtype, compute, config.policy, root=True,
+        module_type=type(model),
+        loss_read_as_computed=config.outputs_read_by_loss_as_computed))
 
 
 def _check_tensors(model: nn.Module, config: ConversionConfig) -> None:

@@ -62,7 +62,7 @@ class _ReparametrizeInFp32:
         compute = super().__call__  # type: ignore[misc]
         if not torch.is_autocast_enabled(device_type):
             compute(module, inputs)
-        elif torch.compiler.is_compiling():
+        elif torch_internals.compiling_here():
             with torch.autocast(device_type, enabled=False):
                 compute(module, inputs)
         else:

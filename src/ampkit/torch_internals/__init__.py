@@ -117,12 +117,14 @@ from ampkit.torch_internals.objects import (
     sparse_values,
     step_supports_amp_scaling,
     tensor_version,
+    view_base,
     wrapped_by_lr_scheduler,
 )
 from ampkit.torch_internals.simulation import fake_tensor_mode, is_fake
 from ampkit.torch_internals.tracing import (
     check_compile_session_in_a_backend,
     compiling,
+    compiling_here,
     install_checkpoint_carry,
 )
 
@@ -131,7 +133,9 @@ __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", 
            "TorchInternalsError", "Unavailable", "after_compile",
            "amp_foreach_non_finite_check_and_unscale_", "amp_update_scale_", "at_backward_end",
            "available", "backward_hooks", "backward_pre_hooks", "check",
-           "check_compile_session_in_a_backend", "compiled_call_impl", "compiling", "convolution",
+           "check_compile_session_in_a_backend", "compiled_call_impl", "compiling",
+           "compiling_here",
+           "convolution",
            "current_autograd_node", "destroy_library", "disable_current_modes",
            "disabled_torch_function_impl", "dynamo_loaded", "fail", "fake_tensor_mode",
            "foreach_add_", "foreach_copy_", "foreach_max", "forward_hooks", "forward_pre_hooks",
@@ -146,7 +150,7 @@ __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", 
            "saved_tensors_hooks_free", "scaled_mm",
            "schema_exists", "schemas_of", "set_step_supports_amp_scaling", "skip_code",
            "sparse_values", "step_supports_amp_scaling", "tensor_version", "tree_leaves",
-           "tree_map", "unavailable", "wrapped_by_lr_scheduler"]
+           "tree_map", "unavailable", "view_base", "wrapped_by_lr_scheduler"]
 
 # The cheap checks, now: an entry a torch lacks or that behaves otherwise is disabled
 # (a RuntimeWarning names it), so a moved internal costs the feature that needs it, not

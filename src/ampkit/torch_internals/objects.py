@@ -38,7 +38,7 @@ __all__ = ["STEP_SUPPORTS_AMP_SCALING", "amp_foreach_non_finite_check_and_unscal
            "mark_dynamo_disabled", "mark_optimizer_called", "mark_wrapped_by_lr_scheduler",
            "module_buffers", "module_parameters", "nn_builtins", "op_builtin", "op_schema",
            "register_state_dict_hook", "scaled_mm", "set_step_supports_amp_scaling",
-           "sparse_values", "step_supports_amp_scaling", "tensor_version",
+           "sparse_values", "step_supports_amp_scaling", "tensor_version", "view_base",
            "wrapped_by_lr_scheduler"]
 
 # -- a module's tables ---------------------------------------------------------------------
@@ -183,6 +183,12 @@ def is_view(tensor: torch.Tensor) -> bool:
     return tensor._is_view()
 
 
+def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``tensor._base``: the tensor a view was made from (``None`` for one that is not a
+    view)."""
+    return tensor._base
+
+
 def sparse_values(tensor: torch.Tensor) -> torch.Tensor:
     """``sparse._values()``: a sparse COO tensor's values, coalesced or not."""
     return tensor._values()
@@ -191,14 +197,15 @@ def sparse_values(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @register_entry("tensor_state", ("torch.Tensor._version", "torch.Tensor._is_view",
-                                 "torch.Tensor._values"),
+                                 "torch.Tensor._base", "torch.Tensor._values"),
                 "tell whether a cast copy is still current (a parameter changed in place "
-                "since) without comparing data; leave views alone; check a sparse "
-                "gradient's values for overflow",
+                "since) without comparing data; leave views alone; find the input a "
+                "returned view was taken from; check a sparse gradient's values for "
+                "overflow",
                 "none for the version counter (torch.autograd's saved-tensor check uses "
                 "it); tensor._base is not None for a view (also private); "
                 "tensor.values() for a coalesced sparse tensor only",
-                provides=("tensor_version", "is_view", "sparse_values"))
+                provides=("tensor_version", "is_view", "view_base", "sparse_values"))
 def _check_tensor_state() -> None:
     t = torch.zeros(2)
     before = tensor_version(t)
@@ -207,6 +214,8 @@ def _check_tensor_state() -> None:
         raise fail("tensor_state", "does not count an in-place change")
     if not is_view(t[:1]) or is_view(t):
         raise fail("tensor_state", "tells views otherwise")
+    if view_base(t[:1][0:]) is not t or view_base(t) is not None:
+        raise fail("tensor_state", "gives a view's base otherwise")
     sparse = torch.sparse_coo_tensor(torch.tensor([[0, 0]]), torch.tensor([1.0, 2.0]), (2,),
                                      check_invariants=True)
     if sparse_values(sparse).tolist() != [1.0, 2.0]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 
+from ampkit.torch_internals.dynamo import skip_code
 from ampkit.torch_internals.entries import (
     TorchInternalsError,
     disabled,
@@ -33,7 +34,8 @@ from ampkit.torch_internals.entries import (
 _CompileContext: Any = resolve("compile_session", "compiling",
                                lambda: importlib.import_module("torch._guards").CompileContext)
 
-__all__ = ["check_compile_session_in_a_backend", "compiling", "install_checkpoint_carry"]
+__all__ = ["check_compile_session_in_a_backend", "compiling", "compiling_here",
+           "install_checkpoint_carry"]
 
 
 def compiling() -> bool:
@@ -52,6 +54,47 @@ def compiling() -> bool:
         False
     """
     return torch.compiler.is_compiling() or _CompileContext.current_compile_id() is not None
+
+
+def compiling_here() -> bool:
+    """:func:`compiling` for this thread only: whether the code asking is traced by
+    dynamo, or runs as Python inside a compile session of this thread (AOTAutograd's
+    trace, a backend).
+
+    ``torch.compiler.is_compiling()`` answers from a flag of the whole process that a
+    compile session sets: while one thread compiles, code that another thread runs
+    eagerly (a converted model's call under ``torch.compile(model)``, which runs as
+    Python) would take itself for traced. Dynamo answers
+    ``torch.compiler.is_dynamo_compiling()`` True in what it traces; for the rest of
+    the session the flag must be set and the compile context, per thread, be this
+    thread's.
+
+    Example:
+        >>> from ampkit.torch_internals import compiling_here
+        >>> compiling_here()
+        False
+    """
+    if torch.compiler.is_dynamo_compiling():
+        return True
+    # (both: the process's flag says a session is open somewhere; the context, that
+    # it is this thread's)
+    return torch.compiler.is_compiling() and _CompileContext.current_compile_id() is not None
+
+
+# Called from a frame dynamo runs as plain Python (a converted model's call under
+# torch.compile(model)), this function would be compiled as a frame of its own, where
+# is_dynamo_compiling() is True: it runs as plain Python there (inlined, as ever, where
+# compiled code calls it).
+skip_code(compiling_here.__code__, recursive=True)
+
+
+def _compiling_here_by_public_api() -> bool:
+    """:func:`compiling_here` where the compile context is unavailable: the public flag,
+    which another thread's compilation sets too."""
+    return torch.compiler.is_compiling()
+
+
+skip_code(_compiling_here_by_public_api.__code__, recursive=True)
 
 
 def _compiling_by_public_api() -> bool:
@@ -76,8 +119,9 @@ _SESSION_IS_PUBLIC = tuple(int(p) for p in torch.__version__.split("+")[0].split
         "at the end of the compilation) from one run by a compiled graph",
         "torch.compiler.is_compiling(), which covers the whole compile session only from "
         "torch 2.13 (the check is compiling(), both asked)",
-        provides=("compiling", "check_compile_session_in_a_backend"),
-        fallbacks={"compiling": _compiling_by_public_api})
+        provides=("compiling", "compiling_here", "check_compile_session_in_a_backend"),
+        fallbacks={"compiling": _compiling_by_public_api,
+                   "compiling_here": _compiling_here_by_public_api})
 def _check_compile_session() -> None:
     if not callable(getattr(_CompileContext, "current_compile_id", None)):
         raise fail("compile_session", "has no current_compile_id()")
