@@ -11,6 +11,9 @@ native autocast.
 * ``compiled_fn_output``: the same steps through ``torch.compile`` of the user's step
   function that calls the model (not of the model): the traced output cast (views of
   inputs are not checked there: they are not mapped back in compiled code).
+* ``serving_thread``: training while a second thread serves predictions from the same
+  model under ``no_grad``, at O2 and O3 (whose second thread waits for a module's
+  forward): the losses equal the same mode's on one thread, bit for bit.
 * ``inputs_and_hooks``: the model returns its output and a view of its input (a tuple,
   which torch's full backward hooks see into) and has a full backward hook; each step
   checks the view's values are the caller's exactly and the hook's ``grad_input`` is
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 from typing import Any
 
 import conformance_cells as C
@@ -33,7 +37,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 #: the machinery only ``boundary_probe`` is crossed with
-MACHINERY = ("dataclass_float64_output", "compiled_fn_output", "inputs_and_hooks")
+MACHINERY = ("dataclass_float64_output", "compiled_fn_output", "inputs_and_hooks",
+             "serving_thread")
+#: the modes whose training beside a serving thread equals one thread's: O2 and O3 hold
+#: their copies per module and make a second thread wait. O1 and native autocast share
+#: torch's autocast weight-cast cache between threads (a training forward can use a
+#: cast another thread made before the optimizer stepped), so theirs is not crossed.
+SERVING_MODES = ("O2_bf16", "O3_bf16")
 
 
 def _missing() -> float:
@@ -168,9 +178,45 @@ def m_inputs_and_hooks(arch: str, mode: str) -> list[float]:
         run.close()
 
 
+def m_serving_thread(arch: str, mode: str) -> list[float]:
+    """Training while another thread serves predictions from the same model under
+    ``no_grad``: the losses must be the same mode's on one thread, bit for bit."""
+    alone = C.m_plain(arch, mode)
+    run = C.setup(arch, mode)
+    stop, served, errors = threading.Event(), [0], []
+    data = C.batch(arch, 99)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                with torch.no_grad(), run.forward_ctx():
+                    run.model(data["x"])
+            except BaseException as error:  # reported to the training thread below
+                errors.append(error)
+                return
+            served[0] += 1
+
+    server = threading.Thread(target=serve, name="server", daemon=True)
+    server.start()
+    try:
+        values = [C._train_step(arch, run, s) for s in range(C.STEPS)]
+    finally:
+        stop.set()
+        server.join(60)
+        run.close()
+    assert not server.is_alive(), "the serving thread did not stop within 60 s"
+    assert not errors, f"the serving thread raised {errors[0]!r}"
+    assert served[0] > 0, "the serving thread served nothing while the training ran"
+    assert values == alone, (
+        f"{mode}: training beside a serving thread {values} != the same training on one "
+        f"thread {alone}")
+    return values
+
+
 C.ARCHS["boundary_probe"] = C.Arch(
     "boundary_probe", BoundaryProbe, _batch, loss=probe_loss, fp8_layers=False,
     machinery=("plain_steps", *MACHINERY, "dtype_invariants"))
 C.MACHINERY["dataclass_float64_output"] = m_dataclass_float64_output
 C.MACHINERY["compiled_fn_output"] = m_compiled_fn_output
 C.MACHINERY["inputs_and_hooks"] = m_inputs_and_hooks
+C.MACHINERY["serving_thread"] = m_serving_thread

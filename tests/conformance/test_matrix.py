@@ -64,7 +64,8 @@ SUBSET = {
     # the boundary's output rule: containers, float64, views and in-place edits of
     # inputs, backward hooks, eager and in a compiled function (a tiny model)
     *(("boundary_probe", m, mach) for m in ("O1_bf16", "O2_bf16", "O3_bf16")
-      for mach in conformance_boundary.MACHINERY),
+      for mach in conformance_boundary.MACHINERY if mach != "serving_thread"),
+    *(("boundary_probe", m, "serving_thread") for m in conformance_boundary.SERVING_MODES),
 }
 
 
@@ -84,6 +85,10 @@ def inapplicable(arch: str, mode: str, machinery: str) -> str | None:
         why = native_cannot_run(arch, m.low)
         if why is not None:
             return f"{why}; {mode} computes inside native autocast, so it cannot either"
+    if machinery == "serving_thread" and mode not in conformance_boundary.SERVING_MODES:
+        return ("O1, native autocast and the modes built on them share torch's autocast "
+                "weight-cast cache between threads, so a serving thread changes their "
+                "training (docs/levels.md); O2 and O3 are crossed")
     if machinery == "wrong_order_errors" and mode == "O0":
         return "O0 converts nothing, so no order of calls around it can be wrong"
     return None
