@@ -671,7 +671,7 @@ def test_copy_taken_while_another_thread_is_inside_load_state_dict_is_the_model(
         assert all(type(p) is nn.Parameter and p.dtype is torch.float32
                    for p in copied[2]._parameters.values())
         x = torch.randn(4, 16)
-        assert _bounded(lambda c=copied: c(x)).dtype is torch.float32
+        assert _bounded(lambda c=copied, x=x: c(x)).dtype is torch.float32
         _bounded(lambda c=copied: c.load_state_dict(new))
         assert all(torch.equal(v, new[k]) for k, v in copied.state_dict().items())
         with torch.no_grad():
