@@ -606,9 +606,10 @@ def strip_hold(module: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
         torch.float32
     """
     state.pop(_HELD, None)
-    params = state.get("_parameters")
-    if isinstance(params, dict):
-        state["_parameters"] = {name: true_parameter(module, name) for name in list(params)}
+    params = torch_internals.state_parameters(state)
+    if params is not None:
+        torch_internals.set_state_parameters(
+            state, {name: true_parameter(module, name) for name in list(params)})
     return state
 
 
