@@ -151,8 +151,8 @@ __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", 
            "register_state_dict_hook", "registrations", "replace_clip_grads_with_norm",
            "saved_tensors_hooks_free", "scaled_mm",
            "schema_exists", "schemas_of", "set_state_parameters",
-           "set_step_supports_amp_scaling", "skip_code", "sparse_values", "state_parameters", "step_supports_amp_scaling",
-           "tensor_version", "tree_leaves",
+           "set_step_supports_amp_scaling", "skip_code", "sparse_values", "state_parameters",
+           "step_supports_amp_scaling", "tensor_version", "tree_leaves",
            "tree_map", "unavailable", "view_base", "wrapped_by_lr_scheduler"]
 
 # The cheap checks, now: an entry a torch lacks or that behaves otherwise is disabled
