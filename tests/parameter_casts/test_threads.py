@@ -739,3 +739,27 @@ def test_a_mark_whose_thread_has_exited_does_not_make_a_forward_wait():
     reference = _model()
     with torch.no_grad():
         assert torch.equal(y, reference(x))
+
+
+def test_two_load_state_dicts_from_two_threads_take_turns():
+    # Two threads loading into one module: the second waits for the first's load
+    # (as for a forward), so the module's load pre-hooks never overlap.
+    model = _model()
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    inside, peak = [0], [0]
+
+    def slow(*args) -> None:
+        inside[0] += 1
+        peak[0] = max(peak[0], inside[0])
+        time.sleep(0.2)
+        inside[0] -= 1
+
+    model[0].register_load_state_dict_pre_hook(slow)
+    threads = [threading.Thread(target=lambda: model.load_state_dict(sd)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert peak[0] == 1
+    assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())
