@@ -534,8 +534,83 @@ def swap_params(module: nn.Module, swapped: Swapped,
 
 
 # The instance attribute that says which thread's forward holds a module's copies in
-# its _parameters right now: (thread ident, that forward's Swapped list).
+# its _parameters right now: (thread ident, that forward's Swapped list, the thread's
+# _ThreadToken). The token, not the ident, says whose mark it is: an ident is reused
+# once its thread has exited, a token dies with its thread.
 _HELD = "_ampkit_held_by"
+
+
+class _ThreadToken:
+    """One thread's identity in a hold mark: ``alive`` turns False when the thread
+    exits (its thread-local state is dropped), and a copy or unpickled mark's token is
+    never alive, so a mark copied with its module never makes that copy's forward wait."""
+
+    __slots__ = ("alive",)
+
+    def __init__(self, alive: bool = True) -> None:
+        self.alive = alive
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_ThreadToken, (False,))
+
+
+class _TokenGuard:
+    """Kept in this thread's thread-local state only: freed when the thread exits,
+    which marks its token dead."""
+
+    __slots__ = ("token",)
+
+    def __init__(self) -> None:
+        self.token = _ThreadToken()
+
+    def __del__(self) -> None:
+        self.token.alive = False
+
+
+class _Tokens(threading.local):
+    def __init__(self) -> None:
+        self.guard = _TokenGuard()
+        self.token = self.guard.token
+
+
+_tokens = _Tokens()
+
+
+def _stale(held: tuple[Any, ...]) -> bool:
+    """Whether the mark ``held`` names a thread that has exited (or came with a copy or
+    a pickle of its module): nothing will release it."""
+    return len(held) < 3 or not held[2].alive
+
+
+def _take_over(module: nn.Module, held: tuple[Any, ...]) -> None:
+    """Put back the fp32 parameters a stale mark's forward left behind its copies."""
+    params: dict[str, Any] = torch_internals.module_parameters(module)
+    if held[1] is not _LOADING:
+        for name, p, _ in held[1]:
+            if name in params and params[name] is not p:
+                params[name] = p
+    _held.pop(id(module), None)
+
+
+def strip_hold(module: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (a copy of ``module.__dict__``, for ``copy.deepcopy`` or pickling)
+    without a forward's hold mark and with the fp32 parameters in ``_parameters``
+    where a forward, on any thread, has its low-precision copies in place: a copy of
+    the module is the module outside forwards, whatever another thread runs now.
+
+    Example:
+        >>> import copy, torch
+        >>> import ampkit
+        >>> lin = ampkit.initialize(torch.nn.Linear(2, 2), level="O2", dtype="bfloat16")
+        >>> copy.deepcopy(lin).weight.dtype
+        torch.float32
+    """
+    state.pop(_HELD, None)
+    params = torch_internals.state_parameters(state)
+    if params is not None:
+        torch_internals.set_state_parameters(
+            state, {name: true_parameter(module, name) for name in list(params)})
+    return state
 
 
 def _hold(module: nn.Module, swapped: Swapped) -> None:
@@ -550,15 +625,15 @@ def _hold(module: nn.Module, swapped: Swapped) -> None:
     runs. (``dict.setdefault`` is one atomic step under the GIL: of two threads, one
     holds the module and the other sees it held.) A nested forward of the same module
     on the same thread swaps nothing and leaves the mark to the outer one."""
-    me = threading.get_ident()
-    held = module.__dict__.setdefault(_HELD, (me, swapped))
+    me, token = threading.get_ident(), _tokens.token
+    held = module.__dict__.setdefault(_HELD, (me, swapped, token))
     if held[1] is swapped:
         _held[id(module)] = module
-    elif held[0] != me:
+    elif len(held) < 3 or held[2] is not token:
         _wait_to_hold(module, swapped, me)
     elif held[1] is _LOADING and not _loading_here():
         # (this thread's load_state_dict ended by an exception before its post-hook)
-        module.__dict__[_HELD] = (me, swapped)
+        module.__dict__[_HELD] = (me, swapped, token)
         _held[id(module)] = module
 
 
@@ -581,16 +656,24 @@ def _wait_to_hold(module: nn.Module, swapped: Swapped, me: int) -> None:
     """Wait until no other thread holds ``module``, then hold it; raise
     ``RuntimeError`` instead where the wait could never end (:func:`_never_ends`)."""
     blocked_since: dict[tuple[int, int], float] = {}
+    token = _tokens.token
+    mine = (me, swapped, token)
     with _wait:
         _waiting[me] = module
         try:
             while True:
-                held = module.__dict__.setdefault(_HELD, (me, swapped))
-                if held[1] is _LOADING and held[0] != me and not _loading_in(held[0]):
+                held = module.__dict__.setdefault(_HELD, mine)
+                if held is not mine and _stale(held):
+                    # (its thread has exited, or the mark came with a copy of the
+                    # module: nothing will release it; its copies go back first)
+                    _take_over(module, held)
+                    module.__dict__[_HELD] = held = mine
+                elif held[1] is _LOADING and held[2] is not token and not _loading_in(
+                        held[0]):
                     # (that thread's load_state_dict ended by an exception before its
                     # post-hook: nothing is in place, the mark is stale)
-                    module.__dict__[_HELD] = held = (me, swapped)
-                if held[1] is swapped:
+                    module.__dict__[_HELD] = held = mine
+                if held is mine:
                     if swapped is not _LOADING:
                         _held[id(module)] = module
                     return
@@ -646,9 +729,9 @@ def _never_ends(module: nn.Module, holder: int, me: int,
                 f"{_BLOCKED_S} s while inside a forward: it may be waiting for this "
                 f"thread, which would then wait for ever"))
         held = waits_for.__dict__.get(_HELD)
-        if held is None:
-            return None  # about to be released: the waiter is woken
-        if held[0] == me:
+        if held is None or _stale(held):
+            return None  # about to be released (or taken over): the waiter is woken
+        if held[2] is _tokens.token:
             return _wait_refused(module, holder, (
                 f"thread {_thread_name(thread)} waits for {type(waits_for).__name__!r}, "
                 f"which this thread is inside: the two would wait for each other (the "
@@ -670,10 +753,9 @@ def _wait_refused(module: nn.Module, holder: int, why: str) -> str:
         f"At O2 a module computes with low-precision copies of its fp32 parameters, "
         f"which its forward puts in the module's own _parameters, shared by every "
         f"thread, so a second thread waits until the first is done; this wait is "
-        f"refused because {why}. Give each thread a converted model of its own "
-        f"(serving = copy.deepcopy(model), refreshed with "
-        f"serving.load_state_dict(model.state_dict())), or convert at O1, whose casts "
-        f"are per thread")
+        f"refused because {why}. Retry the forward, or give each thread a converted "
+        f"model of its own (serving = copy.deepcopy(model), refreshed with "
+        f"serving.load_state_dict(model.state_dict()))")
 
 
 def _release(module: nn.Module, swapped: Swapped) -> None:
@@ -719,11 +801,11 @@ def _load_begins(module: nn.Module, *args: Any) -> None:
     """``load_state_dict`` pre-hook of a module cast on use: hold the module (waiting
     for a forward another thread runs in it) until its own entries are loaded, so that
     they land in the fp32 parameters, not in a forward's low-precision copies."""
-    me = threading.get_ident()
-    held = module.__dict__.setdefault(_HELD, (me, _LOADING))
-    if held[1] is _LOADING and held[0] == me:
+    me, token = threading.get_ident(), _tokens.token
+    held = module.__dict__.setdefault(_HELD, (me, _LOADING, token))
+    if held[1] is _LOADING and len(held) > 2 and held[2] is token:
         pass
-    elif held[0] != me:
+    elif len(held) < 3 or held[2] is not token:
         _wait_to_hold(module, _LOADING, me)
     else:
         return  # inside this thread's own forward of the module: its rule applies

@@ -16,6 +16,8 @@ inside (its copies swapped in) until the test lets it go."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import io
 import sys
 import threading
 import time
@@ -55,6 +57,17 @@ class _Gate(nn.Linear):
                 assert self.release.wait(30)
         self.log.append(me)
         return super().forward(x)
+
+    def __getstate__(self) -> dict:
+        # (a copy gets events of its own, released: its forward holds no thread)
+        state = super().__getstate__()
+        del state["inside"], state["release"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.release.set()
 
 
 def _model(seed: int = 0, width: int = 16) -> nn.Module:
@@ -188,10 +201,12 @@ def test_forward_waiting_for_a_holder_blocked_in_a_wait_is_refused_and_changes_n
     try:
         assert gate.inside.wait(30)
         with pytest.raises(RuntimeError, match=r"two threads.*'_Gate'.*'serving'.*blocked "
-                           r"in threading\.wait.*waiting for this thread.*copy\.deepcopy"
-                           r".*O1") as refused:
+                           r"in threading\.wait.*waiting for this thread.*Retry.*"
+                           r"copy\.deepcopy") as refused:
             model(batches[0][0])
         assert "'MainThread'" in str(refused.value)
+        # (not O1: beside a training thread, O1's serving threads change its grads)
+        assert "O1" not in str(refused.value)
         assert all(p.grad is None for p in model.parameters())
         assert all(type(p) is nn.Parameter and p.dtype is torch.float32
                    for m in model.modules() if m is not gate
@@ -556,3 +571,195 @@ def test_checkpointed_training_with_a_serving_thread_trains_as_one_thread(reentr
     assert errors == [] and served[0] > 0
     _assert_same(grads, ref_grads)
     _assert_same(params, ref_params)
+
+
+def _bounded(fn, seconds: float = 30.0):
+    """``fn()`` on a thread of its own, joined for ``seconds``: a forward that would
+    wait for ever fails the test instead of hanging it."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # handed to the test thread
+            out["error"] = e
+
+    thread = threading.Thread(target=run, name="bounded", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the call did not end (a wait that never ends)"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _assert_is_the_model_outside_forwards(copied: nn.Module, model: nn.Module) -> None:
+    # No hold mark and only fp32 Parameters in every module's own _parameters (what
+    # the module holds, not what named_parameters reports), equal to the original's.
+    for (name, module), (_, original) in zip(copied.named_modules(),
+                                             model.named_modules(), strict=True):
+        assert "_ampkit_held_by" not in module.__dict__, name
+        for key, p in module._parameters.items():
+            assert type(p) is nn.Parameter and p.dtype is torch.float32, (name, key)
+            assert torch.equal(p.detach(), original._parameters[key].detach()), (name, key)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        expected = model(x)
+    assert torch.equal(_bounded(lambda: copied(x)), expected)  # another thread's call
+    x.requires_grad_(True)
+    copied(x).sum().backward()  # and this thread's, training
+    assert all(p.grad is not None and p.grad.dtype is torch.float32
+               for p in copied.parameters())
+
+
+def _save_and_load(model: nn.Module) -> nn.Module:
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+def test_copy_taken_while_another_thread_is_inside_the_forward_is_the_model(how):
+    # The serving copy the thread rule recommends, taken while a serving thread is
+    # inside the gate (its bf16 copies and its hold mark in the gate): the copy has the
+    # fp32 Parameters and no mark, and its forward runs (it does not wait for the
+    # serving thread) and computes what the original computes.
+    model = _model()
+    gate = model[2]
+    gate.spin = True
+    out: dict = {}
+    serving = _serving_thread(model, torch.randn(4, 16), out)
+    serving.start()
+    try:
+        assert gate.inside.wait(30)
+        assert type(gate._parameters["weight"]) is not nn.Parameter  # (copies in place)
+        copied = copy.deepcopy(model) if how == "deepcopy" else _save_and_load(model)
+    finally:
+        gate.release.set()
+        serving.join(30)
+    assert not serving.is_alive() and "error" not in out
+    _assert_is_the_model_outside_forwards(copied, model)
+
+
+def _hold_the_load(gate: _Gate, *args) -> None:
+    # (a load_state_dict pre-hook: after ampkit's, which holds the gate; module-level
+    # so that the model pickles)
+    if threading.current_thread().name == "loader":
+        gate.inside.set()
+        assert gate.release.wait(30)
+
+
+def test_copy_taken_while_another_thread_is_inside_load_state_dict_is_the_model():
+    # A copy taken while a loader thread is inside the gate's load_state_dict: no
+    # mark comes with it; the copy's forward and its own load_state_dict run.
+    model = _model()
+    gate = model[2]
+    new = {k: torch.full_like(v, 0.03125) for k, v in model.state_dict().items()}
+    inside, release = gate.inside, gate.release
+    gate.register_load_state_dict_pre_hook(_hold_the_load)
+    loader = threading.Thread(target=lambda: model.load_state_dict(new), name="loader")
+    loader.start()
+    try:
+        assert inside.wait(30)
+        assert "_ampkit_held_by" in gate.__dict__  # (the loader holds the gate)
+        copies = [copy.deepcopy(model), _save_and_load(model)]
+    finally:
+        release.set()
+        loader.join(30)
+    assert not loader.is_alive()
+    for copied in copies:
+        assert "_ampkit_held_by" not in copied[2].__dict__
+        assert all(type(p) is nn.Parameter and p.dtype is torch.float32
+                   for p in copied[2]._parameters.values())
+        x = torch.randn(4, 16)
+        assert _bounded(lambda c=copied, x=x: c(x)).dtype is torch.float32
+        _bounded(lambda c=copied: c.load_state_dict(new))
+        assert all(torch.equal(v, new[k]) for k, v in copied.state_dict().items())
+        with torch.no_grad():
+            assert torch.equal(copied(x), model(x))  # (both now hold `new`)
+
+
+def test_copy_taken_while_another_thread_trains_inside_the_forward_is_the_model():
+    # The training thread inside the gate with grad (its copies have autograd history,
+    # which torch's deepcopy of a tensor refuses): a copy from another thread is the
+    # model outside forwards.
+    model = _model()
+    gate = model[2]
+    gate.spin = True
+    out: dict = {}
+
+    def train() -> None:
+        try:
+            out["loss"] = model(torch.randn(4, 16)).sum()
+        except BaseException as e:  # handed to the test thread
+            out["error"] = e
+
+    training = threading.Thread(target=train, name="serving")  # (the gate holds it)
+    training.start()
+    try:
+        assert gate.inside.wait(30)
+        copied = copy.deepcopy(model)
+    finally:
+        gate.release.set()
+        training.join(30)
+    assert not training.is_alive() and "error" not in out
+    out["loss"].backward()
+    _assert_is_the_model_outside_forwards(copied, model)
+
+
+def test_a_mark_whose_thread_has_exited_does_not_make_a_forward_wait():
+    # A hold mark left by a thread that has since exited (here: carried by a pickle
+    # made while a forward held the module) is released, not waited for: the forward
+    # puts the fp32 parameters back and runs, as the module outside forwards.
+    model = _model()
+    gate = model[2]
+    truth = dict(gate._parameters)
+    marked: dict = {}
+
+    def forward_that_leaves_a_mark() -> None:
+        with torch.no_grad():
+            # a forward's mark and copies as a pickle of the module caught them
+            swapped = []
+            ampkit.parameter_casts.swap_params(gate, swapped, BF16, compiling=False)
+            marked["state"] = dict(gate.__dict__)
+            marked["params"] = dict(gate._parameters)
+            ampkit.parameter_casts.restore_swapped(gate, swapped)
+
+    thread = threading.Thread(target=forward_that_leaves_a_mark, name="exited")
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    gate.__dict__["_ampkit_held_by"] = marked["state"]["_ampkit_held_by"]
+    gate._parameters.update(marked["params"])  # (the bf16 copies)
+    x = torch.randn(4, 16)
+    y = _bounded(lambda: model(x))
+    assert "_ampkit_held_by" not in gate.__dict__
+    assert all(gate._parameters[k] is p for k, p in truth.items())
+    reference = _model()
+    with torch.no_grad():
+        assert torch.equal(y, reference(x))
+
+
+def test_two_load_state_dicts_from_two_threads_take_turns():
+    # Two threads loading into one module: the second waits for the first's load
+    # (as for a forward), so the module's load pre-hooks never overlap.
+    model = _model()
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    inside, peak = [0], [0]
+
+    def slow(*args) -> None:
+        inside[0] += 1
+        peak[0] = max(peak[0], inside[0])
+        time.sleep(0.2)
+        inside[0] -= 1
+
+    model[0].register_load_state_dict_pre_hook(slow)
+    threads = [threading.Thread(target=lambda: model.load_state_dict(sd)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert peak[0] == 1
+    assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())

@@ -37,6 +37,7 @@ from ampkit.parameter_casts import (
     keep_cast_last,
     own_cast_hooks,
     restore_swapped,
+    strip_hold,
     swap_params,
     true_parameter,
 )
@@ -236,6 +237,10 @@ def _reduce_converted(self: nn.Module, protocol: int) -> Any:
     state = getstate() if getstate is not None else self.__dict__.copy()
     if state is self.__dict__:
         state = state.copy()
+    # (a forward another thread runs now has its low-precision copies and its hold
+    # mark in the module: the copy gets the fp32 parameters and no mark)
+    if isinstance(state, dict):
+        state = strip_hold(self, state)
     return (rebuild_converted, (base,) if call is converted_call else (base, call), state)
 
 

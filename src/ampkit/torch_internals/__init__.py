@@ -113,8 +113,10 @@ from ampkit.torch_internals.objects import (
     op_schema,
     register_state_dict_hook,
     scaled_mm,
+    set_state_parameters,
     set_step_supports_amp_scaling,
     sparse_values,
+    state_parameters,
     step_supports_amp_scaling,
     tensor_version,
     view_base,
@@ -148,8 +150,9 @@ __all__ = ["BatchNormBase", "ENTRIES", "Entry", "InstanceNormBase", "NormBase", 
            "nn_builtins", "op_builtin", "op_object_qualname", "op_schema", "redispatch_keysets",
            "register_state_dict_hook", "registrations", "replace_clip_grads_with_norm",
            "saved_tensors_hooks_free", "scaled_mm",
-           "schema_exists", "schemas_of", "set_step_supports_amp_scaling", "skip_code",
-           "sparse_values", "step_supports_amp_scaling", "tensor_version", "tree_leaves",
+           "schema_exists", "schemas_of", "set_state_parameters",
+           "set_step_supports_amp_scaling", "skip_code", "sparse_values", "state_parameters",
+           "step_supports_amp_scaling", "tensor_version", "tree_leaves",
            "tree_map", "unavailable", "view_base", "wrapped_by_lr_scheduler"]
 
 # The cheap checks, now: an entry a torch lacks or that behaves otherwise is disabled

@@ -36,7 +36,8 @@ __all__ = ["STEP_SUPPORTS_AMP_SCALING", "amp_foreach_non_finite_check_and_unscal
            "convolution", "destroy_library", "foreach_add_", "foreach_copy_", "foreach_max",
            "forward_hooks", "forward_pre_hooks", "fsdp_managed", "init_flat_weights", "is_view",
            "mark_dynamo_disabled", "mark_optimizer_called", "mark_wrapped_by_lr_scheduler",
-           "module_buffers", "module_parameters", "nn_builtins", "op_builtin", "op_schema",
+           "module_buffers", "module_parameters", "nn_builtins", "set_state_parameters",
+           "state_parameters", "op_builtin", "op_schema",
            "register_state_dict_hook", "scaled_mm", "set_step_supports_amp_scaling",
            "sparse_values", "step_supports_amp_scaling", "tensor_version", "view_base",
            "wrapped_by_lr_scheduler"]
@@ -50,6 +51,18 @@ def module_parameters(module: nn.Module) -> _Table:
     reads; ampkit puts low-precision tensors there for a forward)."""
     table: Any = module._parameters
     return table  # type: ignore[no-any-return]
+
+
+def state_parameters(state: dict[str, Any]) -> _Table | None:
+    """The ``_parameters`` table in ``state``, a module's ``__getstate__`` (what
+    ``copy.deepcopy`` and pickling copy), or ``None`` where it has none."""
+    table = state.get("_parameters")
+    return table if isinstance(table, dict) else None
+
+
+def set_state_parameters(state: dict[str, Any], table: _Table) -> None:
+    """Make ``table`` the ``_parameters`` of the module that ``state`` rebuilds."""
+    state["_parameters"] = table
 
 
 def module_buffers(module: nn.Module) -> _Table:
@@ -139,7 +152,8 @@ def fsdp_managed(module: nn.Module) -> bool:
                 "named_parameters()/named_buffers()/register_*_hook read or add, but do "
                 "not replace an entry in place or put a hook first; "
                 "register_state_dict_post_hook must not return a new state dict",
-                provides=("module_parameters", "module_buffers", "forward_pre_hooks",
+                provides=("module_parameters", "state_parameters",
+                          "set_state_parameters", "module_buffers", "forward_pre_hooks",
                           "forward_hooks", "backward_hooks", "backward_pre_hooks",
                           "compiled_call_impl", "register_state_dict_hook",
                           "init_flat_weights", "fsdp_managed"))
