@@ -344,7 +344,7 @@ def test_parameters_and_state_dict_read_from_another_thread_give_the_truth():
     assert "error" not in out
 
 
-def test_training_with_a_serving_thread_trains_as_one_thread(monkeypatch):
+def test_training_with_a_serving_thread_trains_as_one_thread():
     # The pattern as users run it, with no gate: a serving thread predicting in a loop
     # while the training thread trains. No forward is refused (each waits for the
     # module the other is inside), and the training run is bit for bit the
@@ -354,14 +354,7 @@ def test_training_with_a_serving_thread_trains_as_one_thread(monkeypatch):
     model = _model()
     model[2].release.set()
     stop = threading.Event()
-    served, errors, waits = [0], [], []
-    wait_to_hold = ampkit.parameter_casts._wait_to_hold
-
-    def counted(*args):
-        waits.append(threading.current_thread().name)
-        return wait_to_hold(*args)
-
-    monkeypatch.setattr(ampkit.parameter_casts, "_wait_to_hold", counted, raising=False)
+    served, errors = [0], []
 
     def serve() -> None:
         x = torch.randn(4, 16)
@@ -389,7 +382,10 @@ def test_training_with_a_serving_thread_trains_as_one_thread(monkeypatch):
         sys.setswitchinterval(interval)
     assert not serving.is_alive()
     assert errors == []
-    assert served[0] > 0 and waits  # the threads did meet, and waited
+    # Whether the two met in this run is up to the scheduler (on a loaded machine they
+    # may not): the meeting itself is made certain by the gated test above; this one
+    # checks that a free-running serving thread never changes the training.
+    assert served[0] > 0
     _assert_same(grads, ref_grads)
     _assert_same(params, ref_params)
 
