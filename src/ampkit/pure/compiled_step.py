@@ -43,7 +43,7 @@ step (which draws from the device's generator): a compiled and an eager run roun
 differently, each reproducibly. Kahan's rounding to nearest is done on the bit pattern
 (:func:`ampkit.pure.rounding.nearest_bits`), which inductor cannot fuse away.
 
-**Arithmetic.** The update is torch's single-tensor functional form, compiled:
+**Arithmetic.** The update is torch's single-tensor update written out, compiled:
 inductor fuses its element-wise operations (multiply-adds among them), so a compiled
 update may differ from torch's eager kernels in the last fp32 bit where terms cancel;
 the step count enters in float64, as the eager step reads it. A group's
