@@ -286,3 +286,141 @@ def test_groups_added_later_and_frozen_parameters() -> None:
     assert opt.state[params[0]]["rounding_step"] == 3
     assert torch.equal(frozen, torch.ones(7, dtype=torch.bfloat16))
     assert frozen not in opt.state
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.parametrize("make,schedule", [
+    (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+     lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (s + 1))),
+    (lambda ps: torch.optim.Adam(ps, lr=1e-2),
+     lambda opt: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=10)),
+], ids=["SGD-LambdaLR", "Adam-OneCycleLR"])
+def test_a_schedule_compiles_no_new_graph_and_takes_effect(make, schedule) -> None:
+    # the schedules change lr (and OneCycleLR Adam's beta1) at every step: the compiled
+    # update reads them as data, so after SGD's first two steps (momentum buffer made,
+    # then updated) no step compiles a graph; the weights follow the eager pure step's
+    ps = [torch.nn.Parameter(torch.linspace(-1, 1, 100).to(torch.bfloat16))]
+    eager = [torch.nn.Parameter(ps[0].detach().clone())]
+    opts = [PureLowPrecisionOptimizer(make(q), "kahan", compile_step=c)
+            for q, c in ((ps, True), (eager, False))]
+    scheds = [schedule(o) for o in opts]
+    counts = []
+    for step in range(5):
+        for q, o, s in zip((ps, eager), opts, scheds):
+            q[0].grad = torch.linspace(1, 2, 100).to(torch.bfloat16) * (step + 1)
+            o.step()
+            s.step()
+        counts.append(_graphs())
+    assert counts[2] == counts[-1], counts
+    got = ps[0].float() + opts[0].state[ps[0]]["kahan_compensation"].float()
+    ref = eager[0].float() + opts[1].state[eager[0]]["kahan_compensation"].float()
+    # the moments round differently (hash vs generator bits): within a bf16 gap
+    assert (got - ref).abs().max() < 2.0 ** -8 * ref.abs().max()
+    assert not torch.equal(ps[0].detach(), torch.linspace(-1, 1, 100).to(torch.bfloat16))
+
+
+def test_amsgrad_switched_on_later_fails_as_torchs_adam_and_kept_entries_stay() -> None:
+    # torch's Adam makes its moments on a parameter's first step only: amsgrad switched
+    # on later is its KeyError, before anything changes
+    def started(cls_kwargs, compile_step=None):
+        w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16 if compile_step is not None
+                                          else torch.float32))
+        opt = torch.optim.Adam([w], **cls_kwargs)
+        opt.state[w] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(w),
+                        "exp_avg_sq": torch.zeros_like(w)}
+        if compile_step is not None:
+            opt = PureLowPrecisionOptimizer(opt, "kahan", compile_step=compile_step)
+        opt.param_groups[0]["amsgrad"] = True
+        w.grad = torch.ones_like(w)
+        return w, opt
+
+    for compile_step in (None, False, True):
+        w, opt = started({"lr": 0.1}, compile_step)
+        with pytest.raises(KeyError, match="max_exp_avg_sq"):
+            opt.step()
+        assert torch.equal(w.detach().float(), torch.ones(4))
+    # an SGD momentum buffer stays when momentum is switched off, as torch keeps it
+    w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=1.0), "stochastic",
+                                    compile_step=True)
+    buf = torch.full((4,), 3.0, dtype=torch.bfloat16)
+    opt.state[w]["momentum_buffer"] = buf
+    w.grad = torch.full((4,), 0.5, dtype=torch.bfloat16)
+    opt.step()
+    assert opt.state[w]["momentum_buffer"] is buf and torch.equal(w.detach().float(),
+                                                                   torch.full((4,), 0.5))
+
+
+def test_lbfgs_takes_the_eager_step_said_once() -> None:
+    def run(compile_step: bool):
+        w = torch.nn.Parameter(torch.linspace(-1, 1, 8).to(torch.bfloat16))
+        opt = PureLowPrecisionOptimizer(torch.optim.LBFGS([w], lr=0.5, max_iter=2),
+                                        "kahan", compile_step=compile_step)
+
+        def closure():
+            opt.zero_grad()
+            loss = (w.float() ** 2).sum()
+            loss.backward()
+            return loss
+
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                opt.step(closure)
+        return w.detach().clone(), [x for x in seen
+                                    if issubclass(x.category, CompiledStepFallbackWarning)]
+
+    compiled, said = run(True)
+    eager, none = run(False)
+    assert len(said) == 1 and "LBFGS" in str(said[0].message) and not none
+    assert torch.equal(compiled, eager)
+
+
+def test_the_step_inside_an_outer_torch_compile_runs_as_outside() -> None:
+    # a whole training step compiled around opt.step(): the same bits as uncompiled
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(8, 4).to(torch.bfloat16)
+        return m, PureLowPrecisionOptimizer(torch.optim.AdamW(m.parameters(), lr=1e-2),
+                                            "kahan", compile_step=True)
+
+    def train(m, opt):
+        loss = (m(x).float() ** 2).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    outer, opt = make()
+    whole = torch.compile(train)
+    plain, ref = make()
+    for _ in range(2):
+        whole(outer, opt)
+        train(plain, ref)
+    start = make()[0]
+    for a, b, c in zip(outer.parameters(), plain.parameters(), start.parameters()):
+        assert torch.equal(a, b) and not torch.equal(b, c)
+
+
+def test_an_update_torch_compile_gave_up_on_is_said_once() -> None:
+    # past dynamo's recompile limit the update runs as plain Python: still right, but
+    # the promised speed is gone, which the user is told (a limit of 1 gets there fast)
+    w = torch.nn.Parameter(torch.ones(6, dtype=torch.bfloat16))
+    opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=1.0), "stochastic",
+                                    compile_step=True)
+    with torch._dynamo.config.patch(recompile_limit=1), \
+            warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for options in ({}, {"maximize": True}, {"nesterov": True, "momentum": 0.5},
+                        {"maximize": True}):
+            opt.param_groups[0].update(options)
+            w.grad = torch.full((6,), 0.25, dtype=torch.bfloat16)
+            opt.step()
+    said = [x for x in seen if issubclass(x.category, CompiledStepFallbackWarning)]
+    assert len(said) == 1 and "recompile limit" in str(said[0].message)
+    assert "SGD" in str(said[0].message)

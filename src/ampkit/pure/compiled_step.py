@@ -3,10 +3,12 @@ of the weight, gradient and moments, the user's optimizer's own update math, rou
 back to bf16 of the weight and the moments) runs as one function compiled by
 ``torch.compile``.
 
-The update math is torch's: the single-tensor functional form of the optimizer's class
-(``torch.optim.adamw.adamw``, ``torch.optim.adam.adam``, ``torch.optim.sgd.sgd``) with
-the parameter group's hyper-parameters, read at every step (an LR scheduler's changes
-need no recompilation). Each parameter is handed to the compiled function as flat 1-D
+The update math is torch's: the single-tensor update of the optimizer's class
+(``torch.optim.adam``'s for AdamW and Adam, ``torch.optim.sgd``'s), written out op for
+op, with the parameter group's hyper-parameters read at every step as 0-dim float64
+tensors (data, not guards: an LR scheduler's or OneCycleLR's changes of ``lr``,
+``betas`` or ``momentum`` compile no new graph). Each parameter is handed to the
+compiled function as flat 1-D
 tensors with dynamic shapes, so a model compiles a handful of graphs (one per
 optimizer class, rounding and set of group options, plus torch's own specialisation of
 one-element tensors), not one per parameter shape. The first step pays for the
@@ -41,7 +43,7 @@ step (which draws from the device's generator): a compiled and an eager run roun
 differently, each reproducibly. Kahan's rounding to nearest is done on the bit pattern
 (:func:`ampkit.pure.rounding.nearest_bits`), which inductor cannot fuse away.
 
-**Arithmetic.** The update is torch's single-tensor functional form, compiled:
+**Arithmetic.** The update is torch's single-tensor update written out, compiled:
 inductor fuses its element-wise operations (multiply-adds among them), so a compiled
 update may differ from torch's eager kernels in the last fp32 bit where terms cancel;
 the step count enters in float64, as the eager step reads it. A group's
@@ -72,12 +74,10 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.optim.adam import adam
-from torch.optim.sgd import sgd
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit.pure.rounding import Positions, local_tensor, nearest_bits
-from ampkit.pure.step import COMP, COUNT, OWN_STATE, fingerprint
+from ampkit.pure.step import COMP, COUNT, fingerprint
 
 __all__ = ["COMPILED_OPTIMIZERS", "CompiledStepFallbackWarning", "check_compile_step",
            "compiled_step", "compiled_step_models", "mark_compiled_step_models"]
@@ -134,36 +134,67 @@ def _round_stochastic(value: torch.Tensor, noise: torch.Tensor, out: torch.Tenso
 
 def _update(p: torch.Tensor, g: torch.Tensor, states: list[torch.Tensor],
             comp: torch.Tensor | None, step: torch.Tensor | None, offset: torch.Tensor,
-            index: torch.Tensor | None, keys: torch.Tensor, hyper: dict[str, Any], *,
-            kind: str, first: bool, wide: bool) -> None:
+            index: torch.Tensor | None, keys: torch.Tensor, hyper: dict[str, torch.Tensor],
+            *, kind: str, first: bool, wide: bool, flags: tuple[bool, ...]) -> bool:
     """One parameter's pure update (flat 1-D local tensors, written in place): upcast,
-    torch's functional update, rounding back. ``states`` are the bf16 per-element state
-    entries in ``_STATE_NAMES[kind]`` order (present ones only); ``first``: SGD's
-    momentum buffer does not exist yet (torch makes it from the gradient)."""
+    the update of torch's single-tensor functional form, rounding back. ``states`` are
+    the bf16 per-element state entries in ``_STATE_NAMES[kind]`` order (present ones
+    only); ``first``: SGD's momentum buffer does not exist yet (torch makes it from the
+    gradient). ``hyper`` holds the float hyper-parameters as 0-dim float64 tensors (so
+    that their values are data, not guards: a schedule never recompiles); ``flags`` the
+    choices that change the code (see ``_hyper``). Returns whether it ran compiled
+    (``False`` where torch.compile declined it and it ran as plain Python, as once
+    dynamo's recompile limit for its code object is reached)."""
     w = p.float()
     if comp is not None:
         w = w + comp.float()
     grad = g.float()
     work = [s.float() for s in states]
+    lr = hyper["lr"]
     if kind in ("adam", "adamw"):
+        # torch.optim.adam._single_tensor_adam (not capturable, not differentiable),
+        # op for op, with the hyper-parameters as tensors
         assert step is not None
+        maximize, amsgrad, decoupled, decay = flags
+        beta1, beta2 = hyper["beta1"], hyper["beta2"]
+        if maximize:
+            grad = -grad
+        if decay:
+            if decoupled:
+                w.mul_(1 - lr * hyper["weight_decay"])
+            else:
+                grad = grad.add(w * hyper["weight_decay"])
         # the count in float64: torch's eager step reads it as a Python float
-        count = step.to(torch.float64)
-        amsgrad = bool(hyper["amsgrad"])
-        adam([w], [grad], [work[0]], [work[1]], [work[2]] if amsgrad else [], [count],
-             foreach=False, capturable=False, differentiable=False, fused=None,
-             decoupled_weight_decay=kind == "adamw" or bool(hyper["decoupled_weight_decay"]),
-             amsgrad=amsgrad, beta1=hyper["betas"][0], beta2=hyper["betas"][1],
-             lr=hyper["lr"], weight_decay=hyper["weight_decay"], eps=hyper["eps"],
-             maximize=bool(hyper["maximize"]))
+        count = step.to(torch.float64) + 1
+        exp_avg, exp_avg_sq = work[0], work[1]
+        exp_avg.lerp_(grad, (1 - beta1).to(torch.float32))
+        exp_avg_sq.mul_(beta2.to(torch.float32)).add_(grad * grad * (1 - beta2))
+        step_size = lr / (1 - beta1 ** count)
+        correction2_sqrt = (1 - beta2 ** count).sqrt()
+        if amsgrad:
+            torch.maximum(work[2], exp_avg_sq, out=work[2])
+            denom = (work[2].sqrt() / correction2_sqrt).add_(hyper["eps"])
+        else:
+            denom = (exp_avg_sq.sqrt() / correction2_sqrt).add_(hyper["eps"])
+        w.add_(exp_avg / denom * -step_size)
         step.copy_(count)
-    else:  # sgd
-        buffers: list[torch.Tensor | None] = [None if first else b for b in work[:1]]
-        sgd([w], [grad], buffers, foreach=False, fused=None,
-            weight_decay=hyper["weight_decay"], momentum=hyper["momentum"],
-            lr=hyper["lr"], dampening=hyper["dampening"], nesterov=bool(hyper["nesterov"]),
-            maximize=bool(hyper["maximize"]))
-        work = [b for b in buffers if b is not None]
+    else:  # sgd: torch.optim.sgd._single_tensor_sgd, op for op
+        maximize, decay, has_momentum, nesterov = flags
+        if maximize:
+            grad = -grad
+        if decay:
+            grad = grad.add(w * hyper["weight_decay"])
+        if has_momentum:
+            momentum = hyper["momentum"]
+            if first:
+                buf = grad.detach().clone()
+                work = [buf]
+            else:
+                buf = work[0]
+                buf.mul_(momentum.to(torch.float32)).add_(
+                    grad * (1 - hyper["dampening"]))
+            grad = grad.add(buf * momentum) if nesterov else buf
+        w.add_(grad * -lr)
     jobs = ([] if comp is not None else [(w, p)]) + list(zip(work, states))
     hashes = _hashes(p.numel(), offset, index, keys, (len(jobs) + 1) // 2, wide, p.device)
     if comp is not None:  # Kahan: nearest on the bits, what it lost truncated
@@ -174,12 +205,13 @@ def _update(p: torch.Tensor, g: torch.Tensor, states: list[torch.Tensor],
         h = hashes[j // 2]
         noise = h & 0xFFFF if j % 2 == 0 else (h >> 16) & 0xFFFF
         _round_stochastic(value, noise, out)
+    return torch.compiler.is_compiling()  # a constant of the compiled graph: True
 
 
-_COMPILED: dict[tuple[str, str], Callable[..., None]] = {}  # (kind, rounding) -> wrapper
+_COMPILED: dict[tuple[str, str], Callable[..., bool]] = {}  # (kind, rounding) -> wrapper
 
 
-def _compiled(kind: str, rounding: str) -> Callable[..., None]:
+def _compiled(kind: str, rounding: str) -> Callable[..., bool]:
     """The compiled update of one optimizer kind and rounding, made once per process.
     torch keeps compiled graphs per code object, up to a small number of them: a code
     object of its own per kind and rounding (the same code, renamed) keeps one kind's
@@ -200,10 +232,28 @@ COMPILED_OPTIMIZERS: dict[type, str] = {torch.optim.AdamW: "torch.optim.adamw.ad
                                         torch.optim.Adam: "torch.optim.adam.adam",
                                         torch.optim.SGD: "torch.optim.sgd.sgd"}
 _KIND = {torch.optim.AdamW: "adamw", torch.optim.Adam: "adam", torch.optim.SGD: "sgd"}
-_HYPER = {"adamw": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"),
-          "adam": ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize",
-                   "decoupled_weight_decay"),
-          "sgd": ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize")}
+
+
+def _hyper(kind: str, group: dict[str, Any], device: torch.device
+           ) -> tuple[dict[str, torch.Tensor], tuple[bool, ...]]:
+    """A group's float hyper-parameters as 0-dim float64 tensors (values the compiled
+    code reads as data, as a Python float is read in float64: changing them never
+    recompiles) and the flags that change the code (options, and which terms are zero,
+    as torch's functional forms test them)."""
+    if kind == "sgd":
+        names: tuple[str, ...] = ("lr", "momentum", "dampening", "weight_decay")
+        values = [float(group[k]) for k in names]
+        flags: tuple[bool, ...] = (bool(group["maximize"]), group["weight_decay"] != 0,
+                                   group["momentum"] != 0, bool(group["nesterov"]))
+    else:
+        names = ("lr", "beta1", "beta2", "eps", "weight_decay")
+        values = [float(group["lr"]), float(group["betas"][0]), float(group["betas"][1]),
+                  float(group["eps"]), float(group["weight_decay"])]
+        flags = (bool(group["maximize"]), bool(group["amsgrad"]),
+                 kind == "adamw" or bool(group.get("decoupled_weight_decay", False)),
+                 group["weight_decay"] != 0)
+    return ({n: torch.tensor(v, dtype=torch.float64, device=device)
+             for n, v in zip(names, values)}, flags)
 
 
 def _state_names(kind: str, group: dict[str, Any]) -> tuple[str, ...]:
@@ -319,16 +369,20 @@ def _step_one(opt: Any, p: torch.Tensor, kind: str, group: dict[str, Any],
     names = _state_names(kind, group)
     first = False
     with torch.no_grad():
+        started = "step" in own
         for name in names:
             if not isinstance(own.get(name), torch.Tensor):
                 if kind == "sgd":  # torch makes it from the gradient: written, not read
                     first = True
                     own[name] = torch.empty_like(p.detach())
+                elif started:
+                    # torch's Adam makes its moments on a parameter's first step only
+                    # (amsgrad switched on later: it fails the same way)
+                    raise KeyError(name)
                 else:
                     own[name] = torch.zeros_like(p.detach())
-        for name in [k for k in own if k not in names and k not in OWN_STATE
-                     and k != "step"]:
-            del own[name]  # what the eager step would not keep (a reconfigured group)
+        # entries of options switched off since (an SGD momentum buffer, an amsgrad
+        # maximum) stay, as torch keeps them
         step = None
         if kind != "sgd":
             step = own.get("step")
@@ -354,19 +408,40 @@ def _step_one(opt: Any, p: torch.Tensor, kind: str, group: dict[str, Any],
         wide = total >= _WIDE
         offset = torch.tensor(start, dtype=torch.int64 if wide else torch.int32,
                               device=device)
-        hyper = {k: group[k] for k in _HYPER[kind]}
+        hyper, flags = _hyper(kind, group, device)
         flat = [local_tensor(own[name]).view(-1) for name in names]
         grad = p.grad
         assert grad is not None
-        _compiled(kind, pure.rounding)(local.view(-1), local_tensor(grad).view(-1), flat,
-                    None if comp is None else local_tensor(comp).view(-1), step, offset,
-                    where, keys, hyper, kind=kind, first=first, wide=wide)
+        ran = _compiled(kind, pure.rounding)(
+            local.view(-1), local_tensor(grad).view(-1), flat,
+            None if comp is None else local_tensor(comp).view(-1), step, offset, where,
+            keys, hyper, kind=kind, first=first, wide=wide, flags=flags)
+        if not ran:
+            _said_uncompiled(opt, kind, pure.rounding)
         own[COUNT] = count + 1
         if comp is not None:
             pure.versions[p] = fingerprint(p)
 
 
 _PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # optimizer -> its _Plan
+
+
+def _said_uncompiled(opt: Any, kind: str, rounding: str) -> None:
+    """One :class:`CompiledStepFallbackWarning` per optimizer when its update ran as
+    plain Python: torch.compile gave up on it (its recompile limit reached for that
+    code object: too many variants of group options, shapes and state compiled in this
+    process). The step stays right, only slower."""
+    plan = _PLANS.get(opt)
+    if plan is None or plan.warned:
+        return
+    plan.warned = True
+    warnings.warn(f"compile_step=True: this {_base(opt).__name__}'s update "
+                  f"(_update_{kind}_{rounding}) now runs uncompiled: torch.compile stopped "
+                  f"compiling it, having reached its recompile limit (torch._dynamo.config."
+                  f"recompile_limit) for that code in this process; the results are the "
+                  f"same, only slower. Raise the limit, or use fewer distinct group options "
+                  f"(momentum, weight_decay zero or not, nesterov, maximize, amsgrad)",
+                  CompiledStepFallbackWarning, stacklevel=5)
 
 
 def compiled_step(opt: Any, inner: Callable[..., Any], where: dict[int, tuple[int, int]],
@@ -387,6 +462,14 @@ def compiled_step(opt: Any, inner: Callable[..., Any], where: dict[int, tuple[in
         >>> opt.step(); w.tolist()
         [0.5, 0.5, 0.5, 0.5]
     """
+    # Traced by an outer torch.compile (a whole training step compiled): the step runs
+    # outside that trace (a graph break), as itself; traced, its flat views of the
+    # parameters would reach the inner compiled update as graph inputs it cannot alias
+    return _outside_traces(opt, inner, where, kwargs)
+
+
+def _take_compiled_step(opt: Any, inner: Callable[..., Any],
+                        where: dict[int, tuple[int, int]], kwargs: dict[str, Any]) -> bool:
     plan = _PLANS.get(opt)
     if plan is None:
         plan = _PLANS[opt] = _Plan()
@@ -421,6 +504,9 @@ def compiled_step(opt: Any, inner: Callable[..., Any], where: dict[int, tuple[in
         for ps, original in zip(lists, saved):
             ps[:] = original
     return True
+
+
+_outside_traces: Callable[..., bool] = torch.compiler.disable(_take_compiled_step)
 
 
 _MODELS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # models initialize set to compile

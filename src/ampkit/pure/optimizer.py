@@ -413,7 +413,7 @@ torch.bfloat16)
         # parameter and hands the whole optimizer's indices here.
         where = self.__dict__.get("_ampkit_indices") or rounding_keys(self)  # type: ignore[arg-type]
         pure = self._ampkit_pure
-        if pure.compile_step and closure is None:
+        if pure.compile_step:  # (an optimizer that keeps a closure has no compiled step)
             from ampkit.pure.compiled_step import compiled_step
 
             if compiled_step(self, inner, where, kwargs):  # else: eager, said once
