@@ -161,7 +161,7 @@ __all__ = [
 # second): only when it is first used.
 __getattr__, __dir__ = lazy_exports("ampkit.pure",
                                     {"PureLoadPlanner": "ampkit.pure.checkpoint"},
-                                    globals(), ["checkpoint"])
+                                    globals(), ["checkpoint", "compiled_step"])
 
 # A pickled (or deep-copied) pure optimizer names these: the package is their module,
 # whichever file defines them (the optimizer classes made per torch class take it too).
