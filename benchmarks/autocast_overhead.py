@@ -24,7 +24,7 @@ machine noise hits them alike:
 Listed ops are intercepted by ampkit's kernels on the Autocast dispatch key (issue 24).
 Once registered they stay, and a listed op called under native autocast pays a Python
 call to reach native's kernel; so every configuration that uses no ampkit kernels runs
-with them released (``ampkit.autocast_mode.release_kernels``), and the two that use
+with them released (``ampkit.engine.regions.release_kernels``), and the two that use
 them register them again on the first step of each round, paying for it.
 
 Targets (issue 2): default <= 1.03x native in both sizes; with five entries <= 1.25x
@@ -48,8 +48,8 @@ from _interleaved import interleaved_medians, print_ratios
 from torch.overrides import TorchFunctionMode
 
 import ampkit
-from ampkit.autocast_kernels import registered
-from ampkit.autocast_mode import release_kernels
+from ampkit.engine.kernels import registered
+from ampkit.engine.regions import release_kernels
 
 # Five entries that change numerics: ops native autocast leaves alone on CPU.
 FIVE_NEW: dict[str, Any] = {"custom_white_list": {"add", "mul"},

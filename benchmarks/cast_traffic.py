@@ -23,7 +23,7 @@ lives for one forward), casting each gradient into the fp32 ``.grad`` (autograd'
 ``ToCopyBackward``), where it accumulates in fp32.
 
 ``--reuse-casts`` runs each step's micro-batches (forwards and backward passes) in one
-:func:`ampkit.parameter_casts.reuse_casts` block at O1-O3: at O2 each weight is then
+:func:`ampkit.conversion.parameter_casts.reuse_casts` block at O1-O3: at O2 each weight is then
 cast once per optimizer step instead of once per micro-batch (the opt-in; by default a
 copy lives for one forward).
 
@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _training import GPT, GPTConfig, ResNet
 
 import ampkit
-from ampkit.parameter_casts import reuse_casts
+from ampkit.conversion.parameter_casts import reuse_casts
 from ampkit.tools.cli.args import positive_int
 from ampkit.tools.ops.cast_traffic import CastTraffic, count_casts
 

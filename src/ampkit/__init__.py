@@ -14,21 +14,31 @@ Example:
     torch.bfloat16
 """
 
-from ampkit._lazy import lazy_exports
-from ampkit.autocast_mode import autocast, current_policy
-from ampkit.casting import amp_cast, amp_multicast, cast_tree
-from ampkit.policy import Policy
-from ampkit.presets import available_policies, get_policy, register_policy, unregister_policy
-from ampkit.registry import resolve_op, resolve_ops
+from ampkit.common.lazy import lazy_exports
+from ampkit.engine.casting import amp_cast, amp_multicast, cast_tree
+from ampkit.engine.regions import autocast, current_policy, release_kernels
+from ampkit.policies.policy import Policy
+from ampkit.policies.presets import (
+    available_policies,
+    get_policy,
+    register_policy,
+    unregister_policy,
+)
+from ampkit.policies.registry import native_op_names, resolve_op, resolve_ops
 
 __version__ = "0.1.0"
 
 # Layers below the engine are imported on first use, so ``import ampkit`` stays light.
 _LAZY = {
     # precision levels, model conversion, pure bf16, front door
-    "Level": "ampkit.levels",
-    "LevelProperties": "ampkit.levels",
-    "level_properties": "ampkit.levels",
+    "Level": "ampkit.conversion.levels",
+    "LevelProperties": "ampkit.conversion.levels",
+    "level_properties": "ampkit.conversion.levels",
+    "describe_levels": "ampkit.conversion.levels",
+    "reuse_casts": "ampkit.conversion.parameter_casts",
+    "device_supports_dtype": "ampkit.common.device_support",
+    "clip_each_gradient": "ampkit.step_in_backward",
+    "field_help": "ampkit.config",
     "convert_model": "ampkit.front_door",
     "PureLowPrecisionOptimizer": "ampkit.pure",
     "initialize": "ampkit.front_door",
@@ -50,13 +60,11 @@ _LAZY = {
 
 
 # Modules and subpackages reachable as attributes after a plain ``import ampkit``
-# (``ampkit.tools.count_casts()``, ``ampkit.levels.describe_levels()``), as the README
+# (``ampkit.tools.count_casts()``, ``ampkit.fsdp.prepare_optimizer()``), as the README
 # and docs use them; each is imported on first use.
 _SUBMODULES = (
-    "tools", "config", "levels", "integrations", "dialects", "scaling", "conversion", "front_door",
-    "pure", "master_weights_pure", "policy", "presets", "registry", "casting",
-    "autocast_mode", "function_patching", "fsdp", "parameter_casts", "parameter_truth",
-    "fp8", "device_support", "step_in_backward",
+    "tools", "config", "integrations", "dialects", "scaling", "conversion", "front_door",
+    "pure", "common", "policies", "engine", "fsdp", "fp8", "step_in_backward",
     # the dialects' import names
     "apex", "paddle", "mindspore", "mxnet", "torch",
 )
@@ -77,8 +85,13 @@ __all__ = [
     "collect_op_stats",
     "compare",
     "configure_loss_scaling",
+    "clip_each_gradient",
     "convert_model",
+    "describe_levels",
+    "device_supports_dtype",
+    "field_help",
     "initialize",
+    "native_op_names",
     "level_properties",
     "plan",
     "scale_loss",
@@ -92,7 +105,9 @@ __all__ = [
     "current_policy",
     "get_policy",
     "register_policy",
+    "release_kernels",
     "resolve_op",
     "resolve_ops",
+    "reuse_casts",
     "unregister_policy",
 ]

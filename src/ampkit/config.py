@@ -44,12 +44,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampkit.conversion.levels import MasterWeights
 from ampkit.fp8.recipe import FP8_RECIPES
-from ampkit.levels import MasterWeights
 
 if TYPE_CHECKING:
     from ampkit.conversion import ConversionConfig
-    from ampkit.levels import LevelProperties
+    from ampkit.conversion.levels import LevelProperties
 
 __all__ = ["SCALER_FIELDS", "AmpConfig", "config_fields", "contradiction", "field_help",
            "merged_config", "text_kind"]
@@ -61,43 +61,43 @@ _FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 # -- each field's help, and the values its parser accepts, read from that parser -----------
 
 def _levels() -> str:
-    from ampkit.levels import Level
+    from ampkit.conversion.levels import Level
 
     return ", ".join(level.value for level in Level) + " (any case)"
 
 
 def _dtype_values(dtypes: Iterable[torch.dtype]) -> str:
-    from ampkit.arguments import dtype_names
+    from ampkit.common.arguments import dtype_names
 
     return ", ".join("|".join(dtype_names([d])) for d in dtypes) + " (any case)"
 
 
 def _low_dtypes() -> str:
-    from ampkit.arguments import LOW_PRECISION
+    from ampkit.common.arguments import LOW_PRECISION
 
     return _dtype_values(LOW_PRECISION)
 
 
 def _float_dtypes() -> str:
-    from ampkit.arguments import FLOAT_DTYPES
+    from ampkit.common.arguments import FLOAT_DTYPES
 
     return _dtype_values(FLOAT_DTYPES)
 
 
 def _output_values() -> str:
-    from ampkit.levels import AS_COMPUTED
+    from ampkit.conversion.levels import AS_COMPUTED
 
     return f"{_float_dtypes()}, or {AS_COMPUTED}"
 
 
 def _policies() -> str:
-    from ampkit.presets import available_policies
+    from ampkit.policies.presets import available_policies
 
     return ", ".join(available_policies()) + ", or a .json policy file"
 
 
 def _master_weights() -> str:
-    from ampkit.levels import MasterWeights
+    from ampkit.conversion.levels import MasterWeights
 
     return ", ".join(("true", "false", *(m.value for m in MasterWeights))) + " (any case)"
 
@@ -175,7 +175,7 @@ def text_kind(name: str) -> type:
 
 
 def _op_list(value: Any, name: str) -> tuple[str, ...]:
-    from ampkit.registry import resolve_ops
+    from ampkit.policies.registry import resolve_ops
 
     if isinstance(value, str):
         value = (value,)
@@ -203,7 +203,7 @@ def _optional(value: Any, name: str, kind: type, accepted: str) -> Any:
 
 
 def _check_policy(value: Any) -> str:
-    from ampkit.presets import available_policies, get_policy
+    from ampkit.policies.presets import available_policies, get_policy
 
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -219,7 +219,7 @@ class AmpConfig:
     """Every mixed-precision choice, typed, frozen and checked when made.
 
     Attributes:
-        level: ``"O0"``-``"O3"`` (``ampkit.levels``); ``"O1"`` by default, as
+        level: ``"O0"``-``"O3"`` (``ampkit.conversion.levels``); ``"O1"`` by default, as
             ``ampkit.initialize``.
         dtype: ``torch.float16`` or ``torch.bfloat16`` (names accepted, stored as the
             dtype); ``None``: the device's autocast default.
@@ -231,7 +231,7 @@ class AmpConfig:
         keep_fp32_modules: qualified module names (as in ``model.named_modules()``)
             kept in fp32.
         keep_norms_fp32: ``None`` keeps the level's default.
-        master_weights: a :class:`ampkit.levels.MasterWeights` (stored as one): given
+        master_weights: a :class:`ampkit.conversion.levels.MasterWeights` (stored as one): given
             as a member, ``True``/``False``, or its value in any case (``"fp32"``,
             ``"none"``, ``"stochastic"``/``"kahan"``: pure bfloat16, ``"true"``,
             ``"false"``); ``None`` keeps the level's default.
@@ -284,7 +284,7 @@ class AmpConfig:
     """
 
     level: str = dataclasses.field(
-        default="O1", metadata=_about("precision level (ampkit.levels)", _levels))
+        default="O1", metadata=_about("precision level (ampkit.conversion.levels)", _levels))
     dtype: torch.dtype | None = dataclasses.field(default=None, metadata=_about(
         "low-precision dtype; unset: the device's autocast default", _low_dtypes))
     policy: str = dataclasses.field(default="torch", metadata=_about(
@@ -338,9 +338,9 @@ class AmpConfig:
     def __post_init__(self) -> None:
         # Every check is one that initialize, the level table or GradScaler already
         # runs: the config calls them, so a config that is made is one they accept.
+        from ampkit.conversion.levels import Level, conversion_of, master_weights_value
         from ampkit.fp8.convert import check_fp8_level, check_fp8_options
-        from ampkit.levels import Level, conversion_of, master_weights_value
-        from ampkit.policy import as_dtype
+        from ampkit.policies.policy import as_dtype
         from ampkit.scaling.schedule import ScaleSchedule
 
         put = object.__setattr__
@@ -430,7 +430,7 @@ class AmpConfig:
         built: tuple[LevelProperties, ConversionConfig] | None = self.__dict__.get(
             "_conversion")
         if built is None:  # unpickled: the cache is not part of the state
-            from ampkit.levels import conversion_of
+            from ampkit.conversion.levels import conversion_of
 
             built = conversion_of({f.name: getattr(self, f.name)
                                    for f in dataclasses.fields(self)})

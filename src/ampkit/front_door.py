@@ -3,14 +3,14 @@
 One call applies a precision level to one or several models and their optimizers:
 
 1. the level's properties are looked up and the overrides applied (nonsensical ones
-   refused, see :func:`ampkit.levels.level_properties`);
+   refused, see :func:`ampkit.conversion.levels.level_properties`);
 2. every model is checked (an ``nn.Module``, fp32, not yet wrapped in DDP/FSDP) and
    every optimizer's parameters are checked to belong to the models, all before
    anything is changed;
 3. the models are converted (:func:`convert_model`);
 4. optimizers are returned as they are: at O1 and O2 the fp32 parameters are the truth
    and the user's optimizer steps them directly (O2's modules compute with
-   low-precision copies made on use, :mod:`ampkit.parameter_casts`); only with
+   low-precision copies made on use, :mod:`ampkit.conversion.parameter_casts`); only with
    ``master_weights="stochastic"``/``"kahan"`` is an optimizer made to train bf16
    weights and state purely
    (:class:`ampkit.pure.PureLowPrecisionOptimizer`, seeded by
@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ampkit.arguments import DEPRECATED_NAMES, canonical_names
+from ampkit.common.arguments import DEPRECATED_NAMES, canonical_names
 from ampkit.config import SCALER_FIELDS, AmpConfig, config_fields, merged_config
 from ampkit.conversion import (
     ConversionConfig,
@@ -56,19 +56,19 @@ from ampkit.conversion import (
     check_not_wrapped,
     prepare_conversion,
 )
+from ampkit.conversion.levels import (
+    APEX_OVERRIDES,
+    LevelProperties,
+    conversion_for_level,
+    conversion_of,
+    default_dtype,
+)
 from ampkit.fp8.convert import (
     Fp8SkipWarning,
     apply_fp8,
     check_fp8_converts,
     fp8_skip_message,
     prepare_fp8,
-)
-from ampkit.levels import (
-    APEX_OVERRIDES,
-    LevelProperties,
-    conversion_for_level,
-    conversion_of,
-    default_dtype,
 )
 
 __all__ = ["INITIALIZE_OVERRIDES", "Prepared", "Settings", "convert_model", "initialize",
@@ -78,8 +78,8 @@ __all__ = ["INITIALIZE_OVERRIDES", "Prepared", "Settings", "convert_model", "ini
 def initialize_keywords() -> tuple[str, ...]:
     """Every keyword ``initialize`` takes besides ``level``, ``dtype`` and ``config``,
     read when called: :class:`ampkit.AmpConfig`'s fields, then the apex overrides
-    (:data:`ampkit.levels.APEX_OVERRIDES`), then the deprecated names
-    (:data:`ampkit.arguments.DEPRECATED_NAMES`, which warn).
+    (:data:`ampkit.conversion.levels.APEX_OVERRIDES`), then the deprecated names
+    (:data:`ampkit.common.arguments.DEPRECATED_NAMES`, which warn).
 
     Example:
         >>> from ampkit.front_door import initialize_keywords
@@ -123,7 +123,7 @@ class Settings:
     """What one ``initialize`` call asks for, merged once (:func:`resolve_settings`):
     the :class:`ampkit.AmpConfig`, the in-memory values a config cannot hold (module
     classes among ``keep_fp32_modules``, a ``Policy``, a torchao config) and the apex
-    overrides (:data:`ampkit.levels.APEX_OVERRIDES`).
+    overrides (:data:`ampkit.conversion.levels.APEX_OVERRIDES`).
 
     Example:
         >>> from ampkit.front_door import resolve_settings
@@ -138,7 +138,7 @@ class Settings:
 
     def by_name(self) -> dict[str, Any]:
         """Every setting by AmpConfig field name (an in-memory value in its field's
-        place) and apex override name: what :func:`ampkit.levels.conversion_of` reads.
+        place) and apex override name: what :func:`ampkit.conversion.levels.conversion_of` reads.
 
         Example:
             >>> from ampkit.front_door import resolve_settings
@@ -274,8 +274,8 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
         optimizers: ``None``, a ``torch.optim.Optimizer`` or a list/tuple of them, over
             parameters of ``models``.
         level: ``"O0"``, ``"O1"`` (``None``: the default, or the config's), ``"O2"``,
-            ``"O3"``; the table is in :mod:`ampkit.levels`
-            (``ampkit.levels.describe_levels()`` prints it).
+            ``"O3"``; the table is in :mod:`ampkit.conversion.levels`
+            (``ampkit.conversion.levels.describe_levels()`` prints it).
         dtype: ``torch.float16`` or ``torch.bfloat16``; ``None`` is the autocast default
             of the models' device: bfloat16 on CPU, float16 on CUDA.
         config: an :class:`ampkit.AmpConfig` (or the path of a config file, or a
@@ -304,14 +304,14 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             Here a field may also hold what a config file cannot: module classes or
             instances among ``keep_fp32_modules``, a ``Policy``, a torchao
             ``Float8LinearConfig``. Then the apex overrides
-            (:data:`ampkit.levels.APEX_OVERRIDES`): ``cast_model_type``,
+            (:data:`ampkit.conversion.levels.APEX_OVERRIDES`): ``cast_model_type``,
             ``patch_ops``, ``state_dict_dtype``, ``cast_buffers`` (``True``: store
             floating buffers in the parameters' low-precision dtype too, as
             ``model.half()`` does; by default they keep their dtype at every level,
-            see :func:`ampkit.levels.conversion_config`) and ``num_losses``. The
+            see :func:`ampkit.conversion.levels.conversion_config`) and ``num_losses``. The
             deprecated names ``min_loss_scale``, ``max_loss_scale``,
             ``keep_batchnorm_fp32`` and ``patch_torch_functions``
-            (:data:`ampkit.arguments.DEPRECATED_NAMES`) still work, with a
+            (:data:`ampkit.common.arguments.DEPRECATED_NAMES`) still work, with a
             ``FutureWarning`` naming the one to use. ``None`` keeps a level default.
 
     Returns:
@@ -498,7 +498,7 @@ def convert_model(model: nn.Module, level: Any = "O2", dtype: torch.dtype | str 
     Args:
         model: an fp32 ``nn.Module`` on its final device, not yet wrapped in
             DataParallel/DistributedDataParallel/FSDP.
-        level: ``"O0"`` .. ``"O3"``, a :class:`~ampkit.levels.Level`, or a
+        level: ``"O0"`` .. ``"O3"``, a :class:`~ampkit.conversion.levels.Level`, or a
             :class:`~ampkit.conversion.ConversionConfig` (then ``dtype`` and ``overrides``
             must be absent).
         dtype: the low-precision dtype; ``None``: the autocast default of the model's
@@ -506,7 +506,7 @@ def convert_model(model: nn.Module, level: Any = "O2", dtype: torch.dtype | str 
         **overrides: level properties (``cast_model_type``, ``keep_norms_fp32``,
             ``master_weights``, ``patch_ops``, ``cast_model_outputs``) and
             ``keep_fp32_modules``, ``policy``, ``custom_white_list``,
-            ``custom_black_list``; see :func:`~ampkit.levels.conversion_for_level`.
+            ``custom_black_list``; see :func:`~ampkit.conversion.levels.conversion_for_level`.
 
     Returns:
         ``model`` itself, converted. Converting it again with the same settings returns

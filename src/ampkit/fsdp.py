@@ -27,7 +27,7 @@ low-precision copies. So the recipe is:
    parameters, whose updates would round to nearest.
 
 Under this policy the parameters reach each module already in low precision (from the
-all-gather), so ampkit's cast on use (:mod:`ampkit.parameter_casts`) has nothing to do
+all-gather), so ampkit's cast on use (:mod:`ampkit.conversion.parameter_casts`) has nothing to do
 and keeps nothing; the kept norms get fp32 parameters, and so do the fp8 layers, which
 torchao casts to fp8 from the fp32 values, as in one process (with
 ``Float8LinearConfig(enable_fsdp_float8_all_gather=True)`` their weights all-gather in
@@ -77,19 +77,19 @@ import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit import torch_internals
+from ampkit.common.module_selection import (
+    ModuleSelector,
+    parse_module_selectors,
+    resolve_module_selectors,
+    selects,
+)
+from ampkit.common.step_hooks import check_at_first_step
 from ampkit.conversion import (
     OWN_PARAMETER_CASTS,
     ConversionConfig,
     get_conversion,
     kept_by_conversion,
 )
-from ampkit.module_selection import (
-    ModuleSelector,
-    parse_module_selectors,
-    resolve_module_selectors,
-    selects,
-)
-from ampkit.step_hooks import check_at_first_step
 
 __all__ = ["fully_shard", "mixed_precision_policy", "prepare_optimizer"]
 
@@ -99,7 +99,7 @@ _REPLACED: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _check_not_replaced(optimizer: torch.optim.Optimizer) -> None:
-    # Checked at each optimizer's first step (ampkit.step_hooks).
+    # Checked at each optimizer's first step (ampkit.common.step_hooks).
     for group in optimizer.param_groups:
         for p in group["params"]:
             name = _REPLACED.get(p)

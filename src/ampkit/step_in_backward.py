@@ -988,7 +988,7 @@ def clip_each_gradient(optimizer: torch.optim.Optimizer, *, max_norm: float | No
         >>> round(w.norm().item(), 4)
         1.0
     """
-    from ampkit.arguments import positive_number
+    from ampkit.common.arguments import positive_number
 
     state = optimizer.__dict__.get(_KEY)
     if not isinstance(state, _InBackward):

@@ -16,8 +16,8 @@ from helpers_models import DigitsCNN, TinyTransformer, on_forward
 
 import ampkit
 from ampkit.conversion import ConversionConfig, get_conversion
+from ampkit.conversion.levels import conversion_for_level
 from ampkit.front_door import convert_model
-from ampkit.levels import conversion_for_level
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 NORMS = (nn.BatchNorm2d, nn.LayerNorm)
@@ -344,7 +344,7 @@ def test_cast_shared_on_use_keeps_the_kept_modules_parameter_fp32():
     assert tied.grad.dtype is FP32 and tied.dtype is FP32
     # The copy lives for one forward of the model: an edit through .data (no version
     # bump) is seen by the next forward.
-    assert not ampkit.parameter_casts.is_cached(tied)
+    assert not ampkit.conversion.parameter_casts.is_cached(tied)
     tied.data.mul_(2)
     assert torch.equal(model(ids), F.linear(F.embedding(ids, (2 * w).to(BF16)).float(), 2 * w))
 

@@ -9,8 +9,8 @@ import torch.nn as nn
 from torch._dynamo.testing import CompileCounter
 
 import ampkit
-from ampkit.autocast_mode import current_policy
-from ampkit.parameter_casts import swap_depth
+from ampkit.conversion.parameter_casts import swap_depth
+from ampkit.engine.regions import current_policy
 
 
 class _Net(nn.Module):
@@ -302,8 +302,8 @@ def test_a_pickled_boundary_makes_its_graph_keys_again_where_it_is_loaded():
     # The keys index a table of this process: a pickle carries the device types only.
     import pickle
 
-    from ampkit.autocast_mode import in_graph_key
     from ampkit.conversion.classes import _BOUNDARY
+    from ampkit.engine.regions import in_graph_key
 
     model = _converted(_plain_sequential, "O2", **BLACK_LINEAR)
     boundary = model.__dict__[_BOUNDARY]

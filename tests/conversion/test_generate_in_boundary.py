@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ampkit
-from ampkit.parameter_casts import is_cached
+from ampkit.conversion.parameter_casts import is_cached
 
 transformers = pytest.importorskip("transformers")
 

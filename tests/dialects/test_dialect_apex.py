@@ -16,7 +16,7 @@ import ampkit
 import ampkit.apex as amp
 from ampkit.dialects.apex import handle as apex_handle
 from ampkit.dialects.apex import state as apex_state
-from ampkit.function_patching import CastRule, register_function, unregister_function
+from ampkit.engine.function_patching import CastRule, register_function, unregister_function
 from ampkit.scaling.loss_scaling import configure_loss_scaling
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32

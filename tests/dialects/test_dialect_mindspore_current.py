@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ampkit.mindspore as amp
-from ampkit.presets import MINDSPORE_AUTO
+from ampkit.policies.presets import MINDSPORE_AUTO
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ampkit.mxnet as amp
-from ampkit.presets import MXNET_CONDITIONAL_FP32_FUNCS, MXNET_CONDITIONAL_FP32_OPS
+from ampkit.policies.presets import MXNET_CONDITIONAL_FP32_FUNCS, MXNET_CONDITIONAL_FP32_OPS
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 
@@ -415,7 +415,7 @@ LIST_FUNCTIONS = ("list_lp16_ops", "list_lp16_fp32_ops", "list_fp32_ops",
 def test_list_api_of_mxnet_1_9_and_2_0_is_complete_and_disjoint(dtype: str) -> None:
     # Both versions' mxnet.contrib.amp / mxnet.amp __all__: every list function exists,
     # each name is on one list only (their coverage tests), and each is a torch op.
-    from ampkit.registry import resolve_ops
+    from ampkit.policies.registry import resolve_ops
 
     lists = [getattr(amp, name)(dtype) for name in LIST_FUNCTIONS]
     lists.append([op for op, _, _ in amp.list_conditional_fp32_ops(dtype)])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ampkit.paddle as amp
-from ampkit.device_support import device_supports_dtype
+from ampkit.common.device_support import device_supports_dtype
 from ampkit.dialects.paddle import region as paddle_region
 
 

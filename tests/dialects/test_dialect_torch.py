@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import ampkit
 import ampkit.torch as amp
-from ampkit.presets import get_policy
+from ampkit.policies.presets import get_policy
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 

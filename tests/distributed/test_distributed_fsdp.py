@@ -143,7 +143,7 @@ def _resume(mesh: Any, rank: int, where: Path) -> dict[str, Any]:
 def _worker(rank: int, out_dir: str) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ampkit.parameter_casts import cached_casts
+    from ampkit.conversion.parameter_casts import cached_casts
 
     mesh = init_device_mesh("cpu", (WORLD,))  # not the accelerator's default mesh
     results: dict[str, Any] = {}

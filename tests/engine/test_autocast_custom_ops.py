@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ampkit
-from ampkit.registry import entry_points, resolve_op
+from ampkit.policies.registry import entry_points, resolve_op
 
 BF16, F32 = torch.bfloat16, torch.float32
 

@@ -22,8 +22,8 @@ import torch
 from torch.testing._internal.autocast_test_lists import AutocastCPUTestLists
 
 import ampkit
-from ampkit.policy import Policy
-from ampkit.registry import all_op_names
+from ampkit.policies.policy import Policy
+from ampkit.policies.registry import all_op_names
 
 AMP_DTYPES = [torch.bfloat16, torch.float16]
 LISTS = AutocastCPUTestLists(torch.device("cpu"))
@@ -103,11 +103,11 @@ def _mirror_takes_kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The mirror policy re-lists native's own rules, which take no kernel since issue
     35 (native's computes them). Here they take ampkit's kernels all the same, so that
     ampkit's casts are what is compared with native's, op by op."""
-    from ampkit import autocast_kernels
-    from ampkit.autocast_mode import release_kernels
-    from ampkit.autocast_rules import compile_rules
+    from ampkit.engine import kernels
+    from ampkit.engine.regions import release_kernels
+    from ampkit.engine.rules import compile_rules
 
-    monkeypatch.setattr(autocast_kernels, "skip_native_equal", False)
+    monkeypatch.setattr(kernels, "skip_native_equal", False)
     compile_rules.cache_clear()
     yield
     compile_rules.cache_clear()
@@ -136,25 +136,25 @@ def test_mirror_policy_really_intercepts() -> None:
     assert {"mm", "conv2d", "linear", "mse_loss", "cat"} <= (
         MIRROR.lower_precision_ops | MIRROR.fp32_ops | MIRROR.promote_ops)
     calls = []
-    from ampkit import autocast_kernels
+    from ampkit.engine import kernels
 
     # The Autocast kernels own mm and cat under this policy; cat's promote rule asks
     # promote_dtype for its target: spy on that.
-    promote = autocast_kernels.promote_dtype
+    promote = kernels.promote_dtype
 
     def promote_spy(*args: Any) -> Any:
         calls.append("promote")
         return promote(*args)
 
-    autocast_kernels.promote_dtype = promote_spy
+    kernels.promote_dtype = promote_spy
     try:
         with ampkit.autocast("cpu", torch.bfloat16, policy=MIRROR):
-            table = dict(autocast_kernels._active.table or {})
+            table = dict(kernels._active.table or {})
             torch.mm(torch.rand(2, 2), torch.rand(2, 2))
             torch.cat([torch.rand(2), torch.rand(2).bfloat16()])
     finally:
-        autocast_kernels.promote_dtype = promote
+        kernels.promote_dtype = promote
     assert (table["mm"], table["cat"]) == ("lower", "promote")
-    registered = autocast_kernels.registered()
+    registered = kernels.registered()
     assert {("AutocastCPU", "aten::mm"), ("AutocastCPU", "aten::cat")} <= registered
     assert calls == ["promote"]

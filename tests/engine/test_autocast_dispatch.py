@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import ampkit
-from ampkit import autocast_kernels
+from ampkit.engine import kernels
 
 BF16, F32 = torch.bfloat16, torch.float32
 POLICY_A = {"custom_white_list": ["add"]}  # mm native (bf16), add in bf16
@@ -88,18 +88,18 @@ def test_kernels_follow_the_calling_thread_only() -> None:
         done.wait()
         here = (x + y).dtype
     thread.join()
-    assert ("AutocastCPU", "aten::add.Tensor") in autocast_kernels.registered()
+    assert ("AutocastCPU", "aten::add.Tensor") in kernels.registered()
     assert here == BF16 and other == [F32]
 
 
 def test_native_equal_policy_registers_nothing() -> None:
-    before = autocast_kernels.registered()
-    for policy in ("torch", ampkit.policy.Policy()):
+    before = kernels.registered()
+    for policy in ("torch", ampkit.policies.policy.Policy()):
         with ampkit.autocast("cpu", BF16, policy=policy):
             assert torch._C._len_torch_function_stack() == 0
-            assert autocast_kernels._active.table is None
+            assert kernels._active.table is None
             torch.bmm(torch.rand(1, 2, 2), torch.rand(1, 2, 2))
-    assert autocast_kernels.registered() == before
+    assert kernels.registered() == before
 
 
 def test_ops_inside_python_composites_follow_the_lists() -> None:
@@ -134,7 +134,7 @@ def test_a_registered_kernel_is_not_compiled_as_a_frame_of_its_own() -> None:
     x = torch.randn(3, 16)
     with ampkit.autocast("cpu", BF16, custom_black_list=["relu"]):
         torch.relu(x)  # registers relu's kernel
-    assert ("AutocastCPU", "aten::relu") in autocast_kernels.registered()
+    assert ("AutocastCPU", "aten::relu") in kernels.registered()
 
     def make() -> torch.nn.Module:
         torch.manual_seed(0)

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ampkit
-from ampkit.policy import Policy
+from ampkit.policies.policy import Policy
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 

@@ -17,8 +17,8 @@ import torch.nn as nn
 
 import ampkit
 import ampkit.torch as amp
-from ampkit import autocast_kernels, autocast_mode, autocast_rules
-from ampkit.autocast_mode import UnsupportedDeviceError
+from ampkit.engine import kernels, regions, rules
+from ampkit.engine.regions import UnsupportedDeviceError
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 LISTS = {"custom_white_list": ["add"], "custom_black_list": ["mm"]}
@@ -28,8 +28,8 @@ def _clean() -> bool:
     """Nothing of any region is left on this thread."""
     return (not torch.is_autocast_enabled("cpu") and ampkit.current_policy("cpu") is None
             and torch._C._len_torch_function_stack() == 0
-            and not autocast_mode._state.frames
-            and autocast_kernels._active.table is None and autocast_kernels._active.token is None)
+            and not regions._state.frames
+            and kernels._active.table is None and kernels._active.token is None)
 
 
 # -- torch's signature -------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_interrupt_while_entering_leaves_nothing_behind(
 
     # Ctrl-C lands after native autocast was entered and the Autocast kernels' rules
     # were activated, while the mode (for a Python composite on the list) is pushed.
-    monkeypatch.setattr(autocast_rules.PolicyMode, "__enter__", interrupted)
+    monkeypatch.setattr(rules.PolicyMode, "__enter__", interrupted)
     with pytest.raises(KeyboardInterrupt), ampkit.autocast(
             "cpu", BF16, custom_white_list=["add", "interpolate"], custom_black_list=["mm"]):
         pass
@@ -152,7 +152,7 @@ def test_interrupt_while_activating_kernel_rules_leaves_nothing_behind(
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(autocast_kernels, "activate", interrupted)
+    monkeypatch.setattr(kernels, "activate", interrupted)
     with pytest.raises(KeyboardInterrupt), ampkit.autocast("cpu", BF16, **LISTS):
         pass
     assert _clean()

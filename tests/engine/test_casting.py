@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ampkit
-from ampkit.casting import WeightCastCache, cast_tree
+from ampkit.engine.casting import WeightCastCache, cast_tree
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 
 import ampkit
-from ampkit.policy import Policy
-from ampkit.registry import all_op_names
+from ampkit.policies.policy import Policy
+from ampkit.policies.registry import all_op_names
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import ampkit
-from ampkit.autocast_kernels import registered
-from ampkit.autocast_mode import release_kernels
-from ampkit.policy import Policy
+from ampkit.engine.kernels import registered
+from ampkit.engine.regions import release_kernels
+from ampkit.policies.policy import Policy
 
 BF16, F32 = torch.bfloat16, torch.float32
 

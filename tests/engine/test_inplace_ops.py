@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 import ampkit
-from ampkit.autocast_mode import release_kernels
-from ampkit.presets import available_policies
-from ampkit.registry import all_op_names, entry_points, resolve_op
+from ampkit.engine.regions import release_kernels
+from ampkit.policies.presets import available_policies
+from ampkit.policies.registry import all_op_names, entry_points, resolve_op
 
 
 @pytest.fixture(autouse=True, scope="module")

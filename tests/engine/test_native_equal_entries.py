@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ampkit
-from ampkit.autocast_kernels import registered, same_as_native
-from ampkit.autocast_mode import release_kernels
+from ampkit.engine.kernels import registered, same_as_native
+from ampkit.engine.regions import release_kernels
 
 BF16, F32 = torch.bfloat16, torch.float32
 
@@ -75,7 +75,7 @@ def test_probing_an_op_native_runs_in_fp32_prints_none_of_its_warnings() -> None
     import subprocess
     import sys
 
-    code = ("from ampkit.autocast_kernels import same_as_native\n"
+    code = ("from ampkit.engine.kernels import same_as_native\n"
             "for name in ('qr', 'lu_solve', 'stft'):\n"
             "    print(name, sorted(same_as_native(name, 'cpu', 'lower').values()))\n"
             "    print(name, sorted(same_as_native(name, 'cpu', 'fp32').values()))\n")

@@ -25,11 +25,11 @@ import transformers
 import ampkit
 import ampkit.config
 from ampkit.config import AmpConfig
+from ampkit.conversion.levels import MasterWeights, level_properties
 from ampkit.front_door import initialize_keywords
 from ampkit.integrations.accelerate import AmpkitAccelerator
 from ampkit.integrations.lightning import AmpkitPrecision, precision_signature
 from ampkit.integrations.transformers import AmpkitArguments, arguments_class
-from ampkit.levels import MasterWeights, level_properties
 from ampkit.scaling import loss_scaling
 from ampkit.tools.cli import build_parser
 from ampkit.tools.cli.args import config_from_args

@@ -129,11 +129,11 @@ def test_the_graph_is_read(graph):
     # A sanity check on the reader itself: known edges are found, including one made by
     # an import inside a function (compare's Comparison.write_report), and the modules
     # of a package are nodes of their own, with edges between them.
-    assert "ampkit.registry" in edges["ampkit.policy"]
+    assert "ampkit.policies.registry" in edges["ampkit.policies.policy"]
     assert "ampkit.tools.accuracy.compare_report" in edges["ampkit.tools.accuracy.comparison"]
     assert "ampkit.conversion.classes" in edges["ampkit.conversion.boundary"]
     assert "ampkit.conversion.plan" in edges["ampkit.conversion"]
-    assert "ampkit.parameter_casts" in edges["ampkit.conversion.classes"]
+    assert "ampkit.conversion.parameter_casts" in edges["ampkit.conversion.classes"]
 
 
 def _room(module: str) -> str:
@@ -253,7 +253,47 @@ def test_no_folder_level_import_loop_type_only_included():
     assert _cycles(_folder_graph(edges, _modules())) == []
 
 
+#: The core's packages from the bottom up: each imports only those before it (and torch).
+#: ``common`` holds the leaf helpers, ``policies`` what an op list is, ``engine`` the
+#: regions that apply a policy, ``conversion`` whole models at a level.
+_CORE_LAYERS = ("ampkit.torch_internals", "ampkit.common", "ampkit.policies",
+                "ampkit.engine", "ampkit.conversion")
+
+#: What the top level of ``src/ampkit`` holds: the package's face and the public modules
+#: users import by name; everything else lives in a package of its layer.
+_TOP_LEVEL = {"__init__.py", "__main__.py", "config.py", "front_door.py", "fsdp.py",
+              "step_in_backward.py", "apex.py", "mindspore.py", "mxnet.py", "paddle.py",
+              "torch.py"}
+
+
+def _layer_violations(folders: dict[str, set[str]], layers: tuple[str, ...]) -> list[str]:
+    out = []
+    for rank, layer in enumerate(layers):
+        allowed = set(layers[:rank])
+        out += [f"{layer} imports {t}" for t in sorted(folders.get(layer, ()))
+                if t.startswith("ampkit.") and t not in allowed]
+    return out
+
+
+def test_the_core_packages_import_only_the_layers_below(graph):
+    edges, _ = graph
+    folders = _folder_graph(edges, _modules())
+    assert all(layer in folders for layer in _CORE_LAYERS)
+    assert _layer_violations(folders, _CORE_LAYERS) == []
+
+
+def test_the_top_level_holds_only_the_public_faces():
+    top = SRC / "ampkit"
+    assert {p.name for p in top.glob("*.py")} == _TOP_LEVEL
+    assert len(_TOP_LEVEL) <= 14
+
+
 def test_the_layering_checks_catch_what_they_look_for():
+    folders = {"ampkit.common": {"ampkit.torch_internals"},
+               "ampkit.policies": {"ampkit.common", "ampkit.engine"},
+               "ampkit.engine": {"ampkit.policies"}}
+    layers = ("ampkit.torch_internals", "ampkit.common", "ampkit.policies", "ampkit.engine")
+    assert _layer_violations(folders, layers) == ["ampkit.policies imports ampkit.engine"]
     assert _private_owner("ampkit.tools.ops._tracing") == "ampkit.tools.ops"
     assert _private_owner("ampkit._text") == "ampkit"
     assert _private_owner("ampkit.tools.ops.tracing") is None

@@ -154,7 +154,7 @@ def test_the_unpacked_sdist_runs_its_own_tests(dists: dict[str, Path]) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-n", "0", "-p", "no:cacheprovider", "-q",
          "--rootdir", str(source), "tests/project/test_version.py",
-         "tests/scaling/test_loss_scale.py", "src/ampkit/arguments.py"],
+         "tests/scaling/test_loss_scale.py", "src/ampkit/common/arguments.py"],
         cwd=source, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert re.search(r"\b\d+ passed\b", done.stdout), done.stdout[-500:]

@@ -219,7 +219,7 @@ def test_every_documented_name_resolves_after_a_plain_import() -> None:
     # A framework integration is imported by name, never reached as an attribute.
     names = [n for n in _dotted_names()
              if not any(n.startswith(f"ampkit.integrations.{x}") for x in EXTRAS)]
-    assert "ampkit.tools.count_casts" in names and "ampkit.levels.describe_levels" in names
+    assert "ampkit.tools.count_casts" in names and "ampkit.describe_levels" in names
     # A public name must be reachable by attribute from a plain ``import ampkit``; a
     # private one (docs/state.md's stores) is not for users to reach, so it resolves
     # from its module imported by name, which still catches a stale or misspelt row.

@@ -1,5 +1,5 @@
 """Where a pure mode's rounding is checked: once per ``initialize``, where the user's
-``master_weights`` text becomes a :class:`~ampkit.levels.MasterWeights` member; the pure
+``master_weights`` text becomes a :class:`~ampkit.conversion.levels.MasterWeights` member; the pure
 package then takes that member as already checked. Each public entry of
 :mod:`ampkit.pure` still checks a rounding given to it as text."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import ampkit
-import ampkit.levels
+import ampkit.conversion.levels
 import ampkit.pure.optimizer
-from ampkit.levels import MasterWeights
+from ampkit.conversion.levels import MasterWeights
 from ampkit.pure import (
     PureLowPrecisionOptimizer,
     check_pure_optimizer,
@@ -40,7 +40,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch, module: Any, name: str,
 def test_a_pure_initialize_checks_its_rounding_once(monkeypatch, mode, optimizers):
     calls: list[tuple[str, Any]] = []
     # every binding of the two checks: the text parse and the pure package's own
-    _spy(monkeypatch, ampkit.levels, "master_weights_value", calls)
+    _spy(monkeypatch, ampkit.conversion.levels, "master_weights_value", calls)
     check = ampkit.pure.optimizer.check_rounding
     for module in [m for name, m in list(sys.modules.items()) if name.startswith("ampkit")]:
         if getattr(module, "check_rounding", None) is check:

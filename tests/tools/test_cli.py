@@ -21,7 +21,7 @@ import torch
 from helpers_models import console_script
 
 import ampkit
-from ampkit.policy import Policy
+from ampkit.policies.policy import Policy
 from ampkit.tools.cli import build_parser, main
 
 # A user's own package, as it would sit next to the command: a model factory, its

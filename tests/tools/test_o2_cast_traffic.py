@@ -15,8 +15,8 @@ from helpers_models import DigitsCNN, TinyTransformer
 
 import ampkit
 from ampkit.conversion import MIXED_INPUT_NORMS
+from ampkit.conversion.parameter_casts import reuse_casts
 from ampkit.front_door import convert_model
-from ampkit.parameter_casts import reuse_casts
 from ampkit.tools.ops.cast_traffic import count_casts
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -36,7 +36,7 @@ def _step_traffic(make, mode, dtype, accumulate=1, reuse=False):
     """(cast traffic of the forwards alone, of one whole training step) after a warm-up
     step: ``accumulate`` micro-batches, each a forward and a backward (scaled for
     float16), then one AdamW step and zero_grad; ``reuse``: the forwards in one
-    :func:`~ampkit.parameter_casts.reuse_casts` block."""
+    :func:`~ampkit.conversion.parameter_casts.reuse_casts` block."""
     torch.manual_seed(0)
     model = make()
     x, loss_fn = _batch(model)
@@ -121,7 +121,7 @@ def test_each_micro_batch_casts_the_weights_afresh_at_parity_with_native(dtype):
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("make", [DigitsCNN, TinyTransformer])
 def test_reuse_casts_casts_each_weight_once_per_step(make, dtype):
-    # The opt-in (ampkit.parameter_casts.reuse_casts around the micro-batches): each
+    # The opt-in (ampkit.conversion.parameter_casts.reuse_casts around the micro-batches): each
     # weight is cast once per step, where native autocast casts it in every forward.
     _, native = _step_traffic(make, "native", dtype, accumulate=2)
     reused_fwd, reused = _step_traffic(make, "O2", dtype, accumulate=2, reuse=True)

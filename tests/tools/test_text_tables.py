@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import ampkit
-from ampkit._text import text_table
+from ampkit.common.text import text_table
 
 
 class _Attention(torch.nn.Module):

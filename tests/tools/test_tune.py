@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 import ampkit
-from ampkit.policy import Policy
+from ampkit.policies.policy import Policy
 from ampkit.tools.accuracy.tune import BUDGET_EXHAUSTED, MetricError, TuneWarning
 
 

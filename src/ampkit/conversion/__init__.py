@@ -54,7 +54,7 @@ With ``param_compute_dtype`` set (O2) the parameters are not cast at all: they s
 fp32 truth, the module's own ``nn.Parameter`` objects that the optimizer steps, and each
 module outside the kept ones runs its forward with low-precision copies of its own
 parameters, made on use and kept for one forward of the converted model
-(:mod:`ampkit.parameter_casts`). Gradients reach the fp32 ``.grad`` through autograd.
+(:mod:`ampkit.conversion.parameter_casts`). Gradients reach the fp32 ``.grad`` through autograd.
 Floating buffers are never cast at O2: an op that mixes one with low-precision
 activations follows torch's type promotion, and the policy's region decides the rest.
 
@@ -84,6 +84,7 @@ Example:
 
 from __future__ import annotations
 
+from ampkit.common.module_selection import ModuleSelector
 from ampkit.conversion.boundary import ALL_LOW_PRECISION, Boundary, Region
 from ampkit.conversion.classes import (
     cast_call,
@@ -111,7 +112,6 @@ from ampkit.conversion.plan import (
     prepare_conversion,
 )
 from ampkit.conversion.reparametrize import SpectralNormInFp32, WeightNormInFp32
-from ampkit.module_selection import ModuleSelector
 
 __all__ = [
     "ALL_LOW_PRECISION",

@@ -26,11 +26,9 @@ import torch
 import torch.nn as nn
 
 from ampkit import torch_internals
-from ampkit.arguments import LOW_PRECISION
-from ampkit.autocast_mode import autocast, enter_in_graph, exit_in_graph, in_graph_key
-from ampkit.casting import cast_tree, map_floating
-from ampkit.compile_frames import not_traced, skip_frame_only, skip_recursively
-from ampkit.containers import iter_tensors
+from ampkit.common.arguments import LOW_PRECISION
+from ampkit.common.compile_frames import not_traced, skip_frame_only, skip_recursively
+from ampkit.common.containers import iter_tensors
 from ampkit.conversion.classes import give_boundary, original_class
 from ampkit.conversion.config import record_of
 from ampkit.conversion.norms import (
@@ -40,7 +38,7 @@ from ampkit.conversion.norms import (
     saved_tensor_hooks_free,
     takes_low_input,
 )
-from ampkit.parameter_casts import (
+from ampkit.conversion.parameter_casts import (
     called_on_its_own,
     casting_on_use,
     end_forward_pass,
@@ -48,7 +46,9 @@ from ampkit.parameter_casts import (
     restore_to,
     swap_depth,
 )
-from ampkit.policy import Policy
+from ampkit.engine.casting import cast_tree, map_floating
+from ampkit.engine.regions import autocast, enter_in_graph, exit_in_graph, in_graph_key
+from ampkit.policies.policy import Policy
 
 __all__ = ["ALL_LOW_PRECISION", "Boundary", "Region", "compute_device_type",
            "install_boundary", "region_autocast", "upcast_inside"]
@@ -425,7 +425,7 @@ class Boundary:
     # The root's output cast skips a low-precision output the model's own loss read in
     # fp32 (ConversionConfig.outputs_read_by_loss_as_computed).
     loss_read_as_computed: bool = False
-    # Device type -> key of the region's policy for autocast_mode.enter_in_graph (made
+    # Device type -> key of the region's policy for regions.enter_in_graph (made
     # when the boundary is installed, for the module's device: compiled code enters
     # the region through it); a missing or None key: entered as an ampkit.autocast.
     graph_keys: dict[str, int | None] = dataclasses.field(default_factory=dict)
@@ -574,7 +574,7 @@ class Boundary:
         Only the floating tensors the level made in another precision are cast: a
         float64 output stays float64, as native autocast leaves it (it never computes
         in float64 with lower precision). The containers come back as the model built
-        them (:mod:`ampkit.containers`: same types, no user code run again, an
+        them (:mod:`ampkit.common.containers`: same types, no user code run again, an
         untouched one the same object). At the model's own boundary, an input the
         forward hands back, or a view of one, is the caller's tensor (a view of it), and
         an input the forward edited in place is refused (:func:`_refuse_edited_input`)."""
@@ -623,7 +623,7 @@ class Boundary:
         # itself runs the model's own call outside the graph (see converted_call), so
         # its region, whatever the policy, is in effect while the forward is traced.
         # A policy with lists enters its rules as two nodes of the graph around a
-        # traced torch.autocast block (autocast_mode.enter_in_graph); one that
+        # traced torch.autocast block (regions.enter_in_graph); one that
         # intercepts a composite through the Python mode cannot be entered by a graph:
         # an ampkit region, a graph break at its entry and exit.
         device_type = compute_device_type(module, (args, kwargs))
@@ -647,7 +647,7 @@ class Boundary:
         key = self.graph_keys.get(device_type)
         if key is not None:
             # The policy's lists as two nodes of the graph around the call, inside the
-            # traced native region: no graph break (see autocast_mode.enter_in_graph).
+            # traced native region: no graph break (see regions.enter_in_graph).
             with torch.autocast(device_type, self.compute_dtype):
                 enter_in_graph(key)
                 try:

@@ -29,10 +29,9 @@ import torch
 import torch.nn as nn
 
 from ampkit import torch_internals
-from ampkit.casting import cast_tree
-from ampkit.compile_frames import skip_frame_only
+from ampkit.common.compile_frames import skip_frame_only
 from ampkit.conversion.config import record_of
-from ampkit.parameter_casts import (
+from ampkit.conversion.parameter_casts import (
     Swapped,
     keep_cast_last,
     own_cast_hooks,
@@ -41,6 +40,7 @@ from ampkit.parameter_casts import (
     swap_params,
     true_parameter,
 )
+from ampkit.engine.casting import cast_tree
 from ampkit.torch_internals import global_backward_hooks as _global_backward_hooks
 from ampkit.torch_internals import global_backward_pre_hooks as _global_backward_pre_hooks
 from ampkit.torch_internals import global_forward_hooks as _global_forward_hooks
@@ -263,7 +263,7 @@ def _register_forward_pre_hook(self: nn.Module, hook: Any, *, prepend: bool = Fa
                                with_kwargs: bool = False) -> Any:
     """``register_forward_pre_hook`` of a converted module: the hook, wherever it asks
     to go, runs before ampkit's cast, which stays the last
-    (:func:`ampkit.parameter_casts.keep_cast_last`)."""
+    (:func:`ampkit.conversion.parameter_casts.keep_cast_last`)."""
     handle = super(_converted_in(type(self)), self).register_forward_pre_hook(  # type: ignore[arg-type]
         hook, prepend=prepend, with_kwargs=with_kwargs)
     keep_cast_last(self)
@@ -274,7 +274,7 @@ def _named_parameters(self: nn.Module, prefix: str = "", recurse: bool = True,
                       remove_duplicate: bool = True) -> Any:
     """``named_parameters`` of a converted module: inside a converted forward, the fp32
     parameters where a module's ``_parameters`` hold low-precision copies
-    (:func:`ampkit.parameter_truth.truths`); ``parameters()`` goes through it."""
+    (:func:`ampkit.conversion.parameter_truth.truths`); ``parameters()`` goes through it."""
     # (the true walk whenever copies may be held: a forward on another thread may
     # swap a module's copies in after a check made before the walk)
     if torch_internals.compiling_here():

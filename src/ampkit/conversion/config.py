@@ -20,11 +20,11 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
-from ampkit.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
-from ampkit.module_selection import ModuleSelector
-from ampkit.module_selection import parse_module_selectors as _selectors
-from ampkit.policy import Policy
-from ampkit.presets import get_policy
+from ampkit.common.arguments import FLOAT_DTYPES, LOW_PRECISION, parse_dtype
+from ampkit.common.module_selection import ModuleSelector
+from ampkit.common.module_selection import parse_module_selectors as _selectors
+from ampkit.policies.policy import Policy
+from ampkit.policies.presets import get_policy
 
 __all__ = ["OWN_PARAMETER_CASTS", "ConversionConfig", "Record", "get_conversion",
            "iter_records", "mark_converted", "record_of"]
@@ -58,7 +58,7 @@ class ConversionConfig:
         compute_dtype: the low-precision dtype of the autocast regions (``policy`` and
             the white list).
         policy: when set, the model's forward runs inside ``ampkit.autocast`` with this
-            policy (a :class:`~ampkit.policy.Policy` or a preset name).
+            policy (a :class:`~ampkit.policies.policy.Policy` or a preset name).
         input_dtype: the model's floating inputs are cast to it (``None``: as given).
         output_dtype: the model's floating outputs are cast to it (``None``: as computed).
         outputs_read_by_loss_as_computed: with ``output_dtype`` float32, a
@@ -72,11 +72,11 @@ class ConversionConfig:
             (``param_dtype``); ``False``: they keep their own, and a module that
             updates float32 running statistics (BatchNorm, InstanceNorm with
             ``track_running_stats``) keeps float32 parameters too. The levels pass
-            ``False`` unless asked (:func:`ampkit.levels.conversion_config`).
+            ``False`` unless asked (:func:`ampkit.conversion.levels.conversion_config`).
         param_compute_dtype: the parameters stay as stored (fp32, the truth) and every
             module outside the kept ones computes with copies of its own parameters
             in this low-precision dtype, made on use (O2; ``None``: off). See
-            :mod:`ampkit.parameter_casts`.
+            :mod:`ampkit.conversion.parameter_casts`.
         state_dict_dtype: ``model.state_dict()`` reports floating values in this dtype
             (``None``: as stored).
         params_as_given: take the model's floating parameters in whatever dtype they
@@ -93,7 +93,7 @@ class ConversionConfig:
 
     Example:
         >>> import torch
-        >>> from ampkit.levels import conversion_for_level
+        >>> from ampkit.conversion.levels import conversion_for_level
         >>> cfg = conversion_for_level("O2", torch.bfloat16)
         >>> cfg.param_dtype, cfg.param_compute_dtype, cfg.output_dtype, cfg.policy.name
         (None, torch.bfloat16, torch.float32, 'torch-O2')
@@ -173,7 +173,7 @@ class ConversionConfig:
         """True when parameters are stored in a low-precision dtype.
 
         Example:
-            >>> from ampkit.levels import conversion_for_level
+            >>> from ampkit.conversion.levels import conversion_for_level
             >>> conversion_for_level("O1").casts_parameters
             False
             >>> conversion_for_level("O2").casts_parameters  # cast on use instead

@@ -21,8 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ampkit import torch_internals
-from ampkit.arguments import LOW_PRECISION
-from ampkit.containers import iter_tensors
+from ampkit.common.arguments import LOW_PRECISION
+from ampkit.common.containers import iter_tensors
 from ampkit.conversion.classes import original_class
 
 __all__ = ["LOW_INPUT_LAYER_NORM", "LOW_INPUT_LAYER_NORM_DEVICES", "MIXED_INPUT_NORMS",

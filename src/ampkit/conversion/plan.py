@@ -9,7 +9,7 @@ wrapper already holds.
 Example:
     >>> import torch
     >>> from ampkit.conversion import apply_conversion, prepare_conversion
-    >>> from ampkit.levels import conversion_for_level
+    >>> from ampkit.conversion.levels import conversion_for_level
     >>> model, cfg = torch.nn.Linear(2, 2), conversion_for_level("O3", "bfloat16")
     >>> plan = prepare_conversion(model, cfg)
     >>> model.weight.dtype, apply_conversion(model, cfg, plan), model.weight.dtype
@@ -25,7 +25,9 @@ import torch
 import torch.nn as nn
 
 from ampkit import torch_internals
-from ampkit.arguments import LOW_PRECISION
+from ampkit.common.arguments import LOW_PRECISION
+from ampkit.common.module_selection import resolve_module_selectors as _resolve
+from ampkit.common.module_selection import selects as _matches
 from ampkit.conversion.boundary import Boundary, Region, install_boundary
 from ampkit.conversion.classes import cast_inputs_to, give_cast_call
 from ampkit.conversion.config import (
@@ -35,14 +37,12 @@ from ampkit.conversion.config import (
     mark_converted,
 )
 from ampkit.conversion.norms import updates_float_buffers
+from ampkit.conversion.parameter_casts import CastParametersOnUse
 from ampkit.conversion.reparametrize import (
     legacy_reparametrizations,
     reparametrization_sources,
     reparametrize_in_fp32,
 )
-from ampkit.module_selection import resolve_module_selectors as _resolve
-from ampkit.module_selection import selects as _matches
-from ampkit.parameter_casts import CastParametersOnUse
 
 __all__ = ["ReportDtype", "apply_conversion", "check_not_wrapped", "kept_by_conversion",
            "prepare_conversion"]
@@ -72,7 +72,7 @@ def kept_by_conversion(module: nn.Module, config: ConversionConfig) -> bool:
         >>> import torch
         >>> from torch.nn.utils import parametrizations
         >>> from ampkit.conversion import kept_by_conversion
-        >>> from ampkit.levels import conversion_for_level
+        >>> from ampkit.conversion.levels import conversion_for_level
         >>> lin = parametrizations.orthogonal(torch.nn.Linear(2, 2))
         >>> o2 = conversion_for_level("O2", "bfloat16")
         >>> kept_by_conversion(lin.parametrizations.weight, o2), kept_by_conversion(lin, o2)
@@ -538,7 +538,7 @@ def prepare_conversion(model: nn.Module, config: ConversionConfig) -> Any:
     Example:
         >>> import torch
         >>> from ampkit.conversion import prepare_conversion
-        >>> from ampkit.levels import conversion_for_level
+        >>> from ampkit.conversion.levels import conversion_for_level
         >>> model = torch.nn.Linear(2, 2)
         >>> _ = prepare_conversion(model, conversion_for_level("O3", "bfloat16"))
         >>> model.weight.dtype
@@ -599,7 +599,7 @@ def apply_conversion(model: nn.Module, config: ConversionConfig, plan: Any) -> N
     Example:
         >>> import torch
         >>> from ampkit.conversion import apply_conversion, prepare_conversion
-        >>> from ampkit.levels import conversion_for_level
+        >>> from ampkit.conversion.levels import conversion_for_level
         >>> model, cfg = torch.nn.Linear(2, 2), conversion_for_level("O3", "float16")
         >>> apply_conversion(model, cfg, prepare_conversion(model, cfg))
         >>> model.weight.dtype

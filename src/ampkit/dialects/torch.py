@@ -15,7 +15,7 @@
 As in torch, a ``dtype`` that the device's autocast does not support (``torch.float32``
 on CPU, say) warns and disables autocast in the region; with ``enabled=False`` any
 ``torch.dtype`` is accepted silently. An unknown ``device_type`` is a ``RuntimeError``
-(:class:`ampkit.autocast_mode.UnsupportedDeviceError`), as in torch.
+(:class:`ampkit.engine.regions.UnsupportedDeviceError`), as in torch.
 
 Example:
     >>> import torch
@@ -37,8 +37,8 @@ import warnings
 import torch
 from torch.amp import custom_bwd, custom_fwd, is_autocast_available
 
-import ampkit.autocast_mode as _engine
-from ampkit.policy import LOW_PRECISION_DTYPES, Policy
+import ampkit.engine.regions as _engine
+from ampkit.policies.policy import LOW_PRECISION_DTYPES, Policy
 from ampkit.scaling.grad_scaler import GradScaler
 
 __all__ = [
@@ -65,7 +65,7 @@ class autocast(_engine.autocast):
             follows ``torch.is_autocast_cache_enabled()``.
         policy: ``"torch"`` (native autocast: the default), ``"torch-cpu-legacy"`` (the
             seed's older CPU lists) or any ampkit preset name or
-            :class:`~ampkit.policy.Policy`.
+            :class:`~ampkit.policies.policy.Policy`.
 
     Example:
         >>> import torch

@@ -4,7 +4,7 @@ How fp8 composes with the level: the parameters stay the truth in fp32, as at O2
 ``Float8Linear`` takes the module's own fp32 ``nn.Parameter`` objects (the optimizer
 keeps stepping the same tensors, ``state_dict`` keys do not change) and casts them to
 fp8 itself, with a scale computed from the fp32 values, once per use. So O2's cast on
-use (:mod:`ampkit.parameter_casts`) is skipped for these modules: a bf16 copy in
+use (:mod:`ampkit.conversion.parameter_casts`) is skipped for these modules: a bf16 copy in
 between would round every weight twice (fp32 -> bf16 -> fp8) and cost a copy for
 nothing. Everything else follows the level: the activations a Float8Linear receives at
 O2 are bf16, its outputs come back in bf16, and norms, attention and the rest of the
@@ -106,7 +106,7 @@ class Fp8Plan:
             layer  type    shape    fp8  why not
             a      Linear  16 x 16  yes
         """
-        from ampkit._text import text_table
+        from ampkit.common.text import text_table
 
         rows = [(x.name, x.kind, f"{x.in_features} x {x.out_features}",
                  "yes" if x.fp8 else "no", "" if x.fp8 else x.reason) for x in self.layers]
@@ -176,7 +176,7 @@ def check_fp8_converts(plans: Sequence[tuple[str, Fp8Plan]]) -> None:
 
     Example:
         >>> import torch
-        >>> from ampkit.levels import conversion_for_level
+        >>> from ampkit.conversion.levels import conversion_for_level
         >>> from ampkit.fp8 import check_fp8_converts, prepare_fp8
         >>> net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
         >>> plan = prepare_fp8(net, conversion_for_level("O2"), fp8="tensorwise")
@@ -247,7 +247,7 @@ def check_fp8_level(fp8: Any, config: ConversionConfig) -> Any:
     stores parameters in low precision; no torchao needed. Returns the canonical value.
 
     Example:
-        >>> from ampkit.levels import conversion_for_level
+        >>> from ampkit.conversion.levels import conversion_for_level
         >>> from ampkit.fp8.convert import check_fp8_level
         >>> check_fp8_level("RowWise", conversion_for_level("O2"))
         'rowwise'
@@ -305,7 +305,7 @@ def prepare_fp8(model: nn.Module, config: ConversionConfig, *, fp8: Any = None,
 
     Example:
         >>> import torch
-        >>> from ampkit.levels import conversion_for_level
+        >>> from ampkit.conversion.levels import conversion_for_level
         >>> from ampkit.fp8 import prepare_fp8
         >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
         >>> plan = prepare_fp8(net, conversion_for_level("O2"), fp8="tensorwise")
@@ -351,7 +351,7 @@ def apply_fp8(model: nn.Module, plan: Fp8Plan,
 
     Example:
         >>> import torch
-        >>> from ampkit.levels import conversion_for_level
+        >>> from ampkit.conversion.levels import conversion_for_level
         >>> from ampkit.fp8 import apply_fp8, prepare_fp8
         >>> net = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
         >>> apply_fp8(net, prepare_fp8(net, conversion_for_level("O2"),

@@ -46,17 +46,17 @@ from typing import Any
 
 import torch.nn as nn
 
+from ampkit.common.module_selection import (
+    ModuleSelector,
+    parse_module_selectors,
+    resolve_module_selectors,
+    selects,
+)
 from ampkit.fp8.conv1d import (
     conv1d_features,
     hf_conv1d_class,
     is_float8_conv1d,
     is_hf_conv1d,
-)
-from ampkit.module_selection import (
-    ModuleSelector,
-    parse_module_selectors,
-    resolve_module_selectors,
-    selects,
 )
 
 __all__ = ["FP8_DIM_MULTIPLE", "Fp8Layer", "is_float8", "select_fp8_layers"]

@@ -30,9 +30,9 @@ import torch
 
 import ampkit
 from ampkit import config as schema
-from ampkit.arguments import DEPRECATED_NAMES, canonical_names
+from ampkit.common.arguments import DEPRECATED_NAMES, canonical_names
 from ampkit.config import SCALER_FIELDS, AmpConfig
-from ampkit.levels import APEX_OVERRIDES, LevelProperties, properties_of
+from ampkit.conversion.levels import APEX_OVERRIDES, LevelProperties, properties_of
 
 __all__ = ["SCALER_OPTIONS", "AmpkitSettings", "accepted_options", "missing_framework"]
 

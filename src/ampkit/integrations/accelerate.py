@@ -67,12 +67,12 @@ import torch
 
 import ampkit
 from ampkit.config import AmpConfig
+from ampkit.conversion.levels import Level
 from ampkit.integrations._settings import (
     AmpkitSettings,
     accepted_options,
     missing_framework,
 )
-from ampkit.levels import Level
 
 try:
     from accelerate import Accelerator

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 from ampkit import config as schema
-from ampkit.arguments import default_device_type
+from ampkit.common.arguments import default_device_type
 from ampkit.config import AmpConfig, text_kind
 from ampkit.integrations._settings import AmpkitSettings, missing_framework
 from ampkit.integrations._versions import require_hooks
@@ -85,7 +85,7 @@ class AmpkitPrecision(Precision):
     """A Lightning ``Precision`` plugin that trains at an ampkit level.
 
     Args:
-        level: ``"O0"``-``"O3"`` (see ``ampkit.levels``); ``None``: the config's, else
+        level: ``"O0"``-``"O3"`` (see ``ampkit.conversion.levels``); ``None``: the config's, else
             ``"O2"``.
         dtype: ``torch.float16`` or ``torch.bfloat16`` (or their names); ``None`` is
             the config's, else the device's autocast default (bfloat16 on CPU,

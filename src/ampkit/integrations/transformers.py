@@ -62,13 +62,13 @@ import torch
 
 from ampkit import config as schema
 from ampkit.config import AmpConfig, field_help, text_kind
+from ampkit.conversion.levels import MasterWeights
 from ampkit.integrations._settings import (
     AmpkitSettings,
     accepted_options,
     missing_framework,
 )
 from ampkit.integrations._versions import require_hooks
-from ampkit.levels import MasterWeights
 
 try:
     from transformers import Trainer, TrainerCallback

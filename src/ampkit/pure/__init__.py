@@ -131,7 +131,7 @@ Example:
 
 from __future__ import annotations
 
-from ampkit._lazy import lazy_exports
+from ampkit.common.lazy import lazy_exports
 from ampkit.pure.models import mark_pure_models, pure_low_precision, pure_settings
 from ampkit.pure.optimizer import (
     PURE_ROUNDINGS,

@@ -22,7 +22,8 @@ import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit import torch_internals
-from ampkit.levels import MasterWeights
+from ampkit.common.step_hooks import check_at_first_step
+from ampkit.conversion.levels import MasterWeights
 from ampkit.pure.optimizer import (
     PureLowPrecisionOptimizer,
     check_seed,
@@ -30,7 +31,6 @@ from ampkit.pure.optimizer import (
     rounding_name,
 )
 from ampkit.pure.rounding import is_dtensor
-from ampkit.step_hooks import check_at_first_step
 
 __all__ = ["mark_pure_models", "pure_low_precision", "pure_settings"]
 
@@ -66,7 +66,7 @@ _PURE_MODELS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _check_pure_at_first_step(optimizer: torch.optim.Optimizer) -> None:
-    # Checked at each optimizer's first step (ampkit.step_hooks), before anything
+    # Checked at each optimizer's first step (ampkit.common.step_hooks), before anything
     # changed. Two wrong orders would train wrongly with no error: an optimizer built
     # before fully_shard steps tensors the model no longer uses (nothing trains), and a
     # plain optimizer over parameters of a model trained purely rounds every update to

@@ -24,7 +24,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit import torch_internals
-from ampkit.levels import PURE_MASTER_WEIGHTS, MasterWeights
+from ampkit.conversion.levels import PURE_MASTER_WEIGHTS, MasterWeights
 from ampkit.pure.rounding import local_tensor
 from ampkit.pure.step import COMP as _COMP
 from ampkit.pure.step import OWN_STATE as _OWN_STATE
@@ -45,7 +45,7 @@ __all__ = ["PURE_ROUNDINGS", "PureLowPrecisionOptimizer", "PureState", "check_pu
            "rebuild_pure", "rounding_keys"]
 
 #: The rounding modes :class:`PureLowPrecisionOptimizer` accepts: the pure modes
-#: ``initialize``'s ``master_weights`` takes (:data:`ampkit.levels.PURE_MASTER_WEIGHTS`,
+#: ``initialize``'s ``master_weights`` takes (:data:`ampkit.conversion.levels.PURE_MASTER_WEIGHTS`,
 #: spelled once there), and ``"nearest"``, the stalling baseline.
 PURE_ROUNDINGS: tuple[str, ...] = (*PURE_MASTER_WEIGHTS, "nearest")
 
@@ -60,7 +60,7 @@ def check_rounding(rounding: Any) -> str:
 
 
 def rounding_name(rounding: str | MasterWeights) -> str:
-    """The rounding's name: a pure :class:`~ampkit.levels.MasterWeights` member was
+    """The rounding's name: a pure :class:`~ampkit.conversion.levels.MasterWeights` member was
     checked where the user's text became it (``initialize`` passes the member, so one
     call checks its rounding once); text is checked here, once per public entry.
 
@@ -68,7 +68,7 @@ def rounding_name(rounding: str | MasterWeights) -> str:
         ValueError: neither one of :data:`PURE_ROUNDINGS` nor a pure member.
 
     Example:
-        >>> from ampkit.levels import MasterWeights
+        >>> from ampkit.conversion.levels import MasterWeights
         >>> from ampkit.pure.optimizer import rounding_name
         >>> rounding_name(MasterWeights.KAHAN), rounding_name("nearest")
         ('kahan', 'nearest')
@@ -231,7 +231,7 @@ class PureLowPrecisionOptimizer:
         optimizer: a ``torch.optim.Optimizer`` over bf16 (and possibly fp32)
             parameters.
         rounding: ``"stochastic"``, ``"kahan"`` or ``"nearest"`` (see
-            :data:`PURE_ROUNDINGS`), or a pure :class:`~ampkit.levels.MasterWeights`
+            :data:`PURE_ROUNDINGS`), or a pure :class:`~ampkit.conversion.levels.MasterWeights`
             member (what ``initialize`` passes).
         seed: the stochastic rounding's seed, stored as the hyper-parameter
             ``"rounding_seed"`` of every parameter group (and of groups added later).

@@ -71,8 +71,8 @@ from typing import Any, overload
 import torch
 
 from ampkit import torch_internals
-from ampkit.arguments import parse_device_type
-from ampkit.containers import map_leaves
+from ampkit.common.arguments import parse_device_type
+from ampkit.common.containers import map_leaves
 from ampkit.scaling.distributed import agree_on_overflow_, check_process_group
 from ampkit.scaling.overflow import unscale_grads_
 from ampkit.scaling.scaler_state import OptimizerRecord, OptState, ScalerState

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from ampkit.casting import map_floating
+from ampkit.engine.casting import map_floating
 from ampkit.scaling.schedule import ScaleSchedule, check_scale_value, update_scale_
 
 __all__ = ["DynamicLossScale", "StaticLossScale"]

@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from ampkit.arguments import canonical_names, parse_loss_scale, positive_int
+from ampkit.common.arguments import canonical_names, parse_loss_scale, positive_int
 from ampkit.scaling.distributed import agree_on_overflow_
 from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.overflow import unscale_grads_

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ampkit import torch_internals
-from ampkit.containers import iter_leaves
+from ampkit.common.containers import iter_leaves
 
 __all__ = ["all_finite", "local_tensor", "unscale_grads_"]
 

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 
 from ampkit import torch_internals
-from ampkit.arguments import positive_int, positive_number
+from ampkit.common.arguments import positive_int, positive_number
 
 __all__ = ["ScaleSchedule", "check_scale_value", "update_scale_"]
 

@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from ampkit._lazy import lazy_exports
+from ampkit.common.lazy import lazy_exports
 
 _LAZY = {
     "OpCallCounts": "ampkit.tools.ops.op_stats",

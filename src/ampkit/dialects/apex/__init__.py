@@ -29,14 +29,14 @@ apex                                    ampkit core
 ``scale_loss(loss, optimizers, ...)``   :func:`ampkit.scale_loss`
 ``master_params(optimizer)``            the optimizer's own fp32 parameters
 ``state_dict()`` / ``load_state_dict``  ``ampkit.scaling.loss_scaling_state_dict`` / ``load_…``
-``register_{half,float,promote}_``      :func:`ampkit.function_patching.register_function`
+``register_{half,float,promote}_``      :func:`ampkit.engine.function_patching.register_function`
 ``function(module, name)``
 ``disable_casts()``                     ``ampkit.autocast(device, enabled=False)``
 ``_amp_state``                          a view of the above under apex's names
                                         (``loss_scalers[i].loss_scale()``, ...)
 ======================================  =================================================
 
-O1 is apex's own O1: the ``"apex-O1"`` preset (:data:`ampkit.presets.APEX_O1`) holds
+O1 is apex's own O1: the ``"apex-O1"`` preset (:data:`ampkit.policies.presets.APEX_O1`) holds
 apex's lists (``functional_overrides``, ``torch_overrides``, ``tensor_overrides``,
 the RNNs and RNN cells), on every device. Inside its regions, as in apex,
 ``F.binary_cross_entropy``/``nn.BCELoss`` refuse a low-precision input

@@ -30,7 +30,7 @@ from ampkit.dialects.apex.opt_levels import (
 from ampkit.dialects.apex.optimizers import inner_optimizers
 from ampkit.dialects.apex.state import amp_state, set_properties
 from ampkit.front_door import initialize as _initialize
-from ampkit.presets import APEX_O1
+from ampkit.policies.presets import APEX_O1
 from ampkit.torch_internals import BatchNormBase as _BatchNorm
 
 __all__ = ["initialize"]

@@ -1,5 +1,5 @@
 """apex's function registration: ``register_{half,float,promote}_function`` and their
-decorator forms, over :func:`ampkit.function_patching.register_function`, and
+decorator forms, over :func:`ampkit.engine.function_patching.register_function`, and
 ``disable_casts``.
 
 Example:
@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from ampkit.autocast_mode import autocast
-from ampkit.function_patching import CastRule, cast_function, register_function
+from ampkit.engine.function_patching import CastRule, cast_function, register_function
+from ampkit.engine.regions import autocast
 
 __all__ = ["disable_casts", "float_function", "half_function", "promote_function",
            "register_float_function", "register_half_function", "register_promote_function"]

@@ -22,14 +22,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ampkit.arguments import default_device_type
-from ampkit.autocast_mode import autocast
+from ampkit.common.arguments import default_device_type
 from ampkit.dialects.apex.functions import disable_casts
 from ampkit.dialects.apex.opt_levels import loss_scale_override
 from ampkit.dialects.apex.optimizers import OptimWrapper, inner_optimizer, inner_optimizers
 from ampkit.dialects.apex.state import amp_state, require_state
-from ampkit.function_patching import CastRule, register_function, unregister_function
-from ampkit.presets import APEX_BANNED_FUNCS, APEX_O1, APEX_REFUSED_IN_PLACE
+from ampkit.engine.function_patching import CastRule, register_function, unregister_function
+from ampkit.engine.regions import autocast
+from ampkit.policies.presets import APEX_BANNED_FUNCS, APEX_O1, APEX_REFUSED_IN_PLACE
 from ampkit.scaling.grad_scaler import GradScaler
 from ampkit.scaling.loss_scaling import build_loss_scaler, latest_loss_scaler
 from ampkit.scaling.loss_scaling import scale_loss as _scale_loss

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ampkit.arguments import parse_dtype, parse_loss_scale
+from ampkit.common.arguments import parse_dtype, parse_loss_scale
 
 __all__ = ["MODEL_DTYPES", "OPT_LEVELS", "Properties", "apply_overrides", "bool_override",
            "dtype_override", "loss_scale_override"]
@@ -97,7 +97,7 @@ def loss_scale_override(value: Any) -> str | float:
 
 def apply_overrides(opt_level: str, overrides: dict[str, Any]) -> Properties:
     """apex's spellings of the overrides, parsed; which combinations make sense is the
-    core's to say (``ampkit.levels``), in :func:`initialize`."""
+    core's to say (``ampkit.conversion.levels``), in :func:`initialize`."""
     changes: dict[str, Any] = {}
     for name, value in overrides.items():
         if value is None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ampkit.arguments import positive_int
+from ampkit.common.arguments import positive_int
 from ampkit.scaling.loss_scale import DynamicLossScale, StaticLossScale
 from ampkit.scaling.overflow import all_finite as _all_finite
 from ampkit.scaling.schedule import check_scale_value

@@ -22,12 +22,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ampkit import front_door
-from ampkit.arguments import LOW_PRECISION, parse_dtype
-from ampkit.autocast_mode import autocast
+from ampkit.common.arguments import LOW_PRECISION, parse_dtype
 from ampkit.conversion import ALL_LOW_PRECISION, ConversionConfig
-from ampkit.policy import Policy
-from ampkit.presets import MINDSPORE_AUTO
-from ampkit.registry import OpEntry, resolve_ops
+from ampkit.engine.regions import autocast
+from ampkit.policies.policy import Policy
+from ampkit.policies.presets import MINDSPORE_AUTO
+from ampkit.policies.registry import OpEntry, resolve_ops
 
 __all__ = ["auto_mixed_precision", "custom_mixed_precision", "get_black_list",
            "get_white_list"]
@@ -171,7 +171,7 @@ def auto_mixed_precision(network: Any, amp_level: str = "O0",
     to ``network``, in place, and return it.
 
     ``"auto"`` (MindSpore 2.3 and later) runs ops by MindSpore's built-in lists
-    (``ampkit.presets.MINDSPORE_AUTO``): its white list in ``dtype``, its black list
+    (``ampkit.policies.presets.MINDSPORE_AUTO``): its white list in ``dtype``, its black list
     in float32, its promote list in the widest input type, every other op in its
     inputs' dtype, and the outputs as computed. At ``"auto"`` ``network`` may also be
     a plain function, returned wrapped so that each call runs by those lists on

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ampkit import casting
-from ampkit.arguments import parse_dtype
+from ampkit.common.arguments import parse_dtype
+from ampkit.engine import casting
 
 __all__ = ["amp_cast", "amp_multicast"]
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ampkit.arguments import parse_dtype
-from ampkit.policy import Policy
-from ampkit.presets import (
+from ampkit.common.arguments import parse_dtype
+from ampkit.policies.policy import Policy
+from ampkit.policies.presets import (
     MXNET_BF16_BF16_FP32_FUNCS,
     MXNET_BF16_FP32_FUNCS,
     MXNET_BF16_FUNCS,
@@ -28,7 +28,7 @@ from ampkit.presets import (
     MXNET_LOSS_OUTPUT_FUNCTIONS,
     MXNET_WIDEST_TYPE_CASTS,
 )
-from ampkit.registry import OpEntry, resolve_ops
+from ampkit.policies.registry import OpEntry, resolve_ops
 
 __all__ = ["CONDITIONAL_OPS", "list_conditional_fp32_ops", "list_fp16_ops",
            "list_fp32_ops", "list_loss_output_functions", "list_lp16_fp32_ops",

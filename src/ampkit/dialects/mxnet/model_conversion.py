@@ -23,8 +23,8 @@ import torch.nn as nn
 from ampkit import front_door
 from ampkit.conversion import ConversionConfig
 from ampkit.dialects.mxnet.lists import build_policy, parse_target_dtype
-from ampkit.policy import Policy
-from ampkit.registry import MODULE_OPS, OpEntry
+from ampkit.policies.policy import Policy
+from ampkit.policies.registry import MODULE_OPS, OpEntry
 
 __all__ = ["convert_hybrid_block", "convert_model"]
 

@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ampkit.autocast_mode import autocast, current_policy
 from ampkit.dialects.mxnet.lists import build_policy, parse_target_dtype
 from ampkit.dialects.mxnet.loss_scaler import LossScaler
-from ampkit.policy import Policy
-from ampkit.registry import OpEntry
+from ampkit.engine.regions import autocast, current_policy
+from ampkit.policies.policy import Policy
+from ampkit.policies.registry import OpEntry
 
 __all__ = ["deinit", "init"]
 

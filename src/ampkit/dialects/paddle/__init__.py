@@ -23,9 +23,9 @@ Paddle                         ampkit core
                                in Paddle 3, torch's), a scale floor of 1 and
                                ``decr_every_n_nan_or_inf`` as hysteresis
 ``get_autocast_dtype``,        the innermost region of the thread
-``is_autocast_enabled``        (:func:`ampkit.autocast_mode.innermost_region_dtype`)
+``is_autocast_enabled``        (:func:`ampkit.engine.regions.innermost_region_dtype`)
 ``is_float16_supported``,      the machine's device
-``is_bfloat16_supported``      (:func:`ampkit.device_support.device_supports_dtype`)
+``is_bfloat16_supported``      (:func:`ampkit.common.device_support.device_supports_dtype`)
 =============================  ===========================================================
 
 Custom lists follow Paddle's rule: an op put in the white list leaves the black list

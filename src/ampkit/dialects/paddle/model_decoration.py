@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from ampkit import conversion
-from ampkit.arguments import parse_dtype
+from ampkit.common.arguments import parse_dtype
 from ampkit.conversion import ConversionConfig
 from ampkit.dialects.paddle.region import check_bool, parse_low_dtype
 from ampkit.torch_internals import BatchNormBase as _BatchNorm

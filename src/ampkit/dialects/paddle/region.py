@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from ampkit.arguments import parse_dtype
-from ampkit.autocast_mode import autocast, innermost_region_dtype
-from ampkit.device_support import device_supports_dtype
-from ampkit.policy import Policy
-from ampkit.presets import (
+from ampkit.common.arguments import parse_dtype
+from ampkit.common.device_support import device_supports_dtype
+from ampkit.engine.regions import autocast, innermost_region_dtype
+from ampkit.policies.policy import Policy
+from ampkit.policies.presets import (
     PADDLE_BLACK_LIST,
     PADDLE_EXTRA_BLACK_LIST,
     PADDLE_O1,
@@ -31,7 +31,7 @@ from ampkit.presets import (
     PADDLE_OD,
     PADDLE_WHITE_LIST,
 )
-from ampkit.registry import OpEntry
+from ampkit.policies.registry import OpEntry
 
 __all__ = ["auto_cast", "black_list", "get_autocast_cpu_dtype", "get_autocast_dtype",
            "get_autocast_gpu_dtype", "is_autocast_enabled", "is_bfloat16_supported",

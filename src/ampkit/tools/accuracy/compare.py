@@ -3,7 +3,7 @@
 :func:`compare` runs one model on the same inputs twice, from identical weights (two
 deep copies) and the same RNG state (forked, so dropout draws the same masks): once in
 float32, once under a precision (a level ``"O1"``-``"O3"``, a policy or preset name, a
-:class:`~ampkit.policy.Policy`, with optional custom lists). It records, in the order
+:class:`~ampkit.policies.policy.Policy`, with optional custom lists). It records, in the order
 they ran:
 
 * every call of a registered op (the canonical names a policy lists) inside the model,
@@ -60,10 +60,10 @@ import torch
 import torch.nn as nn
 
 from ampkit import torch_internals
-from ampkit.casting import map_floating
+from ampkit.engine.casting import map_floating
 from ampkit.fp8.recipe import check_fp8_device, float8_linear_config
-from ampkit.policy import Policy, as_dtype
-from ampkit.registry import OpEntry, is_compute
+from ampkit.policies.policy import Policy, as_dtype
+from ampkit.policies.registry import OpEntry, is_compute
 from ampkit.tools.accuracy.comparison import (
     JSON_SCHEMA_VERSION,
     Comparison,
@@ -331,7 +331,7 @@ class LowPrecisionSetup:
 
 
 def _is_level(precision: Any) -> bool:
-    from ampkit.levels import Level
+    from ampkit.conversion.levels import Level
 
     if isinstance(precision, Level):
         return True
@@ -342,7 +342,7 @@ def _setup(precision: Any, dtype: Any, device_type: str, white: Iterable[OpEntry
            black: Iterable[OpEntry] | None) -> LowPrecisionSetup:
     import ampkit
     from ampkit.config import AmpConfig
-    from ampkit.presets import get_policy
+    from ampkit.policies.presets import get_policy
 
     chosen = as_dtype(dtype)
     if _is_level(precision) or isinstance(precision, AmpConfig):
@@ -651,7 +651,7 @@ def compare(model: nn.Module, *inputs: Any, precision: Any = "torch",
         model: an fp32 ``nn.Module`` (not changed: both runs use deep copies).
         inputs: the forward's positional arguments.
         precision: a level (``"O1"``, ``"O2"``, ``"O3"``), a preset name or a
-            :class:`~ampkit.policy.Policy` (run with ``ampkit.autocast`` inside the
+            :class:`~ampkit.policies.policy.Policy` (run with ``ampkit.autocast`` inside the
             model's forward), or an :class:`ampkit.AmpConfig`. A level or a config
             prepares the low-precision copy by the function ``initialize`` prepares
             models with (:func:`ampkit.front_door.prepare_models`, its settings merged

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ampkit._text import TextTable, finite_or_none
+from ampkit.common.text import TextTable, finite_or_none
 
 __all__ = ["JSON_SCHEMA_VERSION", "Comparison", "ErrorStats", "Fp8LayerError", "GradError",
            "ModuleError", "OpError", "OpRank", "fp8_layers_table"]
@@ -350,7 +350,7 @@ class Comparison:
 
     def summary(self, limit: int = 20) -> list[str | TextTable]:
         """What :meth:`table` shows, in order: lines of text and tables
-        (:class:`~ampkit._text.TextTable`), for a front end that draws tables
+        (:class:`~ampkit.common.text.TextTable`), for a front end that draws tables
         itself (``ampkit compare`` draws them with rich).
 
         Example:

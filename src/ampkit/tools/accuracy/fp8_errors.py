@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from ampkit.fp8.conv1d import conv1d_features, is_hf_conv1d
 from ampkit.fp8.recipe import float8_linear_config, recipe_name
 from ampkit.fp8.selection import select_fp8_layers
-from ampkit.policy import as_dtype
+from ampkit.policies.policy import as_dtype
 from ampkit.tools.accuracy.comparison import ErrorStats, Fp8LayerError
 
 __all__ = ["fp8_layer_errors"]

@@ -70,9 +70,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ampkit._text import finite_or_none, text_table
-from ampkit.arguments import non_negative_number
-from ampkit.policy import Policy, as_dtype
+from ampkit.common.arguments import non_negative_number
+from ampkit.common.text import finite_or_none, text_table
+from ampkit.policies.policy import Policy, as_dtype
 from ampkit.tools.accuracy.compare import (
     check_model,
     compare_runs,
@@ -259,7 +259,7 @@ def evaluate_metric(eval_fn: Callable[[nn.Module], Any], model: nn.Module,
 
 
 def _start_policy(start: Policy | str | None, dtype: torch.dtype) -> Policy:
-    from ampkit.presets import get_policy
+    from ampkit.policies.presets import get_policy
 
     if start is None:
         return aggressive_policy(dtype)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from ampkit._text import TextTable
+    from ampkit.common.text import TextTable
 
 __all__ = ["BAD_INPUT", "DEVICE_CHOICES", "DTYPE_SPELLINGS", "MAX_SEED", "MISSING", "PROG",
            "Parser", "add_config_options", "add_device_option", "add_run_options",
@@ -372,7 +372,7 @@ def low_dtype(text: str) -> Any:
         >>> low_dtype("BFloat16")
         torch.bfloat16
     """
-    from ampkit.policy import as_dtype
+    from ampkit.policies.policy import as_dtype
 
     try:
         return as_dtype(text.lower(), allow_none=False)
@@ -456,7 +456,7 @@ def rich_table(table: TextTable, title: str | None = None) -> Table:
     wrapped.
 
     Example:
-        >>> from ampkit._text import TextTable
+        >>> from ampkit.common.text import TextTable
         >>> from ampkit.tools.cli.args import rich_table
         >>> drawn = rich_table(TextTable(("op", "calls"), (("mm", "12"),)), title="ops")
         >>> [c.justify for c in drawn.columns], drawn.row_count
@@ -478,7 +478,7 @@ def print_parts(out: Console, parts: Iterable[str | TextTable]) -> None:
 
     Example:
         >>> from rich.console import Console
-        >>> from ampkit._text import TextTable
+        >>> from ampkit.common.text import TextTable
         >>> from ampkit.tools.cli.args import print_parts
         >>> out = Console(width=40, record=True, file=open("/dev/null", "w"))
         >>> print_parts(out, ["ops", TextTable(("op",), (("mm",),))])

@@ -86,8 +86,8 @@ _OWN_CONFIG_FLAGS = ("dtype", "fp8", "custom_white_list", "custom_black_list")
 
 def _precision(text: str) -> Any:
     """A level, a preset name, or the path of a policy file (read with Policy.load)."""
-    from ampkit.policy import Policy
-    from ampkit.presets import available_policies
+    from ampkit.policies.policy import Policy
+    from ampkit.policies.presets import available_policies
 
     if text.upper() in _LEVELS:
         return text.upper()
@@ -106,7 +106,7 @@ def _precision(text: str) -> Any:
 
 
 def _op_list(text: str) -> list[str]:
-    from ampkit.registry import resolve_op
+    from ampkit.policies.registry import resolve_op
 
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:

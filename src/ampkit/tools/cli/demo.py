@@ -129,7 +129,7 @@ def _run(settings: DemoSettings, quiet: bool) -> DemoResult:
 def _print_summary(result: DemoResult, files: Any, quiet: bool, out: Console) -> None:
     from rich.syntax import Syntax
 
-    from ampkit._text import TextTable
+    from ampkit.common.text import TextTable
     from ampkit.tools.demo.report import COLUMN_NOTES, identical_runs, summary_table
 
     summary = summary_table(result)

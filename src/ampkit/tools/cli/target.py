@@ -46,7 +46,7 @@ from pathlib import Path
 from types import CodeType, TracebackType
 from typing import Any
 
-from ampkit.arguments import did_you_mean
+from ampkit.common.arguments import did_you_mean
 
 __all__ = ["TargetError", "UserCodeError", "call_user", "forward_error", "inputs_factory",
            "load_callable", "load_model", "load_object", "model_factory", "user_function"]

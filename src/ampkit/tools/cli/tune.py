@@ -67,7 +67,7 @@ _TARGET_TOLERANCE = 0.01
 
 
 def _preset(text: str) -> str:
-    from ampkit.presets import available_policies
+    from ampkit.policies.presets import available_policies
 
     if text not in available_policies():
         raise argparse.ArgumentTypeError(

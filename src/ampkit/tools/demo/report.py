@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ampkit import torch_internals
-from ampkit._text import finite_or_none
+from ampkit.common.text import finite_or_none
 from ampkit.tools.pages.html import check_output_dir, render_page
 from ampkit.tools.pages.plotting import new_figure, png_data_uri, timestamp
 

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampkit
-from ampkit.arguments import default_device_type
+from ampkit.common.arguments import default_device_type
 from ampkit.tools.demo.digits import DigitsCNN, DigitsData, batch_order, load_digits_data
 from ampkit.tools.demo.pure_curves import PURE_DEMO_CURVES, train_curves
 from ampkit.tools.ops.op_stats import collect_op_stats

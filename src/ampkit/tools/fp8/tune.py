@@ -42,8 +42,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ampkit._text import finite_or_none, text_table
-from ampkit.arguments import non_negative_number
+from ampkit.common.arguments import non_negative_number
+from ampkit.common.text import finite_or_none, text_table
 from ampkit.fp8.recipe import float8_linear_config, parse_fp8, recipe_name
 from ampkit.fp8.selection import select_fp8_layers
 from ampkit.tools.accuracy.tune import evaluate_metric

@@ -211,7 +211,7 @@ class Fp8CastWatch:
             >>> Fp8CastWatch(torch.nn.Linear(2, 2)).table()
             'fp8 casts: none saturated or underflowed'
         """
-        from ampkit._text import text_table
+        from ampkit.common.text import text_table
 
         bad = sorted((r for r in self.records if r.saturated or r.underflowed),
                      key=lambda r: (-r.saturated_fraction, -r.underflowed_fraction))

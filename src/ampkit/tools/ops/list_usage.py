@@ -37,8 +37,8 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from ampkit.autocast_mode import innermost_policy, observe_regions
-from ampkit.policy import Policy
+from ampkit.engine.regions import innermost_policy, observe_regions
+from ampkit.policies.policy import Policy
 from ampkit.tools.ops.tracing import OpWatch
 
 __all__ = ["EntryUsage", "ListUsage", "list_usage"]

@@ -356,7 +356,7 @@ class NumericsChecker:
             >>> c.suggest_fp32_ops()
             ['exp']
         """
-        from ampkit.registry import all_op_names
+        from ampkit.policies.registry import all_op_names
 
         known = all_op_names()
         names: list[str] = []

@@ -203,7 +203,7 @@ class OpStats(DispatchRegion):
             >>> print(stats.table().splitlines()[0])
             Op Name | FP16 Calls | BF16 Calls | FP32 Calls | Other Calls
         """
-        from ampkit._text import text_table
+        from ampkit.common.text import text_table
 
         rows = [(name, c.float16, c.bfloat16, c.float32, c.other)
                 for name, c in self.counts.items()]

@@ -4,7 +4,7 @@
   forward pre/post hooks (the numerics checker and :func:`ampkit.compare` both use it),
   and can hand each module's inputs and outputs to callbacks.
 * :class:`OpWatch` is a ``TorchFunctionMode`` that reports each call of a registered op
-  (canonical names of :mod:`ampkit.registry`, the names policies list) with its
+  (canonical names of :mod:`ampkit.policies.registry`, the names policies list) with its
   arguments and result. It watches at the level the autocast engine works at, so what
   it names is exactly what a ``custom_black_list`` can move.
 * :class:`DispatchRegion` is the base of the counters that watch below autocast and
@@ -122,7 +122,7 @@ class OpWatch(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        from ampkit.registry import op_name_of
+        from ampkit.policies.registry import op_name_of
 
         kwargs = kwargs or {}
         out = func(*args, **kwargs)

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from ampkit._text import TextTable
+from ampkit.common.text import TextTable
 
 __all__ = ["NUMBER_KEYS", "ROW_KEYS", "Plan", "format_bytes", "parse_bytes"]
 

@@ -116,7 +116,7 @@ def settings_of(mode: str) -> dict[str, Any] | None:
 def cuda_lists_policy() -> Any:
     """CUDA autocast's lists as an ampkit policy that applies on any device: the ops
     native autocast registers for CUDA run in bfloat16, except CUDA's float32 list
-    (:func:`ampkit.registry.autocast_fp32_ops`) and its promote list; every other op
+    (:func:`ampkit.policies.registry.autocast_fp32_ops`) and its promote list; every other op
     keeps its inputs' dtype. With it a plan computed on the CPU casts what a CUDA
     device would, which CPU autocast's own lists do not (it runs softmax in bfloat16).
 
@@ -126,8 +126,8 @@ def cuda_lists_policy() -> Any:
         >>> p.rule_for("linear"), p.rule_for("softmax"), p.rule_for("cat")
         ('lower', 'fp32', 'promote')
     """
-    from ampkit.policy import Policy
-    from ampkit.registry import all_op_names, autocast_fp32_ops, native_op_names
+    from ampkit.policies.policy import Policy
+    from ampkit.policies.registry import all_op_names, autocast_fp32_ops, native_op_names
 
     known = all_op_names()
     # CUDA autocast's promote policy (aten/src/ATen/autocast_mode.cpp), where torch has it
