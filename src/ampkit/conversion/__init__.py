@@ -84,6 +84,7 @@ Example:
 
 from __future__ import annotations
 
+from ampkit.common.lazy import lazy_exports
 from ampkit.common.module_selection import ModuleSelector
 from ampkit.conversion.boundary import ALL_LOW_PRECISION, Boundary, Region
 from ampkit.conversion.classes import (
@@ -146,3 +147,8 @@ _Record, _Boundary, _Region, _ReportDtype = Record, Boundary, Region, ReportDtyp
 _SpectralNormInFp32, _WeightNormInFp32 = SpectralNormInFp32, WeightNormInFp32
 _converted_call, _cast_call, _input_cast_call = converted_call, cast_call, input_cast_call
 _cast_inputs_hook, _rebuild_converted = cast_inputs_hook, rebuild_converted
+
+# The level table and the O2 parameter casts import this package, so it cannot import
+# them: they are reachable as attributes (``ampkit.conversion.levels``) on first use.
+__getattr__, __dir__ = lazy_exports("ampkit.conversion", {}, globals(),
+                                    ["levels", "parameter_casts", "parameter_truth"])
