@@ -108,7 +108,8 @@ def console_script(name: str = "ampkit") -> str | None:
 def on_forward(module: nn.Module, fn: Any) -> None:
     """Call ``fn(module, args)`` as ``module.forward`` starts: where it computes, after
     every forward pre-hook and inside O2's cast on use. For tests that look at what a
-    forward computes with; a forward pre-hook sees the fp32 parameters (issue 46)."""
+    forward computes with; a forward pre-hook sees the fp32 parameters, as in fp32
+    training."""
     forward = module.forward
 
     def spy(*args: Any, **kwargs: Any) -> Any:

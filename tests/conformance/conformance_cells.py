@@ -1,5 +1,5 @@
 """The conformance matrix's table: architectures x modes x machinery, and what each cell
-checks (issue 37).
+checks, against fp32 training and native autocast.
 
 A cell trains (or runs) one real architecture, built from a config with random
 initialisation, for a few steps in one mode through one piece of PyTorch's machinery,
@@ -193,9 +193,9 @@ class AdapterNet(nn.Module):
 
 
 def parametrized_sequential() -> nn.Module:
-    """torch's own module machinery (issue 41): an ``nn.Sequential`` whose Linears carry
-    the orthogonal, weight-norm and spectral-norm parametrizations (the new API) and
-    the legacy spectral-norm hook."""
+    """torch's own module machinery, whose parametrizations O2 computes from the fp32
+    truth: an ``nn.Sequential`` whose Linears carry the orthogonal, weight-norm and
+    spectral-norm parametrizations (the new API) and the legacy spectral-norm hook."""
     from torch.nn.utils import parametrizations as P
 
     return nn.Sequential(
@@ -207,7 +207,8 @@ def parametrized_sequential() -> nn.Module:
 
 
 class SparseEmbeddingNet(nn.Module):
-    """A bag of sparse-gradient embeddings and a small head (issue 34, item 7)."""
+    """A bag of sparse-gradient embeddings and a small head: O2 must train them with
+    sparse fp32 gradients."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -618,7 +619,7 @@ def m_compile(arch: str, mode: str) -> list[float]:
     run = setup(arch, mode)
     # aot_eager: dynamo and AOT autograd trace ampkit's regions and casts, as with
     # inductor, without minutes of C++ code generation per cell on a CPU
-    # fullgraph for the architectures written here (one graph each, issue 41's promise);
+    # fullgraph for the architectures written here (one graph each, custom lists too);
     # HF's models break graphs on purpose (their loss and output classes), and dynamo
     # does not trace nn.LSTM (a graph break around it)
     run.model = torch.compile(run.model, backend="aot_eager",
@@ -711,9 +712,10 @@ def _fresh_twin_loss(arch: str, mode: str, run: Run, step: int, train: bool) -> 
 
 
 def m_data_edit(arch: str, mode: str) -> list[float]:
-    """The patterns of issue 34: an optimizer step; an eval; every weight edited through
-    ``.data`` (in place for half, a new tensor for the other half); two steps of a
-    hand-written sign-SGD through ``.data`` (no optimizer step in between); and, after
+    """The routes by which weights change between forwards, none of which O2's copies may
+    miss: an optimizer step; an eval; every weight edited through ``.data`` (in place for
+    half, a new tensor for the other half); two steps of a hand-written sign-SGD through
+    ``.data`` (no optimizer step in between); and, after
     an eval, the initial weights copied back in through ``.data`` (the EMA-swap pattern);
     ``load_state_dict`` of halved weights; the parameters made views of one flat vector
     (``vector_to_parameters``) and the vector scaled in place. fp32

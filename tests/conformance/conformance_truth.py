@@ -1,6 +1,7 @@
-"""The conformance matrix's cells for the truth during the forward (issue 46): one
+"""The conformance matrix's cells for the truth during the forward (what touches a
+parameter during the forward touches the fp32 truth, as in fp32 training): one
 architecture, ``truth_probe``, that touches its parameters during the forward in every
-way issue 46 names, crossed with every core mode (each level and pure bf16) through
+way listed below, crossed with every core mode (each level and pure bf16) through
 two pieces of machinery of its own, against fp32 training and native autocast.
 
 * ``truth_in_forward``: an ``nn.Embedding(max_norm=1.0)`` (its forward renormalises the

@@ -25,7 +25,8 @@ import torch
 
 CHECKS = ("dtype_invariants", "wrong_order_errors")
 #: torch.compile is crossed with these modes only (a compiled cell costs 5-60 s here):
-#: the fp32-truth family, its custom lists (issue 41), pure bf16 and fp8
+#: the fp32-truth family, its custom lists (a compiled region with lists must stay one
+#: graph), pure bf16 and fp8
 COMPILED_MODES = ("O1_bf16", "O1_custom_policy", "O2_bf16", "pure_bf16_stochastic",
                   "fp8_tensorwise")
 CORE_MODES = [m for m in C.MODES.values() if not m.dialect]
@@ -33,7 +34,8 @@ DIALECT_MACHINERY = ("plain_steps", "grad_accumulation",
                      "eval_no_grad_inference_mode_between_steps", "data_edit_between_steps")
 
 #: the CI subset: every architecture and every mode at least once, the crossings the
-#: issue-34/41 cases live in, and one cell of each piece of machinery
+#: cases of weights changed between forwards and of torch's module machinery live in, and
+#: one cell of each piece of machinery
 SUBSET = {
     *((a, "O2_bf16", "data_edit_between_steps") for a in C.ARCHS),
     *((a, "O1_bf16", "plain_steps") for a in C.ARCHS),
@@ -56,7 +58,7 @@ SUBSET = {
     ("llama", "O2_bf16", "generate"),
     ("gpt2", "fp8_tensorwise", "plain_steps"),
     ("lstm", "O2_bf16", "wrong_order_errors"),
-    # issue 46: the truth during the forward, at every level and in pure mode (a tiny
+    # the truth during the forward, at every level and in pure mode (a tiny
     # model: about 0.2 s a cell)
     *(("truth_probe", m, mach) for m in ("O0", "O1_bf16", "O1_fp16_scaler", "O2_bf16",
                                          "O2_fp16_scaler", "O3_bf16", "pure_bf16_kahan")

@@ -10,8 +10,8 @@ One spawn runs every scenario of the run (a module fixture); each cell reads its
   optimizer; two steps, a Distributed Checkpoint, two more. A run resumed from the
   checkpoint into a model built from other weights ends bit for bit where the
   uninterrupted one did, and that one bit for bit where the twin does.
-* ``wrong_order_*``: each order issue 34 names is an error at ``initialize`` or at the
-  first step, never a run that trains wrongly.
+* ``wrong_order_*``: each wrong order of wrapping, converting and building the optimizer
+  is an error at ``initialize`` or at the first step, never a run that trains wrongly.
 * ``tp_order``: tensor parallelism on the MLPs (``ColwiseParallel`` gate/up,
   ``RowwiseParallel`` down) before ``initialize`` and after it. Every parameter's
   local shard has the dtype the parameter reports, and four steps on the same batches

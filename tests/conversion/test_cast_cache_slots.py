@@ -1,6 +1,6 @@
 """O2's cast cache holds copies for one forward of the converted model and nothing
-between forwards (issue 34; it used to keep a slot per parameter across optimizer steps
-and copies across micro-batches): a steady training loop makes no bookkeeping per
+between forwards (it used to keep a slot per parameter across optimizer steps and copies
+across micro-batches): a steady training loop makes no bookkeeping per
 parameter that outlives a forward, and a discarded model is freed at once."""
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def test_cast_hooks_are_not_called_when_they_are_a_modules_only_hooks() -> None:
 
 
 def test_other_hooks_see_what_they_saw_with_the_hook_pair() -> None:
-    """A user's pre-hook runs before the swap (issue 46: it sees the fp32 truth, as in
+    """A user's pre-hook runs before the swap (so it sees the fp32 truth, as in
     fp32 training), a user's forward hook after the parameters are back; a global
     pre-hook runs before the module's own hooks."""
     model = _model()

@@ -30,7 +30,7 @@ NORMS = (nn.BatchNorm2d, nn.LayerNorm)
 # in the statistics' dtype).
 EXPECTED = {
     "O0": (FP32, FP32, FP32),
-    "O1": (FP32, FP32, FP32),  # outputs handed back in fp32 (issue 46)
+    "O1": (FP32, FP32, FP32),  # outputs handed back in fp32, for a loss outside the model
     "O2": (FP32, FP32, FP32),
     "O3": (BF16, BF16, FP32),
 }
@@ -79,7 +79,8 @@ def test_every_module_receives_inputs_in_its_parameters_dtype(level, make):
     model(_inputs(model)).float().sum().backward()
     assert seen, "no module with parameters saw a floating input"
     # Except the kept-fp32 norms at O2: BatchNorm and LayerNorm take the bf16 activation
-    # as it is, with fp32 parameters (their kernels compute in fp32 inside; issue 10);
+    # as it is, with fp32 parameters (their kernels compute in fp32 inside, so O2 saves
+    # the cast);
     # at O3 BatchNorm, which keeps its fp32 statistics and so fp32 parameters, too.
     low_input = {"BatchNorm2d", "LayerNorm"} if level == "O2" else {"BatchNorm2d"}
     assert all(got is (BF16 if name in low_input else want) for name, got, want in seen), seen
@@ -99,7 +100,7 @@ def test_o1_is_native_autocast_bit_for_bit():
     with torch.autocast("cpu", BF16):
         expected = reference(ids)
     got = model(ids)
-    # the same values; handed back in fp32 (issue 46: a loss computed outside the model
+    # the same values; handed back in fp32 (so a loss computed outside the model
     # is never computed in lower precision than native computes it inside its region)
     assert expected.dtype is BF16 and got.dtype is FP32
     assert torch.equal(got, expected.float())

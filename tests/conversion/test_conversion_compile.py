@@ -137,11 +137,12 @@ def test_keyboard_interrupt_in_forward_leaves_no_region_and_no_swapped_parameter
     seen = []
     model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
     out = model(torch.randn(2, 4, device="cpu"))
-    # (the Linear computes in bf16 at both levels; both hand back fp32: issue 46)
+    # (the Linear computes in bf16 at both levels; both hand back fp32, so a loss outside
+    # the model computes in fp32)
     assert out.dtype == torch.float32 and seen == [torch.bfloat16]
 
 
-# -- torch.nn containers, with and without lists (issue 41 item 2) --------------------------
+# -- torch.nn containers, with and without lists: one graph, equal to eager ---------------
 
 # A black-listed linear: the whole forward is fp32 arithmetic on what the level hands
 # it, so the reference is plain fp32 torch (below), not the code under test.
@@ -213,7 +214,7 @@ def test_compiling_a_converted_sequential_gives_one_graph_equal_to_eager(level, 
     else:  # native autocast's own result for O1 (O2: fp32 at the model's boundary)
         with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
             native = model[2](model[1](model[0](x)))
-        if level == "O1":  # (handed back in fp32: issue 46)
+        if level == "O1":  # (handed back in fp32, as O1 hands back every output)
             torch.testing.assert_close(out, native.float(), rtol=0, atol=0)
 
 

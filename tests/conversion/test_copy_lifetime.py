@@ -1,6 +1,6 @@
-"""O2's low-precision copy of a parameter lives for one forward of the converted model
-(issue 34): no change made between two forwards is missed, whatever its route, even
-those that bump no version counter (``.data`` edits, ``.data =`` swaps to the same
+"""O2's low-precision copy of a parameter lives for one forward of the converted model:
+no change made between two forwards is missed, whatever its route, even those that bump
+no version counter (``.data`` edits, ``.data =`` swaps to the same
 address, edits of a base tensor that parameters view).
 
 Oracle: fp32 training of the same model on the same work, the same edits made to it.
@@ -167,7 +167,7 @@ def test_sam_perturbation_between_two_forwards_is_seen() -> None:
 
 
 def test_load_state_dict_between_forwards_is_seen() -> None:
-    # A route the issue names. (The old cache saw this one: load_state_dict copies in
+    # A route users change weights by. (The old cache saw this one: load_state_dict copies in
     # place under no_grad, which bumps the version. Kept so no cache may regress on it.)
     x, _ = _batch(2)
     torch.manual_seed(7)

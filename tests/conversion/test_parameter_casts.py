@@ -126,9 +126,9 @@ def test_gradients_accumulate_in_fp32_exactly():
 
 
 def test_a_copy_lives_for_one_forward_and_is_shared_within_it():
-    # Contract changed by issue 34: copies are no longer kept across the micro-batches of
-    # one optimizer step (that missed .data edits); each forward casts afresh, and a
-    # weight used twice in one forward is cast once.
+    # The contract: copies are not kept across the micro-batches of one optimizer step
+    # (that missed .data edits); each forward casts afresh, and a weight used twice in
+    # one forward is cast once.
     torch.manual_seed(0)
     lin = nn.Linear(8, 8)
     model = ampkit.initialize(nn.Sequential(lin, nn.ReLU(), lin), level="O2", dtype=BF16)

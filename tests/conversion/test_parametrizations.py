@@ -1,4 +1,4 @@
-"""O2 under torch's reparametrizations (issue 41, item 1): a parametrized module
+"""O2 under torch's reparametrizations: a parametrized module
 computes its weight from the fp32 truth, in fp32, and only the op that uses the weight
 sees a low-precision copy; buffers the parametrization keeps (spectral norm's u/v)
 keep their dtype.
@@ -137,8 +137,8 @@ def test_spectral_norm_buffers_follow_native_autocast() -> None:
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
 
 
-def test_the_issue_repro_does_not_go_nan() -> None:
-    # issue 41: orthogonal Linear, Adam lr 1e-2, 30 steps: fp32 and native autocast end
+def test_orthogonal_linear_under_adam_does_not_go_nan() -> None:
+    # orthogonal Linear, Adam lr 1e-2, 30 steps: fp32 and native autocast end
     # at the same loss; O2 was NaN from step 1.
     fp32 = _model("orthogonal")
     o2 = ampkit.initialize(copy.deepcopy(fp32), level="O2", dtype=BF16)

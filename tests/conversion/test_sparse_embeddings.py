@@ -1,4 +1,4 @@
-"""Sparse embeddings at O2 (issue 34, item 7): ``nn.Embedding(sparse=True)`` and
+"""Sparse embeddings at O2: ``nn.Embedding(sparse=True)`` and
 ``nn.EmbeddingBag(sparse=True)`` train with sparse fp32 gradients. (O2 used to cast
 their weight on use; the bf16 copy's sparse gradient could not be cast back: "to(options)
 doesn't support converting to a different layout".)

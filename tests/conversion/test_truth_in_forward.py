@@ -1,4 +1,4 @@
-"""The truth during the forward (issue 46): at O2 a converted module's forward computes
+"""The truth during the forward: at O2 a converted module's forward computes
 with low-precision copies of its fp32 parameters; whatever else touches a parameter
 during the forward must touch the fp32 truth, as in fp32 training, or be refused.
 

@@ -66,7 +66,7 @@ def _net() -> nn.Module:
 # the model's parameters; docs/migration.md), see test_o2_computes_with_fp16_weights.
 OPT_LEVEL_TABLE = {
     "O0": (FP32, FP32, FP32, {FP32}, FP32, 1.0),
-    # O1's output: fp32 (issue 46: a loss outside the model, apex's patched fp32 loss
+    # O1's output: fp32 (so a loss outside the model, apex's patched fp32 loss
     # functions, is then fp32; apex itself hands back the fp16 the last op computed)
     "O1": (FP32, FP32, FP32, {FP32}, FP32, 65536.0),
     "O2": (FP32, FP32, FP32, {FP32}, FP32, 65536.0),

@@ -337,7 +337,7 @@ def test_o2_follows_the_models_device_when_cuda_is_visible(
     assert seen == [FP16]
 
 
-# -- issue 36: what MindSpore's own AMP suites do --------------------------------------------
+# -- what MindSpore's own AMP suites do ------------------------------------------------------
 
 def test_dynamic_loss_scaler_counter_and_scale_value_are_assignable() -> None:
     # tests/st/mix_precision assigns both (as Parameters) between adjust() calls.

@@ -1,7 +1,7 @@
 """ampkit.mindspore against MindSpore 2.3+'s AMP API: the "auto" level (networks and
 plain functions), custom lists with one of them empty, networks that already hold a
 float16 parameter, and build_train_network's refusal of an optimizer that trains
-nothing of the network (issue 47)."""
+nothing of the network: what MindSpore's current releases do."""
 
 from __future__ import annotations
 

@@ -405,7 +405,7 @@ def test_init_casts_cpu_ops_when_cuda_is_visible(monkeypatch: pytest.MonkeyPatch
         amp.deinit()
 
 
-# -- issue 36: what MXNet's own AMP suites call ----------------------------------------------
+# -- what MXNet's own AMP suites call ---------------------------------------------------------
 
 LIST_FUNCTIONS = ("list_lp16_ops", "list_lp16_fp32_ops", "list_fp32_ops",
                   "list_widest_type_cast")

@@ -1,6 +1,6 @@
 """ampkit.paddle against Paddle 3's newer AMP API: the autocast state functions, the
 GradScaler that also takes torch's spellings, and device questions answered from the
-machine (issue 47)."""
+machine."""
 
 from __future__ import annotations
 

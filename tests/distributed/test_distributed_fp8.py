@@ -2,7 +2,7 @@
 torchao's float8 all-gather (``Float8LinearConfig(enable_fsdp_float8_all_gather=True)``),
 and under ampkit's own recipe (:func:`ampkit.fsdp.fully_shard`).
 
-torchao 0.18 supports it on CPU with gloo (checked here, issue 27): the weights of the
+torchao 0.18 supports it on CPU with gloo (checked here): the weights of the
 fp8 layers become torchao's ``WeightWithDynamicFloat8CastTensor``, each rank casts its
 shard to fp8 with a scale agreed over the ranks (the amax is all-reduced), and
 ``fully_shard`` all-gathers fp8 bytes. One spawn runs, per rank, ``STEPS`` SGD steps
@@ -17,7 +17,7 @@ averaged gradient is the one-process gradient, bit for bit), a model with an
 and through :func:`ampkit.fsdp.fully_shard` with the default config (fp32 all-gathers)
 and with the fp8 all-gather. Both sharded runs must train exactly like the one-process
 run: the recipe must never all-gather an fp8 layer's weight in bf16, which torchao
-would then cast to fp8 (rounding twice; issue 34).
+would then cast to fp8 (rounding twice).
 """
 
 from __future__ import annotations

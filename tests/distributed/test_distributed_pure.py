@@ -22,12 +22,13 @@ ranks with each other and with the twin, which it trains itself.
 
 * ``step_in_backward`` under DDP, FSDP2 and tensor parallelism: see
   ``test_distributed_step_in_backward.py``.
-* Wrong orders (issue 34) are errors before anything trains, each naming the order:
-  ``DistributedDataParallel(net)`` then ``ampkit.initialize(net, master_weights=...)``
-  is refused at ``initialize``; with ``ampkit.fsdp.fully_shard``, an optimizer built
-  before sharding (pure, and at O3) and a plain ``AdamW`` built after it over a pure
-  model (sharded by ampkit's recipe or torch's own ``fully_shard``) raise at their
-  first step and change nothing. The one documented call,
+* Wrong orders are errors before anything trains (never a run that trains nothing),
+  each naming the order: ``DistributedDataParallel(net)`` then
+  ``ampkit.initialize(net, master_weights=...)`` is refused at ``initialize``; with
+  ``ampkit.fsdp.fully_shard``, an optimizer built before sharding (pure, and at O3)
+  and a plain ``AdamW`` built after it over a pure model (sharded by ampkit's recipe or
+  torch's own ``fully_shard``) raise at their first step and change nothing.
+  The one documented call,
   ``ampkit.fsdp.prepare_optimizer(model, AdamW(model.parameters()))``, trains bit for
   bit like the unsharded twin that ``initialize(net, AdamW, ...)`` made pure, without
   the rounding or the seed given again.

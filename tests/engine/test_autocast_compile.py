@@ -82,7 +82,7 @@ def test_region_inside_a_compiled_function_is_correct() -> None:
     assert ampkit.current_policy("cpu") is None  # the region was left behind properly
 
 
-# --- issue 9: equal policies reuse the graph; the loop case -----------------------------
+# --- equal policies reuse the graph; the training-loop case ----------------------------
 
 def _counted(fn: Callable, backend: str | None = None) -> tuple[Callable, object]:
     from torch._dynamo.testing import CompileCounterWithBackend
@@ -91,7 +91,7 @@ def _counted(fn: Callable, backend: str | None = None) -> tuple[Callable, object
 
 
 def test_training_loop_with_inline_lists_compiles_once() -> None:
-    """The issue's loop: lists written inline (new objects every step) are one policy."""
+    """A training loop with lists written inline (new objects every step): one policy."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
     compiled, counter = _counted(model)
@@ -212,7 +212,7 @@ def test_inductor_compiles_once_and_matches_eager() -> None:
 
 
 def test_in_place_call_keeps_its_effect_under_compile() -> None:
-    """Issue 16: an in-place call is never run on a cast copy, traced or not."""
+    """An in-place call is never run on a cast copy, traced or not."""
     fn, counter = _counted(lambda t: torch.nn.functional.relu(t * 2, inplace=True) + t)
     x = torch.tensor([-1.0, 2.0, -3.0])
     torch._dynamo.reset()

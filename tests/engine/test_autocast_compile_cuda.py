@@ -1,4 +1,4 @@
-"""CUDA variants of the torch.compile checks (issue 9); skipped without CUDA."""
+"""CUDA variants of the torch.compile checks; skipped without CUDA."""
 
 from __future__ import annotations
 

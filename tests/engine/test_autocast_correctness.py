@@ -1,4 +1,4 @@
-"""Issue 22: cases where ampkit.autocast gave another result than native autocast or fp32.
+"""Cases where ampkit.autocast gave another result than native autocast or fp32.
 
 Weight casts under no_grad / inference_mode / in-place updates, views under an unlisted
 rule, an explicit dtype given by position, nesting a torch.autocast of the other dtype,
@@ -84,9 +84,8 @@ def test_region_inside_inference_mode_computes_without_grad() -> None:
 
 def test_weight_updated_in_place_is_cast_again() -> None:
     # ampkit's own weight cache (an op ampkit's kernel lowers: native CPU autocast leaves
-    # embedding alone). A white-listed linear is native's own rule since issue 35: it
-    # takes no kernel, so native's kernel and native's cache apply, as in a region with
-    # the default policy.
+    # embedding alone). A white-listed linear is native's own rule: it takes no kernel,
+    # so native's kernel and native's cache apply, as in a region with the default policy.
     emb = nn.Embedding(5, 3)
     idx = torch.tensor([1, 2, 4])
     with ampkit.autocast("cpu", BF16, custom_white_list=["embedding"]):

@@ -1,4 +1,4 @@
-"""Issue 22: custom ops (torch.library) in custom lists, by object and by "ns::name",
+"""Custom ops (torch.library) in custom lists, by object and by "ns::name",
 in eager code and under torch.compile."""
 
 from __future__ import annotations

@@ -100,8 +100,8 @@ MIRROR = _mirror_policy()
 
 @pytest.fixture(autouse=True)
 def _mirror_takes_kernels(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The mirror policy re-lists native's own rules, which take no kernel since issue
-    35 (native's computes them). Here they take ampkit's kernels all the same, so that
+    """The mirror policy re-lists native's own rules, which take no kernel (native's
+    computes them). Here they take ampkit's kernels all the same, so that
     ampkit's casts are what is compared with native's, op by op."""
     from ampkit.engine import kernels
     from ampkit.engine.regions import release_kernels

@@ -1,4 +1,4 @@
-"""Issue 24: listed ops are intercepted by kernels on the dispatcher's Autocast keys, not
+"""Listed ops are intercepted by kernels on the dispatcher's Autocast keys, not
 by a Python mode; compiled graphs never run under a policy other than their own."""
 
 from __future__ import annotations

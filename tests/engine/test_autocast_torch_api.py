@@ -1,4 +1,4 @@
-"""Issue 22: ampkit.autocast takes torch.autocast's own signature and answers bad input as
+"""ampkit.autocast takes torch.autocast's own signature and answers bad input as
 torch does; a region restores all state on any exception, KeyboardInterrupt included.
 
 The behaviours PyTorch's test/test_autocast.py checks and ampkit failed are here too, in

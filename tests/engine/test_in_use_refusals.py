@@ -1,7 +1,7 @@
 """Taking away what a live region uses is an error in the thread that tries, and changes
 nothing: ``release_kernels()`` while a region's kernels apply (they used to be dropped
 silently, and the region computed as native autocast), ``unregister_policy`` of a policy
-a live region was given (issue 35)."""
+a live region was given."""
 
 from __future__ import annotations
 
@@ -72,24 +72,24 @@ def test_a_nested_region_keeps_the_outer_ones_kernels_held() -> None:
 
 @pytest.fixture
 def mine() -> Any:
-    policy = ampkit.register_policy(Policy("issue35-mine", fp32_ops={"linear"}))
+    policy = ampkit.register_policy(Policy("in-use-mine", fp32_ops={"linear"}))
     yield policy
-    if "issue35-mine" in ampkit.available_policies():
-        ampkit.unregister_policy("issue35-mine")
+    if "in-use-mine" in ampkit.available_policies():
+        ampkit.unregister_policy("in-use-mine")
 
 
 @pytest.mark.parametrize("given", ["name", "object"])
 def test_unregister_policy_a_live_region_uses_is_refused(mine: Policy, given: str) -> None:
     a, w = torch.rand(2, 3), torch.rand(3, 3)
-    with ampkit.autocast("cpu", BF16, policy="issue35-mine" if given == "name" else mine,
+    with ampkit.autocast("cpu", BF16, policy="in-use-mine" if given == "name" else mine,
                          custom_white_list={"add"}):  # lists on top: still its policy
-        with pytest.raises(RuntimeError, match=r"unregister_policy\('issue35-mine'\): the "
+        with pytest.raises(RuntimeError, match=r"unregister_policy\('in-use-mine'\): the "
                                                r"policy is in use by 1 live ampkit region"
                                                r".*exit those regions first"):
-            ampkit.unregister_policy("issue35-mine")
-        assert ampkit.available_policies()["issue35-mine"] is mine
+            ampkit.unregister_policy("in-use-mine")
+        assert ampkit.available_policies()["in-use-mine"] is mine
         assert F.linear(a, w).dtype == F32
-        error = _in_thread(lambda: ampkit.unregister_policy("issue35-mine"))
+        error = _in_thread(lambda: ampkit.unregister_policy("in-use-mine"))
         assert isinstance(error, RuntimeError) and "'MainThread'" in str(error)
-    ampkit.unregister_policy("issue35-mine")  # no region left: allowed
-    assert "issue35-mine" not in ampkit.available_policies()
+    ampkit.unregister_policy("in-use-mine")  # no region left: allowed
+    assert "in-use-mine" not in ampkit.available_policies()

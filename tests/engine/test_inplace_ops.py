@@ -1,4 +1,4 @@
-"""In-place ops under every policy keep their in-place effect (issue 16, item 1).
+"""In-place ops under every policy keep their in-place effect.
 
 Listing an in-place op is refused with a ValueError naming its out-of-place twin; no
 rule (white, black, or a preset's unlisted rule) ever runs an in-place call on a cast
@@ -81,7 +81,7 @@ def _variants() -> list[Any]:
 VARIANTS = _variants()
 
 
-def test_the_issue_cases_are_among_the_variants() -> None:
+def test_the_reported_in_place_calls_are_among_the_variants() -> None:
     ids = {p.id for p in VARIANTS}
     for op in ("relu", "elu", "leaky_relu", "hardtanh", "threshold"):
         assert f"F.{op}_" in ids or f"torch.{op}_" in ids, op
@@ -155,7 +155,7 @@ def test_positional_inplace_flag_and_module_keep_their_effect() -> None:
 
 
 def test_paddle_od_model_with_in_place_relu_stays_close_to_fp32() -> None:
-    """The issue's case: paddle-OD used to leave ``h`` un-activated (error 0.4)."""
+    """A reported case: paddle-OD used to leave ``h`` un-activated (error 0.4)."""
     torch.manual_seed(0)
     lin1, lin2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
     x = torch.randn(4, 8)

@@ -1,6 +1,6 @@
 """A list entry whose rule is native autocast's own for that op registers no kernel: native's
 kernel already computes it, so it costs no Python call and the numerics stay native's, bit
-for bit (issue 35)."""
+for bit."""
 
 from __future__ import annotations
 

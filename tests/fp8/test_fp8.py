@@ -1,4 +1,4 @@
-"""fp8 training of Linears through torchao, as part of a level (issue 27).
+"""fp8 training of Linears through torchao, as part of a level.
 
 The fp8 matmuls are counted where they happen: ``aten::_scaled_mm`` events of the
 profiler, each charged to the layer whose two feature sizes it multiplies (every
@@ -371,7 +371,7 @@ def test_a_per_row_recipe_is_refused_where_the_cpu_kernel_takes_tensor_scales(mo
     assert ampkit.fp8.get_fp8_plan(converted).converted == ("2", "4", "6")
 
 
-# -- linear layers of other classes: Hugging Face's Conv1D (GPT-2), issue 34 -------------
+# -- linear layers of other classes: Hugging Face's Conv1D (GPT-2), never skipped silently
 
 GPT2_PROJECTIONS = tuple(f"transformer.h.{i}.{name}" for i in range(2) for name in
                          ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"))

@@ -226,7 +226,8 @@ def test_a_skipped_step_logs_one_line_when_asked(caplog) -> None:
 
 
 def test_a_skipped_step_neither_warns_nor_moves_the_scheduler() -> None:
-    # torch's own pattern warns on a skipped first step (PyTorch issue 44511) ...
+    # torch's own pattern warns on a skipped first step
+    # (https://github.com/pytorch/pytorch/issues/44511) ...
     w = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([w], lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)

@@ -1,8 +1,8 @@
-"""Issue 34 item 4: at O2 the ops native autocast keeps in float32 run in float32.
+"""At O2 the ops native autocast keeps in float32 run in float32.
 
-O2's activations are low precision end to end, so before this an op on native
+O2's activations are low precision end to end, so without this an op on native
 autocast's float32 list (softmax, log_softmax, exp, pow, norms, ...) that CPU autocast
-does not list ran in bf16 at O2, where native autocast on CUDA (and O1, wherever an fp32
+does not list would run in bf16 at O2, where native autocast on CUDA (and O1, wherever an fp32
 input promotes it) runs it in float32. The dialects keep their frameworks' semantics:
 apex's O2 patches no op, Paddle's O2 has only its extra black list.
 """

@@ -1,4 +1,4 @@
-"""One route from settings to a converted model (issue 49): every surface merges its
+"""One route from settings to a converted model: every surface merges its
 settings with ampkit.config.merged_config, ampkit.compare prepares its low-precision
 copy with the function initialize prepares models with (fp8 included), and one
 initialize builds the level's conversion once."""

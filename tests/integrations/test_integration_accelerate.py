@@ -111,7 +111,7 @@ def test_bf16_levels_train(level, dtype) -> None:
     seen = []
     net[0].register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
     with torch.no_grad():
-        assert net(X).dtype == torch.float32  # every level hands back fp32 (issue 46)
+        assert net(X).dtype == torch.float32  # every level hands back fp32 for the loss
     assert seen == [dtype]  # the first linear computes in low precision at every level
     assert sum(losses[-4:]) < 0.7 * sum(losses[:4])
 

@@ -73,7 +73,7 @@ def _reference_scales(kwargs: dict, losses: list[float]) -> list[float]:
     GradScalerKwargs(init_scale=1024, growth_factor=4),  # the silently dropped one
     GradScalerKwargs(init_scale=256.0, growth_factor=3.0, backoff_factor=0.25,
                      growth_interval=2),
-], ids=["issue-example", "every-field"])
+], ids=["silently-dropped", "every-field"])
 def test_grad_scaler_kwargs_set_the_scale_like_torchs_scaler(handler) -> None:
     losses = [1.0, 1.0, float("inf"), 1.0, 1.0, 1.0]
     accelerator = AmpkitAccelerator(level="O2", dtype="float16", cpu=True,

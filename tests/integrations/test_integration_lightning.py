@@ -91,7 +91,7 @@ def test_trains_with_the_levels_dtypes(level, dtype, param_dtype, hidden_dtype) 
     norm_dtype = param_dtype if level == "O3" else torch.float32
     assert module.net[1].weight.dtype == norm_dtype
     assert module.seen["hidden"] == hidden_dtype
-    # every level casts the module's outputs to fp32 (O1 too: issue 46); the hidden
+    # every level casts the module's outputs to fp32 (O1 too, so the loss is fp32); the hidden
     # layer above computed in the level's dtype
     assert module.seen["logits"] == torch.float32
     opt = module.trainer.optimizers[0]

@@ -138,7 +138,7 @@ def test_one_form_of_master_weights_everywhere() -> None:
 @pytest.mark.parametrize("mode", list(MasterWeights))
 def test_every_master_weights_spelling_read_back_is_accepted_back(mode) -> None:
     # what a user reads back (the member, its value, a config file's entry, the level
-    # tables' True/False) makes the same config again (issue 49: "fp32" was refused)
+    # tables' True/False) makes the same config again ("fp32" used to be refused)
     level, dtype = ("O2", "bfloat16") if mode is not MasterWeights.NONE else ("O3", "float16")
     cfg = AmpConfig(level, dtype, master_weights=mode)
     assert cfg.master_weights is mode

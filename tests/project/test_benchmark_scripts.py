@@ -67,7 +67,7 @@ def test_autocast_overhead_reports_every_region_against_native(capsys, monkeypat
 
 
 def test_cast_traffic_reports_each_mode_and_o2_below_native_when_accumulating(capsys):
-    # (Since issue 34 a copy lives for one forward: O2 is below native with
+    # (A copy lives for one forward: O2 is below native with
     # accumulation only with the opt-in reuse_casts block.)
     cast_traffic = _script("cast_traffic")
     status = cast_traffic.main(["--models", "cnn", "--dtype", "bfloat16", "--modes",

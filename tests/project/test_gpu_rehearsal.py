@@ -1,4 +1,4 @@
-"""The GPU campaign's dress rehearsal (issue 45): ``benchmarks/gpu_checks.sh --rehearse``
+"""The GPU campaign's dress rehearsal: ``benchmarks/gpu_checks.sh --rehearse``
 runs every piece of the GPU run at toy sizes on this CPU, with this torch.
 
 A GPU session has about 15 minutes of device time, all tries together: a piece that

@@ -8,7 +8,7 @@ other: a second check counts them too. Packages' own modules (``ampkit.conversio
 is private to it. Dunder names (a one-line dialect shim's
 ``from ampkit.dialects.torch import __all__``) count as public.
 
-The layering (issue 49) is proved here too: no core module imports ``ampkit.tools``;
+The layering is proved here too: no core module imports ``ampkit.tools``;
 a private module (``_name.py``) is imported only from inside its own package; and the
 folders (packages) import one another without a loop."""
 
@@ -143,7 +143,7 @@ def _room(module: str) -> str:
 
 
 def test_tools_rooms_depend_downward(graph):
-    # tools/ is rooms by concept (issue 38): the command line sits on top, and the rooms
+    # tools/ is rooms by concept: the command line sits on top, and the rooms
     # the others build on (what ops ran, the HTML pages) never reach up into them.
     edges, _ = graph
     assert {"ampkit.tools.cli.compare", "ampkit.tools.accuracy.compare"} <= \
@@ -176,7 +176,7 @@ def test_no_private_names_imported_across_modules(graph):
     assert private == []
 
 
-# -- layering (issue 49): the core never reaches into the tools, a private module stays
+# -- layering: the core never reaches into the tools, a private module stays
 # in its package, and folders (packages) import one another in one direction only -----
 
 #: The one module outside ``ampkit.tools`` that may import it: ``python -m ampkit`` is

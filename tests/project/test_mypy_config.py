@@ -1,4 +1,4 @@
-"""mypy's strict flags cover every module of ``src/ampkit`` (issue 49): the overrides
+"""mypy's strict flags cover every module of ``src/ampkit``: the overrides
 that name ampkit modules turn checks on, never off. (mypy itself runs in CI and in
 each contributor's checks; this reads its configuration.)"""
 

@@ -1,4 +1,4 @@
-"""docs/state.md lists all of ampkit's process-wide state (issue 49), and stays true:
+"""docs/state.md lists all of ampkit's process-wide state, and stays true:
 the source is read (every module's syntax tree) for what lives beyond one call, and
 each thing found must have its row on the page, and each row a thing in the source.
 

@@ -1,4 +1,4 @@
-"""Floating buffers keep their dtype in pure bf16 and at O3 (issue 34): rotary
+"""Floating buffers keep their dtype in pure bf16 and at O3, as at O2: rotary
 frequencies, position tables and running statistics stay fp32 and compute as in the
 fp32 model; ``cast_buffers=True`` asks for them to follow the parameters, and the apex
 dialect's O3 casts them as ``model.half()`` does."""
@@ -165,7 +165,7 @@ def test_cast_buffers_asks_for_buffers_in_the_parameters_dtype():
 
 
 def test_apex_o3_casts_buffers_as_model_half_does():
-    # (Passes before issue 34 too, when every level cast buffers: it pins that the
+    # (It passed too when every level cast buffers: it pins that the
     # dialect still asks for it now that the core keeps them.)
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(8, 8), _PositionTable(), nn.BatchNorm1d(7),

@@ -433,7 +433,7 @@ def test_bad_pure_arguments_are_refused_before_anything_changes():
     with pytest.raises(ValueError, match=r"master_weights must be .*'stochastic', "
                                          r"'kahan'.*got 'kahn'"):
         ampkit.initialize(*fresh(), level="O2", dtype=BF16, master_weights="kahn")
-    # a mode's name in any case, as the text of a flag or a file (issue 49)
+    # a mode's name in any case, as the text of a flag or a file
     _, kahan = ampkit.initialize(*fresh(), level="O2", dtype=BF16, master_weights="Kahan")
     assert type(kahan).__name__ == "PureLowPrecisionSGD"
     with pytest.raises(ValueError, match=r"float16 has too little range.*"

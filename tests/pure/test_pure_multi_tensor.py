@@ -1,4 +1,4 @@
-"""The multi-tensor rounding step of pure bf16 training (issue 48): stochastic rounding
+"""The multi-tensor rounding step of pure bf16 training: stochastic rounding
 and Kahan's compensation over a whole chunk at once, with random bits drawn per block of
 each parameter from a generator seeded by (seed, parameter, step, block), so a run is
 bit for bit the same whatever the chunking, across a save and resume, and for a shard

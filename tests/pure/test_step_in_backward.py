@@ -1,4 +1,4 @@
-"""The optimizer step inside backward (issue 48, part 2): each parameter steps as its
+"""The optimizer step inside backward: each parameter steps as its
 gradient is accumulated and the gradient is freed. Against the ordinary step on the
 same seed (pure bf16 and O2), with LR schedulers, per-parameter clipping and a resume;
 and every refusal."""

@@ -1,5 +1,5 @@
 """Every place a loss scale enters checks it: finite and > 0, a ValueError naming the
-argument and the value, and nothing changed (issue 35). Tensors are checked as numbers
+argument and the value, and nothing changed. Tensors are checked as numbers
 are; the dialects' scalers go through the same check."""
 
 from __future__ import annotations

@@ -348,7 +348,7 @@ def test_scale_loss_with_a_scaler_of_its_own_leaves_the_configured_ones_alone() 
         pass
 
 
-# -- the module's name, and what it reads of GradScaler (issue 49) ---------------------------
+# -- the module's name, and what it reads of GradScaler --------------------------------------
 
 def test_old_module_path_multi_loss_warns_once_and_serves_loss_scalings_names(monkeypatch):
     import importlib

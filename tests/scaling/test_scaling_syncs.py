@@ -1,5 +1,5 @@
 """Host syncs of fp16 training steps through ``ampkit.scale_loss`` and
-``ampkit.GradScaler`` (issue 10): fused optimizers none after warm-up, others at most
+``ampkit.GradScaler``: fused optimizers none after warm-up, others at most
 the one that decides a skip.
 
 On CPU a host sync is counted as what it is below the dispatcher: a call of

@@ -232,7 +232,7 @@ def test_tune_writes_a_policy_that_loads_and_compare_reads_it_back(
     assert "float32 ops: layer_norm" in trials[1]
     # progress bar: the trials, on stderr
     assert "trial 1: metric" in tuned.stderr
-    # the written policy, loaded by path (ampkit.autocast(policy=PATH) is issue 25's)
+    # the written policy, loaded by path (as ampkit.autocast(policy=PATH) loads it)
     policy = Policy.load(policy_path)
     assert sorted(policy.fp32_ops) == ["layer_norm"]
     assert policy.dtype == torch.bfloat16 and policy.unlisted == "native"
@@ -645,7 +645,7 @@ def test_a_demo_that_stops_removes_the_folder_it_made(
 
 def test_a_real_process_reports_the_users_error_in_one_line(
         user_dir: Path, tmp_path: Path) -> None:
-    # the issue's repro, as a shell runs it; with --fp8, the command imports torchao
+    # a user's failing factory, as a shell runs it; with --fp8, the command imports torchao
     # first (a fresh process): its notes about optional kernels built for other
     # machines and torch's pytree notice are not shown either, only ampkit's line
     fp8 = ["--fp8", "tensorwise"] if importlib.util.find_spec("torchao") else []

@@ -195,8 +195,8 @@ def test_op_tables_show_what_each_level_runs_in_low_precision(
     assert row("fp32", "convolution") == [0, 0, 2, 0]
     assert row("O1-bf16", "convolution") == [0, 2, 0, 0]  # native autocast: conv in bf16
     # O2 keeps the norms' parameters and arithmetic fp32, but BatchNorm takes the bf16
-    # activation as it is and returns bf16 (issue 10), so by output dtype it is a bf16
-    # call, as at O3 (whose parameters are bf16 too).
+    # activation as it is and returns bf16 (no cast of the activation), so by output
+    # dtype it is a bf16 call, as at O3 (whose parameters are bf16 too).
     assert row("O2-bf16", "native_batch_norm") == [0, 2, 0, 0]
     assert row("O3-bf16", "native_batch_norm") == [0, 2, 0, 0]
     shares = {name: run.low_precision_share for name, run in bf16_runs.items()}

@@ -1,4 +1,4 @@
-"""The tools know fp8 (issue 27): which layers run fp8 and why, per-layer fp8 error in
+"""The tools know fp8: which layers run fp8 and why, per-layer fp8 error in
 ``ampkit.compare``, choosing fp8 layers within a tolerance, and the numerics checker
 naming the layer whose fp8 cast saturated or underflowed.
 
@@ -199,7 +199,7 @@ def test_the_fp8_tools_see_transformers_conv1d_layers():
 
 
 def test_tune_fp8_trials_configure_nothing_process_wide():
-    # issue 49: each trial is prepared as initialize prepares a model, without its
+    # each trial is prepared as initialize prepares a model, without its
     # loss-scaling set-up (initialize at O2 float16 replaced the process's scalers)
     from ampkit.scaling import configure_loss_scaling
 

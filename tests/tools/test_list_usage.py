@@ -1,4 +1,4 @@
-"""Issue 22: list entries that match no op call are reported (ampkit.tools.ops.list_usage)."""
+"""List entries that match no op call are reported (ampkit.tools.ops.list_usage)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""O2 moves fewer cast bytes than native autocast (issue 10), and the kept-fp32 norms
+"""O2 moves fewer cast bytes than native autocast, and the kept-fp32 norms
 that take the low-precision activation as it is keep fp32 numerics.
 
 Oracles: native ``torch.autocast`` training of the same model (cast traffic), and the
@@ -106,7 +106,7 @@ def test_o2_moves_no_more_cast_bytes_than_native_autocast_in_one_micro_batch(dty
 
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 def test_each_micro_batch_casts_the_weights_afresh_at_parity_with_native(dtype):
-    # Issue 34: a copy lives for one forward, so with two micro-batches per step O2
+    # A copy lives for one forward, so with two micro-batches per step O2
     # casts every weight in each forward, as native autocast does (it used to reuse
     # the first micro-batch's copies, which missed .data edits in between). On a BN
     # CNN native casts no activation, so the two stay at parity.

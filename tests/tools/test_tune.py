@@ -42,7 +42,7 @@ TOLERANCE = 1e-4  # the outputs' mean square is about 0.1
 
 def _ran_low(out: torch.Tensor) -> bool:
     """Whether the Linear that made ``out`` ran in bfloat16. A trial's forward hands its
-    floating outputs back in float32, as level O1 does in training (issue 46), so the
+    floating outputs back in float32, as level O1 does in training, so the
     values tell, not the dtype: each value a bf16 Linear returns is a bfloat16 number,
     which an fp32 Linear's outputs (on these random inputs) are not."""
     return bool((out == out.to(torch.bfloat16).to(out.dtype)).all())
@@ -55,7 +55,7 @@ def test_planted_op_goes_to_fp32_and_nothing_else() -> None:
                          higher_is_better=False, budget=5)
     assert result.within_tolerance and result.stop_reason == "within tolerance"
     assert result.policy.fp32_ops == frozenset({"layer_norm"})
-    # the lower rule written out for the ops the forward ran; all else native (issue 22)
+    # the lower rule written out for the ops the forward ran; all else native
     assert result.policy.unlisted == "native"
     assert result.policy.lower_precision_ops == frozenset({"linear", "relu"})
     first, last = result.trials[0], result.trials[-1]

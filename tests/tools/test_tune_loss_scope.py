@@ -1,4 +1,4 @@
-"""Issue 22: a tuned policy decides only the ops ampkit.tune measured (the model's
+"""A tuned policy decides only the ops ampkit.tune measured (the model's
 forward); put around forward and loss, the loss runs as under torch.autocast."""
 
 from __future__ import annotations

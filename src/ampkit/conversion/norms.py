@@ -124,7 +124,7 @@ def _mixed_input_norms() -> dict[str, tuple[type[nn.Module], ...]]:
       InstanceNorm (not checked on a GPU).
 
     CUDA BatchNorm (native and cuDNN kernels) takes mixed input: measured on an H100
-    with torch 2.11 (issue 10), and the way apex's O2 has always run it.
+    with torch 2.11, and the way apex's O2 has always run it.
 
     Even for these classes the input is still cast (see :func:`takes_low_input` and
     :func:`low_contiguous`) when the norm has no weight or bias (``affine=False``: torch

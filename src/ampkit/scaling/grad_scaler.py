@@ -11,7 +11,8 @@ for the same gradients. Beyond torch:
 * ``dynamic=False``: static loss scaling; overflows still skip the step (ampkit never
   writes inf/NaN into weights), the scale stays put;
 * float16 *and* bfloat16 gradients are unscaled (torch refuses float16 gradients in
-  ``unscale_``, and bfloat16 on builds whose kernel lacks it, issue #127176);
+  ``unscale_``, and bfloat16 on builds whose kernel lacks it,
+  https://github.com/pytorch/pytorch/issues/127176);
 * distributed agreement: an overflow skips the step on every rank that shares the
   parameters (FSDP2's shards: one all-reduce of ``found_inf`` over their mesh; DDP's
   replicas agree through their reduced gradients; a model on one rank waits for no

@@ -4,9 +4,9 @@
 optimizer's gradients. Gradients are grouped by device and dtype; each group goes through
 torch's fused ``_amp_foreach_non_finite_check_and_unscale_`` kernel when that kernel
 accepts the group's device and dtype (probed once per pair), and through a plain
-tensor-op path otherwise (bfloat16 gradients on builds whose kernel refuses them, torch
-issue #127176). Both paths check each value *before* multiplying it, and neither reads a
-value back to the host.
+tensor-op path otherwise (bfloat16 gradients on builds whose kernel refuses them:
+https://github.com/pytorch/pytorch/issues/127176). Both paths check each value *before*
+multiplying it, and neither reads a value back to the host.
 
 Sharded gradients (``DTensor``, from FSDP2 ``fully_shard``) are checked and unscaled
 through their local shard; agreeing across ranks is
