@@ -150,5 +150,11 @@ _cast_inputs_hook, _rebuild_converted = cast_inputs_hook, rebuild_converted
 
 # The level table and the O2 parameter casts import this package, so it cannot import
 # them: they are reachable as attributes (``ampkit.conversion.levels``) on first use.
-__getattr__, __dir__ = lazy_exports("ampkit.conversion", {}, globals(),
-                                    ["levels", "parameter_casts", "parameter_truth"])
+# The O2 parameter casts' pickled objects are named by the package too (set in that
+# module), and found here on first use.
+_CASTS = "ampkit.conversion.parameter_casts"
+__getattr__, __dir__ = lazy_exports(
+    "ampkit.conversion",
+    {name: _CASTS for name in ("CastParametersOnUse", "_load_begins", "_load_ends",
+                               "_state_dict_begins", "truth_in_state_dict")},
+    globals(), ["levels", "parameter_casts", "parameter_truth"])

@@ -1147,3 +1147,12 @@ def keep_cast_last(module: nn.Module) -> None:
     hooks = torch_internals.forward_pre_hooks(module)
     if own is not None and own[1] in hooks:
         hooks.move_to_end(own[1])  # type: ignore[attr-defined]
+
+
+# A pickled (or deep-copied) converted model names these by the package,
+# ``ampkit.conversion``, as it names the package's other objects (see its own note):
+# a definition can then move between the package's files without breaking a pickle.
+for _named in (CastParametersOnUse, _load_begins, _load_ends, _state_dict_begins,
+               truth_in_state_dict):
+    _named.__module__ = "ampkit.conversion"
+del _named
