@@ -24,9 +24,12 @@ baseline that stalls when updates are below half a bf16 ulp.
    cache makes a second run's warm-up shorter).
    ``--step-time-only`` skips the convergence runs.
 
+``--compile-step``: the pure modes (stochastic, Kahan) of both convergence runs take the
+compiled step (``compile_step=True``); fp32 and round-to-nearest run as without it.
+
 Run: ``python benchmarks/pure_bf16.py [--seeds 5] [--epochs 5] [--steps 300]
-[--step-time [--step-time-only] [--sizes 42k,600k,2.5M,10M] [--rounds 5]]
-[--compile-step]``
+[--skip-digits] [--skip-char-gpt] [--step-time [--step-time-only]
+[--sizes 42k,600k,2.5M,10M] [--rounds 5]] [--compile-step]``
 """
 
 from __future__ import annotations
@@ -161,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-digits", action="store_true")
+    parser.add_argument("--skip-char-gpt", action="store_true")
     parser.add_argument("--step-time", action="store_true")
     parser.add_argument("--compile-step", action="store_true",
                         help="digits and char GPT: the pure modes (stochastic, kahan) step "
@@ -197,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             fp32 = mean if fp32 is None else fp32
             print(f"| {label} | {100 * mean:.2f}% | {100 * (mean - fp32):+.2f} | "
                   f"{', '.join(f'{100 * a:.1f}' for a in accs)} |", flush=True)
+    if args.skip_char_gpt:
+        return 0
     started = time.perf_counter()
     curves = train_curves(MODES, steps=args.steps, lr=args.lr, dim=48, heads=4, layers=2,
                           context=32, batch=16, compile_step=args.compile_step)
