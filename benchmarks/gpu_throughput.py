@@ -17,6 +17,14 @@ GPT-2-small decoder and a two-block Llama-2-7B-width stack at sequence length 2,
   (``master_weights="stochastic"`` / ``"kahan"``);
 * ``pure-in-backward``: ``pure-stochastic`` with ``step_in_backward=True`` (each
   parameter steps inside backward as its gradient is ready; no ``optimizer.step()``);
+* ``pure-stochastic-compiled-step``, ``pure-kahan-compiled-step``: the two pure modes
+  with ``compile_step=True`` (the optimizer step's update and rounding compiled by
+  ``torch.compile`` with inductor, in both phases; the model is compiled only in the
+  compiled phase). Their first step compiles the step's few graphs, once per rounding
+  and process (about the graphs: :mod:`ampkit.pure.compiled_step`); a mode whose
+  optimizer fell back to the eager step is printed as skipped, with the warning's
+  reason, rather than timed under a name it did not earn. They come last in the eager
+  phase, so that a spent ``--budget`` leaves them out rather than the cheap modes;
 * ``fp8-tensorwise``, ``fp8-rowwise``: O2 with ``fp8=<recipe>`` (torchao). Skipped, with
   the reason printed, where torchao does not import, where the GPU has no fp8 tensor
   cores (compute capability below 8.9), and on the CNN (its only Linear is its head,
@@ -27,7 +35,8 @@ decoder layers compiled one by one, as torchtitan does, so that one compile serv
 every layer; the CNN compiled whole). The modes of one model and phase are all built
 first, then timed in interleaved rounds (each mode ``--steps`` steps per round, the
 modes in turn), so machine noise hits them alike; the median round gives the speed.
-Warm-up steps (compilation included; one more step when compiled) are not timed.
+Warm-up steps (compilation included; one more step when compiled) are not timed; each
+table is followed by every mode's warm-up time (its compilations).
 Timing: CUDA events on a GPU, ``time.perf_counter`` on the CPU. Peak memory (CUDA
 only): the allocator's peak during a mode's timed steps, less what the other modes
 hold, plus what the mode holds itself.
@@ -63,6 +72,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +85,7 @@ from _gpu_models import MODELS, Workload, loss_of, repeated_blocks, workload
 from _training import _storage_bytes, live_training_tensors
 
 import ampkit
+from ampkit.pure.compiled_step import CompiledStepFallbackWarning
 from ampkit.step_in_backward import steps_in_backward
 
 #: Five custom entries native CUDA autocast already runs in the low precision.
@@ -91,6 +102,10 @@ class Mode:
     def fp8(self) -> str | None:
         return (self.initialize or {}).get("fp8")
 
+    @property
+    def compile_step(self) -> bool:
+        return bool((self.initialize or {}).get("compile_step"))
+
 
 MODES: dict[str, Mode] = {
     "fp32": Mode(),
@@ -105,13 +120,21 @@ MODES: dict[str, Mode] = {
                                          "step_in_backward": True}),
     "fp8-tensorwise": Mode(initialize={"level": "O2", "fp8": "tensorwise"}),
     "fp8-rowwise": Mode(initialize={"level": "O2", "fp8": "rowwise"}),
+    # Last: their first step compiles the step's graphs (once per rounding and process).
+    "pure-stochastic-compiled-step": Mode(initialize={"level": "O2",
+                                                      "master_weights": "stochastic",
+                                                      "compile_step": True}),
+    "pure-kahan-compiled-step": Mode(initialize={"level": "O2", "master_weights": "kahan",
+                                                 "compile_step": True}),
 }
 BASELINE = "native-bf16"
 #: The order in which compiled models and modes are built, so that a spent --budget
 #: leaves out the least needed: the baseline and the modes the targets name first.
 COMPILE_MODEL_PRIORITY = ("llama", "gpt2", "resnet50")
 COMPILE_PRIORITY = ("native-bf16", "O2", "O1+5", "fp8-tensorwise", "O1", "pure-stochastic",
-                    "pure-kahan", "pure-in-backward", "fp8-rowwise", "native-fp16", "fp32")
+                    "pure-stochastic-compiled-step", "pure-kahan",
+                    "pure-kahan-compiled-step", "pure-in-backward", "fp8-rowwise",
+                    "native-fp16", "fp32")
 
 
 def device_header(device: torch.device) -> str:
@@ -140,6 +163,10 @@ def fp8_unavailable(recipe: str, device: torch.device) -> str | None:
         if not cpu_scaled_mm_takes_rowwise_scales():
             return f"this torch's CPU torch._scaled_mm takes no per-row scales ({recipe})"
     return None
+
+
+class CompiledStepFallbackError(Exception):
+    """A ``compile_step`` mode's optimizer took the eager pure step (the warning's text)."""
 
 
 class Clock:
@@ -178,6 +205,7 @@ class Run:
     scaler: torch.amp.GradScaler | None
     batches: list[tuple[torch.Tensor, torch.Tensor]]
     seconds: list[float] = dataclasses.field(default_factory=list)
+    warmup_seconds: float = 0.0
     peak: int = 0
     loss: float = math.nan
     _next: int = 0
@@ -227,10 +255,20 @@ def build(name: str, work: Workload, base: nn.Module, device: torch.device, comp
             forward = torch.compile(model, backend=backend)
     scaler = torch.amp.GradScaler(device.type) if mode.autocast is FP16 else None
     run = Run(name, work, model, optimizer, forward, mode.autocast, scaler, batches)
-    # A compiled forward may compile again on its second call (a guard that only the
-    # first step's state set up fails): one more untimed step keeps that out of the times.
-    for _ in range(warmup + compiled):
-        run.loss = run.step().item()
+    began = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CompiledStepFallbackWarning)
+        # A compiled forward may compile again on its second call (a guard that only the
+        # first step's state set up fails): one more untimed step keeps that out of the
+        # times.
+        for _ in range(warmup + compiled):
+            run.loss = run.step().item()
+    for warning in caught:
+        if issubclass(warning.category, CompiledStepFallbackWarning):
+            raise CompiledStepFallbackError(str(warning.message))
+        warnings.showwarning(warning.message, warning.category, warning.filename,
+                             warning.lineno)
+    run.warmup_seconds = time.perf_counter() - began
     return run
 
 
@@ -324,12 +362,20 @@ def run_phase(work: Workload, base: nn.Module, names: list[str], compiled: bool,
         try:
             runs[name] = build(name, work, base, device, compiled, args.backend, batches,
                                args.warmup)
+        except CompiledStepFallbackError as error:
+            skipped[name] = f"the compiled step fell back to the eager step: {error}"
         except torch.OutOfMemoryError:
             skipped[name] = "out of device memory with the other modes built"
             torch.cuda.empty_cache()
     live = [runs[n] for n in names if n in runs]
     time_rounds(live, args.rounds, args.steps, device)
     records = print_table(work, phase, names, runs, skipped, device.type == "cuda")
+    if live:
+        print("warm-up (compilation included): " + ", ".join(
+            f"{run.name} {run.warmup_seconds:.1f} s" for run in live), flush=True)
+    for record in records:
+        if record["mode"] in runs:
+            record["warmup_seconds"] = runs[record["mode"]].warmup_seconds
     for name in args.profile_modes if args.profile else ():
         if name in runs:
             print(f"\n{work.name} {name} ({phase}), one step profiled, top {args.profile} "

@@ -111,6 +111,28 @@ def test_gpu_throughput_rehearsal_reports_each_mode_against_native_bf16(capsys):
     assert "Self CPU" in out  # the profiler's table
 
 
+def test_gpu_throughput_reports_a_compiled_step_that_fell_back_as_skipped(capsys,
+                                                                          monkeypatch):
+    # An optimizer the compiled step does not take (here a subclass of AdamW) steps
+    # eagerly with a warning: its row must say so, not be timed as "compiled step".
+    gpu_throughput = _script("gpu_throughput")
+
+    class MyAdamW(torch.optim.AdamW):
+        pass
+
+    monkeypatch.setattr(torch.optim, "AdamW", MyAdamW)
+    modes = ["native-bf16", "pure-stochastic-compiled-step"]
+    status = gpu_throughput.main(["--rehearse", "--models", "resnet50", "--compile", "off",
+                                  "--modes", *modes, "--warmup", "1", "--rounds", "1",
+                                  "--steps", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert status == 0
+    cells = _table_rows(out)["pure-stochastic-compiled-step"]
+    assert cells[1].startswith("skipped: the compiled step fell back to the eager step: "), out
+    assert "MyAdamW" in cells[1], out
+    assert float(_table_rows(out)["native-bf16"][1].replace(",", "")) > 0
+
+
 def test_gpu_throughput_refuses_compile_modes_without_a_compiled_phase(capsys):
     gpu_throughput = _script("gpu_throughput")
     with pytest.raises(SystemExit):

@@ -12,6 +12,7 @@ measured, the stated skips only where they are expected).
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import shutil
@@ -64,7 +65,7 @@ def rehearsal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("gpu-rehearsal")
     env = {**os.environ, "PYTHON": sys.executable}
     done = subprocess.run(["bash", str(SCRIPT), "--rehearse", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1200)
     return out, f"exit status {done.returncode}\n{done.stdout}\n{done.stderr}"
 
 
@@ -110,6 +111,30 @@ def test_the_throughput_table_measured_every_mode_of_every_model(rehearsal):
                 else:
                     assert float(cells[1].replace(",", "")) > 0, (model, phase, cells)
             assert rows[f"{model}, {phase} native-bf16"][3] == "1.00x"
+
+
+def test_the_throughput_table_has_the_compiled_pure_step_beside_the_eager_one(rehearsal):
+    # The compiled step (compile_step=True) took every model's optimizer (a fallback to
+    # the eager step would be printed as skipped), trained from the same weights on the
+    # same batches to the loss the eager pure step reaches, and its warm-up (the step's
+    # compilation) is reported.
+    out, _ = rehearsal
+    text = (out / "throughput.txt").read_text(encoding="utf-8")
+    rows = _rows(text)
+    for model in ("resnet50", "gpt2", "llama"):
+        for rounding in ("stochastic", "kahan"):
+            eager = rows[f"{model}, eager pure-{rounding}"]
+            cells = rows[f"{model}, eager pure-{rounding}-compiled-step"]
+            assert float(cells[1].replace(",", "")) > 0 and float(cells[2]) > 0, cells
+            assert re.fullmatch(r"\d+\.\d\dx", cells[3]), cells
+            loss, eager_loss = float(cells[6]), float(eager[6])
+            assert math.isfinite(loss) and abs(loss - eager_loss) <= 0.01 * eager_loss, \
+                (cells, eager)
+    warmups = re.findall(r"^warm-up \(compilation included\): (.+)$", text, re.MULTILINE)
+    assert len(warmups) == 6, warmups  # a line per model and phase
+    for line in warmups[:3]:  # the eager phase's
+        for rounding in ("stochastic", "kahan"):
+            assert re.search(rf"\bpure-{rounding}-compiled-step \d+\.\d s\b", line), line
 
 
 def test_the_profile_holds_one_native_and_one_o2_step_per_model(rehearsal):

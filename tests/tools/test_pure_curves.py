@@ -3,8 +3,11 @@ pure bf16 converges as fp32 does on the demo's tasks, where round-to-nearest sta
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
+from ampkit.pure.compiled_step import CompiledStepFallbackWarning
 from ampkit.tools.demo.pure_curves import digits_accuracy, train_curves
 
 # -- convergence ----------------------------------------------------------------------
@@ -20,6 +23,29 @@ def test_char_gpt_loss_tracks_fp32_where_round_to_nearest_stalls():
                           dim=32, layers=1, context=32, batch=8)
     fp32 = curves["fp32"].eval_loss
     assert curves["nearest"].eval_loss > 1.01 * fp32
+    for mode in ("stochastic", "kahan"):
+        assert abs(curves[mode].eval_loss - fp32) <= 0.02 * fp32, mode
+
+
+def test_digits_accuracy_with_the_compiled_step_matches_fp32():
+    # The compiled step's bits and fused arithmetic differ from the eager step's: the
+    # accuracy must still land within the eager step's margin of fp32. An optimizer that
+    # fell back to the eager step would prove nothing: its warning fails the test.
+    fp32 = digits_accuracy("fp32", epochs=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompiledStepFallbackWarning)
+        for mode in ("stochastic", "kahan"):
+            accuracy = digits_accuracy(mode, epochs=2, compile_step=True)
+            assert abs(accuracy - fp32) <= 0.02, mode
+
+
+def test_char_gpt_loss_with_the_compiled_step_tracks_fp32():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompiledStepFallbackWarning)
+        curves = train_curves(("fp32", "nearest", "stochastic", "kahan"), steps=60, lr=3e-4,
+                              dim=32, layers=1, context=32, batch=8, compile_step=True)
+    fp32 = curves["fp32"].eval_loss
+    assert curves["nearest"].eval_loss > 1.01 * fp32  # round to nearest, never compiled
     for mode in ("stochastic", "kahan"):
         assert abs(curves[mode].eval_loss - fp32) <= 0.02 * fp32, mode
 

@@ -188,14 +188,16 @@ def digits_accuracy(mode: str, *, seed: int = 0, epochs: int = 5, lr: float = 0.
 def train_curves(modes: Iterable[str] = ("fp32", "nearest", "stochastic"), *,
                  steps: int = 200, lr: float = 1e-3, seed: int = 0, batch: int = 16,
                  context: int = 64, dim: int = 64, heads: int = 4, layers: int = 2,
-                 rounding_seed: int = 0) -> dict[str, Curve]:
+                 rounding_seed: int = 0, compile_step: bool = False) -> dict[str, Curve]:
     """Train :class:`CharGPT` on :func:`load_text` once per mode (see the module
     docstring) and return each mode's :class:`Curve`.
 
     All modes start from the same fp32 initial weights (``seed``) and see the same
     batches; AdamW (``lr``, weight decay 0) with bf16 and level O2 for the pure modes
     (LayerNorms stay fp32). The last 10% of the text is held out; ``eval_loss`` is the
-    mean cross-entropy over 8 of its windows after training.
+    mean cross-entropy over 8 of its windows after training. ``compile_step``: the
+    ``"stochastic"`` and ``"kahan"`` modes step with the compiled step (see
+    :mod:`ampkit.pure.compiled_step`); ``"fp32"`` and ``"nearest"`` are unchanged.
 
     Raises:
         ValueError: an unknown mode (the accepted ones are listed), or ``steps`` < 1.
@@ -231,7 +233,8 @@ def train_curves(modes: Iterable[str] = ("fp32", "nearest", "stochastic"), *,
         model: nn.Module = copy.deepcopy(base)
         opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=lr,
                                                        weight_decay=0.0)
-        model, opt = _make_pure(model, opt, mode, rounding_seed)
+        model, opt = _make_pure(model, opt, mode, rounding_seed,
+                                compile_step=compile_step and mode in ("stochastic", "kahan"))
         losses = []
         for s in range(steps):
             x, y = windows(train, starts[s])
