@@ -84,8 +84,9 @@ def defining_module(obj: Any) -> str | None:
 
 
 def deprecated_modules() -> list[str]:
-    """The old paths kept as deprecated aliases of a moved module (their source calls
-    ``ampkit._moved.moved_module``): importable, but not documented."""
+    """Modules whose source calls a ``moved_module(`` helper, kept as deprecated
+    aliases: importable, but not documented (none today; the scan keeps one from being
+    documented if it comes back)."""
     import pkgutil
     import warnings
 

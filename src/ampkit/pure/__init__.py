@@ -113,8 +113,8 @@ range.
 The package: :mod:`~ampkit.pure.optimizer` (the optimizer wrapper),
 :mod:`~ampkit.pure.rounding` (stochastic rounding's hash, Kahan's compensation, DTensor
 positions) and :mod:`~ampkit.pure.models` (what ``initialize`` records about the models
-and the first-step check). Import everything from ``ampkit.pure``; the module
-``ampkit.master_weights_pure`` is its deprecated former name.
+and the first-step check). Import everything from ``ampkit.pure``; a pickle that names
+its former module path loads through :mod:`ampkit.common.unpickling`.
 
 Example:
     >>> import torch

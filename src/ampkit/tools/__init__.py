@@ -43,8 +43,8 @@ _LAZY = {
     "ReportFiles": "ampkit.tools.demo.report",
     "summary_table": "ampkit.tools.demo.report",
     "write_report": "ampkit.tools.demo.report",
-    # The functions ``compare`` and ``tune`` are ``ampkit.compare`` and ``ampkit.tune``;
-    # ``ampkit.tools.compare``/``.tune`` are deprecated aliases of their old modules.
+    # The functions ``compare`` and ``tune`` are ``ampkit.compare`` and ``ampkit.tune``,
+    # not attributes here: their modules live in ``ampkit.tools.accuracy``.
     "Comparison": "ampkit.tools.accuracy.compare",
     "write_comparison_report": "ampkit.tools.accuracy.compare_report",
     "Trial": "ampkit.tools.accuracy.tune",
