@@ -83,38 +83,13 @@ def defining_module(obj: Any) -> str | None:
     return _module_of_file(source) or getattr(obj, "__module__", None)
 
 
-def deprecated_modules() -> list[str]:
-    """Modules whose source calls a ``moved_module(`` helper, kept as deprecated
-    aliases: importable, but not documented (none today; the scan keeps one from being
-    documented if it comes back)."""
-    import pkgutil
-    import warnings
-
-    names = []
-    for info in pkgutil.walk_packages(ampkit.__path__, "ampkit."):
-        if any(part.startswith("_") for part in info.name.split(".")):
-            continue
-        spec = importlib.util.find_spec(info.name)
-        origin = spec.origin if spec is not None else None
-        if origin and origin.endswith(".py") and "moved_module(" in Path(origin).read_text():
-            names.append(info.name)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        for name in names:
-            importlib.import_module(name)
-    return names
-
-
 def public_modules() -> list[str]:
-    """``ampkit`` and every module under it whose dotted name has no ``_`` part, less
-    the deprecated aliases (:func:`deprecated_modules`)."""
+    """``ampkit`` and every module under it whose dotted name has no ``_`` part."""
     import pkgutil
 
-    deprecated = set(deprecated_modules())
     names = ["ampkit"]
     for info in pkgutil.walk_packages(ampkit.__path__, "ampkit."):
-        if not any(part.startswith("_") for part in info.name.split(".")) and (
-                info.name not in deprecated):
+        if not any(part.startswith("_") for part in info.name.split(".")):
             names.append(info.name)
     for name in names:
         importlib.import_module(name)

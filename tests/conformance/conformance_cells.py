@@ -448,7 +448,10 @@ def _apex(model: nn.Module, opt: torch.optim.Optimizer) -> Run:
     def backward(loss: torch.Tensor) -> None:
         with amp.scale_loss(loss, opt) as scaled:
             scaled.backward()
-    return Run(model, opt, backward_fn=backward)
+    # apex's O1 keeps its handle (and the in-place refusals it patches into torch) for
+    # the whole process, as apex does; the cell's run ends it, so that later tests in
+    # the same process do not run under apex's lists.
+    return Run(model, opt, backward_fn=backward, on_close=amp._amp_state.handle._deactivate)
 
 
 def _paddle(model: nn.Module, opt: torch.optim.Optimizer) -> Run:
