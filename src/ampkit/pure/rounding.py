@@ -282,9 +282,10 @@ def _add_noise(positions: Positions, key_parts: tuple[Any, ...],
     total = math.prod(positions.global_shape) if not positions.tag else n
     base = first // BLOCK * BLOCK
     span = min(_GROUP, -(-(last - base) // BLOCK) * BLOCK)  # positions per group
-    raw = torch.empty(-(-jobs * span // 4), dtype=torch.int64, device=device)
+    extent = min(-(-last // BLOCK) * BLOCK, total) - base  # the drawn blocks' positions
+    raw = torch.empty(-(-jobs * min(span, extent) // 4), dtype=torch.int64, device=device)
     buffer = raw.view(torch.uint16)
-    wide = torch.empty(span, dtype=torch.int32, device=device)
+    wide = torch.empty(min(span, n), dtype=torch.int32, device=device)
     g = _generator(device)
     for group in range(base, last, span):
         # (local start, local stop, the fields: jobs x positions, or blocks x jobs x
