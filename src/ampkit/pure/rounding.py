@@ -252,46 +252,90 @@ def _truncate_pairs(outs: list[torch.Tensor], values: list[torch.Tensor]) -> Non
 #: One parameter's stochastic roundings: its positions, its key, the bf16 outputs and
 #: the fp32 values (overwritten), each shaped like the parameter's local tensor.
 StochasticJob = tuple[Positions, tuple[Any, ...], list[torch.Tensor], list[torch.Tensor]]
-_GROUP = 1 << 18  # elements rounded per group of multi-tensor ops (about 1 MiB of fp32)
+_GROUP = 1 << 18  # positions of one parameter whose noise is drawn and added at a time
+_TOP_BITS = -0x7FFF7FFF7FFF8000  # 0x8000 in each 16-bit field of an int64
+
+
+def _add_noise(positions: Positions, key_parts: tuple[Any, ...],
+               words: list[torch.Tensor]) -> None:
+    """Add 2**15 plus the noise of ``_fields`` (signed int16 fields) to ``words``, the
+    int32 bit patterns of one parameter's flat local values (one per job): a noise in
+    ``[0, 2**16)``.
+
+    The same bits as ``_fields``, with fewer passes and torch calls: up to ``_GROUP``
+    positions of blocks are drawn into one buffer, block after block; flipping each
+    field's top bit there and reading it unsigned gives field + 2**15, widened into an
+    int32 buffer with one copy per job and run of blocks (a 2-D view: blocks x
+    positions, the job's fields being every ``jobs``-th row of a block's), then added."""
+    jobs = len(words)
+    n = words[0].numel()
+    device = words[0].device
+    if positions.block_start is None or n == 0:  # scattered positions: one gathered piece
+        for start, fields in _fields(positions, key_parts, jobs, device):
+            for word, noise in zip(words, fields):
+                piece = word[start:start + noise.shape[0]]
+                piece.add_(1 << 15)  # first 2**15: no signed overflow for any non-NaN
+                piece.add_(noise)
+        return
+    first = positions.block_start
+    last = first + n
+    total = math.prod(positions.global_shape) if not positions.tag else n
+    base = first // BLOCK * BLOCK
+    span = min(_GROUP, -(-(last - base) // BLOCK) * BLOCK)  # positions per group
+    extent = min(-(-last // BLOCK) * BLOCK, total) - base  # the drawn blocks' positions
+    raw = torch.empty(-(-jobs * min(span, extent) // 4), dtype=torch.int64, device=device)
+    buffer = raw.view(torch.uint16)
+    wide = torch.empty(min(span, n), dtype=torch.int32, device=device)
+    g = _generator(device)
+    for group in range(base, last, span):
+        # (local start, local stop, the fields: jobs x positions, or blocks x jobs x
+        # positions for a run of whole blocks)
+        runs: list[tuple[int, int, torch.Tensor]] = []
+        whole: list[int] = []  # the group's blocks that are whole and wholly local
+        drawn = 0
+        for lo in range(group, min(group + span, last), BLOCK):
+            length = min(lo + BLOCK, total) - lo  # the block's, whatever this holds
+            words_key = _key(*key_parts, *positions.tag, lo // BLOCK)
+            g.manual_seed(words_key[0] | words_key[1] << 32)
+            at = (lo - group) * jobs  # where the block's fields start in the buffer
+            drawn = at // 4 + -(-jobs * length // 4)
+            raw[at // 4:drawn].random_(-(1 << 63), None, generator=g)
+            start, stop = max(lo, first), min(lo + length, last)
+            if length == BLOCK and start == lo and stop == lo + BLOCK:
+                whole.append(lo)
+            else:
+                fields = buffer[at:at + jobs * length].view(jobs, length)
+                runs.append((start - first, stop - first, fields[:, start - lo:stop - lo]))
+        if whole:  # consecutive: only the first and last blocks can be partial
+            k, lo = len(whole), whole[0]
+            at = (lo - group) * jobs
+            runs.append((lo - first, lo - first + k * BLOCK,
+                         buffer[at:at + k * jobs * BLOCK].view(k, jobs, BLOCK)))
+        # field + 2**15 is the field with its top bit flipped, read unsigned
+        raw[:drawn].bitwise_xor_(_TOP_BITS)
+        for a, b, fields in runs:
+            for j, word in enumerate(words):
+                noise = fields[j] if fields.dim() == 2 else fields[:, j]
+                widened = wide[:b - a].view(noise.shape)
+                widened.copy_(noise)
+                word[a:b].view(noise.shape).add_(widened)
 
 
 def round_stochastic(params: list[StochasticJob]) -> None:
     """Round the fp32 values of many parameters (all on one device) stochastically into
-    their bf16 outputs, with multi-tensor ops over bounded groups of pieces: add the
-    noise of ``_fields`` below bf16's mantissa, then truncate. The bit pattern is
-    sign-magnitude, so negative values round symmetrically. Noise is drawn a block at a
-    time and used at once, so it never takes more than a group's worth of memory. NaNs
-    stay NaN (their payload's carry could otherwise make them infinities or zeros)."""
-    bits: list[torch.Tensor] = []
-    noises: list[torch.Tensor] = []
-    # (the outputs' bits as int16, the values)
-    pieces: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    their bf16 outputs: add the noise of ``_fields`` below bf16's mantissa, then
+    truncate. The bit pattern is sign-magnitude, so negative values round
+    symmetrically. The passes that need no noise run over whole tensors with
+    multi-tensor ops; the noise is drawn for a bounded group of positions of one
+    parameter at a time and added at once, so it never takes more than a few MiB.
+    NaNs stay NaN (their payload's carry could otherwise make them infinities or
+    zeros)."""
     later: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def flush() -> None:
-        # A group at a time, so that its values stay in cache through every pass.
-        if not bits:
-            return
-        live = [v for v in pieces[1] if v.numel()]
-        nan = bool(live) and bool(torch.stack(torch_internals.foreach_max(live)).isnan().any())
-        kept = [(out, v.isnan(), v[v.isnan()]) for out, v in zip(*pieces)] if nan else []
-        # first 2**15, then the signed noise: no signed overflow for any non-NaN
-        torch_internals.foreach_add_(bits, 1 << 15)
-        for b, noise in zip(bits, noises):  # per piece: mixed int dtypes are slow in
-            b.add_(noise)                   # torch's multi-tensor add on CPU (3.8x)
-            # the high half, shifted down arithmetically: it fits int16, sign included
-            b.bitwise_right_shift_(16)
-        torch_internals.foreach_copy_(pieces[0], bits)  # narrowed into the bf16 outputs' bits
-        for out, mask, original in kept:
-            out.view(torch.bfloat16)[mask] = original.to(torch.bfloat16)
-        for lst in (bits, noises, *pieces):
-            lst.clear()
-
-    pending = 0
+    flats: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+    noised: list[tuple[Positions, tuple[Any, ...], list[torch.Tensor]]] = []
     for positions, key, outs, values in params:
-        flats = [v.contiguous().view(-1) for v in values]  # row-major: i is position i
-        words = [flat.view(torch.int32) for flat in flats]
-        targets = []
+        mine = [v.contiguous().view(-1) for v in values]  # row-major: i is position i
         for out in outs:
             if out.is_contiguous():
                 targets.append(out.view(-1).view(torch.int16))
@@ -300,19 +344,22 @@ def round_stochastic(params: list[StochasticJob]) -> None:
                                        device=out.device)
                 later.append((out, flat_out))
                 targets.append(flat_out.view(torch.int16))
-        device = flats[0].device
-        for start, fields in _fields(positions, key, len(values), device):
-            stop = start + fields.shape[1]
-            for flat, word, target, noise in zip(flats, words, targets, fields):
-                bits.append(word[start:stop])
-                noises.append(noise)
-                pieces[0].append(target[start:stop])
-                pieces[1].append(flat[start:stop])
-            pending += fields.numel()
-            if pending >= _GROUP:
-                flush()
-                pending = 0
-    flush()
+        flats.extend(mine)
+        noised.append((positions, key, [flat.view(torch.int32) for flat in mine]))
+    live = [v for v in flats if v.numel()]
+    if live:
+        nan = bool(torch.stack(torch_internals.foreach_max(live)).isnan().any())
+        kept = [(out, v.isnan(), v[v.isnan()]) for out, v in zip(targets, flats)] if nan \
+            else []
+        bits = [v.view(torch.int32) for v in live]
+        for positions, key, words in noised:
+            _add_noise(positions, key, words)
+        for b in bits:  # the high half, shifted down arithmetically: it fits int16
+            b.bitwise_right_shift_(16)
+        # narrowed into the bf16 outputs' bits
+        torch_internals.foreach_copy_([t for t, v in zip(targets, flats) if v.numel()], bits)
+        for out, mask, original in kept:
+            out.view(torch.bfloat16)[mask] = original.to(torch.bfloat16)
     for out, target in later:
         out.copy_(target.view(out.shape))
 
