@@ -443,15 +443,15 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
     if len({id(m) for m in model_list}) != len(model_list):
         raise ValueError("models: the same model is given twice")
     cfg = settings.config
-    mode, rounding_seed = props.master_weights, cfg.rounding_seed
-    if mode.pure:
+    rounding, rounding_seed = props.master_weights.rounding, cfg.rounding_seed
+    if rounding is not None:  # pure low precision
         from ampkit.pure import check_pure_optimizer
         from ampkit.pure.compiled_step import check_compile_step
 
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
-            check_pure_optimizer(opt, mode, seed=rounding_seed,
+            check_pure_optimizer(opt, rounding, seed=rounding_seed,
                                  seed_name="rounding_seed")
-            check_compile_step(cfg.compile_step, mode.value, opt)
+            check_compile_step(cfg.compile_step, rounding, opt)
     if settings.config.step_in_backward:  # before anything changes
         from ampkit.step_in_backward import check_step_in_backward
 
@@ -476,16 +476,16 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
     for model, plan in zip(model_list, plans):
         if plan is not None:
             apply_conversion(model, converting, plan)
-    if mode.pure:  # pure low precision: no fp32 copies
+    if rounding is not None:  # pure low precision: no fp32 copies
         from ampkit.pure import mark_pure_models, pure_low_precision
 
-        # the member, checked where the user's text became it: checked once per call
-        mark_pure_models(model_list, mode, rounding_seed)
+        # the member's rounding, checked where the user's text became the member
+        mark_pure_models(model_list, rounding, rounding_seed)
         if cfg.compile_step:  # an optimizer built later: ampkit.fsdp.prepare_optimizer
             from ampkit.pure.compiled_step import mark_compiled_step_models
 
             mark_compiled_step_models(model_list)
-        opt_list = [pure_low_precision(opt, mode, seed=rounding_seed,
+        opt_list = [pure_low_precision(opt, rounding, seed=rounding_seed,
                                        compile_step=cfg.compile_step)
                     for opt in opt_list]
     return Prepared(props, converting, opt_list, fp8_skip_message(named_fp8))

@@ -114,6 +114,7 @@ __all__ = [
     "LEVEL_PROPERTY_NAMES",
     "PURE_MASTER_WEIGHTS",
     "MasterWeights",
+    "Rounding",
     "conversion_for_level",
     "BuiltLevel",
     "Level",
@@ -179,6 +180,48 @@ APEX_OVERRIDES: Mapping[str, str] = MappingProxyType({
     "num_losses": "scale_loss"})
 
 
+class Rounding(enum.Enum):
+    """How a pure bfloat16 optimizer rounds its results into the bf16 parameters and
+    state (:mod:`ampkit.pure`): the rounding of a pure :class:`MasterWeights` member
+    (:attr:`MasterWeights.rounding`), or :attr:`NEAREST`, the stalling baseline. The
+    one form a rounding takes inside ampkit; checkpoints and pickles hold its value.
+
+    Example:
+        >>> from ampkit.conversion.levels import Rounding
+        >>> Rounding.parse("kahan"), Rounding.parse(Rounding.NEAREST).value
+        (<Rounding.KAHAN: 'kahan'>, 'nearest')
+    """
+
+    #: each update rounded up or down at random, in proportion to its distance
+    STOCHASTIC = "stochastic"
+    #: rounded to nearest, what that loses kept as a bf16 compensation
+    KAHAN = "kahan"
+    #: rounded to nearest: small updates are lost (the baseline the others beat)
+    NEAREST = "nearest"
+
+    @classmethod
+    def parse(cls, value: Rounding | str) -> Rounding:
+        """The rounding named by ``value`` (a member or its value, as written).
+
+        Raises:
+            ValueError: anything else, listing the accepted values.
+
+        Example:
+            >>> from ampkit.conversion.levels import Rounding
+            >>> Rounding.parse("kahn")
+            Traceback (most recent call last):
+            ...
+            ValueError: rounding must be one of ['stochastic', 'kahan', 'nearest'], got 'kahn'
+        """
+        if isinstance(value, Rounding):
+            return value
+        if isinstance(value, str):
+            for member in cls:
+                if member.value == value:
+                    return member
+        raise ValueError(f"rounding must be one of {[m.value for m in cls]}, got {value!r}")
+
+
 class MasterWeights(enum.Enum):
     """Where the truth lives: the one form ``master_weights`` takes inside ampkit. A
     user's value (apex's ``True``/``False``, a mode's name, text from a flag or a file)
@@ -215,6 +258,18 @@ class MasterWeights(enum.Enum):
         """
         return self in (MasterWeights.STOCHASTIC, MasterWeights.KAHAN)
 
+    @property
+    def rounding(self) -> Rounding | None:
+        """The rounding a pure mode's optimizer applies (``None``: not pure, the
+        optimizer is left as it is).
+
+        Example:
+            >>> from ampkit.conversion.levels import MasterWeights
+            >>> MasterWeights.KAHAN.rounding, MasterWeights.FP32.rounding
+            (<Rounding.KAHAN: 'kahan'>, None)
+        """
+        return _PURE_ROUNDING.get(self)
+
     def spelled(self) -> bool | str:
         """The value as the level tables and messages show it: apex's ``True``
         (:attr:`FP32`) and ``False`` (:attr:`NONE`), a pure mode by its name.
@@ -231,6 +286,9 @@ class MasterWeights(enum.Enum):
         name: str = self.value
         return name
 
+
+_PURE_ROUNDING: Mapping[MasterWeights, Rounding] = MappingProxyType({
+    MasterWeights.STOCHASTIC: Rounding.STOCHASTIC, MasterWeights.KAHAN: Rounding.KAHAN})
 
 #: The pure low-precision values ``master_weights`` takes besides True/False/None: the
 #: one spelling of each pure mode (:class:`MasterWeights`' own values).
@@ -637,7 +695,7 @@ def _conversion(props: LevelProperties, *,
         state_dict_dtype=parse_dtype(state_dict_dtype, "state_dict_dtype",
                                      accept=FLOAT_DTYPES, allow_none=True),
         params_as_given=as_given,
-        cast_buffers=bool(cast_buffers),
+        cast_buffers=False if cast_buffers is None else cast_buffers,
     )
 
 
