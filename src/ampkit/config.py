@@ -48,8 +48,7 @@ from ampkit.conversion.levels import MasterWeights
 from ampkit.fp8.recipe import FP8_RECIPES
 
 if TYPE_CHECKING:
-    from ampkit.conversion import ConversionConfig
-    from ampkit.conversion.levels import LevelProperties
+    from ampkit.conversion.levels import BuiltLevel, Level
 
 __all__ = ["SCALER_FIELDS", "AmpConfig", "config_fields", "contradiction", "field_help",
            "merged_config", "text_kind"]
@@ -338,13 +337,14 @@ class AmpConfig:
     def __post_init__(self) -> None:
         # Every check is one that initialize, the level table or GradScaler already
         # runs: the config calls them, so a config that is made is one they accept.
-        from ampkit.conversion.levels import Level, conversion_of, master_weights_value
+        from ampkit.conversion.levels import Level, master_weights_value
         from ampkit.fp8.convert import check_fp8_level, check_fp8_options
         from ampkit.policies.policy import as_dtype
         from ampkit.scaling.schedule import ScaleSchedule
 
         put = object.__setattr__
-        put(self, "level", Level.parse(self.level).value)
+        level = Level.parse(self.level)  # the one parse of the level's text
+        put(self, "level", level.value)
         put(self, "dtype", as_dtype(self.dtype, "dtype"))
         put(self, "policy", _check_policy(self.policy))
         put(self, "custom_white_list", _op_list(self.custom_white_list, "custom_white_list"))
@@ -380,10 +380,10 @@ class AmpConfig:
             # text (a flag, a command line): a number's text is the number
             with contextlib.suppress(ValueError):
                 put(self, "loss_scale", float(self.loss_scale))
-        props, conversion = conversion_of(
-            {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        built = self._build(level, None, {})
+        props, conversion = built
         # kept (not a field): initialize reuses it rather than building it again
-        put(self, "_conversion", (props, conversion))
+        put(self, "_conversion", built)
         if self.cast_model_outputs is not None:  # the dtype the level table parsed
             put(self, "cast_model_outputs", props.cast_model_outputs)
         if isinstance(self.loss_scale, numbers.Real):
@@ -416,26 +416,44 @@ class AmpConfig:
 
     # -- what each consumer is given ---------------------------------------------------
 
-    def level_conversion(self) -> tuple[LevelProperties, ConversionConfig]:
-        """The level's properties and conversion this config stands for, built once
-        when it was made (``dtype=None``: the default device's dtype, CUDA when
-        available; ``ampkit.initialize`` builds its own for the models' device then).
+    def level_conversion(self, device_type: str | None = None,
+                         **in_memory: Any) -> BuiltLevel:
+        """The level's properties and conversion this config stands for, from
+        :func:`ampkit.conversion.levels.build_level`: the ones built when the config
+        was made (``dtype=None``: the default device's dtype, CUDA when available),
+        or, for ``device_type`` where ``dtype`` is ``None``, or with ``in_memory``
+        settings a config file cannot hold (module classes among
+        ``keep_fp32_modules``, a ``Policy``, apex's ``cast_model_type``,
+        ``patch_ops``, ``state_dict_dtype``, ``cast_buffers``), built for them.
 
         Example:
             >>> from ampkit.config import AmpConfig
             >>> props, conversion = AmpConfig("O2", "float16").level_conversion()
             >>> props.loss_scale, conversion.param_compute_dtype
             ('dynamic', torch.float16)
+            >>> AmpConfig("O3").level_conversion("cpu").properties.dtype
+            torch.bfloat16
         """
-        built: tuple[LevelProperties, ConversionConfig] | None = self.__dict__.get(
-            "_conversion")
-        if built is None:  # unpickled: the cache is not part of the state
-            from ampkit.conversion.levels import conversion_of
+        from ampkit.conversion.levels import Level
 
-            built = conversion_of({f.name: getattr(self, f.name)
-                                   for f in dataclasses.fields(self)})
+        if in_memory or (device_type is not None and self.dtype is None):
+            return self._build(Level(self.level), device_type, in_memory)
+        built: BuiltLevel | None = self.__dict__.get("_conversion")
+        if built is None:  # unpickled: the cache is not part of the state
+            built = self._build(Level(self.level), None, {})
             object.__setattr__(self, "_conversion", built)
         return built
+
+    def _build(self, level: Level, device_type: str | None,
+               in_memory: Mapping[str, Any]) -> BuiltLevel:
+        """:func:`~ampkit.conversion.levels.build_level` on this config's fields, with
+        ``in_memory`` in their place: the one call from a config to its level."""
+        from ampkit.conversion.levels import LEVEL_SETTINGS, build_level
+
+        names = {f.name for f in dataclasses.fields(self)}
+        chosen = {"level": level, **{n: getattr(self, n) for n in LEVEL_SETTINGS[1:]
+                                     if n in names}, **in_memory}
+        return build_level(**chosen, device_type=device_type)
 
     def __getstate__(self) -> dict[str, Any]:
         # the fields only: the conversion kept for level_conversion is rebuilt on use

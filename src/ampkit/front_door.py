@@ -3,7 +3,7 @@
 One call applies a precision level to one or several models and their optimizers:
 
 1. the level's properties are looked up and the overrides applied (nonsensical ones
-   refused, see :func:`ampkit.conversion.levels.level_properties`);
+   refused, see :func:`ampkit.conversion.levels.build_level`);
 2. every model is checked (an ``nn.Module``, fp32, not yet wrapped in DDP/FSDP) and
    every optimizer's parameters are checked to belong to the models, all before
    anything is changed;
@@ -58,9 +58,10 @@ from ampkit.conversion import (
 )
 from ampkit.conversion.levels import (
     APEX_OVERRIDES,
+    LEVEL_SETTINGS,
+    BuiltLevel,
     LevelProperties,
-    conversion_for_level,
-    conversion_of,
+    build_level,
     default_dtype,
 )
 from ampkit.fp8.convert import (
@@ -138,7 +139,7 @@ class Settings:
 
     def by_name(self) -> dict[str, Any]:
         """Every setting by AmpConfig field name (an in-memory value in its field's
-        place) and apex override name: what :func:`ampkit.conversion.levels.conversion_of` reads.
+        place) and apex override name.
 
         Example:
             >>> from ampkit.front_door import resolve_settings
@@ -149,10 +150,10 @@ class Settings:
         return {**{f.name: getattr(cfg, f.name) for f in config_fields()}, **self.live,
                 **self.apex}
 
-    def level_conversion(self, device_type: str | None) -> tuple[LevelProperties,
-                                                                 ConversionConfig]:
-        """The level's properties and conversion on ``device_type``: the config's own
-        (built when it was made) where nothing else decides them, else built here.
+    def level_conversion(self, device_type: str | None) -> BuiltLevel:
+        """The level's properties and conversion on ``device_type``: the config's
+        (:meth:`ampkit.AmpConfig.level_conversion`), with the in-memory values and
+        apex overrides that build the level in their place.
 
         Example:
             >>> from ampkit.front_door import resolve_settings
@@ -160,9 +161,9 @@ class Settings:
             >>> s.level_conversion("cpu") == s.config.level_conversion()
             True
         """
-        if not self.live and not self.apex and self.config.dtype is not None:
-            return self.config.level_conversion()
-        return conversion_of(self.by_name(), device_type)
+        in_memory = {k: v for k, v in {**self.live, **self.apex}.items()
+                     if k in LEVEL_SETTINGS}
+        return self.config.level_conversion(device_type, **in_memory)
 
 
 def resolve_settings(config: Any, level: Any, dtype: Any, overrides: Mapping[str, Any],
@@ -308,7 +309,7 @@ def initialize(models: nn.Module | list[nn.Module] | tuple[nn.Module, ...],
             ``patch_ops``, ``state_dict_dtype``, ``cast_buffers`` (``True``: store
             floating buffers in the parameters' low-precision dtype too, as
             ``model.half()`` does; by default they keep their dtype at every level,
-            see :func:`ampkit.conversion.levels.conversion_config`) and ``num_losses``. The
+            see :func:`ampkit.conversion.levels.build_level`) and ``num_losses``. The
             deprecated names ``min_loss_scale``, ``max_loss_scale``,
             ``keep_batchnorm_fp32`` and ``patch_torch_functions``
             (:data:`ampkit.common.arguments.DEPRECATED_NAMES`) still work, with a
@@ -442,15 +443,15 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
     if len({id(m) for m in model_list}) != len(model_list):
         raise ValueError("models: the same model is given twice")
     cfg = settings.config
-    mode, rounding_seed = props.master_weights, cfg.rounding_seed
-    if mode.pure:
+    rounding, rounding_seed = props.master_weights.rounding, cfg.rounding_seed
+    if rounding is not None:  # pure low precision
         from ampkit.pure import check_pure_optimizer
         from ampkit.pure.compiled_step import check_compile_step
 
         for opt in opt_list:  # (its parameters are checked once converted, in bf16)
-            check_pure_optimizer(opt, mode, seed=rounding_seed,
+            check_pure_optimizer(opt, rounding, seed=rounding_seed,
                                  seed_name="rounding_seed")
-            check_compile_step(cfg.compile_step, mode.value, opt)
+            check_compile_step(cfg.compile_step, rounding, opt)
     if settings.config.step_in_backward:  # before anything changes
         from ampkit.step_in_backward import check_step_in_backward
 
@@ -475,16 +476,16 @@ def prepare_models(models: Sequence[nn.Module], settings: Settings,
     for model, plan in zip(model_list, plans):
         if plan is not None:
             apply_conversion(model, converting, plan)
-    if mode.pure:  # pure low precision: no fp32 copies
+    if rounding is not None:  # pure low precision: no fp32 copies
         from ampkit.pure import mark_pure_models, pure_low_precision
 
-        # the member, checked where the user's text became it: checked once per call
-        mark_pure_models(model_list, mode, rounding_seed)
+        # the member's rounding, checked where the user's text became the member
+        mark_pure_models(model_list, rounding, rounding_seed)
         if cfg.compile_step:  # an optimizer built later: ampkit.fsdp.prepare_optimizer
             from ampkit.pure.compiled_step import mark_compiled_step_models
 
             mark_compiled_step_models(model_list)
-        opt_list = [pure_low_precision(opt, mode, seed=rounding_seed,
+        opt_list = [pure_low_precision(opt, rounding, seed=rounding_seed,
                                        compile_step=cfg.compile_step)
                     for opt in opt_list]
     return Prepared(props, converting, opt_list, fp8_skip_message(named_fp8))
@@ -506,7 +507,8 @@ def convert_model(model: nn.Module, level: Any = "O2", dtype: torch.dtype | str 
         **overrides: level properties (``cast_model_type``, ``keep_norms_fp32``,
             ``master_weights``, ``patch_ops``, ``cast_model_outputs``) and
             ``keep_fp32_modules``, ``policy``, ``custom_white_list``,
-            ``custom_black_list``; see :func:`~ampkit.conversion.levels.conversion_for_level`.
+            ``custom_black_list``, ``state_dict_dtype``, ``cast_buffers``; see
+            :func:`~ampkit.conversion.levels.build_level`.
 
     Returns:
         ``model`` itself, converted. Converting it again with the same settings returns
@@ -540,7 +542,7 @@ def convert_model(model: nn.Module, level: Any = "O2", dtype: torch.dtype | str 
         config = level
     else:
         device_type = next((t.device.type for t in model.parameters()), None)
-        config = conversion_for_level(level, dtype, device_type=device_type, **overrides)
+        config = build_level(level, dtype, device_type=device_type, **overrides).conversion
     plan = prepare_conversion(model, config)
     if plan is not None:
         apply_conversion(model, config, plan)

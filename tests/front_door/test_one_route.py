@@ -108,14 +108,14 @@ def test_compare_refuses_what_contradicts_its_config_in_initializes_words() -> N
 
 def test_one_initialize_builds_the_levels_conversion_once(monkeypatch) -> None:
     calls = []
-    build = ampkit.conversion.levels.conversion_of
+    build = ampkit.conversion.levels.build_level
 
     def counted(*args, **kwargs):
         calls.append(args)
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(ampkit.conversion.levels, "conversion_of", counted)
-    monkeypatch.setattr(ampkit.front_door, "conversion_of", counted)
+    monkeypatch.setattr(ampkit.conversion.levels, "build_level", counted)
+    monkeypatch.setattr(ampkit.front_door, "build_level", counted)
     ampkit.initialize(_mlp(), level="O2", dtype=torch.bfloat16)
     assert len(calls) == 1
     calls.clear()

@@ -72,7 +72,7 @@ class ConversionConfig:
             (``param_dtype``); ``False``: they keep their own, and a module that
             updates float32 running statistics (BatchNorm, InstanceNorm with
             ``track_running_stats``) keeps float32 parameters too. The levels pass
-            ``False`` unless asked (:func:`ampkit.conversion.levels.conversion_config`).
+            ``False`` unless asked (:func:`ampkit.conversion.levels.build_level`).
         param_compute_dtype: the parameters stay as stored (fp32, the truth) and every
             module outside the kept ones computes with copies of its own parameters
             in this low-precision dtype, made on use (O2; ``None``: off). See

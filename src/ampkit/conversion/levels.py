@@ -28,7 +28,7 @@ axes"). The properties below are the override vocabulary (apex's words) that pic
 point:
 
 * ``cast_model_type``: the dtype parameters are stored in (floating buffers keep
-  theirs, see :func:`conversion_config`; ``None``: left as they are; ``False``, as an
+  theirs, see :func:`build_level`; ``None``: left as they are; ``False``, as an
   override: left as they are *and* taken in whatever floating dtype they have, float16
   included: the model as given, apex's ``cast_model_type=False`` with
   ``allow_incoming_model_not_fp32``);
@@ -95,7 +95,7 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -109,20 +109,22 @@ from ampkit.policies.registry import OpEntry, autocast_fp32_ops
 __all__ = [
     "APEX_OVERRIDES",
     "AS_COMPUTED",
+    "CONVERSION_SETTINGS",
+    "LEVEL_SETTINGS",
     "LEVEL_PROPERTY_NAMES",
     "PURE_MASTER_WEIGHTS",
     "MasterWeights",
-    "conversion_config",
+    "Rounding",
     "conversion_for_level",
-    "conversion_of",
+    "BuiltLevel",
     "Level",
     "LevelProperties",
+    "build_level",
     "default_dtype",
     "describe_levels",
     "keep_native_fp32",
     "level_properties",
     "master_weights_value",
-    "properties_of",
 ]
 
 
@@ -169,13 +171,55 @@ LEVEL_PROPERTY_NAMES: tuple[str, ...] = (
 
 #: ``initialize``'s keywords that :class:`ampkit.AmpConfig` does not hold: apex's rarer
 #: level properties and conversion options, each mapped to what it sets (``"level"``:
-#: :func:`level_properties`; ``"conversion"``: :func:`conversion_config`;
+#: :func:`level_properties`; ``"conversion"``: :func:`build_level`'s conversion;
 #: ``"scale_loss"``: ``ampkit.scale_loss``'s set-up). They are in-memory choices of
 #: the apex dialect and of porting code; a config file holds none of them.
 APEX_OVERRIDES: Mapping[str, str] = MappingProxyType({
     "cast_model_type": "level", "patch_ops": "level",
     "state_dict_dtype": "conversion", "cast_buffers": "conversion",
     "num_losses": "scale_loss"})
+
+
+class Rounding(enum.Enum):
+    """How a pure bfloat16 optimizer rounds its results into the bf16 parameters and
+    state (:mod:`ampkit.pure`): the rounding of a pure :class:`MasterWeights` member
+    (:attr:`MasterWeights.rounding`), or :attr:`NEAREST`, the stalling baseline. The
+    one form a rounding takes inside ampkit; checkpoints and pickles hold its value.
+
+    Example:
+        >>> from ampkit.conversion.levels import Rounding
+        >>> Rounding.parse("kahan"), Rounding.parse(Rounding.NEAREST).value
+        (<Rounding.KAHAN: 'kahan'>, 'nearest')
+    """
+
+    #: each update rounded up or down at random, in proportion to its distance
+    STOCHASTIC = "stochastic"
+    #: rounded to nearest, what that loses kept as a bf16 compensation
+    KAHAN = "kahan"
+    #: rounded to nearest: small updates are lost (the baseline the others beat)
+    NEAREST = "nearest"
+
+    @classmethod
+    def parse(cls, value: Rounding | str) -> Rounding:
+        """The rounding named by ``value`` (a member or its value, as written).
+
+        Raises:
+            ValueError: anything else, listing the accepted values.
+
+        Example:
+            >>> from ampkit.conversion.levels import Rounding
+            >>> Rounding.parse("kahn")
+            Traceback (most recent call last):
+            ...
+            ValueError: rounding must be one of ['stochastic', 'kahan', 'nearest'], got 'kahn'
+        """
+        if isinstance(value, Rounding):
+            return value
+        if isinstance(value, str):
+            for member in cls:
+                if member.value == value:
+                    return member
+        raise ValueError(f"rounding must be one of {[m.value for m in cls]}, got {value!r}")
 
 
 class MasterWeights(enum.Enum):
@@ -214,6 +258,18 @@ class MasterWeights(enum.Enum):
         """
         return self in (MasterWeights.STOCHASTIC, MasterWeights.KAHAN)
 
+    @property
+    def rounding(self) -> Rounding | None:
+        """The rounding a pure mode's optimizer applies (``None``: not pure, the
+        optimizer is left as it is).
+
+        Example:
+            >>> from ampkit.conversion.levels import MasterWeights
+            >>> MasterWeights.KAHAN.rounding, MasterWeights.FP32.rounding
+            (<Rounding.KAHAN: 'kahan'>, None)
+        """
+        return _PURE_ROUNDING.get(self)
+
     def spelled(self) -> bool | str:
         """The value as the level tables and messages show it: apex's ``True``
         (:attr:`FP32`) and ``False`` (:attr:`NONE`), a pure mode by its name.
@@ -230,6 +286,9 @@ class MasterWeights(enum.Enum):
         name: str = self.value
         return name
 
+
+_PURE_ROUNDING: Mapping[MasterWeights, Rounding] = MappingProxyType({
+    MasterWeights.STOCHASTIC: Rounding.STOCHASTIC, MasterWeights.KAHAN: Rounding.KAHAN})
 
 #: The pure low-precision values ``master_weights`` takes besides True/False/None: the
 #: one spelling of each pure mode (:class:`MasterWeights`' own values).
@@ -386,7 +445,7 @@ def _defaults(level: Level, dtype: torch.dtype) -> dict[str, Any]:
                        cast_model_outputs=None),
         # O1 hands its floating outputs back in fp32 (one cast of the output): a loss
         # the user computes outside the model is then never computed in lower
-        # precision than native autocast computes it inside its region (issue 46).
+        # precision than native autocast computes it inside its region.
         Level.O1: dict(cast_model_type=None, keep_norms_fp32=None, master_weights=none,
                        loss_scale=scaled, patch_ops=True, cast_model_outputs=torch.float32),
         Level.O2: dict(cast_model_type=dtype, keep_norms_fp32=True, master_weights=fp32,
@@ -443,9 +502,42 @@ def _refuse(level: Level, props: Mapping[str, Any], given: Mapping[str, Any]) ->
                          f"stores them as {_name(props['cast_model_type'])}")
 
 
+def _check_property_names(overrides: Mapping[str, Any]) -> None:
+    unknown = sorted(set(overrides) - set(LEVEL_PROPERTY_NAMES))
+    if unknown:
+        raise TypeError(f"unknown level properties {unknown}; accepted: "
+                        f"{list(LEVEL_PROPERTY_NAMES)}")
+
+
+def _properties(level: Level, dtype: torch.dtype | str | None, device_type: str | None,
+                overrides: Mapping[str, Any]) -> LevelProperties:
+    """:func:`build_level`'s first step: the level's table row for the dtype, with the
+    overrides checked and applied and apex's refusals raised."""
+    low = as_dtype(dtype) or default_dtype(device_type)
+    _check_property_names(overrides)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    checked: dict[str, Any] = {}
+    for name, value in given.items():
+        if name == "cast_model_type":
+            checked[name] = _cast_model_type(value)
+        elif name == "cast_model_outputs":
+            checked[name] = _cast_model_outputs(value)
+        elif name == "loss_scale":
+            checked[name] = parse_loss_scale(value)
+        elif name == "master_weights":
+            checked[name] = master_weights_value(value)
+        else:
+            checked[name] = _optional_bool(value, name)
+    props = {**_defaults(level, low), **checked}
+    _refuse(level, props, given)
+    return LevelProperties(level=level, dtype=low, **props,
+                           outputs_by_level="cast_model_outputs" not in checked)
+
+
 def level_properties(level: Level | str, dtype: torch.dtype | str | None = None, *,
                      device_type: str | None = None, **overrides: Any) -> LevelProperties:
-    """The properties of ``level`` for ``dtype``, with ``overrides`` applied.
+    """The properties of ``level`` for ``dtype``, with ``overrides`` applied: the
+    :attr:`~BuiltLevel.properties` half of :func:`build_level`.
 
     Args:
         level: ``"O0"``, ``"O1"``, ``"O2"``, ``"O3"`` or a :class:`Level`.
@@ -474,29 +566,8 @@ def level_properties(level: Level | str, dtype: torch.dtype | str | None = None,
         ...
         ValueError: level O1 keeps fp32 parameters and casts ops instead, ...
     """
-    lvl = Level.parse(level)
-    low = as_dtype(dtype) or default_dtype(device_type)
-    unknown = sorted(set(overrides) - set(LEVEL_PROPERTY_NAMES))
-    if unknown:
-        raise TypeError(f"unknown level properties {unknown}; accepted: "
-                        f"{list(LEVEL_PROPERTY_NAMES)}")
-    given = {k: v for k, v in overrides.items() if v is not None}
-    checked: dict[str, Any] = {}
-    for name, value in given.items():
-        if name == "cast_model_type":
-            checked[name] = _cast_model_type(value)
-        elif name == "cast_model_outputs":
-            checked[name] = _cast_model_outputs(value)
-        elif name == "loss_scale":
-            checked[name] = parse_loss_scale(value)
-        elif name == "master_weights":
-            checked[name] = master_weights_value(value)
-        else:
-            checked[name] = _optional_bool(value, name)
-    props = {**_defaults(lvl, low), **checked}
-    _refuse(lvl, props, given)
-    return LevelProperties(level=lvl, dtype=low, **props,
-                           outputs_by_level="cast_model_outputs" not in checked)
+    _check_property_names(overrides)  # the conversion's settings are not properties
+    return build_level(level, dtype, device_type=device_type, **overrides).properties
 
 
 #: ``cast_model_outputs``'s value for outputs handed back exactly as the model computed
@@ -573,46 +644,32 @@ def keep_native_fp32(policy: Policy) -> Policy:
                                fp32_ops=policy.fp32_ops | added)
 
 
-def conversion_config(props: LevelProperties, *,
-                    keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
-                    policy: str | Policy = "torch",
-                    custom_white_list: Iterable[OpEntry] | None = None,
-                    custom_black_list: Iterable[OpEntry] | None = None,
-                    state_dict_dtype: torch.dtype | str | None = None,
-                    cast_buffers: bool = False) -> ConversionConfig:
-    """The conversion (:class:`~ampkit.conversion.ConversionConfig`, in its own
-    vocabulary) that a level's :class:`LevelProperties` (apex's vocabulary) stand for:
-    the one place the two meet.
+def _conversion(props: LevelProperties, *,
+                keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector | None,
+                policy: str | Policy | None,
+                custom_white_list: Iterable[OpEntry] | None,
+                custom_black_list: Iterable[OpEntry] | None,
+                state_dict_dtype: torch.dtype | str | None,
+                cast_buffers: bool | None) -> ConversionConfig:
+    """:func:`build_level`'s second step: the conversion
+    (:class:`~ampkit.conversion.ConversionConfig`, in its own vocabulary) that a level's
+    :class:`LevelProperties` (apex's vocabulary) stand for: the one place the two meet.
+    An empty custom list is no list; ``None`` is each setting's default.
 
-    ``keep_fp32_modules`` adds to the norms that ``keep_norms_fp32`` keeps;
-    ``policy`` and the custom lists make the autocast policy of levels that patch
-    ops (a ``ValueError`` for levels that do not, where they would do nothing);
-    ``state_dict_dtype`` is the dtype ``model.state_dict()`` reports (apex: float32
-    wherever it casts the model). ``cast_model_type=False`` takes the model as
-    given (``params_as_given``).
-
-    Floating buffers (rotary frequencies, masks, running statistics) keep their dtype
-    at every level, pure low precision included: low precision is for parameters and
-    activations. ``cast_buffers=True`` stores them in the parameters' dtype instead
-    (what ``model.half()`` does; ``ampkit.apex`` asks for it wherever apex casts the
-    model). A BatchNorm or InstanceNorm that updates running statistics it keeps in
-    float32 keeps its parameters in float32 too at O3 and in pure mode, as at O2:
-    torch's kernels take the low-precision activation with float32 parameters and
-    statistics, and refuse low-precision parameters next to float32 statistics.
-
-    Example:
-        >>> import torch
-        >>> from ampkit.conversion.levels import conversion_config, level_properties
-        >>> cfg = conversion_config(level_properties("O3", "float16"))
-        >>> cfg.param_dtype, cfg.keep_fp32_modules, cfg.policy, cfg.cast_buffers
-        (torch.float16, (), None, False)
+    ``keep_fp32_modules`` adds to the norms that ``keep_norms_fp32`` keeps; apex
+    asks for ``cast_buffers`` and a float32 ``state_dict_dtype`` wherever it casts the
+    model.
     """
+    custom_white_list = custom_white_list or None
+    custom_black_list = custom_black_list or None
+    policy = "torch" if policy is None else policy
     white_or_black = custom_white_list is not None or custom_black_list is not None
     if not props.patch_ops and (white_or_black or policy != "torch"):
         raise ValueError(f"policy, custom_white_list and custom_black_list choose how "
                          f"ops are cast, which level {props.level.value} with "
                          f"patch_ops=False does not do; use level O1 or O2")
-    keep = parse_module_selectors(keep_fp32_modules, "keep_fp32_modules") or ()
+    keep = parse_module_selectors(() if keep_fp32_modules is None else keep_fp32_modules,
+                                  "keep_fp32_modules") or ()
     norms = NORM_MODULES if props.keep_norms_fp32 else ()
     low = props.casts_parameters
     # master_weights=True: the fp32 parameters are the truth and modules compute
@@ -638,49 +695,8 @@ def conversion_config(props: LevelProperties, *,
         state_dict_dtype=parse_dtype(state_dict_dtype, "state_dict_dtype",
                                      accept=FLOAT_DTYPES, allow_none=True),
         params_as_given=as_given,
-        cast_buffers=cast_buffers,
+        cast_buffers=False if cast_buffers is None else cast_buffers,
     )
-
-
-def properties_of(settings: Mapping[str, Any], device_type: str | None = None
-                  ) -> LevelProperties:
-    """The level's properties that ``settings`` stand for (:func:`conversion_of`'s
-    first half): ``level``, ``dtype`` and the table's columns, by name.
-
-    Example:
-        >>> from ampkit.conversion.levels import properties_of
-        >>> properties_of({"level": "O3", "dtype": "bfloat16"}).cast_model_type
-        torch.bfloat16
-    """
-    level_args = {n: settings[n] for n in LEVEL_PROPERTY_NAMES if n in settings}
-    return level_properties(settings.get("level", "O1"), settings.get("dtype"),
-                            device_type=device_type, **level_args)
-
-
-def conversion_of(settings: Mapping[str, Any], device_type: str | None = None
-                  ) -> tuple[LevelProperties, ConversionConfig]:
-    """The level's properties and the conversion that ``settings`` stand for, in one
-    step: ``settings`` maps :class:`ampkit.AmpConfig`'s field names (and any of
-    :data:`APEX_OVERRIDES`) to values; a name left out keeps its default. The level
-    table's columns that ``AmpConfig`` holds (``keep_norms_fp32``, ``master_weights``,
-    ``loss_scale``, ``cast_model_outputs``) carry the same names in both.
-
-    Example:
-        >>> from ampkit.conversion.levels import conversion_of
-        >>> props, conv = conversion_of({"level": "O2", "dtype": "float16",
-        ...                              "custom_black_list": ("gelu",)})
-        >>> props.loss_scale, conv.param_compute_dtype, conv.policy.rule_for("gelu")
-        ('dynamic', torch.float16, 'fp32')
-    """
-    props = properties_of(settings, device_type)
-    conversion = conversion_config(
-        props, keep_fp32_modules=settings.get("keep_fp32_modules") or (),
-        policy=settings.get("policy", "torch"),
-        custom_white_list=settings.get("custom_white_list") or None,
-        custom_black_list=settings.get("custom_black_list") or None,
-        state_dict_dtype=settings.get("state_dict_dtype"),
-        cast_buffers=settings.get("cast_buffers", False))
-    return props, conversion
 
 
 def _level_policy(props: LevelProperties, base: Policy) -> Policy:
@@ -690,16 +706,99 @@ def _level_policy(props: LevelProperties, base: Policy) -> Policy:
     return keep_native_fp32(base) if props.casts_parameters else base
 
 
-def conversion_for_level(level: Any = "O2", dtype: torch.dtype | str | None = None, *,
-                         device_type: str | None = None,
-                         keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector = (),
-                         policy: str | Policy = "torch",
-                         custom_white_list: Iterable[OpEntry] | None = None,
-                         custom_black_list: Iterable[OpEntry] | None = None,
-                         cast_buffers: bool = False,
-                         **level_overrides: Any) -> ConversionConfig:
-    """The conversion for ``level`` and ``dtype``: :func:`level_properties` (with
-    ``level_overrides``), then :func:`conversion_config`.
+class BuiltLevel(NamedTuple):
+    """What :func:`build_level` makes: the level's properties (apex's vocabulary: what
+    loss scaling and the pure optimizer read) and the conversion they stand for (the
+    conversion's own vocabulary: what the model is converted with)."""
+
+    properties: LevelProperties
+    conversion: ConversionConfig
+
+
+#: The settings :func:`build_level` reads besides ``level``, ``dtype`` and the level
+#: table's columns (:data:`LEVEL_PROPERTY_NAMES`): how the conversion is made.
+CONVERSION_SETTINGS: tuple[str, ...] = (
+    "keep_fp32_modules", "policy", "custom_white_list", "custom_black_list",
+    "state_dict_dtype", "cast_buffers")
+
+#: Every setting :func:`build_level` reads, by the name :class:`ampkit.AmpConfig`'s
+#: fields and ``initialize``'s keywords give it.
+LEVEL_SETTINGS: tuple[str, ...] = ("level", "dtype", *LEVEL_PROPERTY_NAMES,
+                                   *CONVERSION_SETTINGS)
+
+
+def build_level(level: Level | str, dtype: torch.dtype | str | None = None, *,
+                device_type: str | None = None,
+                keep_fp32_modules: Iterable[ModuleSelector] | ModuleSelector | None = None,
+                policy: str | Policy | None = None,
+                custom_white_list: Iterable[OpEntry] | None = None,
+                custom_black_list: Iterable[OpEntry] | None = None,
+                state_dict_dtype: torch.dtype | str | None = None,
+                cast_buffers: bool | None = None,
+                **level_overrides: Any) -> BuiltLevel:
+    """The one builder from a level to what it stands for: ``level`` is parsed, its
+    table row for ``dtype`` is taken with ``level_overrides`` applied (apex's refusals
+    raised), and the conversion those properties stand for is made with the
+    conversion's settings. :class:`ampkit.AmpConfig`, ``ampkit.initialize``,
+    :func:`ampkit.convert_model <ampkit.front_door.convert_model>`,
+    :func:`level_properties` and :func:`conversion_for_level` all build through it.
+
+    Args:
+        level: ``"O0"`` .. ``"O3"`` (any case) or a :class:`Level`.
+        dtype: the low-precision dtype (or its name); ``None``: ``device_type``'s
+            autocast default (bfloat16 on CPU, float16 on CUDA).
+        device_type: only read when ``dtype`` is ``None``; ``None`` means CUDA when
+            available, else CPU.
+        keep_fp32_modules: modules (names, classes or instances) kept in float32,
+            besides the norms ``keep_norms_fp32`` keeps.
+        policy: the autocast policy (a preset name, a policy file or a ``Policy``;
+            ``None``: ``"torch"``) of levels that patch ops; with the custom lists, a
+            ``ValueError`` at a level that does not patch ops, where it would do nothing.
+        custom_white_list: ops run in low precision too (empty: none).
+        custom_black_list: ops run in float32 (empty: none).
+        state_dict_dtype: the dtype ``model.state_dict()`` reports (``None``: the
+            parameters' own).
+        cast_buffers: ``True`` stores floating buffers in the parameters' dtype too
+            (what ``model.half()`` does); by default they keep theirs at every level.
+        **level_overrides: the level table's columns (:data:`LEVEL_PROPERTY_NAMES`);
+            ``None`` keeps the level's default.
+
+    Floating buffers (rotary frequencies, masks, running statistics) keep their dtype
+    at every level, pure low precision included: low precision is for parameters and
+    activations. A BatchNorm or InstanceNorm that updates running statistics it keeps
+    in float32 keeps its parameters in float32 too at O3 and in pure mode, as at O2:
+    torch's kernels take the low-precision activation with float32 parameters and
+    statistics, and refuse low-precision parameters next to float32 statistics.
+    ``cast_model_type=False`` takes the model as given (``params_as_given``).
+
+    Raises:
+        ValueError: an unknown level, dtype or value, or a combination that means
+            nothing (see :func:`level_properties`).
+        TypeError: an unknown setting name, listing the accepted ones.
+
+    Example:
+        >>> from ampkit.conversion.levels import build_level
+        >>> props, conv = build_level("o2", "float16", custom_black_list=["gelu"])
+        >>> props.loss_scale, conv.param_compute_dtype, conv.policy.rule_for("gelu")
+        ('dynamic', torch.float16, 'fp32')
+        >>> build_level("O3", "bfloat16", policy="conservative")
+        Traceback (most recent call last):
+        ...
+        ValueError: policy, custom_white_list and custom_black_list choose how ops are ...
+    """
+    props = _properties(Level.parse(level), dtype, device_type, level_overrides)
+    return BuiltLevel(props, _conversion(
+        props, keep_fp32_modules=keep_fp32_modules, policy=policy,
+        custom_white_list=custom_white_list, custom_black_list=custom_black_list,
+        state_dict_dtype=state_dict_dtype, cast_buffers=cast_buffers))
+
+
+def conversion_for_level(level: Level | str = "O2", dtype: torch.dtype | str | None = None,
+                         *, device_type: str | None = None,
+                         **settings: Any) -> ConversionConfig:
+    """The conversion for ``level`` and ``dtype``: the
+    :attr:`~BuiltLevel.conversion` half of :func:`build_level`, which takes the same
+    ``settings`` (the level table's columns and :data:`CONVERSION_SETTINGS`).
 
     Example:
         >>> import torch
@@ -709,8 +808,4 @@ def conversion_for_level(level: Any = "O2", dtype: torch.dtype | str | None = No
         >>> cfg.keep_fp32_modules
         ('head',)
     """
-    props = level_properties(level, dtype, device_type=device_type, **level_overrides)
-    return conversion_config(props, keep_fp32_modules=keep_fp32_modules, policy=policy,
-                             custom_white_list=custom_white_list,
-                             custom_black_list=custom_black_list,
-                             cast_buffers=cast_buffers)
+    return build_level(level, dtype, device_type=device_type, **settings).conversion

@@ -32,7 +32,7 @@ import ampkit
 from ampkit import config as schema
 from ampkit.common.arguments import DEPRECATED_NAMES, canonical_names
 from ampkit.config import SCALER_FIELDS, AmpConfig
-from ampkit.conversion.levels import APEX_OVERRIDES, LevelProperties, properties_of
+from ampkit.conversion.levels import APEX_OVERRIDES, LEVEL_SETTINGS, LevelProperties
 
 __all__ = ["SCALER_OPTIONS", "AmpkitSettings", "accepted_options", "missing_framework"]
 
@@ -202,12 +202,8 @@ class AmpkitSettings:
             >>> AmpkitSettings.build("O3", None, {}, owner="P").properties("cpu").dtype
             torch.bfloat16
         """
-        return properties_of(self._settings(), device_type)
-
-    def _settings(self) -> dict[str, Any]:
-        # the config's fields and the apex overrides, by name (levels.conversion_of's)
-        return {**{f.name: getattr(self.config, f.name)
-                   for f in dataclasses.fields(self.config)}, **self.extra}
+        in_memory = {k: v for k, v in self.extra.items() if k in LEVEL_SETTINGS}
+        return self.config.level_conversion(device_type, **in_memory).properties
 
     def initialize(self, models: Any, optimizers: Any = None) -> Any:
         """``ampkit.initialize`` with the config's choices (its loss-scale options left

@@ -76,6 +76,7 @@ import torch
 import torch.nn as nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ampkit.conversion.levels import Rounding
 from ampkit.pure.rounding import Positions, local_tensor, nearest_bits
 from ampkit.pure.step import COMP, COUNT, fingerprint
 
@@ -208,17 +209,17 @@ def _update(p: torch.Tensor, g: torch.Tensor, states: list[torch.Tensor],
     return torch.compiler.is_compiling()  # a constant of the compiled graph: True
 
 
-_COMPILED: dict[tuple[str, str], Callable[..., bool]] = {}  # (kind, rounding) -> wrapper
+_COMPILED: dict[tuple[str, Rounding], Callable[..., bool]] = {}  # (kind, rounding) -> wrapper
 
 
-def _compiled(kind: str, rounding: str) -> Callable[..., bool]:
+def _compiled(kind: str, rounding: Rounding) -> Callable[..., bool]:
     """The compiled update of one optimizer kind and rounding, made once per process.
     torch keeps compiled graphs per code object, up to a small number of them: a code
     object of its own per kind and rounding (the same code, renamed) keeps one kind's
     graphs from taking another's places."""
     fn = _COMPILED.get((kind, rounding))
     if fn is None:
-        code = _update.__code__.replace(co_name=f"_update_{kind}_{rounding}")
+        code = _update.__code__.replace(co_name=f"_update_{kind}_{rounding.value}")
         plain = types.FunctionType(code, _update.__globals__, code.co_name,
                                    _update.__defaults__)
         plain.__kwdefaults__ = _update.__kwdefaults__
@@ -263,7 +264,7 @@ def _state_names(kind: str, group: dict[str, Any]) -> tuple[str, ...]:
     return (*names, "max_exp_avg_sq") if group["amsgrad"] else names
 
 
-def check_compile_step(compile_step: Any, rounding: str, optimizer: Any = None) -> None:
+def check_compile_step(compile_step: Any, rounding: Rounding, optimizer: Any = None) -> None:
     """Refuse a ``compile_step`` that cannot be honoured: not a bool, asked with a
     rounding other than ``"stochastic"``/``"kahan"``, or differing from the one an
     already pure ``optimizer`` has.
@@ -273,18 +274,19 @@ def check_compile_step(compile_step: Any, rounding: str, optimizer: Any = None) 
         ValueError: a rounding or an optimizer it cannot go with (named).
 
     Example:
+        >>> from ampkit.conversion.levels import Rounding
         >>> from ampkit.pure.compiled_step import check_compile_step
-        >>> check_compile_step(True, "kahan")
-        >>> check_compile_step(True, "nearest")
+        >>> check_compile_step(True, Rounding.KAHAN)
+        >>> check_compile_step(True, Rounding.NEAREST)
         Traceback (most recent call last):
         ...
         ValueError: compile_step=True compiles the pure step of master_weights=...
     """
     if not isinstance(compile_step, bool):
         raise TypeError(f"compile_step must be True or False, got {compile_step!r}")
-    if compile_step and rounding not in ("stochastic", "kahan"):
+    if compile_step and rounding not in (Rounding.STOCHASTIC, Rounding.KAHAN):
         raise ValueError(f"compile_step=True compiles the pure step of master_weights="
-                         f"'stochastic' or 'kahan'; rounding={rounding!r} has none: use "
+                         f"'stochastic' or 'kahan'; rounding={rounding.value!r} has none: use "
                          f"rounding 'stochastic' or 'kahan', or compile_step=False")
     pure = None if optimizer is None else optimizer.__dict__.get("_ampkit_pure")
     if pure is not None and pure.compile_step != compile_step:
@@ -388,7 +390,7 @@ def _step_one(opt: Any, p: torch.Tensor, kind: str, group: dict[str, Any],
             step = own.get("step")
             if not isinstance(step, torch.Tensor):
                 step = own["step"] = torch.tensor(float(step or 0), dtype=torch.float32)
-        comp = _kahan_compensation(opt, p, own) if pure.rounding == "kahan" else None
+        comp = _kahan_compensation(opt, p, own) if pure.rounding is Rounding.KAHAN else None
         count = own.get(COUNT, 0)
         positions = Positions(p)
         total = math.prod(positions.global_shape) if not positions.tag else math.prod(
@@ -426,7 +428,7 @@ def _step_one(opt: Any, p: torch.Tensor, kind: str, group: dict[str, Any],
 _PLANS: WeakIdKeyDictionary = WeakIdKeyDictionary()  # optimizer -> its _Plan
 
 
-def _said_uncompiled(opt: Any, kind: str, rounding: str) -> None:
+def _said_uncompiled(opt: Any, kind: str, rounding: Rounding) -> None:
     """One :class:`CompiledStepFallbackWarning` per optimizer when its update ran as
     plain Python: torch.compile gave up on it (its recompile limit reached for that
     code object: too many variants of group options, shapes and state compiled in this
@@ -436,7 +438,7 @@ def _said_uncompiled(opt: Any, kind: str, rounding: str) -> None:
         return
     plan.warned = True
     warnings.warn(f"compile_step=True: this {_base(opt).__name__}'s update "
-                  f"(_update_{kind}_{rounding}) now runs uncompiled: torch.compile stopped "
+                  f"(_update_{kind}_{rounding.value}) now runs uncompiled: torch.compile stopped "
                   f"compiling it, having reached its recompile limit (torch._dynamo.config."
                   f"recompile_limit) for that code in this process; the results are the "
                   f"same, only slower. Raise the limit, or use fewer distinct group options "

@@ -9,7 +9,7 @@ Example:
     >>> from ampkit.pure import mark_pure_models, pure_settings
     >>> model = torch.nn.Linear(2, 2).to(torch.bfloat16)
     >>> mark_pure_models([model], "stochastic", None); pure_settings(model)
-    ('stochastic', 0)
+    (<Rounding.STOCHASTIC: 'stochastic'>, 0)
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit import torch_internals
 from ampkit.common.step_hooks import check_at_first_step
-from ampkit.conversion.levels import MasterWeights
+from ampkit.conversion.levels import Rounding
 from ampkit.pure.optimizer import (
     PureLowPrecisionOptimizer,
+    check_rounding,
     check_seed,
     optimizer_class_name,
-    rounding_name,
 )
 from ampkit.pure.rounding import is_dtensor
 
@@ -42,7 +42,7 @@ class _PureRecord:
 
     __slots__ = ("module", "name", "qualified", "rounding", "seed")
 
-    def __init__(self, rounding: str, seed: int, module: nn.Module, name: str,
+    def __init__(self, rounding: Rounding, seed: int, module: nn.Module, name: str,
                  qualified: str) -> None:
         self.rounding = rounding
         self.seed = seed
@@ -110,16 +110,16 @@ def _check_not_plain(optimizer: torch.optim.Optimizer, name: str) -> None:
                 fix = (f"Make it pure before its first step: pass it to "
                        f"ampkit.initialize(model, optimizer, ...) with the same settings, "
                        f"or optimizer = ampkit.pure."
-                       f"PureLowPrecisionOptimizer(optimizer, {rounding!r}, seed={seed})")
+                       f"PureLowPrecisionOptimizer(optimizer, {rounding.value!r}, seed={seed})")
             raise RuntimeError(
                 f"this {name} steps bf16 parameters of a model that ampkit.initialize "
-                f"set up with master_weights={rounding!r}, but it is a plain "
+                f"set up with master_weights={rounding.value!r}, but it is a plain "
                 f"optimizer: its steps would round every update to nearest, and small "
                 f"updates would be lost. {fix}")
 
 
 
-def mark_pure_models(models: list[nn.Module], rounding: str | MasterWeights,
+def mark_pure_models(models: list[nn.Module], rounding: Rounding | str,
                      seed: int | None) -> None:
     """Record that ``models`` train purely with ``rounding`` and ``seed``: an optimizer
     built over their parameters later, and never made pure, raises ``RuntimeError``
@@ -139,7 +139,8 @@ def mark_pure_models(models: list[nn.Module], rounding: str | MasterWeights,
         ...
         RuntimeError: this SGD steps bf16 parameters of a model that ...
     """
-    rounding = rounding_name(rounding)
+    if not isinstance(rounding, Rounding):  # initialize passes its mode's, checked
+        rounding = check_rounding(rounding)
     check_seed(seed, "seed")
     seed = 0 if seed is None else seed
     for model in models:
@@ -152,7 +153,7 @@ def mark_pure_models(models: list[nn.Module], rounding: str | MasterWeights,
     check_at_first_step(_check_pure_at_first_step)
 
 
-def pure_settings(model: nn.Module) -> tuple[str, int] | None:
+def pure_settings(model: nn.Module) -> tuple[Rounding, int] | None:
     """``(rounding, seed)`` of a model that ``ampkit.initialize`` set up for pure
     low-precision training (``master_weights="stochastic"`` or ``"kahan"``), else
     ``None``: what an optimizer built for it later must use.
@@ -164,15 +165,15 @@ def pure_settings(model: nn.Module) -> tuple[str, int] | None:
         >>> model = ampkit.initialize(torch.nn.Linear(2, 2), level="O2", dtype="bfloat16",
         ...                           master_weights="kahan", rounding_seed=4)
         >>> pure_settings(model), pure_settings(torch.nn.Linear(2, 2))
-        (('kahan', 4), None)
+        ((<Rounding.KAHAN: 'kahan'>, 4), None)
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    settings: tuple[str, int] | None = _PURE_MODELS.get(model)
+    settings: tuple[Rounding, int] | None = _PURE_MODELS.get(model)
     return settings
 
 
-def pure_low_precision(optimizer: torch.optim.Optimizer, rounding: str | MasterWeights, *,
+def pure_low_precision(optimizer: torch.optim.Optimizer, rounding: Rounding | str, *,
                        seed: int | None = None, compile_step: bool = False) -> Any:
     """Make ``optimizer`` pure (:class:`PureLowPrecisionOptimizer`); what
     ``ampkit.initialize(..., master_weights="stochastic" | "kahan")`` does

@@ -24,7 +24,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit import torch_internals
-from ampkit.conversion.levels import PURE_MASTER_WEIGHTS, MasterWeights
+from ampkit.conversion.levels import Rounding
 from ampkit.pure.rounding import local_tensor
 from ampkit.pure.step import COMP as _COMP
 from ampkit.pure.step import OWN_STATE as _OWN_STATE
@@ -41,42 +41,37 @@ from ampkit.pure.step import stored_low as _stored_low
 
 __all__ = ["PURE_ROUNDINGS", "PureLowPrecisionOptimizer", "PureState", "check_pure_optimizer",
            "check_rounding", "check_seed", "needs_closure", "optimizer_class_name",
-           "pure_rounding", "rounding_name",
+           "pure_rounding",
            "rebuild_pure", "rounding_keys"]
 
-#: The rounding modes :class:`PureLowPrecisionOptimizer` accepts: the pure modes
-#: ``initialize``'s ``master_weights`` takes (:data:`ampkit.conversion.levels.PURE_MASTER_WEIGHTS`,
-#: spelled once there), and ``"nearest"``, the stalling baseline.
-PURE_ROUNDINGS: tuple[str, ...] = (*PURE_MASTER_WEIGHTS, "nearest")
+#: The roundings :class:`PureLowPrecisionOptimizer` accepts, by value: the pure modes'
+#: roundings (:attr:`ampkit.conversion.levels.MasterWeights.rounding`) and
+#: ``"nearest"``, the stalling baseline.
+PURE_ROUNDINGS: tuple[str, ...] = tuple(r.value for r in Rounding)
 
 _SEED = "rounding_seed"  # a hyper-parameter of every parameter group
 _SD_KEY = "ampkit_pure_low_precision"  # the optimizer state_dict entry of this mode
 
 
-def check_rounding(rounding: Any) -> str:
-    if not isinstance(rounding, str) or rounding not in PURE_ROUNDINGS:
-        raise ValueError(f"rounding must be one of {list(PURE_ROUNDINGS)}, got {rounding!r}")
-    return rounding
-
-
-def rounding_name(rounding: str | MasterWeights) -> str:
-    """The rounding's name: a pure :class:`~ampkit.conversion.levels.MasterWeights` member was
-    checked where the user's text became it (``initialize`` passes the member, so one
-    call checks its rounding once); text is checked here, once per public entry.
+def check_rounding(rounding: Any) -> Rounding:
+    """The :class:`~ampkit.conversion.levels.Rounding` a public entry of
+    :mod:`ampkit.pure` was given as text: the one parse of it there.
 
     Raises:
-        ValueError: neither one of :data:`PURE_ROUNDINGS` nor a pure member.
+        ValueError: not one of :data:`PURE_ROUNDINGS`.
 
     Example:
-        >>> from ampkit.conversion.levels import MasterWeights
-        >>> from ampkit.pure.optimizer import rounding_name
-        >>> rounding_name(MasterWeights.KAHAN), rounding_name("nearest")
-        ('kahan', 'nearest')
+        >>> from ampkit.pure.optimizer import check_rounding
+        >>> check_rounding("nearest")
+        <Rounding.NEAREST: 'nearest'>
     """
-    if isinstance(rounding, MasterWeights) and rounding.pure:
-        name: str = rounding.value
-        return name
-    return check_rounding(rounding)
+    return Rounding.parse(rounding)
+
+
+def _rounding(rounding: Rounding | str) -> Rounding:
+    # a member was checked where it was made (initialize passes its mode's rounding):
+    # only text is parsed, once per public entry
+    return rounding if isinstance(rounding, Rounding) else check_rounding(rounding)
 
 
 def _check_no_float16(params: Any) -> None:
@@ -124,7 +119,7 @@ def check_seed(seed: Any, name: str) -> None:
         raise TypeError(f"{name} must be an int or None, got {seed!r}")
 
 
-def check_pure_optimizer(optimizer: Any, rounding: str | MasterWeights = "stochastic", *,
+def check_pure_optimizer(optimizer: Any, rounding: Rounding | str = Rounding.STOCHASTIC, *,
                          seed: Any = None, seed_name: str = "seed") -> None:
     """Raise the error :class:`PureLowPrecisionOptimizer` would raise for these
     arguments, without changing anything (``ampkit.initialize`` checks every optimizer
@@ -145,10 +140,11 @@ def check_pure_optimizer(optimizer: Any, rounding: str | MasterWeights = "stocha
         ...
         TypeError: seed must be an int or None, got 0.5
     """
-    _check_pure_optimizer(optimizer, rounding_name(rounding), seed, seed_name)
+    _check_pure_optimizer(optimizer, _rounding(rounding), seed, seed_name)
 
 
-def _check_pure_optimizer(optimizer: Any, rounding: str, seed: Any, seed_name: str) -> None:
+def _check_pure_optimizer(optimizer: Any, rounding: Rounding, seed: Any,
+                          seed_name: str) -> None:
     # check_pure_optimizer with the rounding's name already checked
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
@@ -156,9 +152,9 @@ def _check_pure_optimizer(optimizer: Any, rounding: str, seed: Any, seed_name: s
     check_seed(seed, seed_name)
     existing = pure_rounding(optimizer)
     if existing is not None:
-        if existing != rounding:
+        if existing is not rounding:
             raise ValueError(f"this optimizer already trains in pure low precision with "
-                             f"rounding={existing!r}, not {rounding!r}")
+                             f"rounding={existing.value!r}, not {rounding.value!r}")
         return
     for group in optimizer.param_groups:
         _check_no_float16(group["params"])
@@ -173,7 +169,7 @@ class PureState:
 
     __slots__ = ("chunk_bytes", "compile_step", "rounding", "versions")
 
-    def __init__(self, rounding: str, chunk_bytes: int | None,
+    def __init__(self, rounding: Rounding, chunk_bytes: int | None,
                  compile_step: bool = False) -> None:
         self.rounding = rounding
         self.chunk_bytes = chunk_bytes
@@ -181,12 +177,13 @@ class PureState:
         self.versions: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"rounding": self.rounding, "chunk_bytes": self.chunk_bytes,
+        # the rounding by its value: pickles made before and after the member load
+        return {"rounding": self.rounding.value, "chunk_bytes": self.chunk_bytes,
                 "compile_step": self.compile_step}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["rounding"], state["chunk_bytes"],  # type: ignore[misc]
-                      state.get("compile_step", False))
+        self.__init__(Rounding.parse(state["rounding"]),  # type: ignore[misc]
+                      state["chunk_bytes"], state.get("compile_step", False))
 
 
 def _as_saved(value: Any, device: torch.device) -> Any:
@@ -230,9 +227,10 @@ class PureLowPrecisionOptimizer:
     Args:
         optimizer: a ``torch.optim.Optimizer`` over bf16 (and possibly fp32)
             parameters.
-        rounding: ``"stochastic"``, ``"kahan"`` or ``"nearest"`` (see
-            :data:`PURE_ROUNDINGS`), or a pure :class:`~ampkit.conversion.levels.MasterWeights`
-            member (what ``initialize`` passes).
+        rounding: a :class:`~ampkit.conversion.levels.Rounding` (a pure
+            ``MasterWeights`` member's :attr:`~ampkit.conversion.levels.MasterWeights.rounding`
+            is what ``initialize`` passes) or its value, ``"stochastic"``, ``"kahan"``
+            or ``"nearest"`` (:data:`PURE_ROUNDINGS`).
         seed: the stochastic rounding's seed, stored as the hyper-parameter
             ``"rounding_seed"`` of every parameter group (and of groups added later).
             ``None`` means 0. It is never drawn from torch's RNG: replicas must agree.
@@ -274,10 +272,10 @@ torch.bfloat16)
     _ampkit_pure: PureState
 
     def __new__(cls, optimizer: torch.optim.Optimizer,
-                rounding: str | MasterWeights = "stochastic", *,
+                rounding: Rounding | str = Rounding.STOCHASTIC, *,
                 seed: int | None = None, chunk_bytes: int | None = None,
                 compile_step: bool = False) -> Any:
-        rounding = rounding_name(rounding)
+        rounding = _rounding(rounding)
         _check_pure_optimizer(optimizer, rounding, seed, "seed")
         from ampkit.pure.compiled_step import check_compile_step
 
@@ -323,7 +321,7 @@ torch.bfloat16)
         return optimizer
 
     def __init__(self, optimizer: torch.optim.Optimizer,
-                 rounding: str | MasterWeights = "stochastic", *,
+                 rounding: Rounding | str = Rounding.STOCHASTIC, *,
                  seed: int | None = None, chunk_bytes: int | None = None,
                  compile_step: bool = False) -> None:
         # Everything happened in __new__, which returns the optimizer itself.
@@ -537,7 +535,7 @@ torch.bfloat16)
         """
         # (the torch optimizer class is this class's second base only at run time)
         out: dict[str, Any] = super().state_dict()  # type: ignore[misc]
-        out[_SD_KEY] = {"rounding": self._ampkit_pure.rounding}
+        out[_SD_KEY] = {"rounding": self._ampkit_pure.rounding.value}  # text: a checkpoint
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -563,11 +561,11 @@ torch.bfloat16)
         extra = state_dict.pop(_SD_KEY, None)
         pure = self._ampkit_pure
         saved_rounding = None if extra is None else extra.get("rounding")
-        if saved_rounding is not None and saved_rounding != pure.rounding:
+        if saved_rounding is not None and saved_rounding != pure.rounding.value:
             raise ValueError(f"the checkpoint was saved with rounding="
                              f"{saved_rounding!r}; this optimizer uses "
-                             f"rounding={pure.rounding!r}")
-        if pure.rounding != "kahan" and any(
+                             f"rounding={pure.rounding.value!r}")
+        if pure.rounding is not Rounding.KAHAN and any(
                 isinstance(s, dict) and _COMP in s
                 for s in state_dict.get("state", {}).values()):
             # Without Kahan a compensation would never be updated nor used: drop it.
@@ -617,7 +615,7 @@ def rounding_keys(optimizer: torch.optim.Optimizer) -> dict[int, tuple[int, int]
         (p, g.get(_SEED, default)) for g in optimizer.param_groups for p in g["params"])}
 
 
-def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:
+def pure_rounding(optimizer: torch.optim.Optimizer) -> Rounding | None:
     """The rounding ``optimizer`` applies updates with, or ``None`` when it is not a
     :class:`PureLowPrecisionOptimizer`.
 
@@ -627,7 +625,7 @@ def pure_rounding(optimizer: torch.optim.Optimizer) -> str | None:
         >>> w = torch.nn.Parameter(torch.ones(1, dtype=torch.bfloat16))
         >>> opt = torch.optim.SGD([w], lr=0.1)
         >>> pure_rounding(opt), pure_rounding(PureLowPrecisionOptimizer(opt, "kahan"))
-        (None, 'kahan')
+        (None, <Rounding.KAHAN: 'kahan'>)
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "

@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ampkit import torch_internals
+from ampkit.conversion.levels import Rounding
 from ampkit.pure.rounding import (
     BLOCK,
     Positions,
@@ -97,7 +98,7 @@ def _check_compensation(opt: Any, p: torch.Tensor, own: dict[str, Any]) -> bool:
     if own.get(COMP) is None:
         return False
     seen = pure.versions.get(p)
-    if pure.rounding != "kahan" or (seen is not None and seen != fingerprint(p)):
+    if pure.rounding is not Rounding.KAHAN or (seen is not None and seen != fingerprint(p)):
         del own[COMP]
         return False
     return True
@@ -268,7 +269,7 @@ class RoundBatch:
 
     def __init__(self, opt: Any) -> None:
         self.opt = opt
-        self.rounding: str = opt._ampkit_pure.rounding
+        self.rounding: Rounding = opt._ampkit_pure.rounding
         # per device: (bf16 outs, fp32 values, Kahan compensations or noises)
         self.kahan: dict[torch.device, _Lists] = defaultdict(lambda: ([], [], []))
         self.stochastic: dict[torch.device, list[StochasticJob]] = defaultdict(list)
@@ -307,7 +308,7 @@ class RoundBatch:
             for k in [k for k in own if k not in results and k not in OWN_STATE]:
                 del own[k]
         own[COUNT] = count + 1
-        if self.rounding == "kahan":
+        if self.rounding is Rounding.KAHAN:
             comp = own.get(COMP)
             if comp is None or comp.shape != p.shape or comp.dtype is not torch.bfloat16:
                 comp = own[COMP] = torch.zeros_like(p.detach())
@@ -317,7 +318,7 @@ class RoundBatch:
             lists[2].append(region(comp))
             self.kahan_params.append(p)
             low = low[1:]  # the state is still rounded stochastically
-        if self.rounding == "nearest":
+        if self.rounding is Rounding.NEAREST:
             for _, out, value in low:
                 pending = self.nearest.by_device[out.device]
                 pending[0].append(out)
