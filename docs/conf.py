@@ -22,7 +22,7 @@ from sphinx.domains.python import PythonDomain
 import ampkit
 
 sys.path.insert(0, str(Path(__file__).parent / "_ext"))
-from reference import PUBLIC_MODULES, defining_module, deprecated_modules, public_modules
+from reference import PUBLIC_MODULES, defining_module, public_modules
 
 project = "ampkit"
 author = "the ampkit authors"
@@ -77,13 +77,12 @@ def _module_data() -> dict[str, list[str]]:
 
 
 # The public modules are documented by their public names (docs/api, public_api.py);
-# the internals' pages leave them out, and the deprecated aliases of moved modules.
+# the internals' pages leave them out.
 autosummary_context = {
     "module_data": _module_data(),
     "public_api": PUBLIC_MODULES,
-    "not_listed": [*deprecated_modules(),
-                   *(name for name in PUBLIC_MODULES
-                     if not hasattr(sys.modules[name], "__path__"))],
+    "not_listed": [name for name in PUBLIC_MODULES
+                   if not hasattr(sys.modules[name], "__path__")],
 }
 autodoc_typehints = "description"
 # fully qualified: a short name such as `autocast` would match several targets

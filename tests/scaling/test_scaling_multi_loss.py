@@ -348,25 +348,7 @@ def test_scale_loss_with_a_scaler_of_its_own_leaves_the_configured_ones_alone() 
         pass
 
 
-# -- the module's name, and what it reads of GradScaler --------------------------------------
-
-def test_old_module_path_multi_loss_warns_once_and_serves_loss_scalings_names(monkeypatch):
-    import importlib
-    import sys
-    import warnings
-
-    monkeypatch.delitem(sys.modules, "ampkit.scaling.multi_loss", raising=False)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = importlib.import_module("ampkit.scaling.multi_loss")
-        again = importlib.import_module("ampkit.scaling.multi_loss")
-    assert again is old
-    assert all(getattr(old, n) is getattr(loss_scaling, n) for n in loss_scaling.__all__)
-    assert old._current_state is loss_scaling._current_state  # private names too
-    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
-    assert len(deprecations) == 1
-    assert "ampkit.scaling.loss_scaling" in str(deprecations[0].message)
-
+# -- what it reads of GradScaler --------------------------------------
 
 def test_loss_scaling_reads_only_public_members_of_grad_scaler():
     import ast
