@@ -363,9 +363,12 @@ def upcast_inside(output: Any) -> set[tuple[Any, int]]:
     found: set[tuple[Any, int]] = set()
     if not low or not wide:
         return found
-    # (node, below a loss kernel): a node is walked at most once in each state
+    # (node, below a loss kernel): a node is walked at most once in each state. The
+    # nodes seen are kept alive for the walk: some torch releases (2.11) make a fresh
+    # Python object for a node on each access and free it after, so an id would be
+    # reused by another node, which the walk would then take as seen.
     todo = [(node, False) for node in wide]
-    seen = {(id(node), False) for node in wide}
+    seen = {(id(node), False): node for node in wide}
     while todo and len(found) < len(low):
         node, below = todo.pop()
         kind = _node_kind(node)
@@ -381,7 +384,7 @@ def upcast_inside(output: Any) -> set[tuple[Any, int]]:
         below = below or _is_loss(kind)
         for nxt, _ in node.next_functions:
             if nxt is not None and (id(nxt), below) not in seen:
-                seen.add((id(nxt), below))
+                seen[id(nxt), below] = nxt
                 todo.append((nxt, below))
     return found
 
