@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import torch
 
 from ampkit.pure.compiled_step import CompiledStepFallbackWarning
 from ampkit.tools.demo.pure_curves import digits_accuracy, train_curves
@@ -31,6 +32,9 @@ def test_digits_accuracy_with_the_compiled_step_matches_fp32():
     # The compiled step's bits and fused arithmetic differ from the eager step's: the
     # accuracy must still land within the eager step's margin of fp32. An optimizer that
     # fell back to the eager step would prove nothing: its warning fails the test.
+    # Other tests of this process may have spent dynamo's recompile limit on the same
+    # update with other options (a process-wide count): this test starts from none.
+    torch.compiler.reset()
     fp32 = digits_accuracy("fp32", epochs=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", CompiledStepFallbackWarning)
@@ -40,6 +44,7 @@ def test_digits_accuracy_with_the_compiled_step_matches_fp32():
 
 
 def test_char_gpt_loss_with_the_compiled_step_tracks_fp32():
+    torch.compiler.reset()  # as above: dynamo's recompile count is the process's
     with warnings.catch_warnings():
         warnings.simplefilter("error", CompiledStepFallbackWarning)
         curves = train_curves(("fp32", "nearest", "stochastic", "kahan"), steps=60, lr=3e-4,
