@@ -1,17 +1,23 @@
 """ampkit.plan's per-rank peak against the peak of the same step really run: in one
 process, and on two gloo CPU ranks under DDP and FSDP2.
 
-The real peak is read from the CPU allocator, not from tensors: torch's profiler
-(``profile_memory=True``) records every allocation and free with its size; the running
-sum of those events from before the model is built is what the process holds, and its
-highest point inside the measured step (a ``record_function`` range, on the same clock)
-is the step's peak. The set-up is written here with ampkit's public API, as a user
-writes it, independently of the planner's own."""
+The real peak is read from the CPU allocator, not from tensors. Torch's profiler
+(``profile_memory=True``) records each allocation made on the thread that runs it, with
+the allocator's running total of bytes held (``total_allocated``). That total is the
+whole process's only while c10's ``caffe2_report_cpu_memory_usage`` flag is on: without
+it, a free made on another thread (gloo's worker threads release the buffers of a
+finished collective) is never subtracted, and the total only grows. The step's peak is
+the highest total inside the measured step (a ``record_function`` range, on the same
+clock) less the total when the profile began, before the model was built. The set-up is
+written here with ampkit's public API, as a user writes it, independently of the
+planner's own."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -81,9 +87,32 @@ def _real_step(mode: str, layout: str) -> tuple[Any, Any, Any, bool]:
     return model, opt, inputs(), bool(settings.get("step_in_backward"))
 
 
+def count_frees_of_every_thread() -> None:
+    """Turn on c10's process-wide CPU memory accounting (see the module's docstring);
+    on from then on, in this process."""
+    library = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libc10.so"))
+    ctypes.c_bool.in_dll(library, "FLAGS_caffe2_report_cpu_memory_usage").value = True
+
+
+def _allocations(nodes: Any) -> Any:
+    for node in nodes:
+        if type(node.extra_fields).__name__ == "_ExtraFields_Allocation":
+            yield node
+        yield from _allocations(node.children)
+
+
+def _mark(nodes: Any, name: str) -> Any:
+    for node in nodes:
+        if node.name == name:
+            return node
+        found = _mark(node.children, name)
+        if found is not None:
+            return found
+    return None
+
+
 def measured_peak(mode: str, layout: str) -> int | str:
     """The real peak of the second step (bytes), or ``"refused: ..."``."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.manual_seed(0)
@@ -101,20 +130,18 @@ def measured_peak(mode: str, layout: str) -> int | str:
                         opt.step()
         except (RuntimeError, ValueError) as error:
             return f"refused: {' '.join(str(error).split())}"
-    events = prof.profiler.kineto_results.events()
-    mark = next(e for e in events if e.name() == "plan-measured-step")
-    start, end = mark.start_ns(), mark.start_ns() + mark.duration_ns()
-    running = highest = 0
-    for when, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events
-                               if e.name() == "[memory]" and e.device_type() == DeviceType.CPU):
-        running += nbytes
-        if start <= when <= end:
-            highest = max(highest, running)
-    return highest
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    mark = _mark(tree, "plan-measured-step")
+    events = sorted(_allocations(tree), key=lambda node: node.start_time_ns)
+    first = events[0].extra_fields
+    before = first.total_allocated - first.alloc_size  # held when the profile began
+    return max(node.extra_fields.total_allocated for node in events
+               if mark.start_time_ns <= node.start_time_ns <= mark.end_time_ns) - before
 
 
 def _worker(rank: int) -> dict[str, Any]:
     torch.set_num_threads(1)
+    count_frees_of_every_thread()
     # one process's runs first, in this fresh process: measured inside a pytest worker,
     # memory that earlier tests left and that was freed during the measured step counted
     # as a negative allocation (O2 measured 1.94 MB against 2.74 MB, in CI only)
