@@ -763,7 +763,7 @@ def _wait_refused(module: nn.Module, holder: int, why: str) -> str:
 # mark set eagerly is released in compiled code; it traces ``delattr``. Elsewhere the
 # item is deleted directly: ``delattr`` would run ``nn.Module.__delattr__`` (and a
 # subclass's override of it) on every forward.
-_DELATTR_WHEN_TRACED = torch.torch_version.TorchVersion(torch.__version__) < (2, 12)
+_DELATTR_WHEN_TRACED = tuple(map(int, torch.__version__.split(".")[:2])) < (2, 12)
 
 
 def _release(module: nn.Module, swapped: Swapped) -> None:
