@@ -867,10 +867,19 @@ def copies_held() -> bool:
     """True while any module's ``_parameters`` hold low-precision copies (a converted
     forward runs on some thread).
 
-    Example:
+    Example (inside an O2 forward, the module's copies are held):
+        >>> import torch
+        >>> import ampkit
         >>> from ampkit.conversion.parameter_casts import copies_held
-        >>> copies_held()
-        False
+        >>> seen = []
+        >>> class Probe(torch.nn.Linear):
+        ...     def forward(self, x):
+        ...         seen.append(copies_held())
+        ...         return super().forward(x)
+        >>> probe = ampkit.initialize(Probe(2, 2), level="O2", dtype="bfloat16")
+        >>> _ = probe(torch.ones(1, 2))
+        >>> seen
+        [True]
     """
     return bool(_held)
 
