@@ -176,6 +176,11 @@ class _Derived:
         self.shifted = self.logits + 100
 
 
+@dataclasses.dataclass(slots=True)
+class _Slotted:
+    logits: torch.Tensor
+
+
 # Whether this torch's compiled code rebuilds a dataclass instance that has a __dict__
 # inside the graph (from 2.12: dynamo lists the instance's attributes)
 _DATACLASS_IN_GRAPH = tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 12)
@@ -205,6 +210,9 @@ def test_compiled_function_calling_the_model_rebuilds_outputs_without_user_code(
             _compiled_call(_converted(lambda y, x: _Derived(y), level))(X)
     ref_derived = _native(lambda y, x: _Derived(y), X)
     assert torch.equal(derived.shifted, ref_derived.shifted.float())
+    # (a slotted dataclass has no __dict__ to list: one graph on every release)
+    slotted = _compiled_call(_converted(lambda y, x: _Slotted(y), level))(X)
+    assert type(slotted) is _Slotted and slotted.logits.dtype is torch.float32
     factory = _compiled_call(_converted(
         lambda y, x: collections.defaultdict(list, logits=y), level))(X)
     assert type(factory) is collections.defaultdict and factory.default_factory is list

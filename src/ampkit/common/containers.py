@@ -274,9 +274,14 @@ def _map_traced(obj: Any, fn: Callable[[Any], Any], tensors_only: bool,
         pairs = [_map_traced(getattr(obj, n), fn, tensors_only, memo) for n in names]
         if not any(changed for _, changed in pairs):
             return obj, False
-        state = getattr(obj, "__dict__", None)
-        if state is not None and not _INSTANCE_DICT_LISTED:
+        if _INSTANCE_DICT_LISTED:
+            state = getattr(obj, "__dict__", None)
+        elif cls.__dictoffset__:
             return _dataclass_rebuilt_outside_the_graph(obj, fn, tensors_only), True
+        else:
+            # (the class, not getattr, says that a slotted one has no __dict__: 2.11's
+            # dynamo answers getattr(obj, "__dict__") with a stand-in even there)
+            state = None
         new = object.__new__(cls)
         if state is not None:
             for n, v in state.items():  # attributes beyond the fields, as they are
