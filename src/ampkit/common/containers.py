@@ -274,8 +274,15 @@ def _map_traced(obj: Any, fn: Callable[[Any], Any], tensors_only: bool,
         pairs = [_map_traced(getattr(obj, n), fn, tensors_only, memo) for n in names]
         if not any(changed for _, changed in pairs):
             return obj, False
+        if _INSTANCE_DICT_LISTED:
+            state = getattr(obj, "__dict__", None)
+        elif cls.__dictoffset__:
+            return _dataclass_rebuilt_outside_the_graph(obj, fn, tensors_only), True
+        else:
+            # (the class, not getattr, says that a slotted one has no __dict__: 2.11's
+            # dynamo answers getattr(obj, "__dict__") with a stand-in even there)
+            state = None
         new = object.__new__(cls)
-        state = getattr(obj, "__dict__", None)
         if state is not None:
             for n, v in state.items():  # attributes beyond the fields, as they are
                 if n not in names:
@@ -287,6 +294,22 @@ def _map_traced(obj: Any, fn: Callable[[Any], Any], tensors_only: bool,
         return _rebuilt_outside_the_graph(obj, fn, tensors_only), True
     # (another leaf: dynamo compares only tensors by identity)
     return (obj, False) if tensors_only else (fn(obj), True)
+
+
+# Torch 2.11's dynamo cannot list an instance's __dict__ (its items, keys or length; it
+# only looks names up in it), and a dataclass instance's may hold attributes beyond
+# its fields, which the rebuilt one must keep: there, such an instance is rebuilt by
+# the eager walk outside the graph (a slotted dataclass has no __dict__ and stays in).
+_INSTANCE_DICT_LISTED = tuple(map(int, torch.__version__.split(".")[:2])) >= (2, 12)
+
+
+@not_traced
+def _dataclass_rebuilt_outside_the_graph(obj: Any, fn: Callable[[Any], Any],
+                                         tensors_only: bool) -> Any:
+    """Where this torch's compiled code cannot list a dataclass instance's
+    attributes: the eager walk, run as Python (a graph break; ``fullgraph=True``: the
+    error naming this)."""
+    return _map(obj, fn, tensors_only, {})
 
 
 @not_traced
@@ -332,3 +355,10 @@ torch_internals.mark_dynamo_disabled(
     "tensor the model's boundary casts; it is rebuilt as Python, outside the graph, as "
     "in eager mode. Compile the model itself (torch.compile(model)), or return a "
     "dataclass, a dict, an OrderedDict, a defaultdict or a named tuple, to get one graph")
+torch_internals.mark_dynamo_disabled(
+    _dataclass_rebuilt_outside_the_graph,
+    "ampkit: compiled code of this torch (2.11) cannot list the attributes of a "
+    "dataclass instance (its __dict__, which may hold attributes beyond its fields), so "
+    "one holding a tensor the model's boundary casts is rebuilt as Python, outside the "
+    "graph, as in eager mode. Use torch 2.12 or later, or declare the dataclass with "
+    "slots=True, to get one graph")

@@ -758,13 +758,24 @@ def _wait_refused(module: nn.Module, holder: int, why: str) -> str:
         f"serving.load_state_dict(model.state_dict()))")
 
 
+# Torch 2.11's dynamo cannot trace deleting an item of a module's __dict__ (``del``,
+# ``pop``: an unsupported-method graph break, an error under ``fullgraph=True``) where a
+# mark set eagerly is released in compiled code; it traces ``delattr``. Elsewhere the
+# item is deleted directly: ``delattr`` would run ``nn.Module.__delattr__`` (and a
+# subclass's override of it) on every forward.
+_DELATTR_WHEN_TRACED = tuple(map(int, torch.__version__.split(".")[:2])) < (2, 12)
+
+
 def _release(module: nn.Module, swapped: Swapped) -> None:
     # Only the swap that made the mark removes it (a nested one on the same thread
     # leaves it).
     held = module.__dict__.get(_HELD)
     if held is not None and held[1] is swapped:
         _held.pop(id(module), None)
-        del module.__dict__[_HELD]
+        if _DELATTR_WHEN_TRACED and torch.compiler.is_dynamo_compiling():
+            delattr(module, _HELD)
+        else:
+            del module.__dict__[_HELD]
         # (a waiter registers before it looks at the mark: one that has not yet
         # registered will find the mark gone)
         if _waiting:
@@ -856,10 +867,19 @@ def copies_held() -> bool:
     """True while any module's ``_parameters`` hold low-precision copies (a converted
     forward runs on some thread).
 
-    Example:
+    Example (inside an O2 forward, the module's copies are held):
+        >>> import torch
+        >>> import ampkit
         >>> from ampkit.conversion.parameter_casts import copies_held
-        >>> copies_held()
-        False
+        >>> seen = []
+        >>> class Probe(torch.nn.Linear):
+        ...     def forward(self, x):
+        ...         seen.append(copies_held())
+        ...         return super().forward(x)
+        >>> probe = ampkit.initialize(Probe(2, 2), level="O2", dtype="bfloat16")
+        >>> _ = probe(torch.ones(1, 2))
+        >>> seen
+        [True]
     """
     return bool(_held)
 
