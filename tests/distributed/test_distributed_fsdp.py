@@ -307,12 +307,67 @@ def test_an_optimizer_built_before_sharding_is_refused_at_its_first_step(
     fully_shard(model, mesh=one_rank)
     before = [p.full_tensor().clone() for p in model.parameters()]
     model(torch.rand(3, 16)).sum().backward()
-    with pytest.raises(RuntimeError, match=r"steps a parameter \(FSDPLinear.weight\) that the "
-                                           r"model no longer holds: fully_shard replaced"):
+    with pytest.raises(RuntimeError, match=r"this AdamW steps parameter '0.weight' as it was "
+                                           r"before FSDP2's fully_shard replaced it"):
         opt.step()
     assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
     fresh = torch.optim.AdamW(model.parameters(), lr=0.1)  # after sharding: trains
     fresh.step()
+    assert not torch.equal(before[0], model[0].weight.full_tensor())
+
+
+def _built_before(name: str) -> str:
+    """The one refusal of an optimizer built before sharding, as a user reads it."""
+    return (f"this AdamW steps parameter {name!r} as it was before FSDP2's fully_shard "
+            f"replaced it with a sharded DTensor parameter (the optimizer was built "
+            f"first), so its steps would change nothing the model uses. Build the "
+            f"optimizer after sharding: optimizer = ampkit.fsdp.prepare_optimizer(model, "
+            f"torch.optim.AdamW(model.parameters(), ...))")
+
+
+BUILT_BEFORE_MODES = {
+    "O0": {"level": "O0"}, "O1": {"level": "O1", "dtype": BF16},
+    "O2": {"level": "O2", "dtype": BF16}, "O3": {"level": "O3", "dtype": BF16},
+    "stochastic": {"level": "O2", "dtype": BF16, "master_weights": "stochastic"},
+    "kahan": {"level": "O2", "dtype": BF16, "master_weights": "kahan"},
+    "step_in_backward": {"level": "O2", "dtype": BF16, "step_in_backward": True}}
+
+
+@pytest.mark.parametrize("sharder", ["ampkit", "torch"])
+@pytest.mark.parametrize("mode", list(BUILT_BEFORE_MODES))
+def test_an_optimizer_built_before_either_fully_shard_is_refused_in_one_wording(
+        one_rank: Any, mode: str, sharder: str) -> None:
+    """At every level, after ampkit's or torch's fully_shard: an AdamW built after
+    initialize but before sharding (plain, even over a pure model) is refused at its
+    first step, naming the parameter, with nothing changed; prepare_optimizer refuses
+    it the same way. A fresh optimizer over the shards then trains."""
+    from torch.distributed.fsdp import fully_shard
+
+    import ampkit.fsdp
+
+    model = ampkit.initialize(nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8),
+                                            nn.Linear(8, 2)), **BUILT_BEFORE_MODES[mode])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)  # before sharding
+    if sharder == "ampkit":
+        ampkit.fsdp.fully_shard(model, blocks=[nn.Linear], mesh=one_rank)
+    else:
+        for module in (model[0], model[2], model):
+            fully_shard(module, mesh=one_rank)
+    expected = _built_before("0.weight")
+    with pytest.raises(RuntimeError) as refused:
+        ampkit.fsdp.prepare_optimizer(model, opt)
+    assert str(refused.value) == expected
+    before = [p.full_tensor().clone() for p in model.parameters()]
+    model(torch.rand(3, 4)).float().sum().backward()
+    with pytest.raises(RuntimeError) as refused:
+        opt.step()
+    assert str(refused.value) == expected
+    assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
+    fresh = ampkit.fsdp.prepare_optimizer(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    if mode == "step_in_backward":  # it steps inside the next backward
+        model(torch.rand(3, 4)).float().sum().backward()
+    else:
+        fresh.step()
     assert not torch.equal(before[0], model[0].weight.full_tensor())
 
 
