@@ -409,3 +409,59 @@ def test_kept_norms_under_fsdp2_take_low_precision_input_as_unsharded(one_rank: 
         model(torch.rand(4, 8))
     assert seen["plain"] == {"1": BF16, "3": BF16}
     assert seen["fsdp"] == seen["plain"]
+
+
+def _steps_before(name: str, tail: str) -> str:
+    """The refusal of an optimizer stepping in backward built before sharding."""
+    return (f"this AdamW steps parameter {name!r} inside backward through a hook on the "
+            f"parameter as it was before FSDP2's fully_shard replaced it with a sharded "
+            f"DTensor parameter (the optimizer was built first), so the hook never runs "
+            f"and every backward would train nothing. Build the optimizer after "
+            f"sharding: optimizer = ampkit.fsdp.prepare_optimizer(model, "
+            f"torch.optim.AdamW(model.parameters(), ...)) (ampkit.initialize(model, "
+            f"level=..., step_in_backward=True) without the optimizer records the mode "
+            f"for prepare_optimizer). {tail}")
+
+
+@pytest.mark.parametrize("sharder", ["ampkit", "torch"])
+@pytest.mark.parametrize("mode", ["O2", "stochastic"])
+def test_an_optimizer_stepping_in_backward_before_either_fully_shard_is_refused(
+        one_rank: Any, mode: str, sharder: str) -> None:
+    """initialize(model, opt, step_in_backward=True) and then sharding: the optimizer's
+    hooks sit on the replaced parameters, so without a refusal every backward trained
+    nothing. ampkit's fully_shard refuses before sharding anything; after torch's own,
+    the model's first forward refuses and leaves the model resharded. Either way no
+    parameter changed, and an optimizer prepared after sharding then trains."""
+    from torch.distributed.fsdp import fully_shard
+
+    import ampkit.fsdp
+
+    kwargs = {"level": "O2", "dtype": BF16, "step_in_backward": True}
+    if mode == "stochastic":
+        kwargs["master_weights"] = "stochastic"
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2))
+    model, opt = ampkit.initialize(model, torch.optim.AdamW(model.parameters(), lr=0.1),
+                                   **kwargs)
+    held = list(model.parameters())
+    before = [p.detach().clone() for p in held]
+    if sharder == "ampkit":
+        with pytest.raises(RuntimeError) as refused:
+            ampkit.fsdp.fully_shard(model, blocks=[nn.Linear], mesh=one_rank)
+        assert str(refused.value) == _steps_before("0.weight", "Nothing was sharded")
+        assert all(a is b for a, b in zip(held, model.parameters()))  # not replaced
+        assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        return
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=one_rank)
+    with pytest.raises(RuntimeError) as refused:
+        model(torch.rand(3, 4)).float().sum().backward()
+    assert str(refused.value) == _steps_before(
+        "0.weight", "Nothing stepped; this forward was stopped and the model resharded, "
+                    "so build the optimizer now")
+    assert all(torch.equal(b, p) for b, p in zip(before, held))  # the old ones: unstepped
+    assert all(type(p).__name__ == "DTensor" for p in model.parameters())  # resharded
+    assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
+    fresh = ampkit.fsdp.prepare_optimizer(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    model(torch.rand(3, 4)).float().sum().backward()  # steps inside it
+    assert not torch.equal(before[0], model[0].weight.full_tensor())
+    assert fresh.state  # it stepped
