@@ -23,8 +23,10 @@ low-precision copies. So the recipe is:
    ``initialize`` recorded on the model; at the other levels it checks the optimizer
    and hands it back. An optimizer built before sharding, which would step tensors the
    model no longer uses, raises ``RuntimeError`` at its first step (and at
-   :func:`prepare_optimizer`); so does a plain optimizer over a pure model's sharded
-   parameters, whose updates would round to nearest.
+   :func:`prepare_optimizer`), naming the parameter, at every level and whichever
+   ``fully_shard`` sharded (:mod:`ampkit.conversion.parameter_owners`); so does a
+   plain optimizer over a pure model's sharded parameters, whose updates would round
+   to nearest.
 
 Under this policy the parameters reach each module already in low precision (from the
 all-gather), so ampkit's cast on use (:mod:`ampkit.conversion.parameter_casts`) has nothing to do
@@ -74,49 +76,22 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils.weak import WeakIdKeyDictionary
 
-from ampkit import torch_internals
 from ampkit.common.module_selection import (
     ModuleSelector,
     parse_module_selectors,
     resolve_module_selectors,
     selects,
 )
-from ampkit.common.step_hooks import check_at_first_step
 from ampkit.conversion import (
     OWN_PARAMETER_CASTS,
     ConversionConfig,
     get_conversion,
     kept_by_conversion,
 )
+from ampkit.conversion.parameter_owners import check_not_replaced, note_replaced, record_owners
 
 __all__ = ["fully_shard", "mixed_precision_policy", "prepare_optimizer"]
-
-# parameters ampkit.fsdp.fully_shard replaced with sharded ones -> their qualified name:
-# an optimizer stepping one would train nothing the model uses (see _check_not_replaced)
-_REPLACED: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-
-def _check_not_replaced(optimizer: torch.optim.Optimizer) -> None:
-    # Checked at each optimizer's first step (ampkit.common.step_hooks).
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            name = _REPLACED.get(p)
-            if name is not None:
-                raise RuntimeError(_built_before(optimizer, name))
-
-
-def _built_before(optimizer: torch.optim.Optimizer, name: str) -> str:
-    from ampkit.pure import optimizer_class_name
-
-    kind = optimizer_class_name(optimizer)
-    return (f"this {kind} steps parameter {name!r} as it was before "
-            f"ampkit.fsdp.fully_shard replaced it with a sharded DTensor parameter, so its "
-            f"steps would change nothing the model uses. Build the optimizer after "
-            f"sharding: optimizer = ampkit.fsdp.prepare_optimizer(model, "
-            f"torch.optim.{kind}(model.parameters(), ...))")
-
 
 def _converted_config(model: Any, function: str) -> ConversionConfig:
     if not isinstance(model, nn.Module):
@@ -250,7 +225,9 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
         TypeError: ``mp_policy`` given, or a bad ``blocks`` entry.
         ValueError: ``model`` is not the root of a converted model, or a block name or
             instance is not in it.
-        RuntimeError: part of ``model`` is sharded already.
+        RuntimeError: part of ``model`` is sharded already, or an optimizer steps
+            inside backward on its parameters (set up before sharding: its hooks would
+            stay on the replaced parameters); nothing is sharded then.
 
     Example:
         >>> import torch
@@ -284,31 +261,26 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
             raise RuntimeError(f"{where} is sharded already (fully_shard); "
                                f"ampkit.fsdp.fully_shard shards the whole converted model "
                                f"itself, so call it on a model no part of which is sharded")
+    from ampkit.step_in_backward import check_not_stepping_before_sharding
+
+    # an optimizer stepping in backward hooks the parameters sharding would replace
+    check_not_stepping_before_sharding(model)
     selected = parse_module_selectors(blocks, "blocks") or ()
     # Planned (and every selector checked) before anything is sharded.
     groups = _plan_groups(model, config, selected)
     low = mixed_precision_policy(model)
     fp32 = mixed_precision_policy(model, kept=True)
-    before = [(f"{m}.{n}" if m else n, module, n, p) for m, module in model.named_modules()
-              for n, p in torch_internals.module_parameters(module).items() if p is not None]
+    # Where each parameter sits now, under the model's names: an optimizer built over
+    # one that sharding replaces is refused at its first step (and by prepare_optimizer).
+    record_owners(model)
+    before = list(model.parameters())
     for owner, kept, owner_fp32 in groups:
         if kept:
             torch_fully_shard(kept if len(kept) > 1 else kept[0], mp_policy=fp32,
                               **fsdp_kwargs)
         torch_fully_shard(owner, mp_policy=fp32 if owner_fp32 else low, **fsdp_kwargs)
-    _record_replaced(model, before)
+    note_replaced(before)
     return model
-
-
-def _record_replaced(model: nn.Module, before: list[tuple[str, nn.Module, str, Any]]
-                     ) -> None:
-    """After sharding: an optimizer over a parameter the model no longer holds raises at
-    its first step. (A plain optimizer over a pure model's new parameters raises too:
-    :mod:`ampkit.pure` knows the model.)"""
-    for full, module, name, p in before:
-        if torch_internals.module_parameters(module).get(name) is not p:
-            _REPLACED[p] = full
-    check_at_first_step(_check_not_replaced)
 
 
 def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
@@ -361,14 +333,12 @@ def prepare_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    check_not_replaced(optimizer)  # built before sharding: the one refusal, named
     held = {id(p) for p in model.parameters()}
     for g, group in enumerate(optimizer.param_groups):
         for p in group["params"]:
             if id(p) in held:
                 continue
-            name = _REPLACED.get(p)
-            if name is not None:
-                raise RuntimeError(_built_before(optimizer, name))
             raise ValueError(f"optimizer: param_groups[{g}] holds a parameter of shape "
                              f"{tuple(p.shape)} that is not one of model.parameters(); "
                              f"build the optimizer over this model's parameters")

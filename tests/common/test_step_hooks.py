@@ -1,6 +1,6 @@
 """ampkit hears of optimizer steps through one global step pre-hook
 (:mod:`ampkit.common.step_hooks`), whatever features registered checks: O2's parameters cast on
-use, pure low-precision training and ampkit.fsdp each check an optimizer's first step
+use, pure low-precision training and FSDP2 sharding each check an optimizer's first step
 through it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch.nn as nn
 from torch.optim import optimizer as torch_optimizer
 
 import ampkit
-import ampkit.fsdp
 from ampkit.common.step_hooks import check_at_first_step
+from ampkit.conversion.parameter_owners import record_owners
 from ampkit.pure import mark_pure_models
 
 BF16 = torch.bfloat16
@@ -27,7 +27,7 @@ def test_every_feature_checks_through_one_global_step_hook():
     # Each feature that checks optimizers at their first step, used once here.
     ampkit.initialize(nn.Sequential(nn.Linear(2, 2)), level="O2", dtype=BF16)
     mark_pure_models([nn.Linear(2, 2).to(BF16)], "kahan", 0)
-    ampkit.fsdp._record_replaced(nn.Linear(2, 2), [])  # what fully_shard ends with
+    record_owners(nn.Linear(2, 2))  # what fully_shard records before it shards
     assert len(_ampkit_step_hooks()) == 1
 
 

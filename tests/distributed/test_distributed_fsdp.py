@@ -307,12 +307,67 @@ def test_an_optimizer_built_before_sharding_is_refused_at_its_first_step(
     fully_shard(model, mesh=one_rank)
     before = [p.full_tensor().clone() for p in model.parameters()]
     model(torch.rand(3, 16)).sum().backward()
-    with pytest.raises(RuntimeError, match=r"steps a parameter \(FSDPLinear.weight\) that the "
-                                           r"model no longer holds: fully_shard replaced"):
+    with pytest.raises(RuntimeError, match=r"this AdamW steps parameter '0.weight' as it was "
+                                           r"before FSDP2's fully_shard replaced it"):
         opt.step()
     assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
     fresh = torch.optim.AdamW(model.parameters(), lr=0.1)  # after sharding: trains
     fresh.step()
+    assert not torch.equal(before[0], model[0].weight.full_tensor())
+
+
+def _built_before(name: str) -> str:
+    """The one refusal of an optimizer built before sharding, as a user reads it."""
+    return (f"this AdamW steps parameter {name!r} as it was before FSDP2's fully_shard "
+            f"replaced it with a sharded DTensor parameter (the optimizer was built "
+            f"first), so its steps would change nothing the model uses. Build the "
+            f"optimizer after sharding: optimizer = ampkit.fsdp.prepare_optimizer(model, "
+            f"torch.optim.AdamW(model.parameters(), ...))")
+
+
+BUILT_BEFORE_MODES = {
+    "O0": {"level": "O0"}, "O1": {"level": "O1", "dtype": BF16},
+    "O2": {"level": "O2", "dtype": BF16}, "O3": {"level": "O3", "dtype": BF16},
+    "stochastic": {"level": "O2", "dtype": BF16, "master_weights": "stochastic"},
+    "kahan": {"level": "O2", "dtype": BF16, "master_weights": "kahan"},
+    "step_in_backward": {"level": "O2", "dtype": BF16, "step_in_backward": True}}
+
+
+@pytest.mark.parametrize("sharder", ["ampkit", "torch"])
+@pytest.mark.parametrize("mode", list(BUILT_BEFORE_MODES))
+def test_an_optimizer_built_before_either_fully_shard_is_refused_in_one_wording(
+        one_rank: Any, mode: str, sharder: str) -> None:
+    """At every level, after ampkit's or torch's fully_shard: an AdamW built after
+    initialize but before sharding (plain, even over a pure model) is refused at its
+    first step, naming the parameter, with nothing changed; prepare_optimizer refuses
+    it the same way. A fresh optimizer over the shards then trains."""
+    from torch.distributed.fsdp import fully_shard
+
+    import ampkit.fsdp
+
+    model = ampkit.initialize(nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8),
+                                            nn.Linear(8, 2)), **BUILT_BEFORE_MODES[mode])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)  # before sharding
+    if sharder == "ampkit":
+        ampkit.fsdp.fully_shard(model, blocks=[nn.Linear], mesh=one_rank)
+    else:
+        for module in (model[0], model[2], model):
+            fully_shard(module, mesh=one_rank)
+    expected = _built_before("0.weight")
+    with pytest.raises(RuntimeError) as refused:
+        ampkit.fsdp.prepare_optimizer(model, opt)
+    assert str(refused.value) == expected
+    before = [p.full_tensor().clone() for p in model.parameters()]
+    model(torch.rand(3, 4)).float().sum().backward()
+    with pytest.raises(RuntimeError) as refused:
+        opt.step()
+    assert str(refused.value) == expected
+    assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
+    fresh = ampkit.fsdp.prepare_optimizer(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    if mode == "step_in_backward":  # it steps inside the next backward
+        model(torch.rand(3, 4)).float().sum().backward()
+    else:
+        fresh.step()
     assert not torch.equal(before[0], model[0].weight.full_tensor())
 
 
@@ -354,3 +409,62 @@ def test_kept_norms_under_fsdp2_take_low_precision_input_as_unsharded(one_rank: 
         model(torch.rand(4, 8))
     assert seen["plain"] == {"1": BF16, "3": BF16}
     assert seen["fsdp"] == seen["plain"]
+
+
+def _steps_before(name: str, tail: str) -> str:
+    """The refusal of an optimizer stepping in backward built before sharding."""
+    return (f"this AdamW steps parameter {name!r} inside backward through a hook on the "
+            f"parameter as it was before FSDP2's fully_shard replaced it with a sharded "
+            f"DTensor parameter (the optimizer was built first), so the hook never runs "
+            f"and every backward would train nothing. Build the optimizer after "
+            f"sharding: optimizer = ampkit.fsdp.prepare_optimizer(model, "
+            f"torch.optim.AdamW(model.parameters(), ...)) (ampkit.initialize(model, "
+            f"level=..., step_in_backward=True) without the optimizer records the mode "
+            f"for prepare_optimizer). {tail}")
+
+
+@pytest.mark.parametrize("sharder", ["ampkit", "torch"])
+@pytest.mark.parametrize("mode", ["O2", "stochastic"])
+def test_an_optimizer_stepping_in_backward_before_either_fully_shard_is_refused(
+        one_rank: Any, mode: str, sharder: str) -> None:
+    """initialize(model, opt, step_in_backward=True) and then sharding: the optimizer's
+    hooks sit on the replaced parameters, so without a refusal every backward trained
+    nothing. ampkit's fully_shard refuses before sharding anything; after torch's own,
+    the model's first forward refuses and leaves the model resharded. Either way no
+    parameter changed, and an optimizer prepared after sharding then trains."""
+    from torch.distributed.fsdp import fully_shard
+
+    import ampkit.fsdp
+
+    kwargs = {"level": "O2", "dtype": BF16, "step_in_backward": True}
+    if mode == "stochastic":
+        kwargs["master_weights"] = "stochastic"
+    model = nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2))
+    model, opt = ampkit.initialize(model, torch.optim.AdamW(model.parameters(), lr=0.1),
+                                   **kwargs)
+    held = list(model.parameters())
+    before = [p.detach().clone() for p in held]
+    if sharder == "ampkit":
+        with pytest.raises(RuntimeError) as refused:
+            ampkit.fsdp.fully_shard(model, blocks=[nn.Linear], mesh=one_rank)
+        assert str(refused.value) == _steps_before("0.weight", "Nothing was sharded")
+        assert all(a is b for a, b in zip(held, model.parameters()))  # not replaced
+        assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+        assert not opt.state  # it never stepped
+        return
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=one_rank)
+    with pytest.raises(RuntimeError) as refused:
+        model(torch.rand(3, 4)).float().sum().backward()
+    assert str(refused.value) == _steps_before(
+        "0.weight", "Nothing stepped; this forward was stopped and the model resharded, "
+                    "so build the optimizer now")
+    assert all(torch.equal(b, p) for b, p in zip(before, held))  # the old ones: unstepped
+    assert not opt.state
+    assert all(type(p).__name__ == "DTensor" for p in model.parameters())  # resharded
+    assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
+    # (the old optimizer still lives: the new one over the shards takes the model over)
+    fresh = ampkit.fsdp.prepare_optimizer(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    model(torch.rand(3, 4)).float().sum().backward()  # steps inside it
+    assert not torch.equal(before[0], model[0].weight.full_tensor())
+    assert fresh.state  # it stepped

@@ -2,7 +2,7 @@
 
 Some wrong orders only show at an optimizer's first step: an optimizer built before
 FSDP2's ``fully_shard`` replaced the parameters it holds (it would step tensors the
-model no longer uses: :mod:`ampkit.conversion.parameter_casts`, :mod:`ampkit.fsdp`), and a plain
+model no longer uses: :mod:`ampkit.conversion.parameter_owners`), and a plain
 optimizer over the parameters of a model ``initialize`` set up for pure low-precision
 training (it would round every update to nearest: :mod:`ampkit.pure`). Each feature
 registers its check here with :func:`check_at_first_step`; this module registers one

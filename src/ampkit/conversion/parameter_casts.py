@@ -43,7 +43,8 @@ precision already, leaving nothing to cast).
 
 An optimizer built over the parameters before FSDP2's ``fully_shard`` replaced them
 with sharded ones would step tensors the model no longer uses: its first step raises
-``RuntimeError`` instead (build the optimizer after sharding).
+``RuntimeError`` instead (build the optimizer after sharding;
+:mod:`ampkit.conversion.parameter_owners`).
 
 Example:
     >>> import torch
@@ -65,18 +66,16 @@ import contextlib
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit import torch_internals
 from ampkit.common.compile_frames import skip_recursively
 from ampkit.common.containers import iter_tensors
-from ampkit.common.step_hooks import check_at_first_step
+from ampkit.conversion.parameter_owners import record_owners
 from ampkit.engine.casting import copy_serves
 
 __all__ = ["CastParametersOnUse", "cached_casts", "called_on_its_own", "cast_parameter",
@@ -105,10 +104,6 @@ _LOW = (torch.float16, torch.bfloat16)
 #: What a module's swap records, one entry per parameter swapped out: its name, the fp32
 #: parameter, and the version of the copy put in its place (``-1``: not checked).
 Swapped = list[tuple[str, torch.Tensor, int]]
-# parameter -> (weakref to the module that holds it, its name there), for every
-# parameter cast on use: to tell an optimizer built over parameters that FSDP2 has since
-# replaced (see _check_not_replaced)
-_OWNERS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 # The instance attribute install() sets: (the CastParametersOnUse, the ids of its
 # forward pre-hook and forward hook on the module); read by own_cast_hooks.
 _CAST_HOOKS = "_ampkit_cast_on_use"
@@ -245,31 +240,6 @@ def casting_on_use() -> bool:
         False
     """
     return _pass.depth > 0 or bool(_swaps.stack)
-
-
-def _is_sharded(t: Any) -> bool:
-    return hasattr(t, "placements") and hasattr(t, "device_mesh")  # a DTensor
-
-
-def _check_not_replaced(optimizer: torch.optim.Optimizer) -> None:
-    # Checked at each optimizer's first step (ampkit.common.step_hooks). fully_shard replaces
-    # every parameter of the model with a sharded DTensor one; an optimizer built before
-    # it steps the old tensors, which no longer receive gradients: training would change
-    # nothing, with no error.
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            owner = _OWNERS.get(p)
-            module = None if owner is None else owner[0]()
-            if module is None or _is_sharded(p):
-                continue
-            now = torch_internals.module_parameters(module).get(owner[1])
-            if now is not None and now is not p and _is_sharded(now):
-                raise RuntimeError(
-                    f"this optimizer steps a parameter ({type(module).__name__}."
-                    f"{owner[1]}) that the model no longer holds: fully_shard replaced "
-                    f"it with a sharded DTensor parameter after the optimizer was built, "
-                    f"so its steps would change nothing the model uses. Build the "
-                    f"optimizer after sharding, over model.parameters()")
 
 
 def cast_parameter(param: torch.Tensor, dtype: torch.dtype, *, cache: bool = True
@@ -423,10 +393,9 @@ class CastParametersOnUse:
         restore_until(module)
 
     def install(self, module: nn.Module) -> None:
-        check_at_first_step(_check_not_replaced)
-        for name, p in torch_internals.module_parameters(module).items():
-            if p is not None and p.is_floating_point():
-                _OWNERS.setdefault(p, (weakref.ref(module), name))
+        # where its parameters sit: an optimizer built before FSDP2 replaced them is
+        # refused (a model's conversion records them again under the model's names)
+        record_owners(module, keep_existing=True, recurse=False)
         # The cast is the last of the module's forward pre-hooks (and stays last: see
         # keep_cast_last), as late as it can be: a user's pre-hook sees the fp32
         # parameters, as in fp32 training, and what it edits is the truth.

@@ -38,6 +38,7 @@ from ampkit.conversion.config import (
 )
 from ampkit.conversion.norms import updates_float_buffers
 from ampkit.conversion.parameter_casts import CastParametersOnUse
+from ampkit.conversion.parameter_owners import record_owners
 from ampkit.conversion.reparametrize import (
     legacy_reparametrizations,
     reparametrization_sources,
@@ -609,3 +610,6 @@ def apply_conversion(model: nn.Module, config: ConversionConfig, plan: Any) -> N
         raise TypeError(f"plan must come from prepare_conversion, got {type(plan).__name__}")
     _cast_tensors(model, config, plan)
     _install(model, config, plan)
+    # where every parameter sits now, under the model's names: an optimizer built before
+    # FSDP2's fully_shard (ampkit's or torch's) replaces them is refused at its first step
+    record_owners(model)

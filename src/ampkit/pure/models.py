@@ -1,7 +1,6 @@
 """The models ``ampkit.initialize`` set up for pure low-precision training: the record of
 their rounding and seed (:func:`mark_pure_models`, :func:`pure_settings`), the check at
-an optimizer's first step that it is pure when it steps their parameters and steps
-what they hold (not parameters FSDP2 has since replaced), and
+an optimizer's first step that it is pure when it steps their parameters, and
 :func:`pure_low_precision`, what ``initialize`` calls.
 
 Example:
@@ -14,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -24,6 +22,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ampkit import torch_internals
 from ampkit.common.step_hooks import check_at_first_step
 from ampkit.conversion.levels import Rounding
+from ampkit.conversion.parameter_owners import record_owners
 from ampkit.pure.optimizer import (
     PureLowPrecisionOptimizer,
     check_rounding,
@@ -36,57 +35,32 @@ __all__ = ["mark_pure_models", "pure_low_precision", "pure_settings"]
 
 
 class _PureRecord:
-    """What ``initialize`` recorded about a parameter it made pure: the rounding, the
-    seed, and where the parameter sits (its module, weakly, and its name there), so
-    that a step can tell whether the model still holds it."""
+    """What ``initialize`` recorded about a parameter it made pure: the rounding and the
+    seed an optimizer stepping it must use. (Where it sits, for the check that FSDP2
+    has not replaced it since, is :mod:`ampkit.conversion.parameter_owners`'s record.)"""
 
-    __slots__ = ("module", "name", "qualified", "rounding", "seed")
+    __slots__ = ("rounding", "seed")
 
-    def __init__(self, rounding: Rounding, seed: int, module: nn.Module, name: str,
-                 qualified: str) -> None:
+    def __init__(self, rounding: Rounding, seed: int) -> None:
         self.rounding = rounding
         self.seed = seed
-        self.module = weakref.ref(module)
-        self.name = name  # in its module
-        self.qualified = qualified  # in the model
-
-    def replaced_by_shard(self, p: torch.Tensor) -> bool:
-        """The model now holds a sharded parameter where ``p`` was (FSDP2's
-        ``fully_shard`` replaced it)."""
-        module = self.module()
-        now = None if module is None else torch_internals.module_parameters(module).get(self.name)
-        return now is not None and now is not p and is_dtensor(now) and not is_dtensor(p)
 
 
 # parameters of models initialize() made pure -> their _PureRecord: an optimizer built
-# over them later must be pure too, and must step what the model holds (see
-# _check_pure_at_first_step); models themselves -> (rounding, seed)
+# over them later must be pure too (see _check_pure_at_first_step); models themselves
+# -> (rounding, seed)
 _PURE_PARAMS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _PURE_MODELS: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _check_pure_at_first_step(optimizer: torch.optim.Optimizer) -> None:
     # Checked at each optimizer's first step (ampkit.common.step_hooks), before anything
-    # changed. Two wrong orders would train wrongly with no error: an optimizer built
-    # before fully_shard steps tensors the model no longer uses (nothing trains), and a
-    # plain optimizer over parameters of a model trained purely rounds every update to
-    # nearest (small updates stall).
-    name = optimizer_class_name(optimizer)
-    plain = "_ampkit_pure" not in optimizer.__dict__
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            found: _PureRecord | None = _PURE_PARAMS.get(p)
-            if found is not None and found.replaced_by_shard(p):
-                raise RuntimeError(
-                    f"this {name} steps parameter {found.qualified!r} as it was before "
-                    f"fully_shard replaced it with a sharded DTensor parameter (the "
-                    f"optimizer was built first), so its steps would change nothing the "
-                    f"model uses. Build the optimizer after sharding, with the one "
-                    f"call that makes it train as ampkit.initialize set the model up: "
-                    f"optimizer = ampkit.fsdp.prepare_optimizer(model, "
-                    f"torch.optim.{name}(model.parameters(), ...))")
-    if plain:
-        _check_not_plain(optimizer, name)
+    # changed: a plain optimizer over parameters of a model trained purely rounds every
+    # update to nearest (small updates stall), with no error. (An optimizer built before
+    # fully_shard replaced them is refused by the check mark_pure_models registers
+    # first: ampkit.conversion.parameter_owners.)
+    if "_ampkit_pure" not in optimizer.__dict__:
+        _check_not_plain(optimizer, optimizer_class_name(optimizer))
 
 
 def _check_not_plain(optimizer: torch.optim.Optimizer, name: str) -> None:
@@ -145,11 +119,13 @@ def mark_pure_models(models: list[nn.Module], rounding: Rounding | str,
     seed = 0 if seed is None else seed
     for model in models:
         _PURE_MODELS[model] = (rounding, seed)
-        for prefix, module in model.named_modules():
-            for name, p in torch_internals.module_parameters(module).items():
+        for module in model.modules():
+            for p in torch_internals.module_parameters(module).values():
                 if p is not None and p.dtype is torch.bfloat16:
-                    _PURE_PARAMS[p] = _PureRecord(rounding, seed, module, name,
-                                                  f"{prefix}.{name}" if prefix else name)
+                    _PURE_PARAMS[p] = _PureRecord(rounding, seed)
+        # registers the replaced-parameter check before this module's: an optimizer
+        # built before sharding is named for that, whether it is pure or plain
+        record_owners(model, keep_existing=True)
     check_at_first_step(_check_pure_at_first_step)
 
 

@@ -25,6 +25,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit import torch_internals
 from ampkit.conversion.levels import Rounding
+from ampkit.conversion.parameter_owners import MADE_FROM
+from ampkit.conversion.parameter_owners import optimizer_class_name as class_name_made_from
 from ampkit.pure.rounding import local_tensor
 from ampkit.pure.step import COMP as _COMP
 from ampkit.pure.step import OWN_STATE as _OWN_STATE
@@ -203,7 +205,7 @@ def _pure_class(base: type) -> type:
     (``PureLowPrecisionAdamW``, ...), one per optimizer class. Pickle and
     ``copy.deepcopy`` rebuild it from ``base`` (see ``__reduce_ex__``)."""
     return type(f"PureLowPrecision{base.__name__}", (PureLowPrecisionOptimizer, base),
-                {"__module__": PureLowPrecisionOptimizer.__module__})
+                {"__module__": PureLowPrecisionOptimizer.__module__, MADE_FROM: base})
 
 
 def rebuild_pure(base: type) -> Any:
@@ -646,8 +648,5 @@ def optimizer_class_name(optimizer: torch.optim.Optimizer) -> str:
         >>> optimizer_class_name(PureLowPrecisionOptimizer(torch.optim.AdamW([w])))
         'AdamW'
     """
-    cls = type(optimizer)
-    if issubclass(cls, PureLowPrecisionOptimizer):
-        cls = cls.__bases__[1]
-    return cls.__name__
+    return class_name_made_from(optimizer)  # the pure class records what it was made from
 
