@@ -225,9 +225,7 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
         TypeError: ``mp_policy`` given, or a bad ``blocks`` entry.
         ValueError: ``model`` is not the root of a converted model, or a block name or
             instance is not in it.
-        RuntimeError: part of ``model`` is sharded already, or an optimizer steps
-            inside backward on its parameters (set up before sharding: its hooks would
-            stay on the replaced parameters); nothing is sharded then.
+        RuntimeError: part of ``model`` is sharded already.
 
     Example:
         >>> import torch

@@ -17,11 +17,7 @@ post-accumulate-grad hooks itself, after the reduce-scatter (and HSDP's all-redu
 so each shard steps on its reduced gradient (torch 2.11 to 2.14); tensor parallelism's
 DTensor gradients are whole when autograd accumulates them. Under FSDP2, build the
 optimizer after sharding and hand it to ``ampkit.fsdp.prepare_optimizer``, which
-applies ``initialize``'s ``step_in_backward=True``. One set up before sharding hooks
-parameters that ``fully_shard`` replaces, and would train nothing: ``ampkit.fsdp.
-fully_shard`` refuses it before sharding (:func:`check_not_stepping_before_sharding`),
-and after torch's own ``fully_shard`` the watched model's first forward refuses it
-(FSDP2's ``reset_iter_state`` reshards the model first where torch has it).
+applies ``initialize``'s ``step_in_backward=True``.
 
 Where it matches the ordinary step without being asked: parameter groups added later
 (``add_param_group``, any iterable of parameters), frozen parameters (skipped while

@@ -450,7 +450,6 @@ def test_an_optimizer_stepping_in_backward_before_either_fully_shard_is_refused(
         assert str(refused.value) == _steps_before("0.weight", "Nothing was sharded")
         assert all(a is b for a, b in zip(held, model.parameters()))  # not replaced
         assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
-        assert not opt.state  # it never stepped
         return
     for module in (model[0], model[2], model):
         fully_shard(module, mesh=one_rank)
@@ -460,10 +459,8 @@ def test_an_optimizer_stepping_in_backward_before_either_fully_shard_is_refused(
         "0.weight", "Nothing stepped; this forward was stopped and the model resharded, "
                     "so build the optimizer now")
     assert all(torch.equal(b, p) for b, p in zip(before, held))  # the old ones: unstepped
-    assert not opt.state
     assert all(type(p).__name__ == "DTensor" for p in model.parameters())  # resharded
     assert all(torch.equal(b, p.full_tensor()) for b, p in zip(before, model.parameters()))
-    # (the old optimizer still lives: the new one over the shards takes the model over)
     fresh = ampkit.fsdp.prepare_optimizer(model, torch.optim.AdamW(model.parameters(), lr=0.1))
     model(torch.rand(3, 4)).float().sum().backward()  # steps inside it
     assert not torch.equal(before[0], model[0].weight.full_tensor())
