@@ -259,10 +259,6 @@ def fully_shard(model: nn.Module, *, blocks: Iterable[ModuleSelector] | ModuleSe
             raise RuntimeError(f"{where} is sharded already (fully_shard); "
                                f"ampkit.fsdp.fully_shard shards the whole converted model "
                                f"itself, so call it on a model no part of which is sharded")
-    from ampkit.step_in_backward import check_not_stepping_before_sharding
-
-    # an optimizer stepping in backward hooks the parameters sharding would replace
-    check_not_stepping_before_sharding(model)
     selected = parse_module_selectors(blocks, "blocks") or ()
     # Planned (and every selector checked) before anything is sharded.
     groups = _plan_groups(model, config, selected)

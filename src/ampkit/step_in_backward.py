@@ -95,8 +95,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ampkit import torch_internals
 
-__all__ = ["accept_partial_step", "check_not_stepping_before_sharding",
-           "check_step_in_backward", "clip_each_gradient",
+__all__ = ["accept_partial_step", "check_step_in_backward", "clip_each_gradient",
            "enable_step_in_backward", "mark_step_in_backward", "marked_step_in_backward",
            "partial_step", "steps_in_backward", "watch_models"]
 
@@ -358,7 +357,7 @@ class _InBackward:
         if task in self.open:
             self.stopped()
 
-    def before_forward(self, model: torch.nn.Module) -> None:
+    def before_forward(self) -> None:
         """A forward of a watched model: the last pass must have finished, every
         gradient been stepped, and a pass of reentrant backwards only (no hook outside
         them, so no end callback) is ended here."""
@@ -366,7 +365,6 @@ class _InBackward:
 
         if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
             return  # serving or evaluation, maybe in another thread: no training step
-        self.check_not_sharded_since(model)
         if graph_task_id() != -1:
             self.recomputed()
             return
@@ -376,43 +374,6 @@ class _InBackward:
                 self.pass_ended(None)
             self.hook_params()  # a parameter unfrozen since: hooked before its backward
             self.check_all_stepped()
-
-    def check_not_sharded_since(self, model: torch.nn.Module) -> None:
-        """Refuse the first forward after torch's own ``fully_shard`` replaced the
-        parameters this optimizer hooks: their hooks would never run again, and every
-        backward would train nothing. FSDP2's pre-forward hook (registered in front of
-        ours) has unsharded a sharded root by now; it is resharded before raising, so
-        that the model holds its sharded parameters again for a new optimizer."""
-        from ampkit.conversion.parameter_owners import (
-            built_before_sharding,
-            moved_name,
-            replaced_name,
-        )
-
-        fsdp = sys.modules.get("torch.distributed.fsdp")  # never sharded without it
-        if fsdp is None:
-            return
-        opt = self.opt()
-        root = isinstance(model, fsdp.FSDPModule)
-        for p in self.params():
-            name = replaced_name(p) or (moved_name(p) if root else None)
-            if name is None or opt is None:
-                continue
-            if any(_PARAMS.get(q, _dead)() not in (None, self) for q in model.parameters()):
-                return  # replaced by one built after sharding (prepare_optimizer)
-            # FSDP2's own recovery from an exception mid-forward (torch 2.13 on): it
-            # reshards every group and clears the iteration's state
-            reset = getattr(model, "reset_iter_state", None) if root else None
-            if reset is not None:
-                reset()
-            after = ("the model resharded, so build the optimizer now" if reset is not None
-                     or not root else "the model is left unsharded: rebuild and reshard "
-                     "it, then build the optimizer")
-            raise RuntimeError(
-                built_before_sharding(opt, name, in_backward=True)
-                + " (ampkit.initialize(model, level=..., step_in_backward=True) without "
-                f"the optimizer records the mode for prepare_optimizer). Nothing stepped; "
-                f"this forward was stopped and {after}")
 
     def forwarded(self, ids: frozenset[int]) -> None:
         """A forward of a module of a watched model, owning the parameters ``ids``
@@ -651,7 +612,7 @@ class _Watch:
         if live is None:
             return
         if self.kind == "before":
-            live.before_forward(module)
+            live.before_forward()
         elif self.kind == "module":
             live.forwarded(self.ids)
         elif torch.is_grad_enabled():  # "after": the outputs of the model's forward
@@ -726,10 +687,6 @@ class _PlainZeroGrad:
 
     def __call__(self, set_to_none: bool = True) -> None:
         type(self.module).zero_grad(self.module, set_to_none)
-
-
-def _dead() -> None:
-    return None
 
 
 def _any_live() -> bool:
@@ -930,39 +887,6 @@ def watch_models(optimizer: torch.optim.Optimizer, models: Iterable[torch.nn.Mod
                     _Watch(state, "module", frozenset(id(p) for p in own))))
                 for p in own:
                     state.covered[p] = True
-
-
-def check_not_stepping_before_sharding(model: torch.nn.Module) -> None:
-    """Raise ``RuntimeError`` if an optimizer steps inside backward on a parameter of
-    ``model``, which is about to be sharded (``ampkit.fsdp.fully_shard`` calls this
-    before it changes anything): FSDP2's ``fully_shard`` replaces every parameter with
-    a sharded ``DTensor`` one, so the optimizer's hooks on the old parameters would
-    never run and every backward would train nothing.
-
-    Example:
-        >>> import torch
-        >>> from ampkit.step_in_backward import (check_not_stepping_before_sharding,
-        ...                                      enable_step_in_backward)
-        >>> net = torch.nn.Linear(2, 1)
-        >>> check_not_stepping_before_sharding(net)  # no optimizer yet: fine
-        >>> opt = enable_step_in_backward(torch.optim.SGD(net.parameters(), lr=0.1))
-        >>> check_not_stepping_before_sharding(net)
-        Traceback (most recent call last):
-        ...
-        RuntimeError: this SGD steps parameter 'weight' inside backward through a hook ...
-    """
-    from ampkit.conversion.parameter_owners import built_before_sharding
-
-    for name, p in model.named_parameters():
-        ref = _PARAMS.get(p)
-        live = None if ref is None else ref()
-        opt = None if live is None else live.opt()
-        if opt is not None:
-            raise RuntimeError(
-                built_before_sharding(opt, name, in_backward=True)
-                + " (ampkit.initialize(model, level=..., step_in_backward=True) without "
-                "the optimizer records the mode for prepare_optimizer). Nothing was "
-                "sharded")
 
 
 def mark_step_in_backward(models: Iterable[torch.nn.Module]) -> None:

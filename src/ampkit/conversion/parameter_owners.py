@@ -44,8 +44,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ampkit import torch_internals
 from ampkit.common.step_hooks import check_at_first_step
 
-__all__ = ["MADE_FROM", "built_before_sharding", "check_not_replaced", "moved_name",
-           "note_replaced", "optimizer_class_name", "record_owners", "replaced_name"]
+__all__ = ["MADE_FROM", "check_not_replaced", "note_replaced", "optimizer_class_name",
+           "record_owners", "replaced_name"]
 
 #: The class attribute of an optimizer class ampkit makes at run time around the user's
 #: (``ampkit.pure``'s ``PureLowPrecisionAdamW``): the class it was made from, which
@@ -176,57 +176,11 @@ def check_not_replaced(optimizer: torch.optim.Optimizer) -> None:
         for p in group["params"]:
             name = replaced_name(p)
             if name is not None:
-                raise RuntimeError(built_before_sharding(optimizer, name))
-
-
-def moved_name(p: torch.Tensor) -> str | None:
-    """The qualified name of ``p`` where its module now holds another tensor under
-    that name while ``p`` is not a ``DTensor`` (a parameter sharding replaced, seen
-    during an FSDP2 forward, when the module holds the unsharded parameter), else
-    ``None``. Callers judge whether sharding did it.
-
-    Example:
-        >>> import torch
-        >>> from ampkit.conversion.parameter_owners import moved_name, record_owners
-        >>> lin = torch.nn.Linear(2, 2)
-        >>> record_owners(lin)
-        >>> old = lin.weight
-        >>> lin.weight = torch.nn.Parameter(old.detach().clone())
-        >>> moved_name(old), moved_name(lin.weight)
-        ('weight', None)
-    """
-    owner: _Owner | None = _OWNERS.get(p)
-    module = None if owner is None else owner.module()
-    if owner is None or module is None or _is_dtensor(p):
-        return None
-    now = torch_internals.module_parameters(module).get(owner.name)
-    return owner.qualified if now is not None and now is not p else None
-
-
-def built_before_sharding(optimizer: torch.optim.Optimizer, name: str, *,
-                          in_backward: bool = False) -> str:
-    """The one message for ``optimizer``, built before FSDP2's ``fully_shard``
-    replaced its parameter ``name``: ``in_backward`` for one stepping inside backward,
-    whose hooks sit on the replaced parameters and never run.
-
-    Example:
-        >>> import torch
-        >>> from ampkit.conversion.parameter_owners import built_before_sharding
-        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))])
-        >>> built_before_sharding(opt, "0.weight").startswith("this SGD steps parameter")
-        True
-    """
-    kind = optimizer_class_name(optimizer)
-    if in_backward:
-        why = (f"this {kind} steps parameter {name!r} inside backward through a hook on "
-               f"the parameter as it was before FSDP2's fully_shard replaced it with a "
-               f"sharded DTensor parameter (the optimizer was built first), so the hook "
-               f"never runs and every backward would train nothing")
-    else:
-        why = (f"this {kind} steps parameter {name!r} as it was before FSDP2's "
-               f"fully_shard replaced it with a sharded DTensor parameter (the "
-               f"optimizer was built first), so its steps would change nothing the "
-               f"model uses")
-    return (f"{why}. Build the optimizer after sharding: optimizer = "
-            f"ampkit.fsdp.prepare_optimizer(model, torch.optim.{kind}("
-            f"model.parameters(), ...))")
+                kind = optimizer_class_name(optimizer)
+                raise RuntimeError(
+                    f"this {kind} steps parameter {name!r} as it was before FSDP2's "
+                    f"fully_shard replaced it with a sharded DTensor parameter (the "
+                    f"optimizer was built first), so its steps would change nothing the "
+                    f"model uses. Build the optimizer after sharding: optimizer = "
+                    f"ampkit.fsdp.prepare_optimizer(model, torch.optim.{kind}("
+                    f"model.parameters(), ...))")
