@@ -126,6 +126,38 @@ def test_one_step_matches_fp32_adamw_up_to_the_final_rounding(variant):
         assert w.grad is not None and w.grad.dtype is BF16
 
 
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_a_group_that_leaves_the_implementation_to_torch_steps_fused_on_the_cpu(cls):
+    """Where a group's ``foreach`` and ``fused`` are both None, the eager pure step runs
+    torch's fused kernel on the CPU (as documented): an fp32 parameter stepped beside a
+    bf16 one matches ``cls(fused=True)`` bit for bit, and the group's flags are as the
+    user left them afterwards. A group that names its implementation keeps it."""
+    torch.manual_seed(0)
+    w0 = torch.randn(4099, device=DEVICE)
+    grads = [torch.randn(4099, device=DEVICE) for _ in range(3)]
+
+    def run(pure: bool, **kwargs: Any) -> tuple[torch.Tensor, torch.optim.Optimizer]:
+        f = torch.nn.Parameter(w0.clone())
+        b = torch.nn.Parameter(w0.to(BF16))
+        opt = cls([f, b] if pure else [f], lr=1e-2, weight_decay=0.1, **kwargs)
+        if pure:
+            opt = PureLowPrecisionOptimizer(opt, "kahan", seed=0)
+        for g in grads:
+            f.grad, b.grad = g.clone(), g.to(BF16)
+            opt.step()
+        return f.detach(), opt
+
+    fused, _ = run(False, fused=True)
+    loop, _ = run(False, foreach=False)
+    assert not torch.equal(fused, loop)  # the two implementations differ somewhere
+    got, opt = run(True)
+    assert torch.equal(got, fused)
+    group = opt.param_groups[0]
+    assert group["fused"] is None and group["foreach"] is None
+    named, _ = run(True, foreach=False)
+    assert torch.equal(named, loop)
+
+
 # -- skipped steps and checkpoints ----------------------------------------------------
 
 def _snapshot(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[Any]:
