@@ -27,9 +27,14 @@ with an fp32 copy of its gradient and fp32 copies of its optimizer state (moment
 momentum). These stand in for the bf16 parameter in ``param_groups`` and ``state``
 while the optimizer's *own* step runs. Any ``torch.optim`` optimizer works this way,
 foreach and fused variants included, since they see ordinary fp32 tensors, DTensors
-included. The results are then rounded back into the bf16 parameter's own storage
-(``copy_``, in place). The copies in and the roundings back of a chunk run as
-multi-tensor ops (``torch._foreach_*``), one call per device for all its tensors.
+included. Where an ``Adam``/``AdamW`` group leaves the implementation to torch
+(``foreach`` and ``fused`` both ``None``) on the CPU, the working copies are stepped by
+torch's fused kernel rather than the per-parameter loop torch would pick there: the
+same update, which may differ from the loop in the last fp32 bit (``foreach=False``
+keeps the loop; see the pure bf16 page). The results are then rounded back into the
+bf16 parameter's own storage (``copy_``, in place). The copies in and the roundings
+back of a chunk run as multi-tensor ops (``torch._foreach_*``), one call per device
+for all its tensors.
 The weight is rounded by the chosen rounding. The optimizer state
 is rounded stochastically (``"stochastic"`` and ``"kahan"``) or to nearest
 (``"nearest"``). The state is rounded stochastically even with Kahan because rounding

@@ -222,7 +222,9 @@ class PureLowPrecisionOptimizer:
     ``state_dict`` and every other reference to ``opt`` keep working, and ``opt`` pickles
     by naming its original class. ``param_groups`` keep the model's bf16 parameters, and
     ``state`` stays keyed by them, stored in bf16. See the docstring of :mod:`ampkit.pure` for how a
-    step rounds. Tested with AdamW (for-loop, foreach, fused), SGD with momentum, NAdam,
+    step rounds. An ``Adam``/``AdamW`` group on the CPU that leaves ``foreach`` and
+    ``fused`` to torch is stepped with torch's fused kernel (see :mod:`ampkit.pure`).
+    Tested with AdamW (for-loop, foreach, fused), SGD with momentum, NAdam,
     ASGD and LBFGS. Any ``torch.optim`` optimizer whose state is per-parameter tensors
     works the same way.
 
