@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+import itertools
 from typing import Any
 
 import pytest
@@ -126,36 +127,118 @@ def test_one_step_matches_fp32_adamw_up_to_the_final_rounding(variant):
         assert w.grad is not None and w.grad.dtype is BF16
 
 
-@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
-def test_a_group_that_leaves_the_implementation_to_torch_steps_fused_on_the_cpu(cls):
+# -- torch's fused kernel for the working copies (ampkit.pure.fused) ---------------------
+
+def _fused_ops(opt: torch.optim.Optimizer) -> set[str]:
+    """The names of torch's fused Adam/AdamW operators one step of ``opt`` runs."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    return {e.name for e in prof.events() if e.name.startswith("aten::_fused_adam")}
+
+
+@pytest.mark.parametrize("cls, op", [(torch.optim.Adam, "aten::_fused_adam_"),
+                                     (torch.optim.AdamW, "aten::_fused_adamw_")])
+def test_a_group_that_leaves_the_implementation_to_torch_steps_fused_on_the_cpu(cls, op):
     """Where a group's ``foreach`` and ``fused`` are both None, the eager pure step runs
-    torch's fused kernel on the CPU (as documented): an fp32 parameter stepped beside a
-    bf16 one matches ``cls(fused=True)`` bit for bit, and the group's flags are as the
-    user left them afterwards. A group that names its implementation keeps it."""
+    torch's fused kernel on the CPU, in whole chunks and in slices: the update is torch's
+    ``fused=True`` one, rounded to nearest, and the group's flags are as the user left
+    them. A group that names its implementation keeps it; an fp32 parameter beside the
+    bf16 ones is stepped as torch would step it (its loop)."""
     torch.manual_seed(0)
-    w0 = torch.randn(4099, device=DEVICE)
-    grads = [torch.randn(4099, device=DEVICE) for _ in range(3)]
+    shapes = [(300, 257), (257,), (5,)]
+    weights = [torch.randn(s, device=DEVICE).to(BF16) for s in shapes]
+    grads = [[torch.randn(s, device=DEVICE).to(BF16) for s in shapes] for _ in range(2)]
 
-    def run(pure: bool, **kwargs: Any) -> tuple[torch.Tensor, torch.optim.Optimizer]:
-        f = torch.nn.Parameter(w0.clone())
-        b = torch.nn.Parameter(w0.to(BF16))
-        opt = cls([f, b] if pure else [f], lr=1e-2, weight_decay=0.1, **kwargs)
-        if pure:
-            opt = PureLowPrecisionOptimizer(opt, "kahan", seed=0)
-        for g in grads:
-            f.grad, b.grad = g.clone(), g.to(BF16)
-            opt.step()
-        return f.detach(), opt
+    def pure(extra: list[torch.Tensor] = (), **kwargs: Any) -> PureLowPrecisionOptimizer:
+        ps = [torch.nn.Parameter(w.clone()) for w in weights] + list(extra)
+        return PureLowPrecisionOptimizer(cls(ps, lr=1e-2, weight_decay=0.1, **kwargs),
+                                         "nearest", chunk_bytes=16 * 40_000)  # slices too
 
-    fused, _ = run(False, fused=True)
-    loop, _ = run(False, foreach=False)
-    assert not torch.equal(fused, loop)  # the two implementations differ somewhere
-    got, opt = run(True)
-    assert torch.equal(got, fused)
+    opt = pure()
+    ps = opt.param_groups[0]["params"]
+    ref = [torch.nn.Parameter(w.float()) for w in weights]
+    ref_opt = cls(ref, lr=1e-2, weight_decay=0.1, fused=True)
+    for step, gs in enumerate(grads):
+        for p, r, g in zip(ps, ref, gs):
+            p.grad, r.grad = g.clone(), g.float()
+        assert op in _fused_ops(opt)
+        ref_opt.step()
+        for p, r in zip(ps, ref):  # the oracle: torch's step on fp32 copies, rounded
+            r.data = r.data.to(BF16).float()
+            for k in ("exp_avg", "exp_avg_sq"):
+                ref_opt.state[r][k] = ref_opt.state[r][k].to(BF16).float()
+                assert torch.equal(opt.state[p][k].float(), ref_opt.state[r][k]), (step, k)
+            assert torch.equal(p.detach().float(), r.detach()), step
     group = opt.param_groups[0]
     assert group["fused"] is None and group["foreach"] is None
-    named, _ = run(True, foreach=False)
-    assert torch.equal(named, loop)
+    named = pure(foreach=False)
+    for p, g in zip(named.param_groups[0]["params"], grads[0]):
+        p.grad = g.clone()
+    assert _fused_ops(named) == set()
+    # an fp32 parameter in the group is stepped as torch steps it there: its loop
+    f0, fgrads = torch.randn(4099, device=DEVICE), torch.randn(3, 4099, device=DEVICE)
+    fp32 = torch.nn.Parameter(f0.clone())
+    mixed = pure([fp32])
+    results = {}
+    for kind in ("fused", "loop"):
+        r = torch.nn.Parameter(f0.clone())
+        ref_opt = cls([r], lr=1e-2, weight_decay=0.1, **{kind: True} if kind == "fused"
+                      else {"foreach": False})
+        for g in fgrads:
+            r.grad = g.clone()
+            ref_opt.step()
+        results[kind] = r.detach()
+    assert not torch.equal(results["fused"], results["loop"])  # they differ somewhere
+    for g in fgrads:
+        for p, bg in zip(mixed.param_groups[0]["params"], grads[0]):
+            p.grad = bg.clone()
+        fp32.grad = g.clone()
+        assert op in _fused_ops(mixed)  # (the bf16 parameters)
+    assert torch.equal(fp32.detach(), results["loop"])
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_padded_copies_give_each_element_the_same_bits_however_a_parameter_is_cut(threads):
+    """torch's fused CPU kernel steps the last elements of each thread's part in a
+    scalar loop that computes in double: unpadded, a tensor cut in two (as by an FSDP2
+    shard) gets other bits for an element or two near the cut than the whole tensor.
+    Padded with zeros to a multiple of ``lanes()`` elements, as the pure step pads its
+    working copies, every element is a vector lane and the cut changes no bit."""
+    from ampkit.pure.fused import lanes, padded_length
+    from ampkit.pure.step import stand_ins
+
+    n, cuts = 100_003, (33_331, 66_667)
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.randn(n, generator=gen).to(BF16)
+    grads = [torch.randn(n, generator=gen).to(BF16) for _ in range(3)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        def stepped(bounds: tuple[int, ...], pad: int | None) -> torch.Tensor:
+            out = []
+            for a, b in itertools.pairwise(bounds):
+                p = torch.nn.Parameter(w0[a:b].clone())
+                holder = PureLowPrecisionOptimizer(torch.optim.AdamW([p]), "nearest")
+                p.grad = grads[0][a:b].clone()
+                ((_, w),) = stand_ins(holder, [p], pad)  # the pure step's working copy
+                assert w.shape == (b - a if pad is None else padded_length(b - a, pad),)
+                assert torch.equal(w.detach()[:b - a], p.detach().float())
+                assert not w.detach()[b - a:].any() and not w.grad[b - a:].any()
+                inner = torch.optim.AdamW([w], lr=1e-2, weight_decay=0.1, fused=True)
+                for g in grads:
+                    w.grad[:b - a] = g[a:b].float()
+                    inner.step()
+                st = inner.state[w]
+                out.append(torch.stack([w.detach()[:b - a], st["exp_avg"][:b - a],
+                                        st["exp_avg_sq"][:b - a]]))
+            return torch.cat(out, 1)
+
+        padded = lanes()
+        assert torch.equal(stepped((0, n), padded), stepped((0, *cuts, n), padded))
+        # unpadded (flat copies the size of the pieces): some element near a cut differs
+        assert not torch.equal(stepped((0, n), 1), stepped((0, *cuts, n), 1))
+    finally:
+        torch.set_num_threads(before)
 
 
 # -- skipped steps and checkpoints ----------------------------------------------------

@@ -27,6 +27,7 @@ from ampkit import torch_internals
 from ampkit.conversion.levels import Rounding
 from ampkit.conversion.parameter_owners import MADE_FROM
 from ampkit.conversion.parameter_owners import optimizer_class_name as class_name_made_from
+from ampkit.pure.fused import lanes, left_to_torch, stepping_fused, takes_fused
 from ampkit.pure.rounding import local_tensor
 from ampkit.pure.step import COMP as _COMP
 from ampkit.pure.step import OWN_STATE as _OWN_STATE
@@ -423,51 +424,58 @@ torch.bfloat16)
         budget = pure.chunk_bytes
         if budget is None:
             budget = sum(16 * p.numel() for ps in saved for p in ps) // 16
-        chosen = _choose_fused(self, groups, saved)
         try:
             if closure is not None:  # LBFGS: one pass over everything, closure re-run
                 return self._step_all(inner, closure, lists, saved, where, kwargs)
             size = slice_size(budget)
-            for i in range(len(groups)):
+            for i, group in enumerate(groups):
                 active = [p for p in saved[i] if p.grad is not None]
-                parts = {id(p): slices(self, p, size) for p in active}
-                workspace = Workspace()
-                for p in active:  # large parameters of element-wise optimizers
-                    index, seed = where[id(p)]
-                    for part in parts[id(p)] or ():
-                        w = slice_stand_in(self, p, part, workspace)
-                        try:
-                            for j, ps in enumerate(lists):
-                                ps[:] = [w] if j == i else []
-                            inner(self, **kwargs)
-                            batch = RoundBatch(self)
-                            with torch.no_grad():
-                                batch.add(p, w, seed, index, part=part)
-                                batch.run()
-                        finally:
-                            self.state.pop(w, None)  # type: ignore[attr-defined]
-                active = [p for p in active if parts[id(p)] is None]
-                for chunk in chunks(active, budget):
-                    pairs = self._stand_ins(chunk)
-                    try:
-                        working = [w for _, w in pairs]
-                        for j, ps in enumerate(lists):
-                            ps[:] = working if j == i else []
-                        inner(self, **kwargs)
-                        self._round_all(pairs, where)
-                    finally:
-                        self._discard(pairs)
+                if left_to_torch(self, group):  # torch's fused kernel for bf16 on the CPU
+                    runs = [([p for p in active if takes_fused(p)], lanes()),
+                            ([p for p in active if not takes_fused(p)], None)]
+                else:
+                    runs = [(active, None)]
+                for ps, pad in runs:
+                    with stepping_fused(group, pad is not None):
+                        self._step_group(i, ps, inner, lists, where, size, budget, pad,
+                                         kwargs)
         finally:
             for ps, original in zip(lists, saved):
                 ps[:] = original
-            for group in chosen:
-                group["fused"] = None
         return loss
 
-    def _stand_ins(self, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, Any]]:
-        """``(parameter, what the inner step sees)``: a working fp32 parameter for each
-        bf16 one, the parameter itself for any other."""
-        return stand_ins(self, params)
+    def _step_group(self, i: int, active: list[torch.Tensor], inner: Callable[..., Any],
+                    lists: list[list[Any]], where: dict[int, tuple[int, int]], size: int,
+                    budget: int, pad: int | None, kwargs: dict[str, Any]) -> None:
+        """Step ``active``, parameters of group ``i`` with gradients, through their
+        working copies (zero-padded to a multiple of ``pad`` elements when given): large
+        ones a slice at a time, the others in chunks of ``budget`` bytes."""
+        parts = {id(p): slices(self, p, size) for p in active}
+        workspace = Workspace()
+        for p in active:  # large parameters of element-wise optimizers
+            index, seed = where[id(p)]
+            for part in parts[id(p)] or ():
+                w = slice_stand_in(self, p, part, workspace, pad)
+                try:
+                    for j, ps in enumerate(lists):
+                        ps[:] = [w] if j == i else []
+                    inner(self, **kwargs)
+                    batch = RoundBatch(self)
+                    with torch.no_grad():
+                        batch.add(p, w, seed, index, part=part)
+                        batch.run()
+                finally:
+                    self.state.pop(w, None)  # type: ignore[attr-defined]
+        for chunk in chunks([p for p in active if parts[id(p)] is None], budget):
+            pairs = stand_ins(self, chunk, pad)
+            try:
+                working = [w for _, w in pairs]
+                for j, ps in enumerate(lists):
+                    ps[:] = working if j == i else []
+                inner(self, **kwargs)
+                self._round_all(pairs, where)
+            finally:
+                self._discard(pairs)
 
     def _round_all(self, pairs: list[tuple[torch.Tensor, Any]],
                    where: dict[int, tuple[int, int]]) -> None:
@@ -492,10 +500,10 @@ torch.bfloat16)
         nearest into the model's parameters, and the groups hold the model's parameters
         while the closure runs (its ``zero_grad`` must clear their gradients); after it
         the model's gradients are handed to the working parameters."""
-        pairs = self._stand_ins([p for ps in saved for p in ps])
+        pairs = stand_ins(self, [p for ps in saved for p in ps])
         low = [(p, w) for p, w in pairs if w is not p]
         working = iter(w for _, w in pairs)
-        stand_ins = [[next(working) for _ in original] for original in saved]
+        standing = [[next(working) for _ in original] for original in saved]
 
         def swap(to: list[list[Any]]) -> None:
             for ps, new in zip(lists, to):
@@ -509,7 +517,7 @@ torch.bfloat16)
             try:
                 loss = closure()
             finally:
-                swap(stand_ins)
+                swap(standing)
             with torch.no_grad():
                 for p, w in low:
                     w.grad = None if p.grad is None else p.grad.to(torch.float32,
@@ -517,7 +525,7 @@ torch.bfloat16)
             return loss
 
         try:
-            swap(stand_ins)
+            swap(standing)
             loss = inner(self, evaluate, **kwargs)
             self._round_all(pairs, where)
         finally:
@@ -603,39 +611,6 @@ PureLowPrecisionOptimizer.step = torch.optim.Optimizer.profile_hook_step(  # typ
     PureLowPrecisionOptimizer.step)
 PureLowPrecisionOptimizer.step.hooked = True  # type: ignore[attr-defined]
 torch_internals.set_step_supports_amp_scaling(PureLowPrecisionOptimizer, False)
-
-
-#: torch optimizer classes whose fused implementation the eager pure step picks on the
-#: CPU where the group leaves the implementation to torch (see ``_choose_fused``)
-_FUSED_ON_CPU: tuple[type, ...] = (torch.optim.Adam, torch.optim.AdamW)
-
-
-def _choose_fused(optimizer: Any, groups: list[dict[str, Any]],
-                  params: list[list[torch.Tensor]]) -> list[dict[str, Any]]:
-    """Set ``fused=True`` on the groups whose implementation the user left to torch
-    (``foreach`` and ``fused`` both ``None``) where torch's fused kernel takes them: an
-    Adam or AdamW optimizer itself (not a subclass, which may read the flags its own
-    way), not ``differentiable`` nor ``capturable``, every parameter a real floating
-    CPU tensor; the groups changed, for the caller to set back to ``None``.
-
-    On the CPU torch's own choice for such a group is its per-parameter loop, the
-    slowest of its three implementations of the same update: the fused kernel makes
-    the whole eager pure step about a quarter faster at 10M parameters (measured on an
-    AVX2 CPU). The fused kernel may differ from the loop in the last fp32 bit of an
-    update where terms cancel, before the rounding to bf16; a group that names its
-    implementation (``foreach=False`` for the loop) keeps it."""
-    base = type(optimizer).__bases__[1]
-    if (base not in _FUSED_ON_CPU or getattr(optimizer, "grad_scale", None) is not None
-            or getattr(optimizer, "found_inf", None) is not None):
-        return []
-    chosen = []
-    for group, ps in zip(groups, params):
-        if (group.get("fused", False) is None and group.get("foreach", False) is None
-                and not group.get("differentiable") and not group.get("capturable")
-                and all(p.device.type == "cpu" and p.is_floating_point() for p in ps)):
-            group["fused"] = True
-            chosen.append(group)
-    return chosen
 
 
 def rounding_keys(optimizer: torch.optim.Optimizer) -> dict[int, tuple[int, int]]:

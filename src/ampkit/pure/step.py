@@ -23,6 +23,7 @@ import torch.nn as nn
 
 from ampkit import torch_internals
 from ampkit.conversion.levels import Rounding
+from ampkit.pure.fused import padded_length
 from ampkit.pure.rounding import (
     BLOCK,
     Positions,
@@ -118,39 +119,46 @@ class Workspace:
     def __init__(self) -> None:
         self.buffers: list[torch.Tensor] = []
 
-    def fp32_of(self, index: int, src: torch.Tensor) -> torch.Tensor:
+    def fp32_of(self, index: int, src: torch.Tensor, pad: int | None = None) -> torch.Tensor:
         """Buffer ``index``'s first ``src.numel()`` elements, filled with ``src`` (flat,
-        on its device) in fp32."""
+        on its device) in fp32; with ``pad``, followed by zeros up to a multiple of
+        ``pad`` elements (see :mod:`ampkit.pure.fused`)."""
         n = src.numel()
+        total = n if pad is None else padded_length(n, pad)
         while len(self.buffers) <= index:
             self.buffers.append(torch.empty(0, dtype=torch.float32, device=src.device))
         buf = self.buffers[index]
-        if buf.numel() < n or buf.device != src.device:
-            buf = self.buffers[index] = torch.empty(n, dtype=torch.float32,
+        if buf.numel() < total or buf.device != src.device:
+            buf = self.buffers[index] = torch.empty(total, dtype=torch.float32,
                                                     device=src.device)
-        return buf[:n].copy_(src)
+        buf[:n].copy_(src)
+        if total > n:  # a longer slice may have left its values there
+            buf[n:total].zero_()
+        return buf[:total]
 
 
 def slice_stand_in(opt: Any, p: torch.Tensor, part: Slice,
-                   workspace: Workspace | None = None) -> nn.Parameter:
+                   workspace: Workspace | None = None, pad: int | None = None
+                   ) -> nn.Parameter:
     """The fp32 working parameter of one slice of ``p`` (see :func:`stand_ins`), from
     the state ``p`` had before its first slice; its copies in ``workspace``'s buffers
-    when given (the previous slice's results must have been rounded back)."""
+    when given (the previous slice's results must have been rounded back); with
+    ``pad``, zero-padded to a multiple of ``pad`` elements."""
     a, b = part.start, part.stop
     space = Workspace() if workspace is None else workspace
     with torch.no_grad():
-        w = nn.Parameter(space.fp32_of(0, p.detach().view(-1)[a:b]))
+        w = nn.Parameter(space.fp32_of(0, p.detach().view(-1)[a:b], pad))
         comp = part.state.get(COMP)
         if comp is not None:
-            w.detach().add_(comp.view(-1)[a:b])
+            w.detach()[:b - a].add_(comp.view(-1)[a:b])
         assert p.grad is not None
-        w.grad = space.fp32_of(1, p.grad.view(-1)[a:b])
+        w.grad = space.fp32_of(1, p.grad.view(-1)[a:b], pad)
         working: dict[str, Any] = {}
         for k, v in part.state.items():
             if k in OWN_STATE:
                 continue
             if isinstance(v, torch.Tensor):
-                v = (space.fp32_of(len(working) + 2, v.view(-1)[a:b])
+                v = (space.fp32_of(len(working) + 2, v.view(-1)[a:b], pad)
                      if stored_low(k, v, p) else v.clone())
             elif isinstance(v, list):
                 v = list(v)
@@ -204,10 +212,19 @@ class _Copies:
         self.by_device: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] \
             = defaultdict(lambda: ([], []))
 
-    def fp32_of(self, t: torch.Tensor) -> torch.Tensor:
-        """A new fp32 tensor like ``t`` (a DTensor stays one), filled when run."""
-        out = torch.empty_like(t, dtype=torch.float32)
-        dst, src = local_tensor(out), local_tensor(t)
+    def fp32_of(self, t: torch.Tensor, pad: int | None = None) -> torch.Tensor:
+        """A new fp32 tensor like ``t`` (a DTensor stays one), filled when run; with
+        ``pad``, a flat one of ``t``'s local elements followed by zeros up to a multiple
+        of ``pad`` elements (see :mod:`ampkit.pure.fused`)."""
+        src = local_tensor(t)
+        if pad is None:
+            out = torch.empty_like(t, dtype=torch.float32)
+            dst = local_tensor(out)
+        else:
+            n = src.numel()
+            out = torch.empty(padded_length(n, pad), dtype=torch.float32, device=src.device)
+            out[n:].zero_()
+            dst = out[:n].view(src.shape)
         pending = self.by_device[dst.device]
         pending[0].append(dst)
         pending[1].append(src)
@@ -218,13 +235,16 @@ class _Copies:
             torch_internals.foreach_copy_(dsts, srcs)
 
 
-def stand_ins(opt: Any, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, Any]]:
+def stand_ins(opt: Any, params: list[torch.Tensor], pad: int | None = None
+              ) -> list[tuple[torch.Tensor, Any]]:
     """``(parameter, what the inner step sees)`` for one chunk: for each bf16 parameter
     an fp32 working ``nn.Parameter`` (its weight plus the Kahan compensation, an fp32
     copy of its gradient, fp32 copies of its state under the working parameter's key in
     ``opt.state``); any other parameter stands for itself. Every copy of the chunk runs
     as one multi-tensor copy per device. Other state tensors are cloned and lists copied,
-    so a step that fails changes nothing."""
+    so a step that fails changes nothing. With ``pad``, the copies of a bf16 parameter
+    are flat plain tensors of its local elements, zero-padded to a multiple of ``pad``
+    elements (see :mod:`ampkit.pure.fused`)."""
     state = opt.state
     copies = _Copies()
     kahan: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = defaultdict(
@@ -236,19 +256,23 @@ def stand_ins(opt: Any, params: list[torch.Tensor]) -> list[tuple[torch.Tensor, 
                 pairs.append((p, p))
                 continue
             own = state.get(p, {})
-            w = nn.Parameter(copies.fp32_of(p.detach()))
+            w = nn.Parameter(copies.fp32_of(p.detach(), pad))
             if _check_compensation(opt, p, own):
+                comp = local_tensor(own[COMP])
                 local = local_tensor(w.detach())
+                if pad is not None:
+                    local = local[:comp.numel()].view(comp.shape)
                 kahan[local.device][0].append(local)
-                kahan[local.device][1].append(local_tensor(own[COMP]))
+                kahan[local.device][1].append(comp)
             if p.grad is not None:
-                w.grad = copies.fp32_of(p.grad)
+                w.grad = copies.fp32_of(p.grad, pad)
             working: dict[str, Any] = {}
             for k, v in own.items():
                 if k in OWN_STATE:
                     continue
                 if isinstance(v, torch.Tensor):
-                    v = copies.fp32_of(v) if v.dtype is torch.bfloat16 else v.clone()
+                    v = (copies.fp32_of(v, pad if stored_low(k, v, p) else None)
+                         if v.dtype is torch.bfloat16 else v.clone())
                 elif isinstance(v, list):
                     v = list(v)
                 working[k] = v
@@ -290,18 +314,25 @@ class RoundBatch:
             t = local_tensor(t)
             return t if part is None else t.view(-1)[part.start:part.stop]
 
-        work = local_tensor(w.detach())
         target = region(p.detach())
+
+        def values(t: torch.Tensor) -> torch.Tensor:  # a working copy's values as target
+            t = local_tensor(t)
+            if t.shape == target.shape:
+                return t
+            return t.view(-1)[:target.numel()].view(target.shape)  # padded: flat, longer
+
+        work = values(w.detach())
         low: list[tuple[str, torch.Tensor, torch.Tensor]] = [("", target, work)]
         if results is not None:
+            like = p.detach()
             for k, v in results.items():
-                if stored_low(k, v, w if part else p) and v.dtype is torch.float32:
+                if stored_low(k, v, w) and v.dtype is torch.float32:
                     old = own.get(k)
-                    like = v if part is None else p.detach()
                     if (not isinstance(old, torch.Tensor) or old.dtype is not torch.bfloat16
                             or old.shape != like.shape or type(old) is not type(like)):
                         old = torch.empty_like(like, dtype=torch.bfloat16)
-                    low.append((k, region(old), local_tensor(v)))
+                    low.append((k, region(old), values(v)))
                     own[k] = old
                 else:
                     own[k] = v
