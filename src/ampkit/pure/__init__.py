@@ -29,9 +29,10 @@ while the optimizer's *own* step runs. Any ``torch.optim`` optimizer works this 
 foreach and fused variants included, since they see ordinary fp32 tensors, DTensors
 included. Where an ``Adam``/``AdamW`` group leaves the implementation to torch
 (``foreach`` and ``fused`` both ``None``) on the CPU, the working copies are stepped by
-torch's fused kernel rather than the per-parameter loop torch would pick there: the
-same update, which may differ from the loop in the last fp32 bit (``foreach=False``
-keeps the loop; see the pure bf16 page). The results are then rounded back into the
+torch's fused kernel rather than the per-parameter loop torch would pick there, on
+copies padded so that no element's bits depend on how its parameter is cut: the same
+update, which may differ from the loop in the last fp32 bit (``foreach=False`` keeps
+the loop; see :mod:`ampkit.pure.fused`). The results are then rounded back into the
 bf16 parameter's own storage (``copy_``, in place). The copies in and the roundings
 back of a chunk run as multi-tensor ops (``torch._foreach_*``), one call per device
 for all its tensors.
