@@ -6,6 +6,10 @@ process stepping the same parameter on that sum; in a group that leaves ``foreac
 
 The reference is one process, which takes the sum itself; the ranks must also agree with
 each other in the optimizer state, or the replicas drift apart from the next step on.
+
+The same holds for a sharded (``Shard(0)``) parameter whose gradient is a DTensor of
+another placement (``Shard(1)``, ``Replicate``): the step pairs each weight with its own
+gradient element, as DTensor's redistribution does for the loop.
 """
 
 from __future__ import annotations
@@ -34,9 +38,23 @@ def _part(rank: int, step: int) -> torch.Tensor:
     return torch.full((N,), float((rank + 1) * (step + 1)), dtype=BF16)
 
 
+def _square() -> torch.Tensor:
+    return torch.linspace(-1, 1, 64).reshape(8, 8).to(BF16)
+
+
+def _square_grad() -> torch.Tensor:
+    return torch.arange(64.0).reshape(8, 8).div(8).to(BF16)  # exact in bf16
+
+
+#: the gradient's placement on a Shard(0) parameter: (DTensor placement class, its args)
+PLACEMENTS: dict[str, tuple[str, tuple[int, ...]]] = {"shard1": ("Shard", (1,)),
+                                                       "replicate": ("Replicate", ())}
+
+
 def _worker(rank: int) -> dict[str, Any]:
+    import torch.distributed.tensor
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
     from ampkit.pure import PureLowPrecisionOptimizer
@@ -60,6 +78,19 @@ def _worker(rank: int) -> dict[str, Any]:
         out[name] = {"weight": w.to_local().clone(),
                      **{k: v.to_local().clone() for k, v in opt.state[w].items()
                         if isinstance(v, DTensor)}}
+    for placement in PLACEMENTS:
+        for name, implementation in IMPLEMENTATIONS.items():
+            w = nn.Parameter(distribute_tensor(_square(), mesh, [Shard(0)]))
+            opt = PureLowPrecisionOptimizer(
+                torch.optim.AdamW([w], lr=0.1, **implementation), "stochastic", seed=0)
+            kind, args = PLACEMENTS[placement]
+            place = getattr(torch.distributed.tensor, kind)(*args)
+            w.grad = distribute_tensor(_square_grad(), mesh, [place])
+            opt.step()
+            out[f"{placement}_{name}"] = {
+                "weight": w.full_tensor().clone(),
+                **{k: v.full_tensor().clone() for k, v in opt.state[w].items()
+                   if isinstance(v, DTensor)}}
     return out
 
 
@@ -98,3 +129,22 @@ def test_a_partial_gradient_of_a_replicated_parameter_steps_on_its_sum_like_one_
         assert sorted(got) == sorted(expected)
         for key, value in expected.items():
             assert torch.equal(got[key], value), (implementation, key)
+
+
+@pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_a_sharded_parameter_steps_on_a_gradient_of_another_placement_like_one_process(
+        ranks: list[dict[str, Any]], placement: str, implementation: str) -> None:
+    from ampkit.pure import PureLowPrecisionOptimizer
+
+    w = nn.Parameter(_square())
+    opt = PureLowPrecisionOptimizer(torch.optim.AdamW([w], lr=0.1), "stochastic", seed=0)
+    w.grad = _square_grad()
+    opt.step()
+    expected = {"weight": w.detach(), "exp_avg": opt.state[w]["exp_avg"],
+                "exp_avg_sq": opt.state[w]["exp_avg_sq"]}
+    for run in ranks:
+        got = run[f"{placement}_{implementation}"]
+        assert sorted(got) == sorted(expected)
+        for key, value in expected.items():
+            assert torch.equal(got[key], value), (placement, implementation, key)
