@@ -25,7 +25,7 @@ from distributed_harness import run_ranks
 pytestmark = pytest.mark.distributed
 
 BF16 = torch.bfloat16
-N = 40
+N = 40_000  # above ampkit.pure.fused.MIN_ELEMENTS: the fused kernel's path (not a multiple of 64)
 IMPLEMENTATIONS = {"left_to_torch": {}, "loop": {"foreach": False}}
 
 
@@ -38,12 +38,15 @@ def _part(rank: int, step: int) -> torch.Tensor:
     return torch.full((N,), float((rank + 1) * (step + 1)), dtype=BF16)
 
 
+ROWS, COLS = 202, 170  # 34,340 elements: the fused kernel's path; shards of 101 rows, 85 columns
+
+
 def _square() -> torch.Tensor:
-    return torch.linspace(-1, 1, 64).reshape(8, 8).to(BF16)
+    return torch.linspace(-1, 1, ROWS * COLS).reshape(ROWS, COLS).to(BF16)
 
 
 def _square_grad() -> torch.Tensor:
-    return torch.arange(64.0).reshape(8, 8).div(8).to(BF16)  # exact in bf16
+    return torch.linspace(-3, 5, ROWS * COLS).reshape(ROWS, COLS).to(BF16)
 
 
 #: the gradient's placement on a Shard(0) parameter: (DTensor placement class, its args)

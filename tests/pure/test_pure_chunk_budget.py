@@ -1,8 +1,8 @@
 """``chunk_bytes`` bounds the fp32 working memory of one chunk of a pure step (the
 weights, gradients and per-element state the optimizer's own step sees at once), also
 for an ``Adam``/``AdamW`` group that leaves the implementation to torch, whose bf16
-parameters are stepped on padded copies: many tiny parameters (biases, norms) must not
-take many times the budget."""
+parameters are stepped on copies padded to whole vectors per thread: the padding counts
+against the budget."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ IMPLEMENTATIONS = {"left_to_torch": {}, "loop": {"foreach": False}}
 def test_one_chunk_of_tiny_parameters_stays_within_chunk_bytes(
         monkeypatch: pytest.MonkeyPatch, implementation: str) -> None:
     torch.manual_seed(0)
-    params = [nn.Parameter(torch.randn(3).to(torch.bfloat16)) for _ in range(40)]
-    budget = 16 * 3 * 10  # 16 bytes of fp32 copies per element: ten parameters a chunk
+    n = 32_769  # the fused kernel's smallest parameters, plus one: padded, 63 more
+    params = [nn.Parameter(torch.randn(n).to(torch.bfloat16)) for _ in range(12)]
+    budget = 16 * n * 4  # 16 bytes of fp32 copies per element: four parameters a chunk
     opt = PureLowPrecisionOptimizer(
         torch.optim.AdamW(params, lr=1e-2, **IMPLEMENTATIONS[implementation]),
         "stochastic", chunk_bytes=budget)

@@ -34,12 +34,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["FUSED_ON_CPU", "lanes", "left_to_torch", "padded_length", "stepping_fused",
-           "takes_fused"]
+from ampkit.pure.rounding import is_dtensor
+
+__all__ = ["FUSED_ON_CPU", "MIN_ELEMENTS", "lanes", "left_to_torch", "padded_length",
+           "stepping_fused", "takes_fused"]
 
 #: torch optimizer classes whose fused implementation the eager pure step picks on the
 #: CPU where the group leaves the implementation to torch (see :func:`left_to_torch`)
 FUSED_ON_CPU: tuple[type, ...] = (torch.optim.Adam, torch.optim.AdamW)
+
+#: The fewest elements of a parameter the fused kernel steps. The kernel splits every
+#: tensor between the intra-op threads, where torch's element-wise ops start to from
+#: 32,768 elements (its grain size): below, the split costs more than it saves (with 2
+#: threads on a busy machine a step of many small parameters took several times the
+#: loop's), and the padding would be most of the copy.
+MIN_ELEMENTS = 1 << 15
 
 # Elements of one vector of the widest float vectors torch's CPU kernels use (16 with
 # AVX-512), times four for room: a part of a multiple of it is whole vectors.
@@ -100,18 +109,28 @@ def left_to_torch(optimizer: Any, group: dict[str, Any]) -> bool:
 
 def takes_fused(p: torch.Tensor) -> bool:
     """Whether a parameter of a group :func:`left_to_torch` is stepped by the fused
-    kernel, on a padded working copy: a bf16 CPU parameter. Any other (an fp32 one, one
-    on a GPU) is stepped as torch would step it, in runs of its own, so that how a
-    parameter is stepped depends on nothing but itself (a step in backward steps one
-    parameter at a time).
+    kernel, on a padded working copy: a bf16 CPU parameter of at least
+    :data:`MIN_ELEMENTS` elements (the whole parameter's, whatever a shard of it
+    holds) with a dense gradient, a DTensor's gradient a DTensor too. Any other (an fp32
+    one, one on a GPU, a small one, one with a sparse gradient, which torch refuses
+    with its own message) is stepped as torch would step it, in runs of its own, so
+    that how a parameter is stepped depends on nothing but itself: not on the other
+    parameters, the chunking, the sharding or the thread count (a step in backward
+    steps one parameter at a time).
 
     Example:
         >>> import torch
         >>> from ampkit.pure.fused import takes_fused
-        >>> takes_fused(torch.ones(2, dtype=torch.bfloat16)), takes_fused(torch.ones(2))
-        (True, False)
+        >>> big, small = (torch.nn.Parameter(torch.ones(n, dtype=torch.bfloat16))
+        ...               for n in (1 << 15, 8))
+        >>> big.grad, small.grad = torch.ones_like(big), torch.ones_like(small)
+        >>> takes_fused(big), takes_fused(small), takes_fused(big.detach().float())
+        (True, False, False)
     """
-    return p.dtype is torch.bfloat16 and p.device.type == "cpu"
+    grad = p.grad
+    return (p.dtype is torch.bfloat16 and p.device.type == "cpu"
+            and p.numel() >= MIN_ELEMENTS and grad is not None
+            and grad.layout is torch.strided and is_dtensor(grad) == is_dtensor(p))
 
 
 @contextlib.contextmanager

@@ -466,7 +466,7 @@ torch.bfloat16)
                         batch.run()
                 finally:
                     self.state.pop(w, None)  # type: ignore[attr-defined]
-        for chunk in chunks([p for p in active if parts[id(p)] is None], budget):
+        for chunk in chunks([p for p in active if parts[id(p)] is None], budget, pad):
             pairs = stand_ins(self, chunk, pad)
             try:
                 working = [w for _, w in pairs]

@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -35,8 +36,8 @@ from ampkit.pure.rounding import (
 )
 
 __all__ = ["COMP", "COUNT", "ELEMENTWISE", "OWN_STATE", "RoundBatch", "Slice", "Workspace",
-           "chunks", "fingerprint", "slice_stand_in", "slice_size", "slices", "stand_ins",
-           "stored_low"]
+           "chunks", "fingerprint", "placed_like", "slice_stand_in", "slice_size", "slices",
+           "stand_ins", "stored_low"]
 
 COMP = "kahan_compensation"  # per-parameter optimizer state: the Kahan compensation
 COUNT = "rounding_step"  # per-parameter optimizer state: rounded updates so far
@@ -167,14 +168,16 @@ def slice_stand_in(opt: Any, p: torch.Tensor, part: Slice,
     return w
 
 
-def chunks(params: list[torch.Tensor], budget: int) -> Iterator[list[torch.Tensor]]:
+def chunks(params: list[torch.Tensor], budget: int, pad: int | None = None
+           ) -> Iterator[list[torch.Tensor]]:
     """Consecutive runs of ``params`` whose fp32 working copies (weight, gradient and
-    up to two moments: 16 bytes per element) stay within ``budget`` bytes (a parameter
-    larger than the budget is a chunk of its own, unless :func:`slices` cuts it)."""
+    up to two moments: 16 bytes per element, each copy padded to a multiple of ``pad``
+    elements when given) stay within ``budget`` bytes (a parameter larger than the
+    budget is a chunk of its own, unless :func:`slices` cuts it)."""
     chunk: list[torch.Tensor] = []
     used = 0
     for p in params:
-        size = 16 * p.numel()
+        size = 16 * (p.numel() if pad is None else padded_length(p.numel(), pad))
         if chunk and used + size > budget:
             yield chunk
             chunk, used = [], 0
@@ -235,6 +238,18 @@ class _Copies:
             torch_internals.foreach_copy_(dsts, srcs)
 
 
+def placed_like(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """``t`` laid out as the DTensor ``p`` is: a DTensor gradient or state entry of
+    another placement (a ``Partial`` gradient of a replicated norm weight under
+    sequence parallelism, a ``Shard(1)`` gradient of a ``Shard(0)`` weight) is
+    redistributed, as torch's own ops on DTensors would, so that each local element
+    pairs with its weight's; anything else as it is."""
+    if (is_dtensor(t) and is_dtensor(p)
+            and (t.placements != p.placements or t.device_mesh != p.device_mesh)):
+        return t.redistribute(p.device_mesh, p.placements)
+    return t
+
+
 def stand_ins(opt: Any, params: list[torch.Tensor], pad: int | None = None
               ) -> list[tuple[torch.Tensor, Any]]:
     """``(parameter, what the inner step sees)`` for one chunk: for each bf16 parameter
@@ -256,6 +271,7 @@ def stand_ins(opt: Any, params: list[torch.Tensor], pad: int | None = None
                 pairs.append((p, p))
                 continue
             own = state.get(p, {})
+            placed = (lambda t: t) if pad is None else functools.partial(placed_like, p=p)
             w = nn.Parameter(copies.fp32_of(p.detach(), pad))
             if _check_compensation(opt, p, own):
                 comp = local_tensor(own[COMP])
@@ -265,13 +281,13 @@ def stand_ins(opt: Any, params: list[torch.Tensor], pad: int | None = None
                 kahan[local.device][0].append(local)
                 kahan[local.device][1].append(comp)
             if p.grad is not None:
-                w.grad = copies.fp32_of(p.grad, pad)
+                w.grad = copies.fp32_of(placed(p.grad), pad)
             working: dict[str, Any] = {}
             for k, v in own.items():
                 if k in OWN_STATE:
                     continue
                 if isinstance(v, torch.Tensor):
-                    v = (copies.fp32_of(v, pad if stored_low(k, v, p) else None)
+                    v = (copies.fp32_of(placed(v), pad if stored_low(k, v, p) else None)
                          if v.dtype is torch.bfloat16 else v.clone())
                 elif isinstance(v, list):
                     v = list(v)
