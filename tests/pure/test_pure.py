@@ -140,13 +140,13 @@ def _fused_ops(opt: torch.optim.Optimizer) -> set[str]:
                                      (torch.optim.AdamW, "aten::_fused_adamw_")])
 def test_a_group_that_leaves_the_implementation_to_torch_steps_fused_on_the_cpu(cls, op):
     """Where a group's ``foreach`` and ``fused`` are both None, the eager pure step runs
-    torch's fused kernel on the CPU for bf16 parameters of at least 32,768 elements, in
+    torch's fused kernel on the CPU for bf16 parameters of at least 512 elements, in
     whole chunks and in slices: the update is torch's ``fused=True`` one, rounded to
     nearest, and the group's flags are as the user left them. Smaller parameters, and
     an fp32 parameter beside the bf16 ones, are stepped as torch would step them (its
     loop); a group that names its implementation keeps it."""
     torch.manual_seed(0)
-    shapes = [(600, 700), (129, 255), (257,), (5,)]  # sliced, chunked, two small ones
+    shapes = [(600, 700), (129, 255), (511,), (5,)]  # sliced, chunked, two small ones
     weights = [torch.randn(s, device=DEVICE).to(BF16) for s in shapes]
     grads = [[torch.randn(s, device=DEVICE).to(BF16) for s in shapes] for _ in range(2)]
 
@@ -158,7 +158,7 @@ def test_a_group_that_leaves_the_implementation_to_torch_steps_fused_on_the_cpu(
     opt = pure()
     ps = opt.param_groups[0]["params"]
     ref = [torch.nn.Parameter(w.float()) for w in weights]
-    ref_opts = [cls([r], lr=1e-2, weight_decay=0.1, **{"fused": True} if r.numel() >= 1 << 15
+    ref_opts = [cls([r], lr=1e-2, weight_decay=0.1, **{"fused": True} if r.numel() >= 512
                     else {"foreach": False}) for r in ref]
     for step, gs in enumerate(grads):
         for p, r, g in zip(ps, ref, gs):

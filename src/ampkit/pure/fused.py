@@ -44,11 +44,11 @@ __all__ = ["FUSED_ON_CPU", "MIN_ELEMENTS", "lanes", "left_to_torch", "padded_len
 FUSED_ON_CPU: tuple[type, ...] = (torch.optim.Adam, torch.optim.AdamW)
 
 #: The fewest elements of a parameter the fused kernel steps. The kernel splits every
-#: tensor between the intra-op threads, where torch's element-wise ops start to from
-#: 32,768 elements (its grain size): below, the split costs more than it saves (with 2
-#: threads on a busy machine a step of many small parameters took several times the
-#: loop's), and the padding would be most of the copy.
-MIN_ELEMENTS = 1 << 15
+#: tensor between the intra-op threads, however small (torch's element-wise ops split
+#: from 32,768 elements): with 2 threads, a step of 1,000 one-element parameters took
+#: 1.4x the loop's time on a quiet AVX2 CPU, of 300-element ones the same, so the
+#: smallest parameters (a classifier's bias, a scale) keep the loop.
+MIN_ELEMENTS = 512
 
 # Elements of one vector of the widest float vectors torch's CPU kernels use (16 with
 # AVX-512), times four for room: a part of a multiple of it is whole vectors.
@@ -122,7 +122,7 @@ def takes_fused(p: torch.Tensor) -> bool:
         >>> import torch
         >>> from ampkit.pure.fused import takes_fused
         >>> big, small = (torch.nn.Parameter(torch.ones(n, dtype=torch.bfloat16))
-        ...               for n in (1 << 15, 8))
+        ...               for n in (512, 8))
         >>> big.grad, small.grad = torch.ones_like(big), torch.ones_like(small)
         >>> takes_fused(big), takes_fused(small), takes_fused(big.detach().float())
         (True, False, False)
