@@ -7,8 +7,8 @@ Where an ``Adam``/``AdamW`` group leaves the implementation to torch (``foreach`
 slowest of its three implementations of the same update. The eager pure step runs
 torch's fused kernel there instead, for the bf16 parameters (:func:`left_to_torch`,
 :func:`takes_fused`): the same update, which may differ from the loop in the last fp32
-bit before the rounding to bf16, and about a quarter faster a step at 10M parameters
-(measured on an AVX2 CPU).
+bit before the rounding to bf16, and 8-15% faster a step at 10M parameters (measured in
+one process on a quiet AVX2 CPU).
 
 The fused CPU kernel splits a tensor between the intra-op threads and runs each part
 through vector lanes, then the last few elements of the part through a scalar loop that
