@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -271,7 +270,6 @@ def stand_ins(opt: Any, params: list[torch.Tensor], pad: int | None = None
                 pairs.append((p, p))
                 continue
             own = state.get(p, {})
-            placed = (lambda t: t) if pad is None else functools.partial(placed_like, p=p)
             w = nn.Parameter(copies.fp32_of(p.detach(), pad))
             if _check_compensation(opt, p, own):
                 comp = local_tensor(own[COMP])
@@ -281,14 +279,15 @@ def stand_ins(opt: Any, params: list[torch.Tensor], pad: int | None = None
                 kahan[local.device][0].append(local)
                 kahan[local.device][1].append(comp)
             if p.grad is not None:
-                w.grad = copies.fp32_of(placed(p.grad), pad)
+                w.grad = copies.fp32_of(p.grad if pad is None else placed_like(p.grad, p), pad)
             working: dict[str, Any] = {}
             for k, v in own.items():
                 if k in OWN_STATE:
                     continue
                 if isinstance(v, torch.Tensor):
-                    v = (copies.fp32_of(placed(v), pad if stored_low(k, v, p) else None)
-                         if v.dtype is torch.bfloat16 else v.clone())
+                    v = (copies.fp32_of(v, None) if pad is None or not stored_low(k, v, p)
+                         else copies.fp32_of(placed_like(v, p), pad)
+                         ) if v.dtype is torch.bfloat16 else v.clone()
                 elif isinstance(v, list):
                     v = list(v)
                 working[k] = v
