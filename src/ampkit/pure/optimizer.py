@@ -33,6 +33,7 @@ from ampkit.pure.step import COMP as _COMP
 from ampkit.pure.step import OWN_STATE as _OWN_STATE
 from ampkit.pure.step import (
     RoundBatch,
+    Slice,
     Workspace,
     chunks,
     slice_size,
@@ -168,9 +169,10 @@ class PureState:
     its rounding, chunk budget and whether its step is compiled (pickled with it), and,
     with Kahan, each parameter's :func:`~ampkit.pure.step.fingerprint` as the last step
     left it (not pickled: a copy's parameters are new tensors, and a compensation
-    without a record is taken as it is)."""
+    without a record is taken as it is), and the step's scratch
+    (:class:`~ampkit.pure.step.Workspace`, not pickled)."""
 
-    __slots__ = ("chunk_bytes", "compile_step", "rounding", "versions")
+    __slots__ = ("chunk_bytes", "compile_step", "rounding", "versions", "workspace")
 
     def __init__(self, rounding: Rounding, chunk_bytes: int | None,
                  compile_step: bool = False) -> None:
@@ -178,6 +180,7 @@ class PureState:
         self.chunk_bytes = chunk_bytes
         self.compile_step = compile_step  # steps through ampkit.pure.compiled_step
         self.versions: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.workspace = Workspace(shared=True)
 
     def __getstate__(self) -> dict[str, Any]:
         # the rounding by its value: pickles made before and after the member load
@@ -451,7 +454,14 @@ torch.bfloat16)
         working copies (zero-padded to a multiple of ``pad`` elements when given): large
         ones a slice at a time, the others in chunks of ``budget`` bytes."""
         parts = {id(p): slices(self, p, size) for p in active}
-        workspace = Workspace()
+        with self._ampkit_pure.workspace.borrowed() as workspace:
+            self._step_parts(i, active, parts, inner, lists, where, budget, pad, kwargs,
+                             workspace)
+
+    def _step_parts(self, i: int, active: list[torch.Tensor],
+                    parts: dict[int, list[Slice] | None], inner: Callable[..., Any],
+                    lists: list[list[Any]], where: dict[int, tuple[int, int]], budget: int,
+                    pad: int | None, kwargs: dict[str, Any], workspace: Workspace) -> None:
         for p in active:  # large parameters of element-wise optimizers
             index, seed = where[id(p)]
             for part in parts[id(p)] or ():
@@ -460,7 +470,7 @@ torch.bfloat16)
                     for j, ps in enumerate(lists):
                         ps[:] = [w] if j == i else []
                     inner(self, **kwargs)
-                    batch = RoundBatch(self)
+                    batch = RoundBatch(self, workspace)
                     with torch.no_grad():
                         batch.add(p, w, seed, index, part=part)
                         batch.run()
@@ -473,13 +483,13 @@ torch.bfloat16)
                 for j, ps in enumerate(lists):
                     ps[:] = working if j == i else []
                 inner(self, **kwargs)
-                self._round_all(pairs, where)
+                self._round_all(pairs, where, workspace)
             finally:
                 self._discard(pairs)
 
     def _round_all(self, pairs: list[tuple[torch.Tensor, Any]],
-                   where: dict[int, tuple[int, int]]) -> None:
-        batch = RoundBatch(self)
+                   where: dict[int, tuple[int, int]], workspace: Workspace) -> None:
+        batch = RoundBatch(self, workspace)
         with torch.no_grad():
             for p, w in pairs:
                 if w is not p:
@@ -527,7 +537,8 @@ torch.bfloat16)
         try:
             swap(standing)
             loss = inner(self, evaluate, **kwargs)
-            self._round_all(pairs, where)
+            with self._ampkit_pure.workspace.borrowed() as workspace:
+                self._round_all(pairs, where, workspace)
         finally:
             self._discard(pairs)
         return loss

@@ -21,7 +21,7 @@ import functools
 import hashlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
@@ -31,7 +31,8 @@ from ampkit import torch_internals
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
-__all__ = ["BLOCK", "Positions", "draw_noise", "is_dtensor", "local_tensor", "nearest_bits",
+__all__ = ["BLOCK", "Positions", "Scratch", "draw_noise", "is_dtensor", "local_tensor",
+           "nearest_bits",
            "round_kahan", "round_kahan_foreach", "round_stochastic", "stochastic_round"]
 
 _LOW_MANTISSA = 1 << 16  # the fp32 bits below bf16's mantissa
@@ -252,12 +253,23 @@ def _truncate_pairs(outs: list[torch.Tensor], values: list[torch.Tensor]) -> Non
 #: One parameter's stochastic roundings: its positions, its key, the bf16 outputs and
 #: the fp32 values (overwritten), each shaped like the parameter's local tensor.
 StochasticJob = tuple[Positions, tuple[Any, ...], list[torch.Tensor], list[torch.Tensor]]
+
+#: Where the rounding takes its scratch from: ``scratch(name, numel, dtype, device)``
+#: gives a tensor of at least ``numel`` elements whose contents do not matter (a pure
+#: optimizer's :class:`~ampkit.pure.step.Workspace`, kept from one step to the next).
+Scratch = Callable[[str, int, torch.dtype, torch.device], torch.Tensor]
+
+
+def _fresh(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Scratch nobody keeps: a new tensor."""
+    del name
+    return torch.empty(numel, dtype=dtype, device=device)
 _GROUP = 1 << 18  # positions of one parameter whose noise is drawn and added at a time
 _TOP_BITS = -0x7FFF7FFF7FFF8000  # 0x8000 in each 16-bit field of an int64
 
 
 def _add_noise(positions: Positions, key_parts: tuple[Any, ...],
-               words: list[torch.Tensor]) -> None:
+               words: list[torch.Tensor], scratch: Scratch = _fresh) -> None:
     """Add 2**15 plus the noise of ``_fields`` (signed int16 fields) to ``words``, the
     int32 bit patterns of one parameter's flat local values (one per job): a noise in
     ``[0, 2**16)``.
@@ -266,7 +278,8 @@ def _add_noise(positions: Positions, key_parts: tuple[Any, ...],
     positions of blocks are drawn into one buffer, block after block; flipping each
     field's top bit there and reading it unsigned gives field + 2**15, widened into an
     int32 buffer with one copy per job and run of blocks (a 2-D view: blocks x
-    positions, the job's fields being every ``jobs``-th row of a block's), then added."""
+    positions, the job's fields being every ``jobs``-th row of a block's), then added.
+    Both buffers come from ``scratch``."""
     jobs = len(words)
     n = words[0].numel()
     device = words[0].device
@@ -283,9 +296,9 @@ def _add_noise(positions: Positions, key_parts: tuple[Any, ...],
     base = first // BLOCK * BLOCK
     span = min(_GROUP, -(-(last - base) // BLOCK) * BLOCK)  # positions per group
     extent = min(-(-last // BLOCK) * BLOCK, total) - base  # the drawn blocks' positions
-    raw = torch.empty(-(-jobs * min(span, extent) // 4), dtype=torch.int64, device=device)
+    raw = scratch("noise", -(-jobs * min(span, extent) // 4), torch.int64, device)
     buffer = raw.view(torch.uint16)
-    wide = torch.empty(min(span, n), dtype=torch.int32, device=device)
+    wide = scratch("widened noise", min(span, n), torch.int32, device)
     g = _generator(device)
     for group in range(base, last, span):
         # (local start, local stop, the fields: jobs x positions, or blocks x jobs x
@@ -321,7 +334,7 @@ def _add_noise(positions: Positions, key_parts: tuple[Any, ...],
                 word[a:b].view(noise.shape).add_(widened)
 
 
-def round_stochastic(params: list[StochasticJob]) -> None:
+def round_stochastic(params: list[StochasticJob], scratch: Scratch = _fresh) -> None:
     """Round the fp32 values of many parameters (all on one device) stochastically into
     their bf16 outputs: add the noise of ``_fields`` below bf16's mantissa, then
     truncate. The bit pattern is sign-magnitude, so negative values round
@@ -329,7 +342,8 @@ def round_stochastic(params: list[StochasticJob]) -> None:
     multi-tensor ops; the noise is drawn for a bounded group of positions of one
     parameter at a time and added at once, so it never takes more than a few MiB.
     NaNs stay NaN (their payload's carry could otherwise make them infinities or
-    zeros)."""
+    zeros). The noise's buffers come from ``scratch`` (:data:`Scratch`; new tensors
+    by default)."""
     later: list[tuple[torch.Tensor, torch.Tensor]] = []
     flats: list[torch.Tensor] = []
     targets: list[torch.Tensor] = []
@@ -353,7 +367,7 @@ def round_stochastic(params: list[StochasticJob]) -> None:
             else []
         bits = [v.view(torch.int32) for v in live]
         for positions, key, words in noised:
-            _add_noise(positions, key, words)
+            _add_noise(positions, key, words, scratch)
         for b in bits:  # the high half, shifted down arithmetically: it fits int16
             b.bitwise_right_shift_(16)
         # narrowed into the bf16 outputs' bits

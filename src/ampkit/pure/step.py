@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -50,13 +52,17 @@ ELEMENTWISE: tuple[type, ...] = (torch.optim.SGD, torch.optim.Adam, torch.optim.
                                  torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax,
                                  torch.optim.Adagrad, torch.optim.RMSprop)
 _MIN_SLICE = 4 * BLOCK  # the fewest elements of a slice (the stream's blocks stay whole)
+# The most: the optimizer keeps one slice's copies between steps (Workspace), so they
+# must not grow with the model; a slice this long already spends under 2% of its step
+# on the per-slice calls (measured on the AVX2 CPU).
+_MAX_SLICE = 16 * BLOCK
 
 
 def slice_size(budget: int) -> int:
     """Elements per slice of a parameter for a chunk budget of ``budget`` bytes: the
     budget's worth of fp32 working copies (16 bytes per element), in whole blocks of the
-    random stream, at least ``_MIN_SLICE``."""
-    return max(_MIN_SLICE, budget // 16 // BLOCK * BLOCK)
+    random stream, from ``_MIN_SLICE`` to ``_MAX_SLICE``."""
+    return min(_MAX_SLICE, max(_MIN_SLICE, budget // 16 // BLOCK * BLOCK))
 
 
 class Slice:
@@ -106,18 +112,54 @@ def _check_compensation(opt: Any, p: torch.Tensor, own: dict[str, Any]) -> bool:
 
 
 class Workspace:
-    """fp32 scratch for the working copies of a parameter's slices, reused from one
-    slice to the next within a step: every slice has the same size, and a slice's
-    results are rounded back before the next one is stepped, so one set of buffers
-    serves them all. A fresh buffer per slice would be memory the allocator hands
-    back to the system and faults in again (measured: a thousand page faults per step
-    at 0.6M parameters, eighteen thousand at 10M, on the AVX2 CPU). Nothing outlives
-    the step."""
+    """The pure step's scratch, kept by its optimizer from one step to the next: the
+    fp32 working copies of a parameter's slices (every slice has the same size, and a
+    slice's results are rounded back before the next one is stepped, so one set of
+    buffers serves them all) and the rounding's noise buffers. What they hold between
+    uses means nothing; only their memory is kept, per device, at most the copies of
+    one slice (:func:`slice_size`) and the noise of one group of positions.
 
-    __slots__ = ("buffers",)
+    Why kept: a buffer the size of a slice is memory the allocator may hand back to
+    the system when it is freed and fault in again when it is next allocated. Measured
+    on the AVX2 CPU at 0.6M parameters, in a process holding other models: about 900
+    page faults per step, which took the eager step from 12 to 24 ms.
 
-    def __init__(self) -> None:
-        self.buffers: list[torch.Tensor] = []
+    One step at a time uses it, with real tensors: :meth:`borrowed` gives scratch of
+    its own to a step that finds it in use (a second thread stepping the same
+    optimizer), that ``torch.compile`` traces, or that runs on fake tensors (the
+    memory planner), so that no traced or fake tensor is kept."""
+
+    __slots__ = ("buffers", "lock")
+
+    def __init__(self, shared: bool = False) -> None:
+        self.buffers: dict[tuple[Any, torch.device], torch.Tensor] = {}
+        # only an optimizer's own workspace is shared between steps (a lock made inside
+        # a step that torch.compile traces would break its graph)
+        self.lock = threading.Lock() if shared else None
+
+    @contextlib.contextmanager
+    def borrowed(self) -> Iterator[Workspace]:
+        """This workspace while no other step uses it, else a new one for this use."""
+        if (self.lock is None or torch_internals.compiling()
+                or torch_internals.is_fake(torch.empty(0))
+                or not self.lock.acquire(blocking=False)):
+            yield Workspace()
+            return
+        try:
+            yield self
+        finally:
+            self.lock.release()
+
+    def scratch(self, name: Any, numel: int, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+        """The first ``numel`` elements of buffer ``name`` on ``device`` (grown when
+        shorter, or made in ``dtype`` when it is of another): contents unspecified.
+        The form of :data:`~ampkit.pure.rounding.Scratch`."""
+        key = (name, torch.device(device))
+        buf = self.buffers.get(key)
+        if buf is None or buf.numel() < numel or buf.dtype is not dtype:
+            buf = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+        return buf[:numel]
 
     def fp32_of(self, index: int, src: torch.Tensor, pad: int | None = None) -> torch.Tensor:
         """Buffer ``index``'s first ``src.numel()`` elements, filled with ``src`` (flat,
@@ -125,16 +167,11 @@ class Workspace:
         ``pad`` elements (see :mod:`ampkit.pure.fused`)."""
         n = src.numel()
         total = n if pad is None else padded_length(n, pad)
-        while len(self.buffers) <= index:
-            self.buffers.append(torch.empty(0, dtype=torch.float32, device=src.device))
-        buf = self.buffers[index]
-        if buf.numel() < total or buf.device != src.device:
-            buf = self.buffers[index] = torch.empty(total, dtype=torch.float32,
-                                                    device=src.device)
+        buf = self.scratch(index, total, torch.float32, src.device)
         buf[:n].copy_(src)
         if total > n:  # a longer slice may have left its values there
-            buf[n:total].zero_()
-        return buf[:total]
+            buf[n:].zero_()
+        return buf
 
 
 def slice_stand_in(opt: Any, p: torch.Tensor, part: Slice,
@@ -304,10 +341,12 @@ _Lists = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
 
 class RoundBatch:
     """The roundings of one chunk's results, collected per parameter
-    (:meth:`add`) and run per device with multi-tensor ops (:meth:`run`)."""
+    (:meth:`add`) and run per device with multi-tensor ops (:meth:`run`), their
+    scratch from ``workspace``."""
 
-    def __init__(self, opt: Any) -> None:
+    def __init__(self, opt: Any, workspace: Workspace) -> None:
         self.opt = opt
+        self.workspace = workspace
         self.rounding: Rounding = opt._ampkit_pure.rounding
         # per device: (bf16 outs, fp32 values, Kahan compensations or noises)
         self.kahan: dict[torch.device, _Lists] = defaultdict(lambda: ([], [], []))
@@ -387,7 +426,7 @@ class RoundBatch:
         for outs, values, comps in self.kahan.values():
             round_kahan_foreach(outs, values, comps)
         for jobs in self.stochastic.values():
-            round_stochastic(jobs)
+            round_stochastic(jobs, self.workspace.scratch)
         versions = self.opt._ampkit_pure.versions
         for p in self.kahan_params:
             versions[p] = fingerprint(p)
