@@ -148,7 +148,8 @@ def _storage_bytes(tensors: Iterator[torch.Tensor], device_type: str = "cpu") ->
 def live_training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
                           ) -> Iterator[torch.Tensor]:
     """Every tensor a training run keeps between steps: parameters, their gradients,
-    buffers, the optimizer's parameters (fp32 masters) and state."""
+    buffers, the optimizer's parameters (fp32 masters) and state, and a pure
+    optimizer's kept scratch."""
     for p in model.parameters():
         yield p
         if p.grad is not None:
@@ -156,6 +157,9 @@ def live_training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
     yield from model.buffers()
     for state in optimizer.state.values():
         yield from (v for v in state.values() if isinstance(v, torch.Tensor))
+    kept = getattr(optimizer, "kept_scratch", None)
+    if kept is not None:
+        yield from kept()
 
 
 @contextlib.contextmanager

@@ -104,14 +104,20 @@ are handed to the working parameters.
 weight and two bf16 moments) and 8 with ``"kahan"``, against 12 for fp32. Gradients
 take 2 bytes. During the step, one chunk at a time holds fp32 working copies: 16 bytes
 per element, plus the inner step's temporaries. Stochastic rounding adds its noise a
-group of about 2**18 elements at a time (a few MiB at most). A chunk is at least one
-whole parameter, except with the element-wise torch optimizers (SGD, Adam, AdamW,
-NAdam, RAdam, Adamax, Adagrad, RMSprop): they step a contiguous parameter larger than
-the budget in slices of the budget's size (at least 262,144 elements, whole blocks of
-the random stream), each with the step count and state the parameter had before the
-step, which gives the same result bit for bit and keeps the working copies small
-enough for the allocator to reuse. With other optimizers the largest parameter sets
-the floor.
+group of 262,144 elements at a time. A chunk is at least one whole parameter, except
+with the element-wise torch optimizers (SGD, Adam, AdamW, NAdam, RAdam, Adamax,
+Adagrad, RMSprop): they step a contiguous parameter larger than the budget in slices of
+the budget's size (from 262,144 to 1,048,576 elements, whole blocks of the random
+stream), each with the step count and state the parameter had before the step, which
+gives the same result bit for bit. With other optimizers the largest parameter sets
+the floor. The optimizer keeps the slices' working copies and the noise's buffers from
+one step to the next (:meth:`PureLowPrecisionOptimizer.kept_scratch`): memory handed
+back to the system at the end of a step would be faulted in again at the next, which
+doubled a small model's step on the CPU. That is a constant, not per parameter: per
+device, 4 bytes per element of one slice for the weight, the gradient and each
+per-element state entry (AdamW: 16 MiB at most, 20 with amsgrad), and for the noise 2
+bytes per element of one group for each rounded tensor and 4 more (AdamW: 2.5 MiB, 3
+with amsgrad).
 
 float16 is refused: pure fp16 would need loss scaling on every update and has little
 range.

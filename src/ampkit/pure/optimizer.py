@@ -543,6 +543,27 @@ torch.bfloat16)
             self._discard(pairs)
         return loss
 
+    def kept_scratch(self) -> list[torch.Tensor]:
+        """The tensors this optimizer keeps between steps besides torch's ``state``:
+        its step's scratch (the fp32 working copies of one slice and the stochastic
+        rounding's noise buffers, per device), reused by the next step rather than
+        allocated again. What they hold means nothing; count them where memory is
+        counted. Neither pickled nor copied, nor in ``state_dict``.
+
+        Example:
+            >>> import torch
+            >>> from ampkit.pure import PureLowPrecisionOptimizer
+            >>> w = torch.nn.Parameter(torch.ones(300_000, dtype=torch.bfloat16))
+            >>> opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=1e-3), "stochastic")
+            >>> opt.kept_scratch()
+            []
+            >>> w.grad = torch.ones_like(w)
+            >>> opt.step()
+            >>> sum(t.nbytes for t in opt.kept_scratch()) > 0
+            True
+        """
+        return list(self._ampkit_pure.workspace.buffers.values())
+
     # -- checkpoints ------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:

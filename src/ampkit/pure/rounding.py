@@ -264,7 +264,11 @@ def _fresh(name: str, numel: int, dtype: torch.dtype, device: torch.device) -> t
     """Scratch nobody keeps: a new tensor."""
     del name
     return torch.empty(numel, dtype=dtype, device=device)
-_GROUP = 1 << 18  # positions of one parameter whose noise is drawn and added at a time
+# Positions of one parameter whose noise is drawn and added at a time. The optimizer
+# keeps its buffers between steps (10 bytes per position with three jobs: 2.5 MiB);
+# groups of one block (0.6 MiB) made the 10M-parameter AdamW step 5-10% slower
+# (measured on the AVX2 CPU).
+_GROUP = 1 << 18
 _TOP_BITS = -0x7FFF7FFF7FFF8000  # 0x8000 in each 16-bit field of an int64
 
 
