@@ -145,11 +145,11 @@ def _storage_bytes(tensors: Iterator[torch.Tensor], device_type: str = "cpu") ->
     return sum(seen.values())
 
 
-def live_training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
-                          ) -> Iterator[torch.Tensor]:
+def live_training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer,
+                          scratch: bool = True) -> Iterator[torch.Tensor]:
     """Every tensor a training run keeps between steps: parameters, their gradients,
-    buffers, the optimizer's parameters (fp32 masters) and state, and a pure
-    optimizer's kept scratch."""
+    buffers, the optimizer's parameters (fp32 masters) and state, and (``scratch``) a
+    pure optimizer's kept scratch."""
     for p in model.parameters():
         yield p
         if p.grad is not None:
@@ -158,7 +158,7 @@ def live_training_tensors(model: nn.Module, optimizer: torch.optim.Optimizer
     for state in optimizer.state.values():
         yield from (v for v in state.values() if isinstance(v, torch.Tensor))
     kept = getattr(optimizer, "kept_scratch", None)
-    if kept is not None:
+    if scratch and kept is not None:
         yield from kept()
 
 

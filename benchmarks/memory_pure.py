@@ -6,14 +6,15 @@ measured the same way: two warm-up steps, then one measured step (forward, backw
 
 * bytes per parameter held between steps (parameters, masters, optimizer state and
   buffers, after ``zero_grad(set_to_none=True)``; the AdamW ``step`` counters are
-  included, which is why fp32 shows a hair above 12);
+  included, which is why fp32 shows a hair above 12; so is a pure optimizer's kept
+  scratch, a constant of a few MiB);
 * the peak of one step (held + the highest point of the step's allocations, torch
   profiler on CPU, the allocator's peak counter on CUDA), and its ratio to fp32;
 * the peak of the model state (parameters, their gradients, the optimizer state and
-  buffers: no activations, no temporaries), sampled as each gradient is accumulated and
-  around ``optimizer.step()``, and its ratio to fp32's; the "step in backward" configs
-  (``initialize(..., step_in_backward=True)``) step each parameter as its gradient is
-  ready and free it, so the gradients never all exist at once;
+  buffers: no activations, no temporaries, no kept scratch), sampled as each gradient
+  is accumulated and around ``optimizer.step()``, and its ratio to fp32's; the "step
+  in backward" configs (``initialize(..., step_in_backward=True)``) step each parameter
+  as its gradient is ready and free it, so the gradients never all exist at once;
 * with ``--time-steps N``: the median time of ``optimizer.step()`` over N more steps,
   measured outside the profiler (the pure modes' fp32 working copies and rounding are
   all inside it).
@@ -78,7 +79,8 @@ def measure(config: str, base: torch.nn.Module, ids: torch.Tensor,
     state_peak = [0]
 
     def sample(*_: object) -> None:
-        held = _storage_bytes(live_training_tensors(model, optimizer), device.type)
+        held = _storage_bytes(live_training_tensors(model, optimizer, scratch=False),
+                              device.type)
         state_peak[0] = max(state_peak[0], held)
 
     for p in model.parameters():  # before initialize's hooks: sees each gradient
