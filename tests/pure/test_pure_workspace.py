@@ -166,3 +166,29 @@ def test_a_step_traced_by_torch_compile_keeps_no_traced_tensor() -> None:
     for a, b in zip(outer.parameters(), plain.parameters()):
         assert torch.equal(a, b)
     assert all(type(b) is torch.Tensor for b in opt._ampkit_pure.workspace.buffers.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_steps_on_two_cuda_streams_keep_scratch_of_their_own() -> None:
+    # a buffer the last step left on one stream may still be in use there: a step on
+    # another stream must not write it, and both must step like a fresh scratch would
+    g = torch.Generator().manual_seed(0)
+    start = torch.randn(LARGE, generator=g).to(torch.bfloat16)
+    grads = [torch.randn(LARGE, generator=g).to(torch.bfloat16) for _ in range(4)]
+
+    def run(streams: list[torch.cuda.Stream]) -> tuple[torch.Tensor, set[object]]:
+        p = nn.Parameter(start.cuda())
+        opt = _optimizer([p], "stochastic")
+        for grad, stream in zip(grads, streams):
+            with torch.cuda.stream(stream):
+                p.grad = grad.cuda()
+                opt.step()
+        torch.cuda.synchronize()
+        return p.detach().cpu(), {key[2] for key in opt._ampkit_pure.workspace.buffers}
+
+    side = torch.cuda.Stream()
+    main = torch.cuda.current_stream()
+    two, keys = run([main, side, main, side])
+    one, _ = run([main] * 4)
+    assert torch.equal(two.view(torch.int16), one.view(torch.int16))
+    assert keys == {main.stream_id, side.stream_id}

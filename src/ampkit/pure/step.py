@@ -116,8 +116,9 @@ class Workspace:
     fp32 working copies of a parameter's slices (every slice has the same size, and a
     slice's results are rounded back before the next one is stepped, so one set of
     buffers serves them all) and the rounding's noise buffers. What they hold between
-    uses means nothing; only their memory is kept, per device, at most the copies of
-    one slice (:func:`slice_size`) and the noise of one group of positions.
+    uses means nothing; only their memory is kept, per device (and CUDA stream), at most
+    the copies of one slice (:func:`slice_size`) and the noise of one group of
+    positions.
 
     Why kept: a buffer the size of a slice is memory the allocator may hand back to
     the system when it is freed and fault in again when it is next allocated. Measured
@@ -132,7 +133,7 @@ class Workspace:
     __slots__ = ("buffers", "lock")
 
     def __init__(self, shared: bool = False) -> None:
-        self.buffers: dict[tuple[Any, torch.device], torch.Tensor] = {}
+        self.buffers: dict[tuple[Any, torch.device, int | None], torch.Tensor] = {}
         # only an optimizer's own workspace is shared between steps (a lock made inside
         # a step that torch.compile traces would break its graph)
         self.lock = threading.Lock() if shared else None
@@ -155,7 +156,11 @@ class Workspace:
         """The first ``numel`` elements of buffer ``name`` on ``device`` (grown when
         shorter, or made in ``dtype`` when it is of another): contents unspecified.
         The form of :data:`~ampkit.pure.rounding.Scratch`."""
-        key = (name, torch.device(device))
+        device = torch.device(device)
+        # On CUDA, per stream too: a buffer the last step used on one stream may still be
+        # in use there when a step on another stream (a hook in backward) would write it.
+        stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else None
+        key = (name, device, stream)
         buf = self.buffers.get(key)
         if buf is None or buf.numel() < numel or buf.dtype is not dtype:
             buf = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
