@@ -192,3 +192,46 @@ def test_steps_on_two_cuda_streams_keep_scratch_of_their_own() -> None:
     one, _ = run([main] * 4)
     assert torch.equal(two.view(torch.int16), one.view(torch.int16))
     assert keys == {main.stream_id, side.stream_id}
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "kahan"])
+def test_a_step_under_inference_mode_leaves_scratch_a_later_step_can_use(
+        rounding: str) -> None:
+    # torch lets in-place updates of ordinary tensors run under inference_mode, so an
+    # optimizer step there works; the scratch it makes is then inference tensors,
+    # which no later step outside inference_mode may write into
+    kept, fresh = _params(), _params()
+    opt, ref = _optimizer(kept, rounding), _optimizer(fresh, rounding)
+    for step in range(3):
+        _grads(kept, step)
+        _grads(fresh, step)
+        if step == 0:
+            with torch.inference_mode():
+                opt.step()
+        else:
+            opt.step()
+        ref.step()  # the reference: every step outside inference_mode
+    for a, b in zip(kept, fresh):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+        for k, v in ref.state[b].items():
+            if isinstance(v, torch.Tensor):
+                assert torch.equal(opt.state[a][k], v), k
+
+
+def test_a_stochastic_step_under_inference_mode_leaves_noise_buffers_a_later_one_can_use(
+        ) -> None:
+    # no parameter is sliced here: only the stochastic rounding's noise buffers are kept
+    w = nn.Parameter(torch.linspace(-1, 1, 1000).to(torch.bfloat16))
+    v = nn.Parameter(w.detach().clone())
+    opt = PureLowPrecisionOptimizer(torch.optim.SGD([w], lr=1e-3), "stochastic", seed=1)
+    ref = PureLowPrecisionOptimizer(torch.optim.SGD([v], lr=1e-3), "stochastic", seed=1)
+    for step in range(2):
+        w.grad = torch.full_like(w, 0.3)
+        v.grad = torch.full_like(v, 0.3)
+        if step == 0:
+            with torch.inference_mode():
+                opt.step()
+        else:
+            opt.step()
+        ref.step()  # the reference: every step outside inference_mode
+    assert torch.equal(w.view(torch.int16), v.view(torch.int16))

@@ -115,7 +115,8 @@ one step to the next (:meth:`PureLowPrecisionOptimizer.kept_scratch`): memory ha
 back to the system at the end of a step would be faulted in again at the next, which
 doubled a small model's step on the CPU. That is a constant, not per parameter: per
 device, 4 bytes per element of one slice for the weight, the gradient and each
-per-element state entry (AdamW: 16 MiB at most, 20 with amsgrad), and for the noise 2
+per-element state entry (AdamW: 16 MiB at most, 20 with amsgrad, plus 256 bytes per
+intra-op thread and copy where the CPU's fused kernel pads them), and for the noise 2
 bytes per element of one group for each rounded tensor and 4 more (AdamW: 2.5 MiB, 3
 with amsgrad).
 

@@ -155,7 +155,10 @@ class Workspace:
                 device: torch.device) -> torch.Tensor:
         """The first ``numel`` elements of buffer ``name`` on ``device`` (grown when
         shorter, or made in ``dtype`` when it is of another): contents unspecified.
-        The form of :data:`~ampkit.pure.rounding.Scratch`."""
+        The form of :data:`~ampkit.pure.rounding.Scratch`. A workspace for one use
+        (not ``shared``) keeps nothing: a new tensor every time."""
+        if self.lock is None:  # scratch for one use: nothing to share with a later one
+            return torch.empty(numel, dtype=dtype, device=device)
         device = torch.device(device)
         # On CUDA, per stream too: a buffer the last step used on one stream may still be
         # in use there when a step on another stream (a hook in backward) would write it.
@@ -163,7 +166,9 @@ class Workspace:
         key = (name, device, stream)
         buf = self.buffers.get(key)
         if buf is None or buf.numel() < numel or buf.dtype is not dtype:
-            buf = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+            # kept: a buffer made in inference mode could not be written outside it
+            with torch.inference_mode(False):
+                buf = self.buffers[key] = torch.empty(numel, dtype=dtype, device=device)
         return buf[:numel]
 
     def fp32_of(self, index: int, src: torch.Tensor, pad: int | None = None) -> torch.Tensor:
