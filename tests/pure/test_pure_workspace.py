@@ -15,7 +15,7 @@ import torch.nn as nn
 from ampkit.pure import PureLowPrecisionOptimizer
 from ampkit.pure.rounding import BLOCK
 from ampkit.pure.step import Workspace, slice_size
-from ampkit.torch_internals import fake_tensor_mode
+from ampkit.torch_internals import fake_tensor_mode, is_fake
 
 LARGE = 5 * BLOCK + 123  # sliced: larger than the smallest slice (4 blocks)
 
@@ -92,12 +92,16 @@ def test_the_kept_scratch_is_one_slice_of_copies_whatever_the_budget() -> None:
     assert (p.float() < 0).all()  # and the step did step every slice
 
 
-def test_a_step_that_finds_the_scratch_in_use_or_on_fake_tensors_takes_its_own() -> None:
+def test_a_step_that_finds_the_scratch_in_use_or_on_fake_tensors_has_scratch_apart() -> None:
     space = Workspace(shared=True)
     with space.borrowed() as outer, space.borrowed() as inner:  # as from a second thread
         assert outer is space and inner is not space
     with fake_tensor_mode(), space.borrowed() as fake:  # the memory planner's step
-        assert fake is not space
+        assert fake is not space and fake is space.fake  # kept apart from real scratch
+        fake.scratch("noise", 8, torch.int64, torch.device("cpu"))
+    with fake_tensor_mode(), space.borrowed() as again_fake:
+        assert again_fake is fake  # kept, as a real step's is: the planner counts it
+    assert all(not is_fake(b) for b in space.buffers.values())
     with space.borrowed() as again:  # released: the next step has it again
         assert again is space
 

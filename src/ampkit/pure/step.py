@@ -127,12 +127,13 @@ class Workspace:
 
     One step at a time uses it, with real tensors: :meth:`borrowed` gives scratch of
     its own to a step that finds it in use (a second thread stepping the same
-    optimizer), that ``torch.compile`` traces, or that runs on fake tensors (the
-    memory planner), so that no traced or fake tensor is kept."""
+    optimizer) or that ``torch.compile`` traces, so that no traced tensor is kept, and
+    a step on fake tensors (the memory planner) a kept workspace of its own."""
 
-    __slots__ = ("buffers", "lock")
+    __slots__ = ("buffers", "fake", "lock")
 
     def __init__(self, shared: bool = False) -> None:
+        self.fake: Workspace | None = None
         self.buffers: dict[tuple[Any, torch.device, int | None], torch.Tensor] = {}
         # only an optimizer's own workspace is shared between steps (a lock made inside
         # a step that torch.compile traces would break its graph)
@@ -140,16 +141,26 @@ class Workspace:
 
     @contextlib.contextmanager
     def borrowed(self) -> Iterator[Workspace]:
-        """This workspace while no other step uses it, else a new one for this use."""
-        if (self.lock is None or torch_internals.compiling()
-                or torch_internals.is_fake(torch.empty(0))
-                or not self.lock.acquire(blocking=False)):
+        """This workspace while no other step uses it, else a new one for this use. A
+        step on fake tensors (the memory planner's) keeps its scratch in a workspace of
+        its own beside this one, so that it counts what a real step keeps and no fake
+        tensor meets a real one."""
+        if self.lock is None or torch_internals.compiling():
+            yield Workspace()
+            return
+        space = self
+        if torch_internals.is_fake(torch.empty(0)):
+            if self.fake is None:
+                self.fake = Workspace(shared=True)
+            space = self.fake
+        assert space.lock is not None
+        if not space.lock.acquire(blocking=False):
             yield Workspace()
             return
         try:
-            yield self
+            yield space
         finally:
-            self.lock.release()
+            space.lock.release()
 
     def scratch(self, name: Any, numel: int, dtype: torch.dtype,
                 device: torch.device) -> torch.Tensor:
