@@ -198,6 +198,16 @@ def test_steps_on_two_cuda_streams_keep_scratch_of_their_own() -> None:
     assert keys == {main.stream_id, side.stream_id}
 
 
+def _step_first_under_inference_mode(opt: PureLowPrecisionOptimizer,
+                                     ref: PureLowPrecisionOptimizer, step: int) -> None:
+    if step == 0:
+        with torch.inference_mode():
+            opt.step()
+    else:
+        opt.step()
+    ref.step()  # the reference: every step outside inference_mode
+
+
 @pytest.mark.parametrize("rounding", ["stochastic", "kahan"])
 def test_a_step_under_inference_mode_leaves_scratch_a_later_step_can_use(
         rounding: str) -> None:
@@ -209,12 +219,7 @@ def test_a_step_under_inference_mode_leaves_scratch_a_later_step_can_use(
     for step in range(3):
         _grads(kept, step)
         _grads(fresh, step)
-        if step == 0:
-            with torch.inference_mode():
-                opt.step()
-        else:
-            opt.step()
-        ref.step()  # the reference: every step outside inference_mode
+        _step_first_under_inference_mode(opt, ref, step)
     for a, b in zip(kept, fresh):
         assert torch.equal(a.view(torch.int16), b.view(torch.int16))
         for k, v in ref.state[b].items():
@@ -232,10 +237,5 @@ def test_a_stochastic_step_under_inference_mode_leaves_noise_buffers_a_later_one
     for step in range(2):
         w.grad = torch.full_like(w, 0.3)
         v.grad = torch.full_like(v, 0.3)
-        if step == 0:
-            with torch.inference_mode():
-                opt.step()
-        else:
-            opt.step()
-        ref.step()  # the reference: every step outside inference_mode
+        _step_first_under_inference_mode(opt, ref, step)
     assert torch.equal(w.view(torch.int16), v.view(torch.int16))
